@@ -1,0 +1,20 @@
+"""User-caused failures: reported as one line with the fix, exit code 2, never a traceback."""
+
+from __future__ import annotations
+
+import re
+
+USER_ERROR_EXIT_CODE = 2
+
+
+class UserError(Exception):
+    """A failure the user can fix (bad flag, bad file, unreachable DB or peer).
+
+    The message must name the problem and the fix in one line; the CLI prints it as
+    ``error: <message>`` and exits with code 2.
+    """
+
+
+def mask_url_password(url: str) -> str:
+    """Hide the password of a database URL so it can be printed: ``user:***@host``."""
+    return re.sub(r"(?<=://)([^:/@]+):([^@]*)@", r"\1:***@", url)
