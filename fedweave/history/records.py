@@ -1,0 +1,95 @@
+"""Plain records passed to and from the history store (the contract both modes write).
+
+The SQL tables live in ``fedweave.history.models``; these dataclasses are what the rest of
+the code hands over, so callers never touch SQLAlchemy sessions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+COORDINATOR_ACTOR = "coordinator"
+"""The ``actor`` of federated rounds; gossip rounds use the peer id instead."""
+
+
+@dataclass
+class SiteResult:
+    """One site's (federated) or one neighbour's (gossip) part in a round.
+
+    Attributes:
+        site_id: Flower node id as text, or the gossip neighbour's peer id.
+        status: ``"ok"``, ``"failed"`` or ``"rejected"``.
+        num_examples: examples the site trained on (0 when unknown).
+        metrics: whatever the site reported (train_loss, train_accuracy, ...).
+        seconds: the site's own training time, when known.
+        reason: one line saying why, when status is not ``"ok"``.
+    """
+
+    site_id: str
+    status: str = "ok"
+    num_examples: int = 0
+    metrics: dict[str, Any] = field(default_factory=dict)
+    seconds: float | None = None
+    reason: str | None = None
+
+
+@dataclass
+class RoundRecord:
+    """One completed round of one actor (the coordinator, or one gossip peer).
+
+    Attributes:
+        round: 1-based round number; continues across a resume.
+        actor: ``COORDINATOR_ACTOR`` or a gossip peer id.
+        started_at / ended_at: wall-clock times (UTC).
+        sampled / replied / failed: participants asked, that answered, that failed
+            (for gossip: neighbours contacted / answered / missed their deadline).
+        train_metrics: aggregated training metrics (weighted by examples).
+        eval_loss / eval_accuracy: central (federated) or own-model (gossip) evaluation.
+        model_sha256: sha256 of the model bytes after this round.
+        bytes_in / bytes_out: traffic of this round when known.
+        extra: anything else worth keeping (e.g. consensus distance, warnings).
+    """
+
+    round: int
+    actor: str
+    started_at: datetime
+    ended_at: datetime
+    sampled: int = 0
+    replied: int = 0
+    failed: int = 0
+    train_metrics: dict[str, Any] = field(default_factory=dict)
+    eval_loss: float | None = None
+    eval_accuracy: float | None = None
+    model_sha256: str | None = None
+    bytes_in: int | None = None
+    bytes_out: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class CheckpointRef:
+    """A model checkpoint written to disk (atomically) before its round is recorded."""
+
+    round: int
+    path: str
+    sha256: str
+    size_bytes: int
+
+
+@dataclass
+class RunInfo:
+    """A run as read back from the store."""
+
+    run_id: str
+    mode: str
+    task: str
+    status: str
+    config: dict[str, Any]
+    seed: int | None
+    code_version: str
+    started_at: datetime
+    ended_at: datetime | None
+    reason: str | None
+    rounds_completed: int
