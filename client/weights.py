@@ -1,0 +1,83 @@
+"""Model weights as named NumPy arrays: get/set, fingerprint, and pickle-free files.
+
+Every place a model leaves memory (Flower messages, gossip frames, checkpoints) goes
+through these helpers, so the byte layout and the hash are the same everywhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+
+
+def get_named_weights(model: nn.Module) -> OrderedDict[str, np.ndarray]:
+    """The model's state (parameters and buffers) as CPU NumPy arrays, in state-dict order."""
+    return OrderedDict(
+        (name, tensor.detach().cpu().numpy().copy()) for name, tensor in model.state_dict().items()
+    )
+
+
+def get_weights(model: nn.Module) -> list[np.ndarray]:
+    """The model's state as a list of arrays (Flower's ``NDArrays``)."""
+    return list(get_named_weights(model).values())
+
+
+def set_weights(model: nn.Module, weights: list[np.ndarray]) -> None:
+    """Load a list of arrays (in state-dict order) into ``model``; shapes must match."""
+    keys = list(model.state_dict().keys())
+    if len(keys) != len(weights):
+        raise ValueError(f"model has {len(keys)} tensors but {len(weights)} were given")
+    state = OrderedDict((k, torch.from_numpy(np.asarray(w))) for k, w in zip(keys, weights))
+    model.load_state_dict(state, strict=True)
+
+
+def weights_sha256(weights: list[np.ndarray]) -> str:
+    """Fingerprint of the weights' bytes, dtypes and shapes (order matters)."""
+    digest = hashlib.sha256()
+    for array in weights:
+        array = np.ascontiguousarray(array)
+        digest.update(f"{array.dtype.str}{array.shape}".encode())
+        digest.update(memoryview(array).cast("B"))
+    return digest.hexdigest()
+
+
+def save_weights_npz(path: str | Path, weights: list[np.ndarray]) -> tuple[str, int]:
+    """Write weights to ``path`` atomically (temp file + rename); return (sha256, size).
+
+    The sha256 is of the file's bytes, so a checkpoint can be verified before it is used.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            np.savez(handle, *weights)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    data = path.read_bytes()
+    return hashlib.sha256(data).hexdigest(), len(data)
+
+
+def load_weights_npz(path: str | Path, expected_sha256: str | None = None) -> list[np.ndarray]:
+    """Read weights written by ``save_weights_npz``; never unpickles.
+
+    Raises ``ValueError`` when the file's sha256 differs from ``expected_sha256``.
+    """
+    path = Path(path)
+    data = path.read_bytes()
+    if expected_sha256 is not None and hashlib.sha256(data).hexdigest() != expected_sha256:
+        raise ValueError(f"checkpoint {path} does not match its recorded sha256")
+    with np.load(path, allow_pickle=False) as archive:
+        return [archive[f"arr_{i}"] for i in range(len(archive.files))]
