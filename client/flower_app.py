@@ -1,0 +1,115 @@
+"""The Flower ClientApp: a NumPyClient that trains the task on this site's data only.
+
+Where the site's data comes from, in order: the SuperNode's ``--node-config data-path=...``
+(deployment), an explicit file in the settings, or ``site-<partition-id>.npz`` in a split
+directory (simulation).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import torch
+from flwr.client import ClientApp, NumPyClient
+from flwr.common import Context
+
+from client.data import load_site_data
+from client.task import ArrayData, Task, load_task
+from client.training import TrainConfig
+from client.weights import get_weights, set_weights
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """How a site trains.
+
+    Attributes:
+        task: task name or ``module:attr``.
+        data_path: this site's data file (deployment).
+        split_dir: directory of ``site-<i>.npz`` files (simulation; ``i`` = partition id).
+        label_column: label column for CSV data.
+        device: ``cuda``/``cpu``/``None`` (auto).
+        torch_threads: intra-op threads per client (simulations run several per machine).
+    """
+
+    task: str
+    data_path: str | None = None
+    split_dir: str | None = None
+    label_column: str | None = None
+    device: str | None = None
+    torch_threads: int | None = None
+
+
+@lru_cache(maxsize=4)
+def _cached_task(spec: str) -> Task:
+    return load_task(spec)
+
+
+@lru_cache(maxsize=8)
+def _cached_data(path: str, task_spec: str, label_column: str | None) -> ArrayData:
+    return load_site_data(path, _cached_task(task_spec), label_column)
+
+
+def resolve_data_path(settings: ClientSettings, context: Context) -> str:
+    """Which file this site trains on (see the module docstring for the order)."""
+    configured = context.node_config.get("data-path")
+    if configured:
+        return str(configured)
+    if settings.data_path:
+        return settings.data_path
+    if settings.split_dir is None:
+        raise ValueError("no data: give the site a data file (--data)")
+    partition = int(context.node_config["partition-id"])
+    return str(Path(settings.split_dir) / f"site-{partition}.npz")
+
+
+class TaskClient(NumPyClient):
+    """Trains ``task`` on ``data`` starting from the weights the coordinator sends."""
+
+    def __init__(self, task: Task, data: ArrayData, config: TrainConfig, site_index: int) -> None:
+        self.task = task
+        self.data = data
+        self.config = config
+        self.site_index = site_index
+        self.model = task.build_model()
+
+    def get_parameters(self, config: dict) -> list[np.ndarray]:
+        return get_weights(self.model)
+
+    def fit(self, parameters: list[np.ndarray], config: dict) -> tuple[list[np.ndarray], int, dict]:
+        set_weights(self.model, parameters)
+        round_seed = int(config.get("seed", 0)) * 1_000_003 + int(config.get("round", 0)) * 1009
+        train_config = replace(
+            self.config,
+            epochs=int(config.get("local_epochs", self.config.epochs)),
+            lr=float(config.get("lr", self.config.lr)),
+            batch_size=int(config.get("batch_size", self.config.batch_size)),
+            seed=round_seed + self.site_index,
+        )
+        metrics = self.task.train(self.model, self.data, train_config)
+        return get_weights(self.model), len(self.data), metrics
+
+    def evaluate(self, parameters: list[np.ndarray], config: dict) -> tuple[float, int, dict]:
+        set_weights(self.model, parameters)
+        scores = self.task.evaluate(self.model, self.data, self.config)
+        return float(scores["loss"]), len(self.data), {"accuracy": float(scores["accuracy"])}
+
+
+def make_client_app(settings: ClientSettings) -> ClientApp:
+    """A ClientApp whose clients train ``settings.task`` on their own data file."""
+
+    def client_fn(context: Context):
+        if settings.torch_threads:
+            torch.set_num_threads(settings.torch_threads)
+        path = resolve_data_path(settings, context)
+        data = _cached_data(path, settings.task, settings.label_column)
+        site_index = int(context.node_config.get("partition-id", 0))
+        client = TaskClient(
+            _cached_task(settings.task), data, TrainConfig(device=settings.device), site_index
+        )
+        return client.to_client()
+
+    return ClientApp(client_fn=client_fn)

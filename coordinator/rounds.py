@@ -1,0 +1,49 @@
+"""What the coordinator tells listeners after each round (progress, report, history)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+
+import numpy as np
+
+from fedweave.history.records import SiteResult
+
+
+@dataclass
+class RoundSummary:
+    """One aggregated and centrally evaluated round.
+
+    Attributes:
+        round: 1-based number; continues after a resume.
+        loss / accuracy: central evaluation of the new global model on the held-out set.
+        seconds: wall time from sampling the sites to the end of central evaluation.
+        weights: the new global model, in state-dict order.
+        sites: one result per sampled site (ok, failed or rejected).
+        train_metrics: training metrics averaged over sites, weighted by examples.
+    """
+
+    round: int
+    loss: float
+    accuracy: float
+    seconds: float
+    started_at: datetime
+    ended_at: datetime
+    weights: list[np.ndarray]
+    sites: list[SiteResult] = field(default_factory=list)
+    train_metrics: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def sampled(self) -> int:
+        return len(self.sites)
+
+    @property
+    def replied(self) -> int:
+        return sum(1 for site in self.sites if site.status == "ok")
+
+
+class RoundListener(Protocol):
+    """Receives each completed round, in order, on the coordinator's thread."""
+
+    def on_round(self, summary: RoundSummary) -> None: ...
