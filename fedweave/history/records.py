@@ -93,3 +93,10 @@ class RunInfo:
     ended_at: datetime | None
     reason: str | None
     rounds_completed: int
+    """Highest round number recorded by any actor (0 before the first round)."""
+    pid: int | None = None
+    hostname: str | None = None
+    heartbeat_at: datetime | None = None
+    """Refreshed by every recorded round; used to detect runs whose process died."""
+    actors: int = 0
+    """Distinct actors that recorded rounds (1 for federated, the peer count for gossip)."""

@@ -1,0 +1,73 @@
+"""SQL round history that both federated and gossip runs write.
+
+Import cost matters: ``fedweave --help`` imports the CLI, which imports this package, so
+SQLAlchemy and Alembic are only loaded when ``open_store`` / ``HistoryStore`` are first used
+(module ``__getattr__`` below).
+
+    from fedweave.history import open_store, DEFAULT_DB_URL
+    store = open_store()            # sqlite:///fedweave.db, migrated on first use
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from fedweave.history.records import (
+    COORDINATOR_ACTOR,
+    CheckpointRef,
+    RoundRecord,
+    RunInfo,
+    SiteResult,
+)
+
+DEFAULT_DB_URL = "sqlite:///fedweave.db"
+"""Used when no ``--db`` / ``url`` is given: an embedded SQLite file in the working directory."""
+
+DB_URL_ENVVAR = "FEDWEAVE_DB"
+"""Environment variable the CLI reads for ``--db`` when the flag is not given."""
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers only
+    from fedweave.history.errors import (
+        DuplicateRoundError,
+        HistoryError,
+        HistoryUnavailableError,
+        SchemaMismatchError,
+    )
+    from fedweave.history.store import HistoryStore, open_store
+
+_LAZY = {
+    "open_store": "fedweave.history.store",
+    "HistoryStore": "fedweave.history.store",
+    "HistoryError": "fedweave.history.errors",
+    "DuplicateRoundError": "fedweave.history.errors",
+    "HistoryUnavailableError": "fedweave.history.errors",
+    "SchemaMismatchError": "fedweave.history.errors",
+}
+
+__all__ = [
+    "COORDINATOR_ACTOR",
+    "DB_URL_ENVVAR",
+    "DEFAULT_DB_URL",
+    "CheckpointRef",
+    "DuplicateRoundError",
+    "HistoryError",
+    "HistoryStore",
+    "HistoryUnavailableError",
+    "RoundRecord",
+    "RunInfo",
+    "SchemaMismatchError",
+    "SiteResult",
+    "open_store",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """Load the SQLAlchemy-backed parts on first access only."""
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value
+    return value
