@@ -26,8 +26,8 @@ class TrainConfig:
 
     Attributes:
         epochs: local epochs per round (default 1).
-        batch_size: examples per step (default 32).
-        lr: SGD learning rate (default 0.05).
+        batch_size: examples per step (default 16).
+        lr: SGD learning rate (default 0.1).
         momentum: SGD momentum (default 0.9).
         device: ``"cuda"``, ``"cuda:1"``, ``"cpu"`` or ``None`` to pick CUDA when present.
         seed: seeds shuffling and dropout; same seed, same result on CPU (default 0).
@@ -35,8 +35,8 @@ class TrainConfig:
     """
 
     epochs: int = 1
-    batch_size: int = 32
-    lr: float = 0.05
+    batch_size: int = 16
+    lr: float = 0.1
     momentum: float = 0.9
     device: str | None = None
     seed: int = 0

@@ -41,8 +41,8 @@ class ServerSettings:
     min_clients: int
     clients_per_round: int | None = None
     local_epochs: int = 1
-    lr: float = 0.05
-    batch_size: int = 32
+    lr: float = 0.1
+    batch_size: int = 16
     seed: int = 0
     device: str | None = None
     round_offset: int = 0

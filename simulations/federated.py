@@ -50,8 +50,8 @@ class FederatedSimulation:
     alpha: float = 0.5
     shards_per_client: int = 2
     local_epochs: int = 1
-    lr: float = 0.05
-    batch_size: int = 32
+    lr: float = 0.1
+    batch_size: int = 16
     seed: int = 0
     device: str | None = None
     gpus_per_client: float = 0.0

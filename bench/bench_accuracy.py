@@ -1,0 +1,87 @@
+"""Federated vs centralized accuracy on the same model, data and number of epochs.
+
+Runs a fedweave federated simulation (Flower simulation engine, FedAvg) and then trains the
+same model centrally on the union of the sites' data for rounds x local-epochs epochs with
+the same optimiser settings, and prints both accuracies and the difference (goal: within
+1 point).
+
+    python bench/bench_accuracy.py --task digits --clients 10 --rounds 20 --alpha 0.5 --seeds 0,1,2
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from client.data import load_site_data
+from client.task import ArrayData, load_task
+from client.training import TrainConfig
+from client.weights import set_weights
+from coordinator.server_app import initial_weights
+from simulations.federated import FederatedSimulation, run_federated_simulation
+from simulations.split import test_file
+
+
+def centralized_accuracy(sim: FederatedSimulation, split_dir: Path) -> float:
+    task = load_task(sim.task)
+    sites = [load_site_data(split_dir / f"site-{i}.npz", task) for i in range(sim.clients)]
+    union = ArrayData(np.concatenate([s.x for s in sites]), np.concatenate([s.y for s in sites]))
+    test = load_site_data(test_file(split_dir), task)
+    model = task.build_model()
+    set_weights(model, initial_weights(sim.task, sim.seed))
+    config = TrainConfig(
+        epochs=sim.rounds * sim.local_epochs, lr=sim.lr, batch_size=sim.batch_size, seed=sim.seed
+    )
+    task.train(model, union, config)
+    return task.evaluate(model, test, config)["accuracy"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--task", default="digits")
+    parser.add_argument("--clients", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--alpha", type=float, default=0.5)
+    parser.add_argument("--partition", default="dirichlet")
+    parser.add_argument("--local-epochs", type=int, default=FederatedSimulation.local_epochs)
+    parser.add_argument("--lr", type=float, default=FederatedSimulation.lr)
+    parser.add_argument("--batch-size", type=int, default=FederatedSimulation.batch_size)
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated; the mean is the figure")
+    args = parser.parse_args()
+    differences = []
+    for seed in (int(s) for s in args.seeds.split(",")):
+        differences.append(run_one(args, seed))
+    print(f"mean difference over seeds {args.seeds}: {sum(differences) / len(differences):+.2f} "
+          "points (goal: |difference| <= 1.00)")
+
+
+def run_one(args: argparse.Namespace, seed: int) -> float:
+    sim = FederatedSimulation(
+        task=args.task,
+        clients=args.clients,
+        rounds=args.rounds,
+        partition=args.partition,
+        alpha=args.alpha,
+        local_epochs=args.local_epochs,
+        lr=args.lr,
+        batch_size=args.batch_size,
+        seed=seed,
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = run_federated_simulation(sim, split_dir=Path(tmp))
+        central = centralized_accuracy(sim, Path(tmp))
+    federated = rows[-1]["accuracy"]
+    print(f"seed={seed} task={sim.task} clients={sim.clients} rounds={sim.rounds} partition={sim.partition} "
+          f"alpha={sim.alpha} local_epochs={sim.local_epochs} lr={sim.lr} batch={sim.batch_size}")
+    print(f"federated final accuracy   {federated:.4f}")
+    print(f"centralized accuracy       {central:.4f}  ({sim.rounds * sim.local_epochs} epochs)")
+    difference = 100 * (central - federated)
+    print(f"difference (central - fed) {difference:+.2f} points")
+    return difference
+
+
+if __name__ == "__main__":
+    main()

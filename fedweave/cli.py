@@ -1,0 +1,49 @@
+"""The `fedweave` command. Subcommands live beside the code they drive and import it lazily,
+so `fedweave client` never loads the coordinator's stack and `--help` stays fast."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+import typer
+
+from fedweave.errors import USER_ERROR_EXIT_CODE, UserError
+from simulations.cli import data_app, simulate
+
+app = typer.Typer(
+    help="fedweave: federated (Flower + SecAgg+) and serverless gossip learning; sites keep their data.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command()(simulate)
+app.add_typer(data_app, name="data")
+
+
+@app.command()
+def version() -> None:
+    """Print the fedweave version."""
+    from fedweave import __version__
+
+    typer.echo(__version__)
+
+
+def main() -> None:
+    """Console-script entry: user errors become one line and exit code 2, never a traceback."""
+    try:
+        code = app(standalone_mode=False)
+    except UserError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(USER_ERROR_EXIT_CODE)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except (KeyboardInterrupt, click.Abort):
+        typer.echo("interrupted", err=True)
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+if __name__ == "__main__":
+    main()
