@@ -1,0 +1,164 @@
+"""Mixing rules for gossip, pure NumPy (no sockets, no torch): easy to test and to reason about.
+
+Models are ``OrderedDict[str, np.ndarray]``. Only floating tensors are mixed; integer buffers
+(counters such as BatchNorm's ``num_batches_tracked``) keep the local value. Functions never
+modify their inputs in place: arrays handed to a zero-copy send may still be in flight.
+
+- ``pairwise``: push-pull averaging weighted by examples. Written as a *delta against the
+  snapshot that was sent* so the weighted network sum ``sum_i n_i x_i`` is preserved exactly
+  even when the peer changed its model (served another offer) while waiting for the reply.
+- ``clipped``: ClippedGossip (He, Karimireddy, Jaggi 2022): each neighbour's difference is
+  clipped to radius ``tau`` before it is applied, so one poisoned peer moves us at most ``tau``.
+- ``trimmed``: coordinate-wise trimmed mean of self and neighbours (drop the ``b`` largest and
+  smallest values of each coordinate).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+Weights = Mapping[str, np.ndarray]
+MIX_RULES = ("pairwise", "clipped", "trimmed")
+
+
+def _float_keys(weights: Weights) -> list[str]:
+    return [k for k, v in weights.items() if v.dtype.kind == "f"]
+
+
+def _share(n_self: int, n_other: int) -> float:
+    """Fraction of the way to move toward the other model; equal shares when both are 0."""
+    total = n_self + n_other
+    return 0.5 if total <= 0 else n_other / total
+
+
+def pairwise_update(
+    current: Weights, sent: Weights, other: Weights, n_self: int, n_other: int
+) -> OrderedDict[str, np.ndarray]:
+    """``current + n_other/(n_self+n_other) * (other - sent)`` for floating tensors.
+
+    Both ends apply it (the replier with ``sent == current``), so after the exchange both
+    equal the example-weighted average of what they swapped and ``n_a x_a + n_b x_b`` is
+    unchanged: the network average is preserved.
+    """
+    share = _share(n_self, n_other)
+    out: OrderedDict[str, np.ndarray] = OrderedDict()
+    floats = set(_float_keys(current))
+    for key, value in current.items():
+        if key in floats:
+            delta = other[key].astype(np.float64) - sent[key].astype(np.float64)
+            out[key] = (value.astype(np.float64) + share * delta).astype(value.dtype)
+        else:
+            out[key] = value
+    return out
+
+
+def difference_norm(a: Weights, b: Weights) -> float:
+    """Global L2 norm of ``a - b`` over all floating tensors."""
+    total = 0.0
+    for key in _float_keys(a):
+        diff = a[key].astype(np.float64) - b[key].astype(np.float64)
+        total += float(np.dot(diff.ravel(), diff.ravel()))
+    return math.sqrt(total)
+
+
+def adaptive_tau(norms: Sequence[float], history: Sequence[float] = ()) -> float:
+    """Clipping radius when none is given: the median of the recent difference norms.
+
+    Honest neighbours are the majority, so the median tracks their spread while a poisoned
+    difference (far larger) is cut down to it.
+    """
+    pool = [n for n in (*history, *norms) if math.isfinite(n)]
+    return float(np.median(pool)) if pool else 0.0
+
+
+def clipped_update(
+    current: Weights,
+    neighbours: Sequence[tuple[Weights, int]],
+    n_self: int,
+    tau: float,
+) -> OrderedDict[str, np.ndarray]:
+    """ClippedGossip: ``x + sum_j w_j * clip(x_j - x, tau)`` with example weights
+    ``w_j = n_j / (n_self + sum n)`` (equal weights when all counts are 0)."""
+    if not neighbours:
+        return OrderedDict(current)
+    counts = [n for _, n in neighbours]
+    total = n_self + sum(counts)
+    if total <= 0:
+        shares = [1.0 / (len(neighbours) + 1)] * len(neighbours)
+    else:
+        shares = [n / total for n in counts]
+    floats = _float_keys(current)
+    acc = {k: current[k].astype(np.float64) for k in floats}
+    for (other, _), share in zip(neighbours, shares, strict=False):
+        norm = difference_norm(other, current)
+        scale = 1.0 if norm <= tau or norm == 0.0 else tau / norm
+        for key in floats:
+            diff = other[key].astype(np.float64) - current[key].astype(np.float64)
+            acc[key] += share * scale * diff
+    return OrderedDict((k, acc[k].astype(v.dtype) if k in acc else v) for k, v in current.items())
+
+
+def trimmed_mean(
+    current: Weights, neighbours: Sequence[Weights], trim_fraction: float = 0.2
+) -> OrderedDict[str, np.ndarray]:
+    """Coordinate-wise trimmed mean of ``current`` and ``neighbours`` (unweighted: robust
+    statistics cannot trust a claimed example count).
+
+    ``b = floor(trim_fraction * m)`` values are dropped at each end of ``m`` models, at least 1
+    when ``m >= 3`` (so self + 2 neighbours gives the coordinate-wise median); with fewer than
+    3 models nothing can be trimmed and it is the plain mean.
+    """
+    models = [current, *neighbours]
+    m = len(models)
+    b = int(math.floor(trim_fraction * m))
+    if m >= 3:
+        b = max(1, b)
+    b = min(b, (m - 1) // 2)
+    out: OrderedDict[str, np.ndarray] = OrderedDict()
+    floats = set(_float_keys(current))
+    for key, value in current.items():
+        if key not in floats:
+            out[key] = value
+            continue
+        stack = np.stack([np.asarray(w[key], dtype=np.float64) for w in models])
+        if b > 0:
+            stack = np.sort(stack, axis=0)[b : m - b]
+        out[key] = stack.mean(axis=0).astype(value.dtype)
+    return out
+
+
+def weighted_average(models: Sequence[tuple[Weights, int]]) -> OrderedDict[str, np.ndarray]:
+    """Example-weighted mean of models (FedAvg's rule): the reference gossip should approach."""
+    total = sum(n for _, n in models)
+    first = models[0][0]
+    out: OrderedDict[str, np.ndarray] = OrderedDict()
+    for key, value in first.items():
+        if value.dtype.kind != "f":
+            out[key] = value
+            continue
+        acc = np.zeros(value.shape, dtype=np.float64)
+        for weights, n in models:
+            acc += (n / total if total else 1.0 / len(models)) * weights[key]
+        out[key] = acc.astype(value.dtype)
+    return out
+
+
+def flatten(weights: Weights) -> np.ndarray:
+    """All floating tensors as one float64 vector (for consensus distance)."""
+    keys = _float_keys(weights)
+    if not keys:
+        return np.zeros(0)
+    return np.concatenate([np.asarray(weights[k], dtype=np.float64).ravel() for k in keys])
+
+
+def consensus_distance(vectors: Sequence[np.ndarray]) -> float:
+    """Mean L2 distance of each peer's flattened model to the peers' mean model."""
+    if not vectors:
+        return 0.0
+    stack = np.stack(vectors)
+    mean = stack.mean(axis=0)
+    return float(np.linalg.norm(stack - mean, axis=1).mean())

@@ -1,0 +1,137 @@
+"""CURVE key pairs for gossip peers, and the peer id derived from a public key.
+
+A peer's id is a hash of its CURVE public key, and a receiver checks the id a message claims
+against the key ZeroMQ authenticated for the connection, so an id cannot be spoofed. Key files
+are pyzmq's ``zmq.auth`` certificate format (readable by any ZeroMQ binding):
+
+    DIR/peer.key          public key (share it: it goes into other peers' ``allowed/``)
+    DIR/peer.key_secret   secret key (mode 0600, never leaves the site)
+    DIR/allowed/*.key     public keys this peer accepts, its own included
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fedweave.errors import UserError
+
+KEY_NAME = "peer"
+ALLOWED_DIR = "allowed"
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who this peer is: its id and, with CURVE, its key pair (Z85 bytes)."""
+
+    peer_id: str
+    public_key: bytes | None = None
+    secret_key: bytes | None = None
+
+    @property
+    def secure(self) -> bool:
+        return self.secret_key is not None
+
+
+@dataclass(frozen=True)
+class KeyRing:
+    """This peer's identity plus the public keys it accepts, by peer id."""
+
+    identity: Identity
+    allowed: dict[str, bytes] = field(default_factory=dict)
+
+
+def peer_id_from_public_key(public_key: bytes) -> str:
+    """32 hex chars of sha256 over the raw 32-byte key: short, safe in paths, unforgeable."""
+    import zmq
+
+    raw = zmq.utils.z85.decode(public_key) if len(public_key) == 40 else public_key
+    if len(raw) != 32:
+        raise ValueError("a CURVE public key is 32 bytes (40 Z85 characters)")
+    return hashlib.sha256(raw).hexdigest()[:32]
+
+
+def anonymous_peer_id(listen_addr: str) -> str:
+    """Id of a peer without keys: stable for one listen address so a restart is re-admitted.
+
+    Not authenticated: without ``--keys`` any peer can claim any id (documented).
+    """
+    return "anon-" + hashlib.sha256(listen_addr.encode()).hexdigest()[:24]
+
+
+def new_keys(out_dir: str | Path, force: bool = False) -> Identity:
+    """Create a CURVE key pair in ``out_dir`` and allow it in ``out_dir/allowed/``.
+
+    Refuses to overwrite an existing pair unless ``force`` (a lost secret key changes the
+    peer's id, which every other site would have to re-allow).
+    """
+    import zmq
+    import zmq.auth
+
+    if not zmq.has("curve"):
+        raise UserError("this libzmq was built without CURVE; install pyzmq from its wheels")
+    out = Path(out_dir)
+    public_file = out / f"{KEY_NAME}.key"
+    if public_file.exists() and not force:
+        raise UserError(f"{public_file} already exists; use another --out or pass --force")
+    try:
+        (out / ALLOWED_DIR).mkdir(parents=True, exist_ok=True)
+        public_path, secret_path = zmq.auth.create_certificates(str(out), KEY_NAME)
+        os.chmod(secret_path, 0o600)
+        identity = load_identity(out)
+        assert identity.public_key is not None
+        shutil.copyfile(public_path, out / ALLOWED_DIR / f"{identity.peer_id}.key")
+    except OSError as exc:
+        raise UserError(
+            f"cannot write keys to {out}: {exc.strerror}; pick a writable --out"
+        ) from exc
+    return identity
+
+
+def load_identity(keys_dir: str | Path) -> Identity:
+    """Read ``DIR/peer.key_secret`` (which holds both halves) into an ``Identity``."""
+    import zmq.auth
+
+    secret_file = Path(keys_dir) / f"{KEY_NAME}.key_secret"
+    if not secret_file.is_file():
+        raise UserError(
+            f"no secret key at {secret_file}; create one with 'fedweave keys new --out {keys_dir}'"
+        )
+    try:
+        public, secret = zmq.auth.load_certificate(str(secret_file))
+    except (OSError, ValueError) as exc:
+        raise UserError(
+            f"cannot read {secret_file} ({exc}); recreate it with 'fedweave keys new'"
+        ) from exc
+    if not secret:
+        raise UserError(f"{secret_file} holds no secret key; recreate it with 'fedweave keys new'")
+    return Identity(peer_id_from_public_key(public), public, secret)
+
+
+def load_allowed(keys_dir: str | Path) -> dict[str, bytes]:
+    """Public keys in ``DIR/allowed/*.key`` by peer id (files that fail to parse are errors)."""
+    import zmq.auth
+
+    allowed_dir = Path(keys_dir) / ALLOWED_DIR
+    if not allowed_dir.is_dir():
+        raise UserError(
+            f"{allowed_dir} is missing; put the public keys of the peers to accept there"
+        )
+    out: dict[str, bytes] = {}
+    for path in sorted(allowed_dir.glob("*.key")):
+        try:
+            public, _ = zmq.auth.load_certificate(str(path))
+            out[peer_id_from_public_key(public)] = public
+        except (OSError, ValueError) as exc:
+            raise UserError(
+                f"{path} is not a public key file ({exc}); remove or replace it"
+            ) from exc
+    return out
+
+
+def load_keyring(keys_dir: str | Path) -> KeyRing:
+    """Identity and allow-list from one ``--keys`` directory."""
+    return KeyRing(load_identity(keys_dir), load_allowed(keys_dir))

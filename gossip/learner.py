@@ -1,0 +1,136 @@
+"""What a peer trains: a task's torch model on local data, or (tests) a fixed vector.
+
+The peer loop only sees named NumPy arrays, so the same loop gossips a torch model or a
+synthetic vector; the vector learner is how the tests check exact average preservation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from fedweave.errors import UserError
+
+
+class Learner(Protocol):
+    """The local side of a peer: weights in and out, train, evaluate."""
+
+    num_examples: int
+
+    def weights(self) -> OrderedDict[str, np.ndarray]:
+        """Current weights as fresh arrays (the caller may send them zero-copy)."""
+
+    def load(self, weights: OrderedDict[str, np.ndarray]) -> None:
+        """Replace the local weights (copying: received arrays are read-only frame views)."""
+
+    def train(self, round_: int) -> dict[str, float]:
+        """One round of local training; returns its metrics."""
+
+    def evaluate(self) -> dict[str, float] | None:
+        """Loss/accuracy on held-out data, or ``None`` without test data."""
+
+
+class TaskLearner:
+    """A ``Task``'s model trained on this site's data with ``client.training``.
+
+    Every peer seeds the model init with the same ``seed`` so all start from one model, as in
+    FedAvg; shuffling is seeded per peer and round so sites do not step in lockstep.
+    """
+
+    def __init__(
+        self,
+        task: Any,
+        data: Any,
+        test: Any | None,
+        train_config: Any,
+        peer_id: str,
+    ) -> None:
+        import torch
+
+        self.task, self.data, self.test, self.config = task, data, test, train_config
+        torch.manual_seed(train_config.seed)
+        self.model = task.build_model()
+        self.num_examples = len(data)
+        self._peer_salt = int(hashlib.sha256(peer_id.encode()).hexdigest()[:6], 16)
+
+    def weights(self) -> OrderedDict[str, np.ndarray]:
+        from client.weights import get_named_weights
+
+        return get_named_weights(self.model)
+
+    def load(self, weights: OrderedDict[str, np.ndarray]) -> None:
+        import torch
+
+        state = OrderedDict(
+            (k, torch.from_numpy(np.array(v, copy=True))) for k, v in weights.items()
+        )
+        self.model.load_state_dict(state, strict=True)
+
+    def train(self, round_: int) -> dict[str, float]:
+        seed = self.config.seed * 1_000_003 + self._peer_salt * 1009 + round_
+        config = dataclasses.replace(self.config, seed=seed % (2**31))
+        return self.task.train(self.model, self.data, config)
+
+    def evaluate(self) -> dict[str, float] | None:
+        if self.test is None:
+            return None
+        return self.task.evaluate(self.model, self.test, self.config)
+
+
+class VectorLearner:
+    """A single float vector that is never trained: gossip alone must average it.
+
+    Args:
+        vector: the initial value (float64 keeps the averaging error far below tolerance).
+        num_examples: the weight of this peer in the example-weighted average (default 1).
+    """
+
+    def __init__(self, vector: np.ndarray, num_examples: int = 1) -> None:
+        self._x = np.array(vector, dtype=np.float64).ravel()
+        self.num_examples = num_examples
+
+    def weights(self) -> OrderedDict[str, np.ndarray]:
+        return OrderedDict(x=self._x.copy())
+
+    def load(self, weights: OrderedDict[str, np.ndarray]) -> None:
+        self._x = np.array(weights["x"], dtype=np.float64, copy=True)
+
+    def train(self, round_: int) -> dict[str, float]:
+        return {}
+
+    def evaluate(self) -> dict[str, float] | None:
+        return None
+
+
+def build_learner(config: Any, peer_id: str) -> Learner:
+    """The learner a ``PeerConfig`` asks for: ``--vector FILE.npy`` (tests) or a task."""
+    if config.vector is not None:
+        try:
+            vector = np.load(config.vector, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise UserError(
+                f"cannot read vector {config.vector} ({exc}); pass a .npy file"
+            ) from exc
+        return VectorLearner(vector, config.vector_examples)
+    from client.data import load_site_data
+    from client.task import load_task
+    from client.training import TrainConfig
+
+    task = load_task(config.task)
+    if config.data is None:
+        raise UserError("a peer needs its local data: pass --data site.npz (or .csv)")
+    data = load_site_data(Path(config.data), task)
+    test = load_site_data(Path(config.test), task) if config.test is not None else None
+    train_config = TrainConfig(
+        epochs=config.epochs,
+        batch_size=config.batch_size,
+        lr=config.lr,
+        device=config.device,
+        seed=config.seed,
+    )
+    return TaskLearner(task, data, test, train_config, peer_id)

@@ -1,0 +1,171 @@
+"""Who is out there: seeds, peer exchange, suspicion, drop and re-admission.
+
+No global view and no coordinator. Each peer keeps a table of members it heard of, fed by
+its seeds, by ``peers`` lists piggybacked on every exchange, and by whoever contacts it. A
+member that misses a deadline is *suspect* (still picked, after alive ones); after
+``drop_after`` consecutive misses it is *dead*: its socket is closed and it is no longer
+picked. It is re-admitted when it contacts us directly, answers a probe, or when another peer
+reports it at a round later than the one it had when we dropped it (it made progress since,
+so it is alive). A peer that said ``bye`` is *left* and comes back only by contacting us.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+
+from gossip.wire import MAX_PEERS_PER_MESSAGE, PeerEntry, valid_addr, valid_peer_id
+
+ALIVE, SUSPECT, DEAD, LEFT = "alive", "suspect", "dead", "left"
+
+
+@dataclass
+class Member:
+    """What this peer knows about another one."""
+
+    peer_id: str
+    addr: str
+    round: int = 0
+    state: str = ALIVE
+    misses: int = 0
+    last_heard: float = 0.0
+    dropped_at_round: int = -1
+
+
+class Membership:
+    """The member table of one peer.
+
+    Args:
+        self_id / self_addr: this peer (never added as a member of itself).
+        drop_after: consecutive missed deadlines before a member is dropped (default 3;
+            1 miss already makes it suspect).
+        max_members: cap on the table, so a flood of fake peer lists cannot grow it without
+            bound (default 4096).
+        rng: randomness for neighbour choice (seed it for repeatable runs).
+    """
+
+    def __init__(
+        self,
+        self_id: str,
+        self_addr: str,
+        drop_after: int = 3,
+        max_members: int = 4096,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.self_id = self_id
+        self.self_addr = self_addr
+        self.drop_after = max(1, drop_after)
+        self.max_members = max_members
+        self.rng = rng or random.Random()
+        self.members: dict[str, Member] = {}
+        self.allowed_ids: set[str] | None = None
+        """With CURVE: only ids whose keys we hold can be members (we could not talk to others)."""
+
+    # -- learning about peers -----------------------------------------------------------
+
+    def heard_from(self, peer_id: str, addr: str, round_: int) -> bool:
+        """Direct contact: the peer is alive. Returns True when it is new or re-admitted."""
+        if peer_id == self.self_id or not self._acceptable(peer_id, addr):
+            return False
+        member = self.members.get(peer_id)
+        if member is None:
+            if len(self.members) >= self.max_members:
+                return False
+            self.members[peer_id] = Member(peer_id, addr, round_, ALIVE, 0, time.monotonic())
+            return True
+        came_back = member.state in (DEAD, LEFT)
+        member.addr = addr or member.addr
+        member.round = max(member.round, round_)
+        member.state, member.misses, member.last_heard = ALIVE, 0, time.monotonic()
+        return came_back
+
+    def merge(self, entries: list[PeerEntry]) -> list[str]:
+        """Fold a gossiped peer list in; return ids that are new or re-admitted."""
+        changed = []
+        for entry in entries:
+            if entry.peer_id == self.self_id or not self._acceptable(entry.peer_id, entry.addr):
+                continue
+            member = self.members.get(entry.peer_id)
+            if member is None:
+                if len(self.members) >= self.max_members:
+                    continue
+                self.members[entry.peer_id] = Member(entry.peer_id, entry.addr, entry.round)
+                changed.append(entry.peer_id)
+            elif member.state == DEAD and entry.round > member.dropped_at_round:
+                member.state, member.misses, member.addr = ALIVE, 0, entry.addr
+                member.round = entry.round
+                changed.append(entry.peer_id)
+            elif member.state != LEFT:
+                member.round = max(member.round, entry.round)
+        return changed
+
+    def _acceptable(self, peer_id: str, addr: str) -> bool:
+        if not valid_peer_id(peer_id) or (addr and not valid_addr(addr)):
+            return False
+        return self.allowed_ids is None or peer_id in self.allowed_ids
+
+    # -- failures -------------------------------------------------------------------------
+
+    def missed(self, peer_id: str) -> str:
+        """A deadline passed without an answer; returns the member's new state."""
+        member = self.members.get(peer_id)
+        if member is None:
+            return DEAD
+        member.misses += 1
+        if member.misses >= self.drop_after:
+            if member.state != DEAD:
+                member.dropped_at_round = member.round
+            member.state = DEAD
+        elif member.state == ALIVE:
+            member.state = SUSPECT
+        return member.state
+
+    def left(self, peer_id: str) -> None:
+        """The peer said ``bye``."""
+        member = self.members.get(peer_id)
+        if member is not None:
+            member.state = LEFT
+            member.dropped_at_round = member.round
+
+    # -- choosing -------------------------------------------------------------------------
+
+    def live(self) -> list[Member]:
+        return [m for m in self.members.values() if m.state in (ALIVE, SUSPECT)]
+
+    def pick(self, k: int) -> list[Member]:
+        """Up to ``k`` random live members, alive ones before suspects."""
+        alive = [m for m in self.members.values() if m.state == ALIVE]
+        suspect = [m for m in self.members.values() if m.state == SUSPECT]
+        self.rng.shuffle(alive)
+        self.rng.shuffle(suspect)
+        return (alive + suspect)[: max(0, k)]
+
+    def probe_candidates(self, k: int) -> list[Member]:
+        """Up to ``k`` dropped members to re-try (they may be back)."""
+        dead = [m for m in self.members.values() if m.state == DEAD]
+        self.rng.shuffle(dead)
+        return dead[:k]
+
+    def sample_entries(self, own_round: int, n: int = 16) -> list[PeerEntry]:
+        """This peer plus up to ``n - 1`` random live members, for piggybacking."""
+        live = self.live()
+        self.rng.shuffle(live)
+        n = min(n, MAX_PEERS_PER_MESSAGE)
+        entries = [PeerEntry(self.self_id, self.self_addr, own_round)]
+        entries += [PeerEntry(m.peer_id, m.addr, m.round) for m in live[: n - 1] if m.addr]
+        return entries
+
+    def max_round(self) -> tuple[str | None, int]:
+        """The live member that claims the highest round, and that round."""
+        best: tuple[str | None, int] = (None, 0)
+        for m in self.live():
+            if m.round > best[1]:
+                best = (m.peer_id, m.round)
+        return best
+
+    def counts(self) -> dict[str, int]:
+        out = {ALIVE: 0, SUSPECT: 0, DEAD: 0, LEFT: 0}
+        for m in self.members.values():
+            out[m.state] += 1
+        return out

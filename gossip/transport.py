@@ -1,0 +1,280 @@
+"""ZeroMQ transport for gossip: one ROUTER inbox per peer, one DEALER per neighbour.
+
+Why this shape (see DESIGN.md, "ZeroMQ"): a DEALER connected to several peers round-robins,
+so each neighbour gets its own DEALER; replies come back on it. The inbox ROUTER answers
+offers on the connection they came from. No REQ/REP: its lockstep hangs forever on a dead
+peer. Every socket has ``LINGER=0`` (closing never blocks on a dead peer), small high-water
+marks (a slow peer cannot make us buffer many models), ``MAXMSGSIZE`` (oversized frames drop
+the connection inside libzmq before they reach Python) and every wait is ``poll(timeout_s)``.
+Sends are non-blocking and zero-copy; a full queue or a vanished route returns ``False``.
+
+With a ``KeyRing`` every socket speaks CURVE: the inbox is a CURVE server whose ZAP handler
+(``zmq.auth.ThreadAuthenticator``) accepts only public keys in ``allowed/``; each DEALER pins
+its neighbour's public key, so it only ever talks to that peer.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from gossip.keys import KeyRing, peer_id_from_public_key
+from gossip.wire import DEFAULT_MAX_MESSAGE_BYTES
+
+log = logging.getLogger("fedweave.gossip.transport")
+
+DEFAULT_HWM = 8
+"""Messages queued per connection before sends fail (models are big: keep it small)."""
+MAX_MESSAGES_PER_POLL = 64
+"""Drain at most this many messages per socket per poll, so one flooding peer cannot starve
+the others or the peer's own round."""
+
+
+@dataclass
+class Incoming:
+    """One received message, before decoding.
+
+    Attributes:
+        frames: the message frames (header first), without the ZeroMQ routing id.
+        route: the inbox routing id to pass to ``reply`` (``None`` for neighbour replies).
+        neighbour: the DEALER key the message arrived on (``None`` for the inbox).
+        authenticated_id: the peer id of the CURVE key ZeroMQ authenticated, when secure.
+        nbytes: total bytes of the frames.
+    """
+
+    frames: list[Any]
+    route: bytes | None
+    neighbour: str | None
+    authenticated_id: str | None
+    nbytes: int
+
+    @property
+    def origin(self) -> str:
+        """A printable name for logs and rate limits (no header needed)."""
+        if self.authenticated_id:
+            return self.authenticated_id
+        if self.neighbour is not None:
+            return self.neighbour
+        return "route-" + (self.route or b"").hex()[:16]
+
+
+class Transport:
+    """Sockets of one peer. Not thread-safe: one thread owns it (ZeroMQ sockets are not).
+
+    Args:
+        listen: endpoint to bind, e.g. ``tcp://0.0.0.0:7000`` (port 0 picks a free one;
+            ``address`` then holds the real endpoint).
+        keyring: CURVE identity and allow-list, or ``None`` for plaintext (default).
+        max_message_bytes: ``MAXMSGSIZE`` per frame (default 1 GiB).
+        hwm: send/receive high-water mark in messages per connection (default 8).
+    """
+
+    def __init__(
+        self,
+        listen: str,
+        keyring: KeyRing | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        hwm: int = DEFAULT_HWM,
+    ) -> None:
+        self.keyring = keyring
+        self.max_message_bytes = max_message_bytes
+        self.hwm = hwm
+        self.context = zmq.Context()
+        self._auth: Any = None
+        self._dealers: dict[str, zmq.Socket] = {}
+        self._poller = zmq.Poller()
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.inbox = self.context.socket(zmq.ROUTER)
+        self._configure(self.inbox)
+        self.inbox.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        if keyring is not None:
+            self._start_auth(keyring)
+            self.inbox.curve_secretkey = keyring.identity.secret_key
+            self.inbox.curve_publickey = keyring.identity.public_key
+            self.inbox.curve_server = True
+        try:
+            self.inbox.bind(listen)
+        except zmq.ZMQError as exc:
+            self.close()
+            from fedweave.errors import UserError
+
+            raise UserError(
+                f"cannot listen on {listen} ({exc.strerror}); pick a free --listen tcp://HOST:PORT"
+            ) from exc
+        self.address = self.inbox.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._poller.register(self.inbox, zmq.POLLIN)
+
+    def _configure(self, sock: zmq.Socket) -> None:
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, self.hwm)
+        sock.setsockopt(zmq.RCVHWM, self.hwm)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
+        sock.setsockopt(zmq.RECONNECT_IVL, 100)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+        sock.setsockopt(zmq.HANDSHAKE_IVL, 5000)
+
+    def _start_auth(self, keyring: KeyRing) -> None:
+        from zmq.auth.thread import ThreadAuthenticator
+
+        allowed = set(keyring.allowed.values())
+
+        class _AllowList:
+            """ZAP callback: accept exactly the Z85 keys of ``allowed/``."""
+
+            def callback(self, domain: str, key: bytes) -> bool:
+                ok = key in allowed
+                if not ok:
+                    log.warning("refused a connection with an unknown CURVE key %s", key[:8])
+                return ok
+
+        self._auth = ThreadAuthenticator(self.context, log=logging.getLogger("fedweave.zap"))
+        self._auth.start()
+        self._auth.configure_curve_callback(domain="*", credentials_provider=_AllowList())
+
+    # -- neighbours --------------------------------------------------------------------
+
+    def connect(self, key: str, addr: str, server_key: bytes | None = None) -> None:
+        """Open (or keep) a DEALER named ``key`` to ``addr``; with CURVE, pin ``server_key``."""
+        if key in self._dealers:
+            return
+        sock = self.context.socket(zmq.DEALER)
+        self._configure(sock)
+        if self.keyring is not None:
+            if server_key is None:
+                sock.close(0)
+                raise ValueError(f"CURVE needs the public key of {addr}")
+            sock.curve_secretkey = self.keyring.identity.secret_key
+            sock.curve_publickey = self.keyring.identity.public_key
+            sock.curve_serverkey = server_key
+        sock.connect(addr)
+        self._dealers[key] = sock
+        self._poller.register(sock, zmq.POLLIN)
+
+    def rename(self, old: str, new: str) -> None:
+        """Re-key a DEALER once the peer id behind a seed address is known."""
+        if old == new or old not in self._dealers:
+            return
+        if new in self._dealers:
+            self.disconnect(old)
+            return
+        self._dealers[new] = self._dealers.pop(old)
+
+    def disconnect(self, key: str) -> None:
+        """Close the DEALER ``key`` at once (``LINGER=0`` drops anything still queued)."""
+        sock = self._dealers.pop(key, None)
+        if sock is not None:
+            self._poller.unregister(sock)
+            sock.close(0)
+
+    def connected(self, key: str) -> bool:
+        return key in self._dealers
+
+    def neighbour_keys(self) -> list[str]:
+        return list(self._dealers)
+
+    # -- sending -----------------------------------------------------------------------
+
+    def send(self, key: str, frames: list[Any]) -> bool:
+        """Queue ``frames`` to neighbour ``key`` without blocking; ``False`` if it cannot take
+        them now (no such DEALER, or its queue is at the high-water mark)."""
+        sock = self._dealers.get(key)
+        if sock is None:
+            return False
+        try:
+            sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return False
+        self.bytes_out += _nbytes(frames)
+        return True
+
+    def reply(self, route: bytes, frames: list[Any]) -> bool:
+        """Answer on the inbox connection ``route``; ``False`` if it is gone or full
+        (``ROUTER_MANDATORY`` turns a silent drop into an error we can count)."""
+        try:
+            self.inbox.send_multipart([route, *frames], flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return False
+        except zmq.ZMQError as exc:
+            if exc.errno == zmq.EHOSTUNREACH:
+                return False
+            raise
+        self.bytes_out += _nbytes(frames)
+        return True
+
+    # -- receiving ---------------------------------------------------------------------
+
+    def poll(self, timeout_s: float) -> list[Incoming]:
+        """Wait at most ``timeout_s`` seconds for messages on any socket and return them all
+        (at most ``MAX_MESSAGES_PER_POLL`` per socket)."""
+        events = dict(self._poller.poll(max(0, int(timeout_s * 1000))))
+        out: list[Incoming] = []
+        if not events:
+            return out
+        names = {sock: key for key, sock in self._dealers.items()}
+        for sock in events:
+            for _ in range(MAX_MESSAGES_PER_POLL):
+                try:
+                    frames = sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                nbytes = _nbytes(frames)
+                self.bytes_in += nbytes
+                if sock is self.inbox:
+                    route, frames = frames[0].bytes, frames[1:]
+                    out.append(Incoming(frames, route, None, self._user_id(frames), nbytes))
+                else:
+                    out.append(Incoming(frames, None, names.get(sock), None, nbytes))
+        return out
+
+    def _user_id(self, frames: list[Any]) -> str | None:
+        if self.keyring is None or not frames:
+            return None
+        try:
+            key = frames[0].get("User-Id")
+        except (zmq.ZMQError, AttributeError):
+            return None
+        try:
+            return peer_id_from_public_key(key.encode("ascii")) if key else None
+        except ValueError:
+            return None
+
+    def close(self, linger_ms: int = 0) -> None:
+        """Close every socket, stop the authenticator, end the context.
+
+        ``linger_ms`` lets already-queued messages (a final ``bye``) leave for at most that
+        long; the default 0 drops them so closing never waits on a dead peer."""
+        for key in list(self._dealers):
+            sock = self._dealers.pop(key)
+            self._poller.unregister(sock)
+            sock.close(linger_ms)
+        inbox = getattr(self, "inbox", None)
+        if inbox is not None and not inbox.closed:
+            inbox.close(0)
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
+        self.context.term()
+
+    def __enter__(self) -> Transport:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _nbytes(frames: list[Any]) -> int:
+    total = 0
+    for frame in frames:
+        buffer = getattr(frame, "buffer", frame)
+        total += memoryview(buffer).nbytes
+    return total
+
+
+def wait_until(deadline: float) -> float:
+    """Seconds left until ``deadline`` (a ``time.monotonic`` value), never negative."""
+    return max(0.0, deadline - time.monotonic())
