@@ -7,6 +7,10 @@ Several processes may open a fresh database at once (gossip peers), so every mig
 runs inside one write-locked transaction: ``BEGIN IMMEDIATE`` on SQLite, a transaction-level
 advisory lock on PostgreSQL. The revision is read again under the lock, so only the first
 process migrates and the others find the schema already current.
+
+Alembic itself is imported only when a migration is due: a database already at
+``SCHEMA_REVISION`` is recognised with one query, which keeps ``open_store`` cheap for the
+many short-lived processes (peers, CLI calls) that open it.
 """
 
 from __future__ import annotations
@@ -15,17 +19,19 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Connection, Engine, inspect, text
 
 from fedweave import __version__
 from fedweave.errors import mask_url_password
 from fedweave.history.engine import WRITE_OPTION
 from fedweave.history.errors import SchemaMismatchError
+from fedweave.history.models import SCHEMA_REVISION
+
+if TYPE_CHECKING:
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 PG_LOCK_KEY = 0x66656477  # "fedw": advisory lock id serialising fedweave migrations
@@ -33,6 +39,8 @@ PG_LOCK_KEY = 0x66656477  # "fedw": advisory lock id serialising fedweave migrat
 
 def alembic_config(connection: Connection | None = None) -> Config:
     """An Alembic ``Config`` for the packaged migrations, optionally bound to ``connection``."""
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
     config.set_main_option("path_separator", "os")
@@ -43,6 +51,8 @@ def alembic_config(connection: Connection | None = None) -> Config:
 
 @lru_cache(maxsize=1)
 def _script() -> ScriptDirectory:
+    from alembic.script import ScriptDirectory
+
     return ScriptDirectory.from_config(alembic_config())
 
 
@@ -60,6 +70,8 @@ def known_revisions() -> set[str]:
 
 def current_revision(connection: Connection) -> str | None:
     """The database's schema revision; None for an empty (never migrated) database."""
+    from alembic.runtime.migration import MigrationContext
+
     return MigrationContext.configure(connection).get_current_revision()
 
 
@@ -91,11 +103,14 @@ def ensure_schema(engine: Engine, url: str, migrate: bool = True) -> str:
             schema raises ``SchemaMismatchError`` naming ``fedweave history migrate``.
     """
     with engine.connect() as conn:
-        revision = current_revision(conn)
+        if inspect(conn).has_table("alembic_version"):
+            revision = conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+        else:
+            revision = None
+    if revision == SCHEMA_REVISION:
+        return revision
     _refuse_newer(revision, url)
     head = head_revision()
-    if revision == head:
-        return revision
     if not migrate:
         raise SchemaMismatchError(
             f"database '{mask_url_password(url)}' has schema {revision or 'none'}, this fedweave "
@@ -110,6 +125,8 @@ def upgrade(engine: Engine, url: str, revision: str = "head") -> tuple[str | Non
     with _locked(engine) as conn:
         before = current_revision(conn)
         _refuse_newer(before, url)
+        from alembic import command
+
         command.upgrade(alembic_config(conn), revision)
         return before, current_revision(conn)
 
@@ -119,5 +136,7 @@ def downgrade(engine: Engine, url: str, revision: str) -> tuple[str | None, str 
     with _locked(engine) as conn:
         before = current_revision(conn)
         _refuse_newer(before, url)
+        from alembic import command
+
         command.downgrade(alembic_config(conn), revision)
         return before, current_revision(conn)

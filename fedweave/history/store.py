@@ -142,13 +142,14 @@ class HistoryStore:
             except IntegrityError:
                 raise
             except DBAPIError as exc:
-                if time.monotonic() + delay > deadline:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
                     raise HistoryUnavailableError(
                         f"history database '{self.masked_url}' unavailable "
                         f"(gave up after {attempt} attempt(s) in {retry_seconds:g} s): "
                         f"{_first_line(exc)}; check the database, then resume the run"
                     ) from None
-                time.sleep(delay)
+                time.sleep(min(delay, remaining))
                 delay = min(delay * 2, 2.0)
 
     def _run_row(self, session: Session, run_id: str) -> Run:
@@ -184,7 +185,11 @@ class HistoryStore:
             ))
             return new_id
 
-        return self._write(work)
+        try:
+            return self._write(work)
+        except IntegrityError:  # another process inserted the same id between check and insert
+            raise HistoryError(f"run '{new_id}' already exists in '{self.masked_url}'; "
+                               "resume it or choose another run id") from None
 
     def finish_run(
         self, run_id: str, status: str, reason: str | None = None, retry_seconds: float = 10.0

@@ -1,0 +1,287 @@
+"""``fedweave history``: list, show, plot and export recorded runs; migrate the schema.
+
+Only typer and rich are imported here at module level; SQLAlchemy, Alembic and matplotlib
+load inside the commands, so ``fedweave --help`` stays fast. Every user-caused failure ends
+as ``error: <one line>`` on stderr with exit code 2.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from fedweave.errors import USER_ERROR_EXIT_CODE, UserError
+from fedweave.history import DB_URL_ENVVAR, DEFAULT_DB_URL
+
+history_app = typer.Typer(
+    name="history",
+    help="Inspect the SQL round history that federated and gossip runs write: list runs, "
+    "show their rounds, plot or export them, and migrate the database schema.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+DbOption = Annotated[
+    str,
+    typer.Option(
+        "--db",
+        envvar=DB_URL_ENVVAR,
+        help="History database URL: sqlite:///path/file.db (a file) or "
+        "postgresql+psycopg://user:password@host:5432/dbname. Also read from "
+        f"${DB_URL_ENVVAR}.",
+        show_default=True,
+    ),
+]
+RunArg = Annotated[
+    str, typer.Argument(help="Run id (or a unique prefix of 4+ characters), or 'latest' for the "
+                        "most recently started run.", show_default=False)
+]
+
+
+class ListFormat(str, Enum):
+    table = "table"
+    json = "json"
+
+
+class ShowFormat(str, Enum):
+    table = "table"
+    json = "json"
+    csv = "csv"
+
+
+@contextmanager
+def _user_errors() -> Iterator[None]:
+    """Turn ``UserError`` into one line on stderr and exit code 2 (never a traceback)."""
+    try:
+        yield
+    except UserError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(USER_ERROR_EXIT_CODE) from None
+
+
+def _open(db: str, must_exist: bool = True):  # -> HistoryStore (lazy import)
+    """Open the store; reading commands refuse to create a new SQLite file by accident."""
+    from fedweave.errors import mask_url_password
+    from fedweave.history.engine import sqlite_file
+    from fedweave.history.store import open_store
+
+    path = sqlite_file(db)
+    if must_exist and path is not None and not path.exists():
+        raise UserError(f"no history database at {path} ('{mask_url_password(db)}'); pass the "
+                        f"--db the run wrote to (or set ${DB_URL_ENVVAR})")
+    return open_store(db)
+
+
+def _when(value) -> str:  # datetime | None
+    return value.astimezone().strftime("%Y-%m-%d %H:%M:%S") if value else "-"
+
+
+def _num(value, digits: int = 4) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+@history_app.command("runs")
+def runs_command(
+    db: DbOption = DEFAULT_DB_URL,
+    format: Annotated[ListFormat, typer.Option(
+        "--format", help="table: a readable table; json: a list of run objects for scripts.",
+    )] = ListFormat.table,
+) -> None:
+    """List recorded runs, most recent first: id, mode, task, status, rounds, times."""
+    import json
+
+    from rich.console import Console
+    from rich.table import Table
+
+    with _user_errors():
+        with _open(db) as store:
+            runs = store.list_runs()
+        if format is ListFormat.json:
+            from fedweave.history.tables import run_dict
+
+            typer.echo(json.dumps([run_dict(run) for run in runs], indent=2))
+            return
+        table = Table(title=f"runs in {store.masked_url}")
+        for column in ("run id", "mode", "task", "status", "rounds", "started", "ended", "seed",
+                       "version", "reason"):
+            table.add_column(column, overflow="fold")
+        for run in runs:
+            table.add_row(run.run_id, run.mode, run.task, run.status, str(run.rounds_completed),
+                          _when(run.started_at), _when(run.ended_at),
+                          "-" if run.seed is None else str(run.seed), run.code_version,
+                          run.reason or "")
+        Console().print(table if runs else f"no runs in {store.masked_url}")
+
+
+@history_app.command("show")
+def show_command(
+    run_id: RunArg,
+    db: DbOption = DEFAULT_DB_URL,
+    format: Annotated[ShowFormat, typer.Option(
+        "--format", help="table: readable; json: run, rounds (and sites) as one object; "
+        "csv: the rounds (or, with --sites, the site results) as CSV on stdout.",
+    )] = ShowFormat.table,
+    sites: Annotated[bool, typer.Option(
+        "--sites", help="Also show each site's (gossip: each neighbour's) result per round.",
+    )] = False,
+) -> None:
+    """Show one run: its config and status, then one line per round (and per site).
+
+    RUN_ID is a run id, a unique prefix of it (4+ characters), or 'latest'.
+    """
+    import json
+
+    from fedweave.history.tables import plain, rounds_table, run_dict, sites_table, write_csv
+
+    with _user_errors():
+        with _open(db) as store:
+            info = store.get_run(run_id)
+            rounds = store.rounds(info.run_id)
+            site_rows = store.site_results(info.run_id) if sites else []
+        if format is ShowFormat.json:
+            payload = {"run": run_dict(info), "rounds": plain(rounds)}
+            if sites:
+                payload["sites"] = plain(site_rows)
+            typer.echo(json.dumps(payload, indent=2))
+        elif format is ShowFormat.csv:
+            write_csv(sys.stdout, *(sites_table(site_rows) if sites else rounds_table(rounds)))
+        else:
+            _print_run(info, rounds, site_rows if sites else None)
+
+
+def _print_run(info, rounds: list[dict], site_rows: list[dict] | None) -> None:
+    import json
+
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(f"[bold]run {info.run_id}[/bold]  {info.mode} / {info.task}  "
+                  f"status [bold]{info.status}[/bold]"
+                  + (f" ({info.reason})" if info.reason else ""))
+    console.print(f"started {_when(info.started_at)}  ended {_when(info.ended_at)}  "
+                  f"seed {info.seed}  fedweave {info.code_version}  "
+                  f"host {info.hostname} pid {info.pid}")
+    console.print(f"config {json.dumps(info.config, sort_keys=True)}", soft_wrap=True)
+    several = len({row["actor"] for row in rounds}) > 1
+    table = Table()
+    for column in (["actor"] if several else []) + [
+            "round", "seconds", "sampled", "replied", "failed", "eval loss", "eval acc",
+            "train loss", "bytes in", "bytes out", "checkpoint"]:
+        table.add_column(column, overflow="fold")
+    for row in rounds:
+        train_loss = row["train_metrics"].get("train_loss", row["train_metrics"].get("loss"))
+        cells = [str(row["round"]), _num(row["seconds"], 2), str(row["sampled"]),
+                 str(row["replied"]), str(row["failed"]), _num(row["eval_loss"]),
+                 _num(row["eval_accuracy"]),
+                 _num(train_loss) if isinstance(train_loss, (int, float)) else "-",
+                 str(row["bytes_in"] or "-"), str(row["bytes_out"] or "-"),
+                 "yes" if row["checkpoint_path"] else ""]
+        table.add_row(*([row["actor"]] if several else []), *cells)
+    console.print(table if rounds else "no rounds recorded yet")
+    if site_rows is not None:
+        sites_table = Table(title="site results")
+        for column in ("actor", "round", "site", "status", "examples", "seconds", "metrics",
+                       "reason"):
+            sites_table.add_column(column, overflow="fold")
+        for site in site_rows:
+            sites_table.add_row(site["actor"], str(site["round"]), site["site_id"],
+                                site["status"], str(site["num_examples"]),
+                                _num(site["seconds"], 2),
+                                json.dumps(site["metrics"], sort_keys=True), site["reason"] or "")
+        console.print(sites_table)
+
+
+@history_app.command("plot")
+def plot_command(
+    run_ids: Annotated[list[str], typer.Argument(
+        help="One or more run ids (or 'latest'); each becomes one curve. Gossip runs are "
+        "drawn as the mean over peers per round, with the min-max band shaded.",
+        show_default=False)],
+    out: Annotated[Path, typer.Option(
+        "--out", help="PNG file to write (folders are created).")] = Path("curve.png"),
+    db: DbOption = DEFAULT_DB_URL,
+) -> None:
+    """Plot evaluation accuracy and loss per round of several runs into one PNG.
+
+    RUN_IDS are run ids (or unique prefixes, or 'latest'); each run is one curve. Gossip runs
+    are drawn as the mean over peers per round, with the min-max band shaded.
+    """
+    from fedweave.history.plotting import plot_runs
+
+    with _user_errors():
+        with _open(db) as store:
+            series = []
+            for ref in run_ids:
+                info = store.get_run(ref)
+                label = f"{info.run_id} {info.mode}/{info.task}"
+                series.append((label, store.rounds(info.run_id)))
+        plot_runs(series, out)
+        typer.echo(f"wrote {out}")
+
+
+@history_app.command("export")
+def export_command(
+    run_id: RunArg,
+    to: Annotated[Path, typer.Option(
+        "--to", help="Folder to write rounds.csv, sites.csv, run.json and model.npz (a copy "
+        "of the final checkpoint, verified against its sha256) into; created if missing.",
+        show_default=False)],
+    db: DbOption = DEFAULT_DB_URL,
+) -> None:
+    """Export one run's history and final model to a folder.
+
+    Writes rounds.csv, sites.csv, run.json and model.npz (the final checkpoint, verified
+    against its recorded sha256). RUN_ID is a run id, a unique prefix, or 'latest'.
+    """
+    from fedweave.history.tables import export_run
+
+    with _user_errors():
+        with _open(db) as store:
+            written = export_run(store, run_id, to)
+        for path in written:
+            typer.echo(f"wrote {path}")
+        if not any(path.name == "model.npz" for path in written):
+            typer.echo("note: the run has no recorded checkpoint; no model.npz written", err=True)
+
+
+@history_app.command("migrate")
+def migrate_command(db: DbOption = DEFAULT_DB_URL) -> None:
+    """Create the history schema or migrate it to this fedweave's version.
+
+    Runs also do this on first use; use it to upgrade a shared PostgreSQL database once,
+    ahead of the runs. Refuses a schema newer than this fedweave.
+    """
+    from sqlalchemy.exc import DBAPIError
+
+    from fedweave.history.engine import describe_connect_error, make_engine
+    from fedweave.history.errors import HistoryUnavailableError
+    from fedweave.history.migrate import upgrade
+
+    with _user_errors():
+        engine = make_engine(db)
+        try:
+            before, after = upgrade(engine, db)
+        except DBAPIError as exc:
+            raise HistoryUnavailableError(describe_connect_error(db, exc)) from None
+        finally:
+            engine.dispose()
+        if before == after:
+            typer.echo(f"schema already at {after}")
+        else:
+            typer.echo(f"schema migrated from {before or 'empty'} to {after}")
+
+
+def main() -> None:
+    """Entry point for ``python -m fedweave.history.cli``."""
+    history_app()
+
+
+if __name__ == "__main__":
+    main()

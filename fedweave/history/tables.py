@@ -1,0 +1,117 @@
+"""Flat tables of a run (CSV/JSON) and the export folder, shared by ``show`` and ``export``.
+
+Metrics dicts become one column each (``train.loss``, ``metrics.accuracy``) so a
+spreadsheet or pandas can use them directly; the columns are the union over all rows.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import shutil
+from dataclasses import asdict
+from datetime import datetime
+from pathlib import Path
+from typing import IO, Any
+
+from fedweave.history.errors import HistoryError
+from fedweave.history.records import RunInfo
+from fedweave.history.store import HistoryStore
+
+ROUND_COLUMNS = [
+    "actor", "round", "started_at", "ended_at", "seconds", "sampled", "replied", "failed",
+    "eval_loss", "eval_accuracy", "model_sha256", "bytes_in", "bytes_out",
+    "checkpoint_path", "checkpoint_sha256",
+]
+SITE_COLUMNS = ["actor", "round", "site_id", "status", "num_examples", "seconds", "reason"]
+
+
+def plain(value: Any) -> Any:
+    """``value`` with datetimes as ISO-8601 text, recursively (for JSON output)."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value
+
+
+def run_dict(info: RunInfo) -> dict[str, Any]:
+    """A run as JSON-ready dict."""
+    return plain(asdict(info))
+
+
+def _flatten(rows: list[dict[str, Any]], base: list[str], nested: str, prefix: str,
+             ) -> tuple[list[str], list[dict[str, Any]]]:
+    keys = sorted({key for row in rows for key in row[nested]})
+    columns = base + [f"{prefix}.{key}" for key in keys]
+    flat = []
+    for row in rows:
+        out = {column: plain(row.get(column)) for column in base}
+        out.update({f"{prefix}.{key}": row[nested].get(key) for key in keys})
+        flat.append(out)
+    return columns, flat
+
+
+def rounds_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
+    """Round rows flattened: fixed columns, ``train.*`` metrics, then ``extra`` as JSON text."""
+    columns, flat = _flatten(rows, ROUND_COLUMNS, "train_metrics", "train")
+    for out, row in zip(flat, rows, strict=True):
+        out["extra"] = json.dumps(row["extra"], sort_keys=True) if row["extra"] else ""
+    return columns + ["extra"], flat
+
+
+def sites_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
+    """Site rows flattened: fixed columns, then ``metrics.*``."""
+    return _flatten(rows, SITE_COLUMNS, "metrics", "metrics")
+
+
+def write_csv(stream: IO[str], columns: list[str], rows: list[dict[str, Any]]) -> None:
+    """CSV with a header; missing values are empty cells."""
+    writer = csv.DictWriter(stream, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+
+
+def export_run(store: HistoryStore, run_ref: str, out_dir: Path) -> list[Path]:
+    """Write rounds.csv, sites.csv, run.json and model.npz (final checkpoint) to ``out_dir``.
+
+    The tables are written first, so a missing or altered checkpoint file (``UserError``)
+    still leaves them in place. Returns the files written.
+    """
+    info = store.get_run(run_ref)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, (columns, rows) in (
+        ("rounds.csv", rounds_table(store.rounds(info.run_id))),
+        ("sites.csv", sites_table(store.site_results(info.run_id))),
+    ):
+        with open(out_dir / name, "w", encoding="utf-8", newline="") as handle:
+            write_csv(handle, columns, rows)
+        written.append(out_dir / name)
+    checkpoint = store.latest_checkpoint(info.run_id)
+    meta = run_dict(info)
+    meta["final_checkpoint"] = asdict(checkpoint) if checkpoint else None
+    (out_dir / "run.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    written.append(out_dir / "run.json")
+    if checkpoint is None:
+        return written
+    source = Path(checkpoint.path)
+    if not source.is_file():
+        raise HistoryError(
+            f"checkpoint {source} of round {checkpoint.round} is missing (tables were written "
+            f"to {out_dir}); copy the file back or export from the machine that has it"
+        )
+    target = out_dir / "model.npz"
+    shutil.copyfile(source, target)
+    digest = hashlib.sha256(target.read_bytes()).hexdigest()
+    if digest != checkpoint.sha256:
+        target.unlink()
+        raise HistoryError(
+            f"checkpoint {source} does not match the sha256 recorded for round "
+            f"{checkpoint.round} (tables were written to {out_dir}); the file was changed"
+        )
+    written.append(target)
+    return written

@@ -1,0 +1,75 @@
+"""Shared fixtures: database URLs for a real SQLite file and a real PostgreSQL server.
+
+PostgreSQL comes from ``FEDWEAVE_TEST_PG_URL`` (start one with
+``export FEDWEAVE_TEST_PG_URL="$(.ci/start-postgres.sh)"``); without it, or when the server
+cannot be reached, the PostgreSQL cases are skipped with the reason. Each test gets its own
+PostgreSQL schema (via ``search_path`` in the URL), dropped afterwards, so tests never see
+each other's rows and need no database-creation rights.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+PG_URL_ENVVAR = "FEDWEAVE_TEST_PG_URL"
+
+
+def _psycopg_url(url: str) -> str:
+    for prefix in ("postgres://", "postgresql://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix):]
+    return url
+
+
+@pytest.fixture(scope="session")
+def pg_server_url() -> str:
+    """The PostgreSQL server URL from the environment; skips when unset or unreachable."""
+    url = os.environ.get(PG_URL_ENVVAR)
+    if not url:
+        pytest.skip(f"{PG_URL_ENVVAR} is not set; run "
+                    f'`export {PG_URL_ENVVAR}="$(.ci/start-postgres.sh)"` for PostgreSQL tests')
+    from sqlalchemy import create_engine, text
+
+    from fedweave.errors import mask_url_password
+
+    engine = create_engine(_psycopg_url(url), connect_args={"connect_timeout": 3})
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except Exception as exc:  # any failure means "cannot test against it"
+        pytest.skip(f"PostgreSQL at {mask_url_password(url)} unreachable: "
+                    f"{str(exc).splitlines()[0]}")
+    finally:
+        engine.dispose()
+    return _psycopg_url(url)
+
+
+@pytest.fixture
+def pg_url(pg_server_url: str) -> Iterator[str]:
+    """A PostgreSQL URL whose ``search_path`` is a fresh, empty schema (dropped afterwards)."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    schema = f"test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(pg_server_url)
+    with admin.begin() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    url = make_url(pg_server_url).update_query_dict({"options": f"-csearch_path={schema}"})
+    try:
+        yield url.render_as_string(hide_password=False)
+    finally:
+        with admin.begin() as conn:
+            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path) -> str:
+    """An empty database: a SQLite file in ``tmp_path``, or a fresh PostgreSQL schema."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'history.db'}"
+    return request.getfixturevalue("pg_url")
