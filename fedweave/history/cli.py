@@ -221,6 +221,8 @@ def plot_command(
             for ref in run_ids:
                 info = store.get_run(ref)
                 label = f"{info.run_id} {info.mode}/{info.task}"
+                if info.actors > 1:
+                    label += f" (mean of {info.actors} peers)"
                 series.append((label, store.rounds(info.run_id)))
         plot_runs(series, out)
         typer.echo(f"wrote {out}")

@@ -8,7 +8,7 @@ from pathlib import PurePath
 from typing import Any
 
 from fedweave.history.models import Checkpoint, Round, Run, SiteRow
-from fedweave.history.records import RunInfo
+from fedweave.history.records import CheckpointRef, RoundRecord, RunInfo, SiteResult
 
 
 def jsonable(value: Any) -> Any:
@@ -89,12 +89,12 @@ def round_dict(row: Round, checkpoint: Checkpoint | None) -> dict[str, Any]:
     }
 
 
-def site_dict(site: SiteRow, round_row: Round) -> dict[str, Any]:
+def site_dict(site: SiteRow, parent: Round) -> dict[str, Any]:
     """One site result as a plain dict, with the actor and round it belongs to."""
     return {
-        "run_id": round_row.run_id,
-        "actor": round_row.actor,
-        "round": round_row.round,
+        "run_id": parent.run_id,
+        "actor": parent.actor,
+        "round": parent.round,
         "site_id": site.site_id,
         "status": site.status,
         "num_examples": site.num_examples,
@@ -102,3 +102,33 @@ def site_dict(site: SiteRow, round_row: Round) -> dict[str, Any]:
         "seconds": site.seconds,
         "reason": site.reason,
     }
+
+
+def round_row(run_id: str, record: RoundRecord, sites: list[SiteResult],
+              checkpoint: CheckpointRef | None) -> Round:
+    """The ORM rows (round + sites + checkpoint) for one recorded round, JSON made safe."""
+    extra = jsonable(record.extra)
+    nonfinite = {name: str(value) for name, value in
+                 (("eval_loss", record.eval_loss), ("eval_accuracy", record.eval_accuracy))
+                 if value is not None and finite_or_none(value) is None}
+    if nonfinite:  # keep the fact that evaluation diverged; the column holds NULL
+        extra["nonfinite"] = nonfinite
+    row = Round(
+        run_id=run_id, actor=record.actor, round=record.round,
+        started_at=record.started_at, ended_at=record.ended_at,
+        sampled=record.sampled, replied=record.replied, failed=record.failed,
+        train_metrics=jsonable(record.train_metrics),
+        eval_loss=finite_or_none(record.eval_loss),
+        eval_accuracy=finite_or_none(record.eval_accuracy),
+        model_sha256=record.model_sha256, bytes_in=record.bytes_in,
+        bytes_out=record.bytes_out, extra=extra,
+    )
+    row.sites = [SiteRow(
+        site_id=site.site_id, status=site.status, num_examples=site.num_examples,
+        metrics=jsonable(site.metrics), seconds=finite_or_none(site.seconds),
+        reason=site.reason,
+    ) for site in sites]
+    if checkpoint is not None:
+        row.checkpoint = Checkpoint(path=str(checkpoint.path), sha256=checkpoint.sha256,
+                                    size_bytes=checkpoint.size_bytes)
+    return row

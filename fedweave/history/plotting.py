@@ -48,6 +48,7 @@ def plot_runs(runs: list[tuple[str, list[dict[str, Any]]]], out: Path) -> Path:
 
     matplotlib.use("Agg")  # files only; never needs a display
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     curves = [(label, mean_per_round(rows, "eval_accuracy"), mean_per_round(rows, "eval_loss"))
               for label, rows in runs]
@@ -68,6 +69,7 @@ def plot_runs(runs: list[tuple[str, list[dict[str, Any]]]], out: Path) -> Path:
         for axis, title in ((ax_acc, "evaluation accuracy"), (ax_loss, "evaluation loss")):
             axis.set_title(title)
             axis.set_xlabel("round")
+            axis.xaxis.set_major_locator(MaxNLocator(integer=True))
             axis.grid(alpha=0.3)
             if axis.lines:
                 axis.legend(fontsize="small")

@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 from fedweave import __version__
 from fedweave.errors import mask_url_password
 from fedweave.history import DEFAULT_DB_URL
-from fedweave.history.convert import finite_or_none, jsonable, round_dict, run_info, site_dict
+from fedweave.history.convert import jsonable, round_dict, round_row, run_info, site_dict
 from fedweave.history.engine import (
     DEFAULT_BUSY_TIMEOUT_MS,
     WRITE_OPTION,
@@ -88,7 +88,10 @@ def open_store(
             "point --db at a fedweave history database (or an empty one)"
         ) from None
     store = HistoryStore(engine, url, stale_after_s=stale_after_s)
-    store.detect_interrupted()
+    try:
+        store.detect_interrupted()
+    except HistoryError:  # best effort: e.g. a read-only user may still list runs
+        pass
     return store
 
 
@@ -256,16 +259,18 @@ class HistoryStore:
     ) -> None:
         """Write one round, its site results and its checkpoint in one transaction.
 
-        Refreshes the run's heartbeat. Raises ``DuplicateRoundError`` (nothing written) if
-        (run, actor, round) exists, ``HistoryUnavailableError`` after ``retry_seconds``
-        (default 30) of failing to reach the database; the caller then fails the run.
+        Refreshes the run's heartbeat (and turns an ``interrupted`` run back to running:
+        its process is evidently alive); a finished run keeps its status. Raises
+        ``DuplicateRoundError`` (nothing written) if (run, actor, round) exists, and
+        ``HistoryUnavailableError`` after ``retry_seconds`` (default 30) of failing to reach
+        the database; the caller then fails the run.
         """
         if checkpoint is not None and checkpoint.round != record.round:
             raise ValueError(f"checkpoint is of round {checkpoint.round}, not {record.round}")
         for site in sites:
             if site.status not in SITE_STATUSES:
                 raise ValueError(f"site status must be one of {SITE_STATUSES}, not {site.status!r}")
-        row = self._round_row(run_id, record, sites, checkpoint)
+        row = round_row(run_id, record, sites, checkpoint)
 
         def work(session: Session, attempt: int) -> None:
             self._touch(session, run_id)
@@ -289,35 +294,6 @@ class HistoryStore:
                 f"round {record.round} of run '{run_id}' was not recorded (nothing written): "
                 f"{_first_line(exc)}"
             ) from None
-
-    @staticmethod
-    def _round_row(run_id: str, record: RoundRecord, sites: list[SiteResult],
-                   checkpoint: CheckpointRef | None) -> Round:
-        extra = jsonable(record.extra)
-        nonfinite = {name: str(value) for name, value in
-                     (("eval_loss", record.eval_loss), ("eval_accuracy", record.eval_accuracy))
-                     if value is not None and finite_or_none(value) is None}
-        if nonfinite:  # keep the fact that evaluation diverged; the column holds NULL
-            extra["nonfinite"] = nonfinite
-        row = Round(
-            run_id=run_id, actor=record.actor, round=record.round,
-            started_at=record.started_at, ended_at=record.ended_at,
-            sampled=record.sampled, replied=record.replied, failed=record.failed,
-            train_metrics=jsonable(record.train_metrics),
-            eval_loss=finite_or_none(record.eval_loss),
-            eval_accuracy=finite_or_none(record.eval_accuracy),
-            model_sha256=record.model_sha256, bytes_in=record.bytes_in,
-            bytes_out=record.bytes_out, extra=extra,
-        )
-        row.sites = [SiteRow(
-            site_id=site.site_id, status=site.status, num_examples=site.num_examples,
-            metrics=jsonable(site.metrics), seconds=finite_or_none(site.seconds),
-            reason=site.reason,
-        ) for site in sites]
-        if checkpoint is not None:
-            row.checkpoint = Checkpoint(path=str(checkpoint.path), sha256=checkpoint.sha256,
-                                        size_bytes=checkpoint.size_bytes)
-        return row
 
     # -- reads --------------------------------------------------------------------------
 
