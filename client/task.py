@@ -87,12 +87,17 @@ def load_task(spec: str) -> Task:
         obj = getattr(module, attr)
     except AttributeError as exc:
         raise UserError(f"task '{spec}': module '{module_name}' has no attribute '{attr}'") from exc
+    not_a_task = UserError(
+        f"task '{spec}' is not a Task: it needs name, input_shape, num_classes, "
+        "build_model(), load_data(), train() and evaluate()"
+    )
+    if isinstance(obj, type) and not isinstance(obj, Task):
+        raise not_a_task
     if isinstance(obj, type) or (callable(obj) and not isinstance(obj, Task)):
-        obj = obj()
-    task = obj
-    if not isinstance(task, Task):
-        raise UserError(
-            f"task '{spec}' is not a Task: it needs name, input_shape, num_classes, "
-            "build_model(), load_data(), train() and evaluate()"
-        )
-    return task
+        try:
+            obj = obj()
+        except TypeError as exc:
+            raise UserError(f"task '{spec}' cannot be created without arguments ({exc})") from exc
+    if not isinstance(obj, Task):
+        raise not_a_task
+    return obj

@@ -1,0 +1,48 @@
+"""Tasks: built-ins load real data; user tasks load as module:attr; bad names are clear."""
+
+import sys
+import textwrap
+
+import pytest
+
+from client.task import Task, load_task
+from fedweave.errors import UserError
+
+
+def test_builtin_tasks_have_real_data():
+    for name, n_total, shape in (("digits", 1797, (64,)), ("mnist5k", 5000, (1, 28, 28))):
+        task = load_task(name)
+        train, test = task.load_data()
+        assert isinstance(task, Task)
+        assert len(train) + len(test) == n_total
+        assert train.x.shape[1:] == shape
+        assert set(test.y.tolist()) == set(range(10))
+
+
+def test_user_task_from_module(tmp_path, monkeypatch):
+    (tmp_path / "my_tasks.py").write_text(textwrap.dedent("""
+        from client.tasks.digits import DigitsTask
+        class Wide(DigitsTask):
+            name = "wide-digits"
+            def __init__(self):
+                super().__init__(hidden=256)
+        instance = Wide()
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert load_task("my_tasks:Wide").name == "wide-digits"
+    assert load_task("my_tasks:instance").hidden == 256
+    sys.modules.pop("my_tasks", None)
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("nope", "unknown task 'nope'"),
+        ("no_such_module_xyz:task", "cannot import module"),
+        ("client.task:missing", "has no attribute"),
+        ("client.task:ArrayData", "is not a Task"),
+    ],
+)
+def test_bad_task_specs(spec, message):
+    with pytest.raises(UserError, match=message):
+        load_task(spec)
