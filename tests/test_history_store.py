@@ -163,6 +163,23 @@ def test_a_failure_inside_the_transaction_leaves_no_partial_round(db_url: str) -
         assert len(store.rounds(run_id)) == 1 and len(store.site_results(run_id)) == 3
 
 
+def test_recording_refreshes_the_heartbeat_and_revives_a_false_interrupted(db_url) -> None:
+    with open_store(db_url) as store:
+        run_id = store.start_run("gossip", "digits", {}, 1)
+        started = store.get_run(run_id).heartbeat_at
+        store.finish_run(run_id, "interrupted", "heartbeat looked stale")
+        time.sleep(0.01)
+        store.record_round(run_id, _record(1, "peer-a"), [])
+        revived = store.get_run(run_id)
+        assert revived.status == "running" and revived.reason is None
+        assert revived.ended_at is None and revived.heartbeat_at > started
+        store.finish_run(run_id, "completed")
+        store.record_round(run_id, _record(1, "peer-b"), [])  # a late peer still lands
+        assert store.get_run(run_id).status == "completed"
+        with pytest.raises(ValueError, match="status must be one of"):
+            store.finish_run(run_id, "done")
+
+
 START_AND_HANG = """
 import sys, time
 from fedweave.history import open_store
@@ -182,7 +199,7 @@ def test_run_of_a_killed_process_shows_interrupted_at_next_open(db_url: str) -> 
         child.wait(10)
     with open_store(db_url) as store:
         assert store.get_run(dead_id).status == "interrupted"
-        assert "stopped without finishing" in store.get_run(dead_id).reason
+        assert "died (found at a later start)" in store.get_run(dead_id).reason
         live_id = store.start_run("federated", "digits", {}, 3)
         remote_stale = store.start_run("gossip", "digits", {}, 3)
         remote_fresh = store.start_run("gossip", "digits", {}, 3)
@@ -220,6 +237,9 @@ def test_unreachable_or_wrong_urls_fail_at_open_with_masked_password(tmp_path: P
         open_store("mysql://bob:pw@db/history")
     with pytest.raises(UserError, match="not a database URL"):
         open_store("history.db")
+    (tmp_path / "text.db").write_text("these are not the tables you are looking for")
+    with pytest.raises(UserError, match="must be a writable SQLite file"):
+        open_store(f"sqlite:///{tmp_path / 'text.db'}")
 
 
 def test_wrong_password_against_the_real_server_is_masked(pg_url: str) -> None:

@@ -110,7 +110,8 @@ def runs_command(
         table = Table(title=f"runs in {store.masked_url}")
         for column in ("run id", "mode", "task", "status", "rounds", "started", "ended", "seed",
                        "version", "reason"):
-            table.add_column(column, overflow="fold")
+            table.add_column(column, overflow="fold",
+                             no_wrap=column in ("run id", "started", "ended"))
         for run in runs:
             table.add_row(run.run_id, run.mode, run.task, run.status, str(run.rounds_completed),
                           _when(run.started_at), _when(run.ended_at),

@@ -122,6 +122,9 @@ def describe_connect_error(url: str, exc: BaseException) -> str:
     if path is not None and not path.parent.exists():
         return f"cannot open history database '{masked}': folder {path.parent} does not exist; " \
                "create it or pass another --db"
+    if path is not None:
+        return (f"cannot open history database '{masked}': {first}; the path must be a "
+                "writable SQLite file (or not exist yet); fix it or pass another --db")
     return (
         f"cannot open history database '{masked}': {first}; check the URL, that the server is "
         "running and reachable, and the user/password (or pass another --db)"

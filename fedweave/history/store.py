@@ -243,8 +243,7 @@ class HistoryStore:
         dead = [row for row in running
                 if run_is_dead(row.pid, row.hostname, row.heartbeat_at, now, self.stale_after_s)]
         for row in dead:
-            reason = (f"process {row.pid} on {row.hostname} stopped without finishing "
-                      "(detected at a later start)")
+            reason = f"process {row.pid} on {row.hostname} died (found at a later start)"
             self._write(lambda session, _a, row=row, reason=reason: session.execute(
                 update(Run).where(Run.run_id == row.run_id, Run.status == "running")
                 .values(status="interrupted", reason=reason, ended_at=row.heartbeat_at or now)
