@@ -56,7 +56,18 @@ class TaskLearner:
         torch.manual_seed(train_config.seed)
         self.model = task.build_model()
         self.num_examples = len(data)
+        self._warm_up()
         self._peer_salt = int(hashlib.sha256(peer_id.encode()).hexdigest()[:6], 16)
+
+    def _warm_up(self) -> None:
+        """Train a throw-away copy on a few examples once: torch's first step is slow (lazy
+        initialisation), and paying it before joining keeps round 1 comparable to the rest."""
+        import copy
+
+        if len(self.data) == 0:
+            return
+        small = self.data.subset(np.arange(min(len(self.data), self.config.batch_size)))
+        self.task.train(copy.deepcopy(self.model), small, self.config)
 
     def weights(self) -> OrderedDict[str, np.ndarray]:
         from client.weights import get_named_weights

@@ -127,7 +127,9 @@ class Peer:
         self.tau_history: list[float] = []
         self.greeted: set[str] = set()
         self.awaiting: set[int] = set()
+        self.outcomes: dict[int, str] = {}
         self.busy_replies = 0
+        self.mixes = 0
         self._round_started = 0.0
         self.drops: Counter[str] = Counter()
         self._last_logged: dict[tuple[str, str], float] = {}
@@ -296,10 +298,12 @@ class Peer:
     def _exchange(self, chosen: list[str]) -> list[str]:
         """Offer our model to ``chosen``; return those that missed their deadline.
 
-        ``pairwise`` exchanges one neighbour at a time and answers others' offers ``busy``
-        meanwhile, so every exchange is an atomic pairwise average (the textbook randomized
-        gossip: the mixing stays doubly stochastic and non-negative). The robust rules offer
-        to all at once and mix once at the end of the round.
+        ``pairwise`` exchanges one neighbour at a time. Meanwhile it serves offers from peers
+        with a smaller id and answers ``busy`` to the others: two peers offering to each other
+        at once then complete exactly one exchange (not zero, not two), and a peer mixes in
+        at most a few offers while its own is in flight. Whatever interleaves, both sides
+        apply the same mass (delta against the sent snapshot), so the weighted sum is exact.
+        The robust rules offer to all at once and mix once at the end of the round.
         """
         timeout = self.config.exchange_timeout
         if self.config.mix == "pairwise":
@@ -317,15 +321,17 @@ class Peer:
                 self._serve(wait_until(deadline))
             self.awaiting = set()
             for pid, xid in xids.items():
-                if xid == 0 or xid in self.pending:
-                    failed.append(pid)
-                    if self.members.missed(pid) == DEAD:
-                        log.warning(
-                            "dropped neighbour %s after %d missed deadlines",
-                            pid,
-                            self.config.drop_after,
-                        )
-                        self.transport.disconnect(pid)
+                outcome = self.outcomes.pop(xid, None) if xid else "unsent"
+                if outcome in ("ok", "busy"):
+                    continue
+                failed.append(pid)
+                if outcome != "left" and self.members.missed(pid) == DEAD:
+                    log.warning(
+                        "dropped neighbour %s after %d missed deadlines",
+                        pid,
+                        self.config.drop_after,
+                    )
+                    self.transport.disconnect(pid)
         if self.config.round_interval > 0:
             self._pace()
         return failed
@@ -365,6 +371,8 @@ class Peer:
             failed=len(failed),
             members=len(self.members.live()),
             drops=sum(self.drops.values()),
+            busy=self.busy_replies,
+            mixes=self.mixes,
         )
         if self.history is None:
             return
@@ -509,6 +517,7 @@ class Peer:
             self.members.left(msg.sender)
             for xid in [x for x, p in self.pending.items() if p.peer_id == msg.sender]:
                 del self.pending[xid]  # it will never answer: stop waiting now
+                self.outcomes[xid] = "left"
             self.transport.disconnect(msg.sender)
             return
         if self.members.heard_from(msg.sender, msg.addr, msg.round):
@@ -535,7 +544,12 @@ class Peer:
 
     def _serve_offer(self, route: bytes, msg: wire.Message) -> None:
         mine = self.weights
-        if self.config.mix == "pairwise" and self.awaiting and not msg.pull:
+        if (
+            self.config.mix == "pairwise"
+            and self.awaiting
+            and not msg.pull
+            and msg.sender > self.peer_id
+        ):
             busy = wire.Message(
                 wire.REPLY,
                 self.peer_id,
@@ -561,6 +575,7 @@ class Peer:
         )
         if not self.transport.reply(route, wire.encode(reply)) or msg.pull:
             return  # no reply went out: do not mix either, so the sum stays exact
+        self.mixes += 1
         if self.config.mix == "pairwise":
             self.weights = averaging.pairwise_update(
                 mine, mine, msg.tensors, self.n, msg.num_examples
@@ -573,6 +588,8 @@ class Peer:
         if pending is None or pending.peer_id != msg.sender:
             raise wire.WireError("stale-reply", f"xid {msg.xid}")
         del self.pending[msg.xid]
+        if msg.xid in self.awaiting:
+            self.outcomes[msg.xid] = "busy" if msg.status == "busy" else "ok"
         if msg.status == "busy":
             self.busy_replies += 1  # alive but mid-exchange: skip it this round, no miss
             return
@@ -583,6 +600,7 @@ class Peer:
             self.round = max(self.round, msg.round)
             log.info("caught up: pulled the model of %s at round %d", msg.sender, msg.round)
         elif self.config.mix == "pairwise":
+            self.mixes += 1
             self.weights = averaging.pairwise_update(
                 self.weights, pending.snapshot, msg.tensors, self.n, msg.num_examples
             )

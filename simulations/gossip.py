@@ -1,0 +1,436 @@
+"""Gossip simulation: N real peer processes on loopback, one report in the federated shape.
+
+Each peer is a separate ``python -m gossip.peer_main`` process (spawned, never forked: ZeroMQ
+contexts are not fork-safe) with its own data file, all sharing the held-out test file. Peers
+write JSON lines (``ready``/``round``/``final``) and per-round model dumps; this launcher tails
+them, injects faults (``--kill 0.3@10`` SIGKILLs 30% of the peers once a peer reaches round
+10), starts late joiners, and builds the report: ``rounds[].accuracy`` is the mean test
+accuracy of the peers' own models at that round, ``consensus_distance`` the mean L2 distance
+of their models to their mean.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedweave.errors import UserError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class GossipSimulation:
+    """One gossip simulation. Local training defaults match the federated simulation's.
+
+    Attributes:
+        task / clients / rounds: what, how many peers (10), how many rounds each (30).
+        partition / alpha / shards_per_client / seed: the split, identical to federated mode's
+            for the same values, so the two modes compare on the same data.
+        local_epochs / lr / batch_size: local training per round (1, 0.1, 16).
+        fanout / mix: neighbours per round (2) and mixing rule (``pairwise``).
+        kill: ``"FRACTION@ROUND"`` fault injection, e.g. ``"0.3@10"`` (default none).
+        late: ``"COUNT@ROUND"``: hold back COUNT peers and start them once a peer has reached
+            ROUND (late joiners; default none).
+        gpus_per_peer: GPU share per peer (0.5 = two peers per GPU); 0 trains on CPU.
+        exchange_timeout: seconds a peer waits for a neighbour (5).
+        round_interval: minimum seconds per peer round (0: as fast as it goes).
+        secure: give every peer a CURVE key pair and a shared allow-list.
+        db: history URL; the launcher creates the run and every peer records into it.
+        timeout_s: give up (and kill every peer) after this long (default: scaled by rounds).
+    """
+
+    task: str = "digits"
+    clients: int = 10
+    rounds: int = 30
+    partition: str = "iid"
+    alpha: float = 0.5
+    shards_per_client: int = 2
+    seed: int = 0
+    local_epochs: int = 1
+    lr: float = 0.1
+    batch_size: int = 16
+    fanout: int = 2
+    mix: str = "pairwise"
+    kill: str | None = None
+    late: str | None = None
+    gpus_per_peer: float = 0.0
+    exchange_timeout: float = 5.0
+    round_interval: float = 0.0
+    secure: bool = False
+    db: str | None = None
+    timeout_s: float | None = None
+
+
+def parse_at(spec: str | None, flag: str, fraction: bool) -> tuple[float, int] | None:
+    """``"0.3@10"`` → ``(0.3, 10)``; a one-line ``UserError`` naming the flag otherwise."""
+    if not spec:
+        return None
+    amount, _, round_text = spec.partition("@")
+    try:
+        value, at = float(amount), int(round_text)
+    except ValueError:
+        value, at = -1.0, -1
+    ok = (0 < value <= 1) if fraction else (value >= 1 and value.is_integer())
+    if not ok or at < 1:
+        form = "FRACTION@ROUND, e.g. 0.3@10" if fraction else "COUNT@ROUND, e.g. 1@10"
+        raise UserError(f"bad {flag} '{spec}': use {form}")
+    return value, at
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports the OS just handed out (bound together so they differ, then released)."""
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+class _PeerProc:
+    def __init__(self, index: int, argv: list[str], env: dict[str, str], work: Path) -> None:
+        self.index, self.argv, self.env, self.work = index, argv, env, work
+        self.results = work / f"peer-{index}.jsonl"
+        self.dumps = work / f"models-{index}"
+        self.log = work / f"peer-{index}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.killed = False
+        self.rounds: dict[int, dict[str, Any]] = {}
+        self.final: dict[str, Any] | None = None
+        self._offset = 0
+
+    def start(self) -> None:
+        with self.log.open("wb") as log_file:
+            self.proc = subprocess.Popen(
+                self.argv,
+                env=self.env,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                cwd=str(REPO_ROOT),
+            )
+
+    def read(self) -> None:
+        if not self.results.exists():
+            return
+        with self.results.open("rb") as handle:
+            handle.seek(self._offset)
+            data = handle.read()
+        end = data.rfind(b"\n") + 1
+        self._offset += end
+        for line in data[:end].splitlines():
+            event = json.loads(line)
+            if event["event"] == "round":
+                self.rounds[event["round"]] = event
+            elif event["event"] == "final":
+                self.final = event
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, sig: int = signal.SIGKILL) -> None:
+        if self.running and self.proc is not None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def tail(self, lines: int = 5) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def _gpu_count() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except Exception:
+        return 0
+
+
+def _make_keys(work: Path, clients: int) -> list[Path]:
+    import shutil
+
+    from gossip.keys import new_keys
+
+    dirs = [work / f"keys-{i}" for i in range(clients)]
+    for d in dirs:
+        new_keys(d)
+    for d in dirs:
+        for other in dirs:
+            shutil.copyfile(other / "peer.key", d / "allowed" / f"{other.name}.key")
+    return dirs
+
+
+def _launch_plan(sim: GossipSimulation, work: Path, run_id: str | None) -> list[_PeerProc]:
+    from client.task import load_task
+    from simulations.split import test_file, write_split
+
+    task = load_task(sim.task)
+    sites = write_split(
+        task, work / "data", sim.clients, sim.partition, sim.alpha, sim.shards_per_client, sim.seed
+    )
+    ports = free_ports(sim.clients)
+    keys = _make_keys(work, sim.clients) if sim.secure else None
+    gpus = _gpu_count() if sim.gpus_per_peer > 0 else 0
+    if sim.gpus_per_peer > 0 and gpus == 0:
+        raise UserError("--gpus-per-peer needs a visible CUDA GPU; drop the flag to train on CPU")
+    peers = []
+    for i, site in enumerate(sites):
+        argv = [
+            sys.executable,
+            "-m",
+            "gossip.peer_main",
+            "peer",
+            "--listen",
+            f"tcp://127.0.0.1:{ports[i]}",
+            "--task",
+            sim.task,
+            "--data",
+            str(site),
+            "--test",
+            str(test_file(work / "data")),
+            "--rounds",
+            str(sim.rounds),
+            "--fanout",
+            str(sim.fanout),
+            "--mix",
+            sim.mix,
+            "--epochs",
+            str(sim.local_epochs),
+            "--lr",
+            str(sim.lr),
+            "--batch-size",
+            str(sim.batch_size),
+            "--seed",
+            str(sim.seed),
+            "--exchange-timeout",
+            str(sim.exchange_timeout),
+            "--connect-timeout",
+            "120",
+            "--round-interval",
+            str(sim.round_interval),
+            "--wait-for-peers",
+            str(sim.clients),
+            "--threads",
+            "1",
+            "--log-level",
+            "warning",
+            "--results",
+            str(work / f"peer-{i}.jsonl"),
+            "--dump-models",
+            str(work / f"models-{i}"),
+        ]
+        if i > 0:
+            argv += ["--seeds", f"tcp://127.0.0.1:{ports[0]}"]
+        if keys is not None:
+            argv += ["--keys", str(keys[i])]
+        if sim.db is not None and run_id is not None:
+            argv += ["--db", sim.db, "--run-id", run_id]
+        env = dict(
+            os.environ,
+            PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
+        )
+        env["OMP_NUM_THREADS"] = "1"
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = str(int(i * sim.gpus_per_peer) % gpus)
+            argv += ["--device", "cuda"]
+        else:
+            argv += ["--device", "cpu"]
+        peers.append(_PeerProc(i, argv, env, work))
+    return peers
+
+
+def _rows(peers: list[_PeerProc], rounds: int) -> list[dict[str, Any]]:
+    """Per-round means over the peers that completed that round."""
+    from gossip.averaging import consensus_distance
+
+    rows = []
+    for r in range(1, rounds + 1):
+        events = [p.rounds[r] for p in peers if r in p.rounds]
+        if not events:
+            continue
+        accs = [e["accuracy"] for e in events if e.get("accuracy") is not None]
+        losses = [e["loss"] for e in events if e.get("loss") is not None]
+        vectors = []
+        for p in peers:
+            path = p.dumps / f"round-{r}.npy"
+            if r in p.rounds and path.exists():
+                vectors.append(np.load(path, allow_pickle=False).astype(np.float64))
+        rows.append(
+            {
+                "round": r,
+                "accuracy": float(np.mean(accs)) if accs else None,
+                "loss": float(np.mean(losses)) if losses else None,
+                "seconds": float(np.mean([e["seconds"] for e in events])),
+                "consensus_distance": consensus_distance(vectors) if len(vectors) > 1 else 0.0,
+                "peers": len(events),
+                "min_accuracy": float(np.min(accs)) if accs else None,
+                "failed_exchanges": int(sum(e.get("failed", 0) for e in events)),
+            }
+        )
+    return rows
+
+
+def run_gossip_simulation(
+    sim: GossipSimulation,
+    work_dir: Path | None = None,
+    on_round: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """Run the peers to completion and return the report (``simulations.report`` shape).
+
+    Args:
+        work_dir: where split, keys, logs and dumps go (default: a temporary directory).
+        on_round: called with the highest round any peer has finished, as it grows.
+    """
+    if sim.clients < 2:
+        raise UserError("a gossip simulation needs --clients 2 or more")
+    kill = parse_at(sim.kill, "--kill", fraction=True)
+    late = parse_at(sim.late, "--late", fraction=False)
+    if late and late[0] >= sim.clients:
+        raise UserError("--late must leave at least one peer starting on time")
+    with tempfile.TemporaryDirectory(prefix="fedweave-gossip-") as tmp:
+        work = Path(work_dir) if work_dir is not None else Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        store, run_id = None, None
+        if sim.db is not None:
+            from fedweave.history import open_store
+
+            store = open_store(sim.db)
+            run_id = store.start_run(
+                mode="gossip", task=sim.task, config=asdict(sim), seed=sim.seed
+            )
+        peers = _launch_plan(sim, work, run_id)
+        rng = random.Random(sim.seed)
+        held = set(range(sim.clients - int(late[0]), sim.clients)) if late else set()
+        victims: set[int] = set()
+        if kill:
+            candidates = [p.index for p in peers if p.index not in held]
+            victims = set(rng.sample(candidates, max(1, round(kill[0] * sim.clients))))
+        limit = sim.timeout_s or 60 + sim.rounds * (2 + sim.fanout * sim.exchange_timeout)
+        started = time.monotonic()
+        status, reason = "completed", None
+        try:
+            for p in peers:
+                if p.index not in held:
+                    p.start()
+            top, killed_at = 0, None
+            while True:
+                for p in peers:
+                    p.read()
+                done = max((max(p.rounds, default=0) for p in peers), default=0)
+                if done > top and on_round is not None:
+                    on_round(done)
+                top = max(top, done)
+                if kill and killed_at is None and top >= kill[1]:
+                    for p in peers:
+                        if p.index in victims:
+                            p.stop(signal.SIGKILL)
+                            p.killed = True
+                    killed_at = top
+                if late and held and top >= late[1]:
+                    for p in peers:
+                        if p.index in held:
+                            p.start()
+                    held = set()
+                if not held and not any(p.running for p in peers):
+                    break
+                if time.monotonic() - started > limit:
+                    raise UserError(
+                        f"gossip simulation did not finish within {limit:.0f}s; see peer logs in "
+                        f"{work} (pass a work dir to keep them)"
+                    )
+                time.sleep(0.2)
+            for p in peers:
+                p.read()
+            crashed = [p for p in peers if not p.killed and p.proc and p.proc.returncode != 0]
+            if crashed:
+                first = crashed[0]
+                code = first.proc.returncode if first.proc else "?"
+                raise UserError(f"peer {first.index} exited with code {code}: {first.tail(1)}")
+        except BaseException as exc:
+            status, reason = "failed", str(exc)
+            raise
+        finally:
+            for p in peers:
+                p.stop(signal.SIGKILL)
+            if store is not None and run_id is not None:
+                store.finish_run(run_id, status, reason=reason)
+        rows = _rows(peers, sim.rounds)
+        survivors = [p for p in peers if not p.killed]
+        finals = [p.rounds[max(p.rounds)] for p in survivors if p.rounds]
+        final_accs = [e["accuracy"] for e in finals if e.get("accuracy") is not None]
+        return {
+            "mode": "gossip",
+            "task": sim.task,
+            "clients": sim.clients,
+            "rounds": rows,
+            "final_accuracy": float(np.mean(final_accs)) if final_accs else None,
+            "config": asdict(sim),
+            "run_id": run_id,
+            "wall_seconds": time.monotonic() - started,
+            "killed": sorted(p.index for p in peers if p.killed),
+            "killed_at_round": killed_at,
+            "peers": [
+                {
+                    "index": p.index,
+                    "killed": p.killed,
+                    "rounds": len(p.rounds),
+                    "final_accuracy": p.rounds[max(p.rounds)].get("accuracy") if p.rounds else None,
+                    "drops": (p.final or {}).get("drops", {}),
+                }
+                for p in peers
+            ],
+        }
+
+
+def run_gossip_and_report(sim: GossipSimulation, out: Path) -> dict[str, Any]:
+    """``fedweave simulate --mode gossip``: run with a progress bar, print the table, write
+    the report to ``out``."""
+    from rich.console import Console
+
+    from simulations.report import rounds_table, write_report
+
+    console = Console(stderr=True)
+    with console.status(f"gossip {sim.task}: starting {sim.clients} peers") as status:
+        report = run_gossip_simulation(
+            sim, on_round=lambda r: status.update(f"gossip {sim.task}: round {r}/{sim.rounds}")
+        )
+    write_report(out, report)
+    table_rows = [
+        {k: row[k] for k in ("round", "accuracy", "loss", "seconds", "consensus_distance")}
+        for row in report["rounds"]
+    ]
+    console.print(rounds_table(table_rows, title=f"gossip {sim.task}: {sim.clients} peers"))
+    if report["killed"]:
+        console.print(f"killed peers {report['killed']} at round {sim.kill}")
+    final = report["final_accuracy"]
+    console.print(
+        f"final accuracy {final:.4f}; report written to {out}"
+        if final is not None
+        else f"report written to {out}"
+    )
+    return report
