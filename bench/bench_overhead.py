@@ -1,0 +1,150 @@
+"""fedweave's framework overhead over a minimal hand-written Flower app.
+
+Both run the same MLP on the same per-site digits files for the same rounds through
+Flower's simulation engine with the same Ray resources and central evaluation each round;
+each trial runs in a fresh process, alternating, and the time of the simulation call is
+compared (median of the trials). Prints fedweave time / raw Flower time (goal <= 1.05).
+
+    python bench/bench_overhead.py --clients 10 --rounds 20 --trials 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from functools import lru_cache
+from pathlib import Path
+
+from fedweave.offline import make_flower_offline
+
+make_flower_offline()
+
+
+def raw_flower_apps(split_dir: Path, clients: int, rounds: int):
+    """The minimal Flower 1.41 app a user would write by hand (legacy API, FedAvg)."""
+    import numpy as np
+    import torch
+    from flwr.client import ClientApp, NumPyClient
+    from flwr.common import Context, ndarrays_to_parameters
+    from flwr.server import ServerApp, ServerAppComponents, ServerConfig
+    from flwr.server.strategy import FedAvg
+    from torch import nn
+
+    def model() -> nn.Module:
+        return nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+
+    def get(m):
+        return [v.detach().cpu().numpy() for v in m.state_dict().values()]
+
+    def put(m, ws):
+        m.load_state_dict({k: torch.from_numpy(w) for k, w in zip(m.state_dict(), ws)})
+
+    @lru_cache(maxsize=None)
+    def load(path: str):
+        with np.load(path) as f:
+            return torch.from_numpy(f["x"]).float(), torch.from_numpy(f["y"]).long()
+
+    class Client(NumPyClient):
+        def __init__(self, pid: int):
+            self.x, self.y = load(str(split_dir / f"site-{pid}.npz"))
+            self.net = model()
+
+        def fit(self, parameters, config):
+            put(self.net, parameters)
+            opt = torch.optim.SGD(self.net.parameters(), lr=0.1, momentum=0.9)
+            order = torch.randperm(len(self.y))
+            for i in range(0, len(order), 16):
+                idx = order[i : i + 16]
+                opt.zero_grad()
+                nn.functional.cross_entropy(self.net(self.x[idx]), self.y[idx]).backward()
+                opt.step()
+            return get(self.net), len(self.y), {}
+
+    def client_fn(context: Context):
+        torch.set_num_threads(1)
+        return Client(int(context.node_config["partition-id"])).to_client()
+
+    test_x, test_y = load(str(split_dir / "test.npz"))
+    eval_net = model()
+
+    def evaluate(server_round, parameters, config):
+        put(eval_net, parameters)
+        with torch.no_grad():
+            logits = eval_net(test_x)
+        return float(nn.functional.cross_entropy(logits, test_y)), {
+            "accuracy": float((logits.argmax(1) == test_y).float().mean())
+        }
+
+    torch.manual_seed(0)
+    start = ndarrays_to_parameters(get(model()))
+
+    def server_fn(context: Context):
+        strategy = FedAvg(
+            fraction_fit=1.0, fraction_evaluate=0.0, min_fit_clients=clients,
+            min_available_clients=clients, evaluate_fn=evaluate, initial_parameters=start,
+        )
+        return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=rounds))
+
+    return ServerApp(server_fn=server_fn), ClientApp(client_fn=client_fn)
+
+
+def one_trial(kind: str, clients: int, rounds: int) -> float:
+    import logging
+
+    from flwr.simulation import run_simulation
+
+    from simulations.federated import FederatedSimulation, backend_config, quiet_flower, run_federated_simulation
+    from simulations.split import write_split
+
+    sim = FederatedSimulation(task="digits", clients=clients, rounds=rounds, partition="dirichlet")
+    quiet_flower(False)
+    logging.getLogger("flwr").setLevel(logging.ERROR)
+    with tempfile.TemporaryDirectory() as tmp:
+        split = Path(tmp)
+        if kind == "fedweave":
+            started = time.perf_counter()
+            run_federated_simulation(sim, split_dir=split)
+            return time.perf_counter() - started
+        from client.task import load_task
+
+        started = time.perf_counter()
+        write_split(load_task("digits"), split, clients, "dirichlet", 0.5, 2, 0)
+        server_app, client_app = raw_flower_apps(split, clients, rounds)
+        run_simulation(server_app, client_app, num_supernodes=clients, backend_config=backend_config(sim))
+        return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--one", choices=["raw", "fedweave"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps({"seconds": one_trial(args.one, args.clients, args.rounds)}))
+        return
+    times: dict[str, list[float]] = {"raw": [], "fedweave": []}
+    for trial in range(args.trials):
+        for kind in ("raw", "fedweave") if trial % 2 == 0 else ("fedweave", "raw"):
+            out = subprocess.run(
+                [sys.executable, __file__, "--one", kind, "--clients", str(args.clients),
+                 "--rounds", str(args.rounds)],
+                capture_output=True, text=True, check=True,
+            ).stdout.strip().splitlines()[-1]
+            times[kind].append(json.loads(out)["seconds"])
+            print(f"trial {trial + 1} {kind:9s} {times[kind][-1]:.2f}s", flush=True)
+    raw, ours = statistics.median(times["raw"]), statistics.median(times["fedweave"])
+    print(f"clients={args.clients} rounds={args.rounds} trials={args.trials}")
+    print(f"raw Flower median  {raw:.2f}s")
+    print(f"fedweave median    {ours:.2f}s")
+    print(f"fedweave / raw Flower = {ours / raw:.3f} (goal <= 1.05)")
+
+
+if __name__ == "__main__":
+    main()
