@@ -159,6 +159,11 @@ def test_a_failure_inside_the_transaction_leaves_no_partial_round(db_url: str) -
         assert store.rounds(run_id) == []
         assert store.site_results(run_id) == []
         assert store.latest_checkpoint(run_id) is None
+        if db_url.startswith("postgresql"):  # PostgreSQL enforces lengths: refused at once
+            started = time.monotonic()
+            with pytest.raises(HistoryError, match="refused the write"):
+                store.record_round(run_id, _record(1, actor="p" * 300), [], retry_seconds=30)
+            assert time.monotonic() - started < 5
         store.record_round(run_id, _record(1), _sites(1), CheckpointRef(1, "/c", "cc", 3))
         assert len(store.rounds(run_id)) == 1 and len(store.site_results(run_id)) == 3
 

@@ -12,12 +12,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from fedweave.errors import USER_ERROR_EXIT_CODE, UserError
 from fedweave.history import DB_URL_ENVVAR, DEFAULT_DB_URL
+
+if TYPE_CHECKING:
+    from datetime import datetime
+
+    from fedweave.history.records import RunInfo
+    from fedweave.history.store import HistoryStore
 
 history_app = typer.Typer(
     name="history",
@@ -32,9 +38,8 @@ DbOption = Annotated[
     typer.Option(
         "--db",
         envvar=DB_URL_ENVVAR,
-        help="History database URL: sqlite:///path/file.db (a file) or "
-        "postgresql+psycopg://user:password@host:5432/dbname. Also read from "
-        f"${DB_URL_ENVVAR}.",
+        help="History database URL: sqlite:///path/file.db (a file, created on first run) "
+        "or postgresql+psycopg://user:password@host:5432/dbname.",
         show_default=True,
     ),
 ]
@@ -65,31 +70,31 @@ def _user_errors() -> Iterator[None]:
         raise typer.Exit(USER_ERROR_EXIT_CODE) from None
 
 
-def _open(db: str, must_exist: bool = True):  # -> HistoryStore (lazy import)
-    """Open the store; reading commands refuse to create a new SQLite file by accident."""
+def _open(db: str) -> HistoryStore:
+    """Open the store for reading; refuses to create a new SQLite file by accident."""
     from fedweave.errors import mask_url_password
     from fedweave.history.engine import sqlite_file
     from fedweave.history.store import open_store
 
     path = sqlite_file(db)
-    if must_exist and path is not None and not path.exists():
+    if path is not None and not path.exists():
         raise UserError(f"no history database at {path} ('{mask_url_password(db)}'); pass the "
                         f"--db the run wrote to (or set ${DB_URL_ENVVAR})")
     return open_store(db)
 
 
-def _when(value) -> str:  # datetime | None
+def _when(value: datetime | None) -> str:
     return value.astimezone().strftime("%Y-%m-%d %H:%M:%S") if value else "-"
 
 
-def _num(value, digits: int = 4) -> str:
+def _num(value: float | None, digits: int = 4) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
 @history_app.command("runs")
 def runs_command(
     db: DbOption = DEFAULT_DB_URL,
-    format: Annotated[ListFormat, typer.Option(
+    fmt: Annotated[ListFormat, typer.Option(
         "--format", help="table: a readable table; json: a list of run objects for scripts.",
     )] = ListFormat.table,
 ) -> None:
@@ -102,7 +107,7 @@ def runs_command(
     with _user_errors():
         with _open(db) as store:
             runs = store.list_runs()
-        if format is ListFormat.json:
+        if fmt is ListFormat.json:
             from fedweave.history.tables import run_dict
 
             typer.echo(json.dumps([run_dict(run) for run in runs], indent=2))
@@ -124,7 +129,7 @@ def runs_command(
 def show_command(
     run_id: RunArg,
     db: DbOption = DEFAULT_DB_URL,
-    format: Annotated[ShowFormat, typer.Option(
+    fmt: Annotated[ShowFormat, typer.Option(
         "--format", help="table: readable; json: run, rounds (and sites) as one object; "
         "csv: the rounds (or, with --sites, the site results) as CSV on stdout.",
     )] = ShowFormat.table,
@@ -145,18 +150,19 @@ def show_command(
             info = store.get_run(run_id)
             rounds = store.rounds(info.run_id)
             site_rows = store.site_results(info.run_id) if sites else []
-        if format is ShowFormat.json:
+        if fmt is ShowFormat.json:
             payload = {"run": run_dict(info), "rounds": plain(rounds)}
             if sites:
                 payload["sites"] = plain(site_rows)
             typer.echo(json.dumps(payload, indent=2))
-        elif format is ShowFormat.csv:
+        elif fmt is ShowFormat.csv:
             write_csv(sys.stdout, *(sites_table(site_rows) if sites else rounds_table(rounds)))
         else:
             _print_run(info, rounds, site_rows if sites else None)
 
 
-def _print_run(info, rounds: list[dict], site_rows: list[dict] | None) -> None:
+def _print_run(info: RunInfo, rounds: list[dict[str, Any]],
+               site_rows: list[dict[str, Any]] | None) -> None:
     import json
 
     from rich.console import Console

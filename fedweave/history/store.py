@@ -17,7 +17,13 @@ from datetime import datetime, timezone
 from typing import Any, TypeVar
 
 from sqlalchemy import Engine, func, select, update
-from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import (
+    DBAPIError,
+    IntegrityError,
+    InterfaceError,
+    OperationalError,
+    SQLAlchemyError,
+)
 from sqlalchemy.orm import Session
 
 from fedweave import __version__
@@ -132,7 +138,8 @@ class HistoryStore:
         """Run ``work(session, attempt)`` in one write transaction, retrying lost connections.
 
         Operational errors (server gone, connection dropped, SQLite lock held too long) are
-        retried with backoff for ``retry_seconds``; integrity errors are never retried.
+        retried with backoff for ``retry_seconds``; other database errors are not (they
+        would fail again) and integrity errors are left to the caller to explain.
         """
         deadline = time.monotonic() + retry_seconds
         delay, attempt = 0.1, 0
@@ -145,6 +152,11 @@ class HistoryStore:
             except IntegrityError:
                 raise
             except DBAPIError as exc:
+                transient = exc.connection_invalidated or isinstance(
+                    exc, (OperationalError, InterfaceError))
+                if not transient:  # e.g. a value too long for its column: retrying cannot help
+                    raise HistoryError(f"history database '{self.masked_url}' refused the "
+                                       f"write (nothing written): {_first_line(exc)}") from None
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise HistoryUnavailableError(
