@@ -9,6 +9,7 @@ import click
 import typer
 
 from fedweave.errors import USER_ERROR_EXIT_CODE, UserError
+from fedweave.history.cli import history_app
 from simulations.cli import data_app, simulate
 
 app = typer.Typer(
@@ -19,6 +20,7 @@ app = typer.Typer(
 )
 app.command()(simulate)
 app.add_typer(data_app, name="data")
+app.add_typer(history_app, name="history")
 
 
 @app.command()

@@ -70,6 +70,7 @@ def data_split(
 
 
 def simulate(
+    ctx: typer.Context,
     mode: Mode = typer.Option(Mode.federated, help="federated (Flower + FedAvg) or gossip (ZeroMQ peers)."),
     task: str = typer.Option("digits", help=TASK_HELP),
     clients: int = typer.Option(10, help="Simulated sites (federated) or peers (gossip)."),
@@ -89,6 +90,17 @@ def simulate(
         0.0, min=0.0, help="Federated: GPU fraction per simulated site (0.25 = four sites per GPU)."
     ),
     out: Path = typer.Option(Path("report.json"), help="Where the JSON report is written."),
+    db: str | None = typer.Option(
+        None, envvar="FEDWEAVE_DB",
+        help="History database URL: sqlite:///FILE (default sqlite:///fedweave.db) or "
+        "postgresql+psycopg://USER:PASS@HOST/DB.",
+    ),
+    checkpoint_dir: Path = typer.Option(
+        Path("checkpoints"), help="Federated: where each round's global model file is kept."
+    ),
+    resume: str | None = typer.Option(
+        None, help="Federated: continue run RUN_ID (or 'latest') from its last checkpoint with its recorded config.",
+    ),
     verbose: bool = typer.Option(False, help="Show Flower's and Ray's own logs."),
 ) -> None:
     """Run many sites on this machine and write a per-round report.
@@ -105,8 +117,14 @@ def simulate(
     check_writable(out)
     if mode is Mode.gossip:
         raise UserError("--mode gossip is not available in this build yet; use --mode federated")
+    from click.core import ParameterSource
+
     from simulations.federated import FederatedSimulation
-    from simulations.run import run_and_report
+    from simulations.run import Recording, run_and_report
+
+    explicit = {
+        name for name in ctx.params if ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE
+    }
 
     sim = FederatedSimulation(
         task=task,
@@ -124,4 +142,4 @@ def simulate(
         gpus_per_client=gpus_per_client,
         verbose=verbose,
     )
-    run_and_report(sim, out)
+    run_and_report(sim, out, Recording(db, checkpoint_dir, resume), explicit)

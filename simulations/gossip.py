@@ -185,7 +185,9 @@ def _make_keys(work: Path, clients: int) -> list[Path]:
     return dirs
 
 
-def _launch_plan(sim: GossipSimulation, work: Path, run_id: str | None) -> list[_PeerProc]:
+def _launch_plan(
+    sim: GossipSimulation, work: Path, run_id: str | None, on_time: int
+) -> list[_PeerProc]:
     from client.task import load_task
     from simulations.split import test_file, write_split
 
@@ -234,7 +236,7 @@ def _launch_plan(sim: GossipSimulation, work: Path, run_id: str | None) -> list[
             "--round-interval",
             str(sim.round_interval),
             "--wait-for-peers",
-            str(sim.clients),
+            str(on_time),
             "--threads",
             "1",
             "--log-level",
@@ -323,7 +325,8 @@ def run_gossip_simulation(
             run_id = store.start_run(
                 mode="gossip", task=sim.task, config=asdict(sim), seed=sim.seed
             )
-        peers = _launch_plan(sim, work, run_id)
+        on_time = sim.clients - (int(late[0]) if late else 0)
+        peers = _launch_plan(sim, work, run_id, on_time)
         rng = random.Random(sim.seed)
         held = set(range(sim.clients - int(late[0]), sim.clients)) if late else set()
         victims: set[int] = set()

@@ -1,0 +1,55 @@
+"""Record each federated round in the SQL history, with its checkpoint, in one transaction."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from client.weights import save_weights_npz, weights_sha256
+from coordinator.rounds import RoundSummary
+from fedweave.history.records import COORDINATOR_ACTOR, CheckpointRef, RoundRecord
+
+
+def checkpoint_path(checkpoint_dir: Path, run_id: str, round_number: int) -> Path:
+    """Where the global model after ``round_number`` of ``run_id`` is kept."""
+    return checkpoint_dir / run_id / f"round-{round_number:05d}.npz"
+
+
+class HistoryRecorder:
+    """A round listener: write the checkpoint file (atomically), then record the round.
+
+    The checkpoint reaches the disk before the round's rows are committed, and the rows
+    (round, site results, checkpoint reference) commit together; a crash in between leaves
+    an unreferenced file, never a round without its checkpoint.
+
+    Args:
+        store: an open ``fedweave.history.HistoryStore``.
+        run_id: the run being recorded.
+        checkpoint_dir: directory for checkpoints (``<dir>/<run_id>/round-00001.npz``).
+        retry_seconds: how long a lost database is retried before the run fails (default 30).
+    """
+
+    def __init__(self, store, run_id: str, checkpoint_dir: Path, retry_seconds: float = 30.0) -> None:
+        self.store = store
+        self.run_id = run_id
+        self.checkpoint_dir = checkpoint_dir
+        self.retry_seconds = retry_seconds
+
+    def on_round(self, summary: RoundSummary) -> None:
+        path = checkpoint_path(self.checkpoint_dir, self.run_id, summary.round)
+        file_sha256, size = save_weights_npz(path, summary.weights)
+        record = RoundRecord(
+            round=summary.round,
+            actor=COORDINATOR_ACTOR,
+            started_at=summary.started_at,
+            ended_at=summary.ended_at,
+            sampled=summary.sampled,
+            replied=summary.replied,
+            failed=summary.sampled - summary.replied,
+            train_metrics=summary.train_metrics,
+            eval_loss=summary.loss,
+            eval_accuracy=summary.accuracy,
+            model_sha256=weights_sha256(summary.weights),
+            extra={"seconds": summary.seconds},
+        )
+        checkpoint = CheckpointRef(summary.round, str(path.resolve()), file_sha256, size)
+        self.store.record_round(self.run_id, record, summary.sites, checkpoint, self.retry_seconds)
