@@ -4,6 +4,12 @@ fedweave runs migrations programmatically (``fedweave.history.migrate``) and han
 open connection in ``config.attributes["connection"]``, already inside a locked transaction.
 Developers can also run ``alembic -c fedweave/history/alembic.ini -x url=sqlite:///x.db ...``
 (for example ``revision --autogenerate``); then the URL comes from ``-x url=``.
+
+Writing a migration: keep it in one transaction (no COMMIT inside), use ``op.batch_alter_table``
+for SQLite (``render_as_batch`` is on), and remember SQLite connections run with
+``PRAGMA foreign_keys=ON``, which cannot change inside a transaction: a batch rebuild of a
+referenced table needs ``PRAGMA defer_foreign_keys=ON`` first. Bump ``SCHEMA_REVISION`` in
+``models.py`` to the new revision id (a test checks they agree).
 """
 
 from __future__ import annotations
