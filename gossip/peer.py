@@ -132,7 +132,7 @@ class Peer:
         self.mixes = 0
         self._round_started = 0.0
         self.drops: Counter[str] = Counter()
-        self._last_logged: dict[tuple[str, str], float] = {}
+        self._last_logged: dict[str, float] = {}
         self._stop_signal = 0
         self.history: HistoryWriter | None = None
         self.results = ResultsLog(config.results, config.dump_models)
@@ -482,9 +482,9 @@ class Peer:
                 self._drop(incoming.origin, exc.reason, str(exc))
 
     def _drop(self, origin: str, reason: str, detail: str) -> None:
-        """Count a bad message; log it at most once per sender and reason per minute."""
+        """Count a bad message (per reason); log at most one line per sender per minute."""
         self.drops[reason] += 1
-        now, key = time.monotonic(), (origin, reason)
+        now, key = time.monotonic(), origin
         if now - self._last_logged.get(key, -1e9) >= 60.0:
             self._last_logged[key] = now
             if len(self._last_logged) > 10_000:

@@ -22,7 +22,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args or args[0] not in ("peer", "keys", "--help"):
         args = ["peer", *args]
     try:
-        app(args, standalone_mode=False)
+        result = app(args, standalone_mode=False)  # click returns Exit codes here
+        if isinstance(result, int):
+            return result
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return USER_ERROR_EXIT_CODE

@@ -44,6 +44,7 @@ class Incoming:
         neighbour: the DEALER key the message arrived on (``None`` for the inbox).
         authenticated_id: the peer id of the CURVE key ZeroMQ authenticated, when secure.
         nbytes: total bytes of the frames.
+        peer_address: the remote IP (ZeroMQ ``Peer-Address``), for logs and rate limits.
     """
 
     frames: list[Any]
@@ -51,6 +52,7 @@ class Incoming:
     neighbour: str | None
     authenticated_id: str | None
     nbytes: int
+    peer_address: str | None = None
 
     @property
     def origin(self) -> str:
@@ -59,6 +61,8 @@ class Incoming:
             return self.authenticated_id
         if self.neighbour is not None:
             return self.neighbour
+        if self.peer_address:
+            return "host " + self.peer_address
         return "route-" + (self.route or b"").hex()[:16]
 
 
@@ -226,7 +230,10 @@ class Transport:
                 self.bytes_in += nbytes
                 if sock is self.inbox:
                     route, frames = frames[0].bytes, frames[1:]
-                    out.append(Incoming(frames, route, None, self._user_id(frames), nbytes))
+                    address = _property(frames, "Peer-Address")
+                    out.append(
+                        Incoming(frames, route, None, self._user_id(frames), nbytes, address)
+                    )
                 else:
                     out.append(Incoming(frames, None, names.get(sock), None, nbytes))
         return out
@@ -234,10 +241,7 @@ class Transport:
     def _user_id(self, frames: list[Any]) -> str | None:
         if self.keyring is None or not frames:
             return None
-        try:
-            key = frames[0].get("User-Id")
-        except (zmq.ZMQError, AttributeError):
-            return None
+        key = _property(frames, "User-Id")
         try:
             return peer_id_from_public_key(key.encode("ascii")) if key else None
         except ValueError:
@@ -265,6 +269,16 @@ class Transport:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _property(frames: list[Any], name: str) -> str | None:
+    """A ZeroMQ message property (``User-Id``, ``Peer-Address``) or ``None``."""
+    if not frames:
+        return None
+    try:
+        return frames[0].get(name)
+    except (zmq.ZMQError, AttributeError):
+        return None
 
 
 def _nbytes(frames: list[Any]) -> int:

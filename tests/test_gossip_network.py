@@ -1,0 +1,318 @@
+"""Gossip peers as real processes on real ZeroMQ sockets (loopback): averaging, CURVE
+refusal, unreachable seeds, a flood of malformed frames, clean shutdown."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import zmq
+
+from gossip import wire
+from simulations.gossip import free_ports
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+
+
+def _spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "gossip.peer_main", "peer", "--log-level", "info", *args]
+    with log.open("wb") as handle:
+        return subprocess.Popen(cmd, env=_env(), stdout=handle, stderr=subprocess.STDOUT, cwd=REPO)
+
+
+def _events(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _wait_all(procs: list[subprocess.Popen[bytes]], timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    try:
+        return [p.wait(timeout=max(0.1, deadline - time.monotonic())) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def _wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def _vector_peers(
+    tmp: Path, values: list[np.ndarray], extra: list[list[str]] | None = None, rounds: int = 30
+) -> tuple[list[subprocess.Popen[bytes]], list[int]]:
+    ports = free_ports(len(values))
+    procs = []
+    for i, value in enumerate(values):
+        np.save(tmp / f"v{i}.npy", value)
+        args = [
+            "--listen",
+            f"tcp://127.0.0.1:{ports[i]}",
+            "--vector",
+            str(tmp / f"v{i}.npy"),
+            "--vector-examples",
+            str(i + 1),
+            "--rounds",
+            str(rounds),
+            "--round-interval",
+            "0.05",
+            "--exchange-timeout",
+            "2",
+            "--wait-for-peers",
+            str(len(values)),
+            "--connect-timeout",
+            "60",
+            "--results",
+            str(tmp / f"r{i}.jsonl"),
+            "--dump-models",
+            str(tmp / f"d{i}"),
+        ]
+        if i:
+            args += ["--seeds", f"tcp://127.0.0.1:{ports[0]}"]
+        procs.append(_spawn(args + (extra[i] if extra else []), tmp / f"p{i}.log"))
+    return procs, ports
+
+
+def test_pairwise_gossip_converges_to_the_exact_weighted_average(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    values = [rng.normal(size=16) * 10 for _ in range(5)]
+    procs, _ = _vector_peers(tmp_path, values)
+    codes = _wait_all(procs, timeout=120)
+    assert codes == [0] * 5, [(tmp_path / f"p{i}.log").read_text()[-800:] for i in range(5)]
+    weights = np.arange(1, 6, dtype=np.float64)[:, None]
+    target = (weights * np.stack(values)).sum(0) / weights.sum()
+    final = np.stack([np.load(tmp_path / f"d{i}" / "round-30.npy") for i in range(5)])
+    # the weighted sum is preserved to float64 rounding, whatever the interleaving...
+    np.testing.assert_allclose((weights * final).sum(0) / weights.sum(), target, atol=1e-9)
+    # ...and every peer ends at that average
+    np.testing.assert_allclose(final, np.broadcast_to(target, final.shape), atol=1e-6)
+
+
+def _keys(tmp: Path, names: list[str]) -> dict[str, Path]:
+    from gossip.keys import new_keys
+
+    dirs = {n: tmp / f"keys-{n}" for n in names}
+    for d in dirs.values():
+        new_keys(d)
+    return dirs
+
+
+def _allow(dirs: dict[str, Path], who: str, whom: str) -> None:
+    shutil.copyfile(dirs[whom] / "peer.key", dirs[who] / "allowed" / f"{whom}.key")
+
+
+def test_curve_peers_talk_and_an_unknown_key_is_refused(tmp_path: Path) -> None:
+    dirs = _keys(tmp_path, ["a", "b", "intruder"])
+    _allow(dirs, "a", "b")
+    _allow(dirs, "b", "a")
+    _allow(dirs, "intruder", "a")  # it knows a's key, but a does not know its key
+    values = [np.zeros(8), np.full(8, 4.0)]
+    extra = [["--keys", str(dirs["a"])], ["--keys", str(dirs["b"])]]
+    procs, ports = _vector_peers(tmp_path, values, extra, rounds=40)
+    intruder = _spawn(
+        [
+            "--listen",
+            "tcp://127.0.0.1:0",
+            "--seeds",
+            f"tcp://127.0.0.1:{ports[0]}",
+            "--vector",
+            str(tmp_path / "v0.npy"),
+            "--keys",
+            str(dirs["intruder"]),
+            "--connect-timeout",
+            "3",
+            "--rounds",
+            "2",
+        ],
+        tmp_path / "intruder.log",
+    )
+    started = time.monotonic()
+    assert _wait_all([intruder], timeout=30) == [2]
+    assert time.monotonic() - started < 25
+    assert "no seed answered" in (tmp_path / "intruder.log").read_text()
+    assert _wait_all(procs, timeout=120) == [0, 0]
+    final = [np.load(tmp_path / f"d{i}" / "round-40.npy") for i in range(2)]
+    np.testing.assert_allclose(final, [np.full(8, 8 / 3)] * 2, atol=1e-6)  # weights 1 and 2
+    assert "unknown CURVE key" in (tmp_path / "p0.log").read_text()
+
+
+def test_unreachable_seeds_exit_nonzero_with_a_clear_message(tmp_path: Path) -> None:
+    (port,) = free_ports(1)
+    np.save(tmp_path / "v.npy", np.zeros(3))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gossip.peer_main",
+            "peer",
+            "--listen",
+            "tcp://127.0.0.1:0",
+            "--seeds",
+            f"tcp://127.0.0.1:{port}",
+            "--vector",
+            str(tmp_path / "v.npy"),
+            "--connect-timeout",
+            "2",
+        ],
+        env=_env(),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "error: no seed answered within 2s" in proc.stderr
+    assert "retrying" in proc.stderr  # it did back off and retry
+    assert "Traceback" not in proc.stderr
+
+
+def test_bad_flags_are_one_line_errors(tmp_path: Path) -> None:
+    np.save(tmp_path / "v.npy", np.zeros(3))
+    base = [sys.executable, "-m", "gossip.peer_main", "peer", "--listen", "tcp://127.0.0.1:0"]
+    cases = {
+        "--mix": ["--vector", str(tmp_path / "v.npy"), "--mix", "median"],
+        "keys new": ["--keys", str(tmp_path / "nokeys")],
+        "bad seed": ["--vector", str(tmp_path / "v.npy"), "--seeds", "localhost:1"],
+    }
+    for fix, extra in cases.items():
+        proc = subprocess.run(
+            base + extra, env=_env(), cwd=REPO, capture_output=True, text=True, timeout=60
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert fix in proc.stderr and "Traceback" not in proc.stderr
+
+
+def _flood(port: int, count: int, rng: np.random.Generator) -> None:
+    """Send ``count`` hostile messages from fresh and reused DEALERs."""
+    ctx = zmq.Context()
+
+    def offer(dim: int) -> list[bytes]:
+        msg = wire.Message(
+            wire.OFFER,
+            "attacker",
+            "tcp://127.0.0.1:1",
+            1,
+            5,
+            num_examples=1,
+            tensors={"x": np.zeros(dim)},
+        )
+        return [bytes(f) for f in wire.encode(msg)]
+
+    good, other_model = offer(64), offer(1000)
+    header = json.loads(good[0][6:])
+    socks = []
+    try:
+        for i in range(count):
+            if i % 50 == 0:
+                sock = ctx.socket(zmq.DEALER)
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.setsockopt(zmq.SNDHWM, 100000)
+                sock.connect(f"tcp://127.0.0.1:{port}")
+                socks.append(sock)
+            kind = i % 8
+            if kind == 0:
+                frames = [rng.bytes(int(rng.integers(1, 4096)))]
+            elif kind == 1:
+                frames = [good[0], good[1][:-8]]  # truncated tensor
+            elif kind == 2:
+                frames = [good[0][:6] + json.dumps({**header, "type": "nuke"}).encode(), good[1]]
+            elif kind == 3:
+                frames = other_model  # right format, another model (schema mismatch)
+            elif kind == 4:
+                frames = [good[0][:6] + b"{" * 5000]
+            elif kind == 5:
+                frames = [b"FWGP\x00\x01" + rng.bytes(200), rng.bytes(64), rng.bytes(64)]
+            elif kind == 6:
+                frames = [
+                    good[0][:6] + json.dumps({**header, "type": "model-reply"}).encode(),
+                    good[1],
+                ]  # a reply on the inbox
+            else:
+                frames = [rng.bytes(2 * 1024 * 1024)]  # over --max-message-mb 1: cut by libzmq
+            socks[-1].send_multipart(frames)
+        time.sleep(0.5)
+    finally:
+        for s in socks:
+            s.close(0)
+        ctx.term()
+
+
+def test_a_flood_of_malformed_frames_leaves_the_peer_alive_and_flat(tmp_path: Path) -> None:
+    np.save(tmp_path / "v.npy", np.zeros(64))
+    (port,) = free_ports(1)
+    results = tmp_path / "r.jsonl"
+    proc = _spawn(
+        [
+            "--listen",
+            f"tcp://127.0.0.1:{port}",
+            "--vector",
+            str(tmp_path / "v.npy"),
+            "--rounds",
+            "0",
+            "--round-interval",
+            "0.1",
+            "--max-message-mb",
+            "1",
+            "--results",
+            str(results),
+        ],
+        tmp_path / "p.log",
+    )
+    try:
+        _wait_for(lambda: any(e["event"] == "round" for e in _events(results)), 60, "round 1")
+        rng = np.random.default_rng(0)
+        _flood(port, 800, rng)  # warm-up: allocator pools, log dedup tables
+        before = _rss_kib(proc.pid)
+        _flood(port, 4000, rng)
+        after = _rss_kib(proc.pid)
+        assert proc.poll() is None, "the peer died"
+        assert after - before < 16 * 1024, f"RSS grew {after - before} KiB"
+        # it still answers a well-formed hello
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(f"tcp://127.0.0.1:{port}")
+        sock.send_multipart(wire.encode(wire.Message(wire.HELLO, "friend", "tcp://127.0.0.1:9")))
+        assert sock.poll(5000), "no answer to hello after the flood"
+        answer = wire.decode(sock.recv_multipart())
+        assert answer.type == wire.PEERS and answer.peers[0].addr == f"tcp://127.0.0.1:{port}"
+        sock.close(0)
+        ctx.term()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=20)
+    assert code == 128 + signal.SIGTERM
+    final = [e for e in _events(results) if e["event"] == "final"][-1]
+    assert final["status"] == "interrupted"
+    drops = final["drops"]
+    for reason in ("malformed", "truncated", "unknown-type", "schema-mismatch", "unexpected"):
+        assert drops.get(reason, 0) > 0, drops
+    log = (tmp_path / "p.log").read_text()
+    assert "Traceback" not in log
+    assert log.count("dropped a message from") < 150  # once per sender a minute, not per message

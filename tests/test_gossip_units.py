@@ -1,0 +1,211 @@
+"""Gossip building blocks without processes: wire format, mixing rules, membership, keys."""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections import OrderedDict
+
+import numpy as np
+import pytest
+
+from gossip import averaging, wire
+from gossip.membership import ALIVE, DEAD, LEFT, SUSPECT, Membership
+from gossip.wire import Message, PeerEntry, WireError
+
+
+def _model(seed: int = 0) -> OrderedDict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return OrderedDict(
+        w=rng.normal(size=(4, 3)).astype(np.float32),
+        b=rng.normal(size=3).astype(np.float32),
+        steps=np.array(7, dtype=np.int64),
+    )
+
+
+def _offer(tensors: OrderedDict[str, np.ndarray] | None = None) -> Message:
+    return Message(
+        wire.OFFER,
+        "peer-a",
+        "tcp://127.0.0.1:7000",
+        3,
+        42,
+        peers=[PeerEntry("peer-b", "tcp://127.0.0.1:7001", 2)],
+        num_examples=10,
+        tensors=tensors if tensors is not None else _model(),
+    )
+
+
+def _header(frame: bytes, **changes: object) -> bytes:
+    header = json.loads(frame[6:])
+    header.update(changes)
+    return frame[:6] + json.dumps(header).encode()
+
+
+def test_roundtrip_is_exact_and_zero_copy() -> None:
+    model = _model()
+    frames = wire.encode(_offer(model))
+    raw = [bytes(f) for f in frames]
+    msg = wire.decode(raw, expected_schema=wire.schema_hash(model))
+    assert (msg.type, msg.sender, msg.round, msg.xid, msg.num_examples) == (
+        wire.OFFER,
+        "peer-a",
+        3,
+        42,
+        10,
+    )
+    assert msg.peers == [PeerEntry("peer-b", "tcp://127.0.0.1:7001", 2)]
+    for name, array in model.items():
+        np.testing.assert_array_equal(msg.tensors[name], array)
+        assert msg.tensors[name].dtype == array.dtype
+    assert not msg.tensors["w"].flags.writeable  # a view on the frame, not a copy
+
+
+def test_schema_hash_depends_on_names_shapes_and_dtypes() -> None:
+    base = wire.schema_hash(_model())
+    renamed = OrderedDict((k + "x", v) for k, v in _model().items())
+    cast = OrderedDict((k, v.astype(np.float64)) for k, v in _model().items())
+    assert len({base, wire.schema_hash(renamed), wire.schema_hash(cast)}) == 3
+    assert base == wire.schema_hash(_model(seed=5))  # values do not matter
+
+
+def _malformed_cases() -> dict[str, list[bytes]]:
+    good = [bytes(f) for f in wire.encode(_offer())]
+    head = good[0]
+    nan_model = _model()
+    nan_model["b"] = np.array([1.0, np.nan, 0.0], dtype=np.float32)
+    return {
+        "malformed": [b"garbage" * 3],
+        "bad-version": [struct.pack(">4sH", b"FWGP", 99) + head[6:], *good[1:]],
+        "not-json": [head[:6] + b"{not json", *good[1:]],
+        "unknown-type": [_header(head, type="launch-missiles"), *good[1:]],
+        "bad-header": [_header(head, round=-1), *good[1:]],
+        "bad-sender": [_header(head, sender="../../etc"), *good[1:]],
+        "truncated": [head, good[1][:-4], *good[2:]],
+        "missing-frame": good[:-1],
+        "extra-frame": [*good, b"1234"],
+        "bad-dtype": [
+            _header(head, tensors=[["w", "O", [4, 3]], *json.loads(head[6:])["tensors"][1:]]),
+            *good[1:],
+        ],
+        "bad-schema": [_header(head, schema="0" * 64), *good[1:]],
+        "huge-shape": [_header(head, tensors=[["w", "<f4", [2**39, 2**39]]]), good[1]],
+        "header-too-large": [head[:6] + b" " * (wire.MAX_HEADER_BYTES + 1)],
+        "non-finite": [bytes(f) for f in wire.encode(_offer(nan_model))],
+        "hello-with-tensor": [bytes(wire.encode(Message(wire.HELLO, "a"))[0]), b"x"],
+    }
+
+
+@pytest.mark.parametrize("case", sorted(_malformed_cases()))
+def test_malformed_messages_raise_wire_error(case: str) -> None:
+    frames = _malformed_cases()[case]
+    with pytest.raises(WireError):
+        wire.decode(frames, expected_schema=wire.schema_hash(_model()))
+
+
+def test_schema_mismatch_and_size_limit() -> None:
+    frames = [bytes(f) for f in wire.encode(_offer())]
+    with pytest.raises(WireError) as info:
+        wire.decode(frames, expected_schema="f" * 64)
+    assert info.value.reason == "schema-mismatch"
+    with pytest.raises(WireError) as info:
+        wire.decode(frames, max_message_bytes=16)
+    assert info.value.reason == "too-large"
+
+
+def test_random_bytes_never_escape_as_other_exceptions() -> None:
+    rng = np.random.default_rng(1)
+    good = [bytes(f) for f in wire.encode(_offer())]
+    for _ in range(2000):
+        frames = [bytearray(f) for f in good]
+        target = frames[int(rng.integers(len(frames)))]
+        for _ in range(int(rng.integers(1, 8))):
+            if target:
+                target[int(rng.integers(len(target)))] = int(rng.integers(256))
+        try:
+            wire.decode([bytes(f) for f in frames])
+        except WireError:
+            pass
+
+
+def test_pairwise_exchange_preserves_weighted_sum_even_when_interleaved() -> None:
+    a, b, c = _model(1), _model(2), _model(3)
+    na, nb, nc = 10, 30, 5
+    total = lambda *ms: sum(n * m["w"].astype(np.float64) for m, n in ms)  # noqa: E731
+    before = total((a, na), (b, nb), (c, nc))
+    snapshot = a  # a offers to b...
+    b_new = averaging.pairwise_update(b, b, snapshot, nb, na)  # b answers with b, mixes
+    a_mid = averaging.pairwise_update(a, a, c, na, nc)  # ...meanwhile a serves c's offer
+    c_new = averaging.pairwise_update(c, c, a, nc, na)  # c got a's pre-mix model
+    a_new = averaging.pairwise_update(a_mid, snapshot, b, na, nb)  # b's reply arrives
+    after = total((a_new, na), (b_new, nb), (c_new, nc))
+    np.testing.assert_allclose(after, before, rtol=0, atol=1e-5)
+    assert a_new["steps"] == a["steps"]  # integer buffers are not mixed
+
+
+def test_trimmed_mean_ignores_one_poisoned_neighbour() -> None:
+    honest = [_model(i) for i in range(4)]
+    poisoned = OrderedDict(
+        (k, v * 0 + 1e6 if v.dtype.kind == "f" else v) for k, v in _model().items()
+    )
+    mixed = averaging.trimmed_mean(honest[0], [*honest[1:], poisoned], trim_fraction=0.2)
+    assert np.abs(mixed["w"]).max() < 10
+
+
+def test_clipped_gossip_bounds_the_pull_of_a_poisoned_neighbour() -> None:
+    mine = _model(0)
+    poisoned = OrderedDict((k, v + 1e6 if v.dtype.kind == "f" else v) for k, v in mine.items())
+    honest = _model(1)
+    norms = [averaging.difference_norm(w, mine) for w in (honest, poisoned)]
+    tau = averaging.adaptive_tau(norms, history=[norms[0]] * 4)
+    out = averaging.clipped_update(mine, [(honest, 1), (poisoned, 1)], 1, tau)
+    assert averaging.difference_norm(out, mine) <= tau + 1e-6
+    assert tau < 100
+
+
+def test_consensus_distance_is_zero_for_equal_models() -> None:
+    v = averaging.flatten(_model())
+    assert averaging.consensus_distance([v, v, v]) == 0.0
+    assert averaging.consensus_distance([v, v + 1]) > 0
+
+
+def test_membership_suspect_drop_and_readmit() -> None:
+    table = Membership("me", "tcp://127.0.0.1:1", drop_after=2)
+    assert table.heard_from("p1", "tcp://127.0.0.1:2", 4)
+    assert not table.heard_from("me", "tcp://127.0.0.1:1", 0)  # never a member of itself
+    assert table.missed("p1") == SUSPECT
+    assert table.missed("p1") == DEAD
+    assert table.pick(5) == []
+    assert table.merge([PeerEntry("p1", "tcp://127.0.0.1:2", 4)]) == []  # stale rumour
+    assert table.merge([PeerEntry("p1", "tcp://127.0.0.1:2", 5)]) == ["p1"]  # made progress
+    assert table.members["p1"].state == ALIVE
+    table.left("p1")
+    assert table.members["p1"].state == LEFT
+    assert table.merge([PeerEntry("p1", "tcp://127.0.0.1:2", 9)]) == []  # bye sticks...
+    assert table.heard_from("p1", "tcp://127.0.0.1:2", 9)  # ...until it talks to us again
+    assert [e.peer_id for e in table.sample_entries(3)][0] == "me"
+
+
+def test_membership_rejects_garbage_and_caps_size() -> None:
+    table = Membership("me", "tcp://127.0.0.1:1", max_members=3)
+    assert not table.heard_from("bad id!", "tcp://127.0.0.1:2", 0)
+    assert not table.heard_from("ok", "http://evil", 0)
+    for i in range(10):
+        table.merge([PeerEntry(f"p{i}", f"tcp://127.0.0.1:{100 + i}", 0)])
+    assert len(table.members) == 3
+
+
+def test_keys_new_derives_id_and_refuses_overwrite(tmp_path) -> None:
+    from fedweave.errors import UserError
+    from gossip.keys import load_keyring, new_keys, peer_id_from_public_key
+
+    identity = new_keys(tmp_path / "k")
+    ring = load_keyring(tmp_path / "k")
+    assert ring.identity == identity
+    assert identity.peer_id == peer_id_from_public_key(identity.public_key or b"")
+    assert identity.peer_id in ring.allowed
+    assert ((tmp_path / "k" / "peer.key_secret").stat().st_mode & 0o777) == 0o600
+    with pytest.raises(UserError, match="already exists"):
+        new_keys(tmp_path / "k")
+    with pytest.raises(UserError, match="keys new"):
+        load_keyring(tmp_path / "missing")
