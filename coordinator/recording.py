@@ -53,3 +53,54 @@ class HistoryRecorder:
         )
         checkpoint = CheckpointRef(summary.round, str(path.resolve()), file_sha256, size)
         self.store.record_round(self.run_id, record, summary.sites, checkpoint, self.retry_seconds)
+
+
+class BackgroundRecorder:
+    """Runs a round listener on a writer thread, so recording overlaps the next round.
+
+    Rounds are handed over in order and written in order; at most ``max_pending`` wait
+    (default 2), after which the coordinator waits instead of running ahead. A failed write
+    (say the database stayed away past its retry budget) is raised at the next round or at
+    ``flush()``, so the run stops as failed with that reason.
+    """
+
+    def __init__(self, listener, max_pending: int = 2) -> None:
+        import queue
+        import threading
+
+        self.listener = listener
+        self._queue: queue.Queue[RoundSummary | None] = queue.Queue(maxsize=max_pending)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._drain, name="history-writer", daemon=True)
+        self._thread.start()
+
+    def _drain(self) -> None:
+        while True:
+            summary = self._queue.get()
+            try:
+                if summary is not None and self._error is None:
+                    self.listener.on_round(summary)
+            except BaseException as exc:  # noqa: BLE001 - handed to the coordinator's thread
+                self._error = exc
+            finally:
+                self._queue.task_done()
+            if summary is None:
+                return
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def on_round(self, summary: RoundSummary) -> None:
+        self._raise_if_failed()
+        self._queue.put(summary)
+
+    def flush(self) -> None:
+        """Wait until every handed-over round is written; raise the first write failure."""
+        self._queue.join()
+        self._raise_if_failed()
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Write what is pending, then stop the writer thread (waits at most ``timeout`` s)."""
+        self._queue.put(None)
+        self._thread.join(timeout)

@@ -77,7 +77,7 @@ def run_and_report(
 ) -> dict:
     """Run ``sim`` (or resume a recorded run) showing progress, record every round, write the report."""
     from client.weights import load_weights_npz
-    from coordinator.recording import HistoryRecorder
+    from coordinator.recording import BackgroundRecorder, HistoryRecorder
     from fedweave.history import open_store
 
     console = Console(stderr=True)
@@ -105,7 +105,7 @@ def run_and_report(
     if not recording.resume:
         run_id = store.start_run("federated", sim.task, asdict(sim), sim.seed)
         console.print(f"run {run_id} recorded in the history")
-    recorder = HistoryRecorder(store, run_id, recording.checkpoint_dir)
+    recorder = BackgroundRecorder(HistoryRecorder(store, run_id, recording.checkpoint_dir))
     started = time.perf_counter()
     try:
         with RoundProgress(sim.rounds, f"federated {sim.task}", console) as progress:
@@ -114,14 +114,18 @@ def run_and_report(
                 sim, listeners=[recorder, _ProgressListener(progress)],
                 start_weights=start_weights, round_offset=offset,
             )
+        recorder.flush()
     except KeyboardInterrupt:
+        recorder.close()
         store.finish_run(run_id, "interrupted", "stopped by the user (Ctrl-C)")
         console.print(f"run {run_id} interrupted; continue it with --resume {run_id}")
         raise
     except Exception as exc:
+        recorder.close()
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         store.finish_run(run_id, "failed", reason)
         raise
+    recorder.close()
     history_rows = [
         {"round": r["round"], "accuracy": r["eval_accuracy"], "loss": r["eval_loss"],
          "seconds": (r.get("extra") or {}).get("seconds")}
