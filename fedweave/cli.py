@@ -10,6 +10,7 @@ import typer
 
 from fedweave.errors import USER_ERROR_EXIT_CODE, UserError
 from fedweave.history.cli import history_app
+from gossip.cli import keys_app, peer
 from simulations.cli import data_app, simulate
 
 app = typer.Typer(
@@ -21,6 +22,8 @@ app = typer.Typer(
 app.command()(simulate)
 app.add_typer(data_app, name="data")
 app.add_typer(history_app, name="history")
+app.command()(peer)
+app.add_typer(keys_app, name="keys")
 
 
 @app.command()

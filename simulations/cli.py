@@ -86,6 +86,14 @@ def simulate(
     batch_size: int = typer.Option(16, min=1, help="Local batch size."),
     seed: int = typer.Option(0, help="Seeds the split, the initial model and local shuffling."),
     device: str | None = typer.Option(None, help="cuda, cuda:N or cpu (default: CUDA when present)."),
+    fanout: int = typer.Option(2, min=1, help="Gossip: neighbours each peer exchanges with per round."),
+    mix: str = typer.Option(
+        "pairwise", help="Gossip: pairwise (example-weighted average), clipped or trimmed (robust)."
+    ),
+    kill: str | None = typer.Option(
+        None, help="Gossip fault injection: FRACTION@ROUND, e.g. 0.3@10 kills 30% of peers at round 10."
+    ),
+    gpus_per_peer: float = typer.Option(0.0, min=0.0, help="Gossip: GPU share per peer (0.5 = two per GPU)."),
     gpus_per_client: float = typer.Option(
         0.0, min=0.0, help="Federated: GPU fraction per simulated site (0.25 = four sites per GPU)."
     ),
@@ -116,7 +124,19 @@ def simulate(
         raise UserError(f"--clients-per-round must be between 1 and --clients ({clients})")
     check_writable(out)
     if mode is Mode.gossip:
-        raise UserError("--mode gossip is not available in this build yet; use --mode federated")
+        if resume:
+            raise UserError("--resume is for federated runs; a gossip peer rejoins by starting again")
+        from fedweave.history import DEFAULT_DB_URL
+        from simulations.gossip import GossipSimulation, run_gossip_and_report
+
+        gossip = GossipSimulation(
+            task=task, clients=clients, rounds=rounds, partition=partition.value, alpha=alpha,
+            shards_per_client=shards_per_client, seed=seed, local_epochs=local_epochs, lr=lr,
+            batch_size=batch_size, fanout=fanout, mix=mix, kill=kill, gpus_per_peer=gpus_per_peer,
+            db=db or DEFAULT_DB_URL,
+        )
+        run_gossip_and_report(gossip, out)
+        return
     from click.core import ParameterSource
 
     from simulations.federated import FederatedSimulation
