@@ -26,13 +26,18 @@ class HistoryRecorder:
         run_id: the run being recorded.
         checkpoint_dir: directory for checkpoints (``<dir>/<run_id>/round-00001.npz``).
         retry_seconds: how long a lost database is retried before the run fails (default 30).
+        tracker: optional MLflow/TensorBoard mirror (``fedweave.history.tracking``), told
+            about each round after it is recorded.
     """
 
-    def __init__(self, store, run_id: str, checkpoint_dir: Path, retry_seconds: float = 30.0) -> None:
+    def __init__(
+        self, store, run_id: str, checkpoint_dir: Path, retry_seconds: float = 30.0, tracker=None
+    ) -> None:
         self.store = store
         self.run_id = run_id
         self.checkpoint_dir = checkpoint_dir
         self.retry_seconds = retry_seconds
+        self.tracker = tracker
 
     def on_round(self, summary: RoundSummary) -> None:
         path = checkpoint_path(self.checkpoint_dir, self.run_id, summary.round)
@@ -53,6 +58,8 @@ class HistoryRecorder:
         )
         checkpoint = CheckpointRef(summary.round, str(path.resolve()), file_sha256, size)
         self.store.record_round(self.run_id, record, summary.sites, checkpoint, self.retry_seconds)
+        if self.tracker is not None:
+            self.tracker.log_round(record)
 
 
 class BackgroundRecorder:

@@ -109,6 +109,9 @@ def simulate(
     resume: str | None = typer.Option(
         None, help="Federated: continue run RUN_ID (or 'latest') from its last checkpoint with its recorded config.",
     ),
+    track: str | None = typer.Option(
+        None, help="Federated: also log round metrics to mlflow or tensorboard (needs that package)."
+    ),
     verbose: bool = typer.Option(False, help="Show Flower's and Ray's own logs."),
 ) -> None:
     """Run many sites on this machine and write a per-round report.
@@ -162,4 +165,4 @@ def simulate(
         gpus_per_client=gpus_per_client,
         verbose=verbose,
     )
-    run_and_report(sim, out, Recording(db, checkpoint_dir, resume), explicit)
+    run_and_report(sim, out, Recording(db, checkpoint_dir, resume, track), explicit)

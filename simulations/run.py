@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -27,11 +28,13 @@ class Recording:
         db_url: SQLAlchemy URL of the history (default ``sqlite:///fedweave.db``).
         checkpoint_dir: where per-round model files go (default ``./checkpoints``).
         resume: a run id (or ``latest``) to continue instead of starting a new run.
+        track: also mirror round metrics to ``mlflow`` or ``tensorboard`` (default none).
     """
 
     db_url: str | None = None
     checkpoint_dir: Path = Path("checkpoints")
     resume: str | None = None
+    track: str | None = None
 
 
 class _ProgressListener:
@@ -79,6 +82,7 @@ def run_and_report(
     from client.weights import load_weights_npz
     from coordinator.recording import BackgroundRecorder, HistoryRecorder
     from fedweave.history import open_store
+    from fedweave.history.tracking import make_tracker
 
     console = Console(stderr=True)
     store = open_store(recording.db_url)  # an unreachable DB fails here, before any training
@@ -103,9 +107,14 @@ def run_and_report(
             f"'{sim.task}'; use fewer clients"
         )
     if not recording.resume:
-        run_id = store.start_run("federated", sim.task, asdict(sim), sim.seed)
+        run_id = uuid.uuid4().hex[:12]
+    tracker = make_tracker(recording.track, run_id, asdict(sim))  # a missing package fails here
+    if not recording.resume:
+        store.start_run("federated", sim.task, asdict(sim), sim.seed, run_id=run_id)
         console.print(f"run {run_id} recorded in the history")
-    recorder = BackgroundRecorder(HistoryRecorder(store, run_id, recording.checkpoint_dir))
+    recorder = BackgroundRecorder(
+        HistoryRecorder(store, run_id, recording.checkpoint_dir, tracker=tracker)
+    )
     started = time.perf_counter()
     try:
         with RoundProgress(sim.rounds, f"federated {sim.task}", console) as progress:
@@ -126,6 +135,8 @@ def run_and_report(
         store.finish_run(run_id, "failed", reason)
         raise
     recorder.close()
+    if tracker is not None:
+        tracker.close()
     history_rows = [
         {"round": r["round"], "accuracy": r["eval_accuracy"], "loss": r["eval_loss"],
          "seconds": (r.get("extra") or {}).get("seconds")}
