@@ -1,0 +1,121 @@
+"""Benchmarks 2 and 3: gossip vs FedAvg on the same digits split and the same local training.
+
+(2) Rounds gossip needs to reach the accuracy FedAvg reaches in 20 rounds, ÷ 20 (goal ≤ 1.2).
+    FedAvg is the real federated simulation (Flower, all sites every round, central test
+    accuracy of the global model); gossip's accuracy is the mean test accuracy of the peers'
+    own models (``simulations.gossip``), on the very same ``write_split`` files.
+(3) Wall time per gossip round ÷ per federated round (goal ≤ 0.5), from the same two runs.
+
+Both runs share this machine's cores; on a 2-core box the 10 peers time-share, so (3) is a
+pessimistic figure for gossip (on real sites every peer has its own machine).
+
+    python bench/bench_gossip_vs_fedavg.py [--clients 10] [--partition dirichlet] [--alpha 0.5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+
+def run_fedavg(args: argparse.Namespace) -> list[dict]:
+    from simulations.federated import FederatedSimulation, run_federated_simulation
+
+    sim = FederatedSimulation(
+        task="digits",
+        clients=args.clients,
+        rounds=args.fed_rounds,
+        partition=args.partition,
+        alpha=args.alpha,
+        seed=args.seed,
+        local_epochs=1,
+        lr=args.lr,
+        batch_size=args.batch_size,
+        device="cpu",
+    )
+    return run_federated_simulation(sim)
+
+
+def run_gossip(args: argparse.Namespace) -> dict:
+    from simulations.gossip import GossipSimulation, run_gossip_simulation
+
+    sim = GossipSimulation(
+        task="digits",
+        clients=args.clients,
+        rounds=args.gossip_rounds,
+        partition=args.partition,
+        alpha=args.alpha,
+        seed=args.seed,
+        local_epochs=1,
+        lr=args.lr,
+        batch_size=args.batch_size,
+        fanout=args.fanout,
+        mix=args.mix,
+    )
+    return run_gossip_simulation(sim)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=10)
+    parser.add_argument("--partition", default="dirichlet")
+    parser.add_argument("--alpha", type=float, default=0.5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--fed-rounds", type=int, default=20)
+    parser.add_argument("--gossip-rounds", type=int, default=40)
+    parser.add_argument("--fanout", type=int, default=2)
+    parser.add_argument("--mix", default="pairwise")
+    parser.add_argument("--out", type=Path, default=None, help="also write both curves as JSON")
+    args = parser.parse_args()
+
+    started = time.perf_counter()
+    fed = run_fedavg(args)
+    fed_wall = time.perf_counter() - started
+    started = time.perf_counter()
+    gossip = run_gossip(args)
+    gossip_wall = time.perf_counter() - started
+
+    target = fed[-1]["accuracy"]
+    reached = next((r["round"] for r in gossip["rounds"] if r["accuracy"] >= target), None)
+    fed_sec = statistics.mean(r["seconds"] for r in fed)
+    gossip_sec = statistics.mean(r["seconds"] for r in gossip["rounds"])
+
+    print(
+        f"digits, {args.clients} sites, {args.partition} alpha={args.alpha}, seed {args.seed}, "
+        f"lr {args.lr}, batch {args.batch_size}, 1 local epoch; gossip fanout {args.fanout} "
+        f"{args.mix}"
+    )
+    print(f"{'round':>5} {'fedavg acc':>11} {'gossip acc':>11} {'consensus':>10}")
+    for i in range(max(len(fed), len(gossip["rounds"]))):
+        f = f"{fed[i]['accuracy']:.4f}" if i < len(fed) else ""
+        g = gossip["rounds"][i] if i < len(gossip["rounds"]) else None
+        gs = f"{g['accuracy']:.4f}" if g else ""
+        cd = f"{g['consensus_distance']:.3f}" if g else ""
+        print(f"{i + 1:>5} {f:>11} {gs:>11} {cd:>10}")
+    print(f"FedAvg accuracy after {args.fed_rounds} rounds: {target:.4f}")
+    if reached is None:
+        print(
+            f"gossip did not reach it in {args.gossip_rounds} rounds "
+            f"(best {max(r['accuracy'] for r in gossip['rounds']):.4f})"
+        )
+        bound = args.gossip_rounds / args.fed_rounds
+        print(f"ratio rounds gossip / FedAvg (goal <= 1.2): > {bound:.2f}")
+    else:
+        print(f"gossip reached it at round {reached}")
+        print(f"ratio rounds gossip / FedAvg (goal <= 1.2): {reached / args.fed_rounds:.2f}")
+    print(
+        f"seconds per round: FedAvg {fed_sec:.3f} (wall {fed_wall:.0f}s incl. start-up), "
+        f"gossip {gossip_sec:.3f} (wall {gossip_wall:.0f}s incl. start-up)"
+    )
+    print(f"ratio seconds per round gossip / FedAvg (goal <= 0.5): {gossip_sec / fed_sec:.2f}")
+    if args.out:
+        args.out.write_text(json.dumps({"fedavg": fed, "gossip": gossip}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""Gossip learning on real digits with real peer processes: it learns, it survives dead peers,
+and a late joiner catches up. Slow (tens of seconds each): marked ``slow``, still run in CI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from simulations.gossip import GossipSimulation, run_gossip_simulation
+
+pytestmark = pytest.mark.slow
+
+
+def test_five_peers_on_digits_beat_chance_clearly(tmp_path: Path) -> None:
+    report = run_gossip_simulation(
+        GossipSimulation(clients=5, rounds=12, partition="iid", seed=1, timeout_s=240),
+        work_dir=tmp_path,
+    )
+    assert report["mode"] == "gossip" and len(report["rounds"]) == 12
+    assert report["final_accuracy"] > 0.6  # chance is 0.1
+    assert all(p["final_accuracy"] > 0.5 for p in report["peers"])  # every peer, not the mean
+    first, last = report["rounds"][0], report["rounds"][-1]
+    assert last["accuracy"] > first["accuracy"]
+    assert last["consensus_distance"] >= 0
+
+
+def test_killing_two_of_six_peers_does_not_stall_the_rest(tmp_path: Path) -> None:
+    timeout = 1.0
+    report = run_gossip_simulation(
+        GossipSimulation(
+            clients=6,
+            rounds=16,
+            partition="iid",
+            seed=2,
+            kill="0.34@4",
+            exchange_timeout=timeout,
+            timeout_s=240,
+        ),
+        work_dir=tmp_path,
+    )
+    assert len(report["killed"]) == 2
+    survivors = [p for p in report["peers"] if not p["killed"]]
+    assert len(survivors) == 4 and all(p["rounds"] == 16 for p in survivors)
+    # a round costs at most the deadlines of the neighbours it tried (fanout 2), plus training
+    after = [r for r in report["rounds"] if r["round"] > report["killed_at_round"]]
+    assert max(r["seconds"] for r in after) <= 2 * timeout + 3.0
+    assert report["final_accuracy"] > 0.6
+    assert all(p["final_accuracy"] > 0.5 for p in survivors)
+    # the survivors keep mixing: their models end closer together than mid-run divergence
+    distances = [r["consensus_distance"] for r in after]
+    assert distances[-1] <= max(distances) + 1e-9
+
+
+def test_a_late_joiner_catches_up_instead_of_starting_from_scratch(tmp_path: Path) -> None:
+    report = run_gossip_simulation(
+        GossipSimulation(
+            clients=5,
+            rounds=40,
+            partition="iid",
+            seed=3,
+            late="1@6",
+            round_interval=0.25,
+            timeout_s=240,
+        ),
+        work_dir=tmp_path,
+    )
+    import json
+
+    events = [json.loads(line) for line in (tmp_path / "peer-4.jsonl").read_text().splitlines()]
+    rounds = [e for e in events if e["event"] == "round"]
+    assert rounds, "the late joiner never completed a round"
+    first = rounds[0]
+    assert first["round"] > 6  # it took over the network's round count...
+    others = next(r for r in report["rounds"] if r["round"] == first["round"])
+    # ...and the model: its first accuracy is close to the others', far above a fresh model's
+    assert first["accuracy"] > 0.6
+    assert first["accuracy"] >= others["accuracy"] - 0.15
+
+
+def test_every_peer_records_its_rounds_in_the_launchers_history_run(tmp_path: Path) -> None:
+    from fedweave.history import open_store
+
+    url = f"sqlite:///{tmp_path / 'history.db'}"
+    report = run_gossip_simulation(
+        GossipSimulation(clients=3, rounds=3, seed=4, db=url, timeout_s=180),
+        work_dir=tmp_path / "work",
+    )
+    store = open_store(url)
+    info = store.get_run(report["run_id"])
+    assert (info.mode, info.status) == ("gossip", "completed")
+    rows = store.rounds(report["run_id"])
+    assert len(rows) == 9 and len({r["actor"] for r in rows}) == 3
+    assert all(r["eval_accuracy"] is not None and r["model_sha256"] for r in rows)
+    sites = store.site_results(report["run_id"])
+    assert sites and {s["site_id"] for s in sites} <= {r["actor"] for r in rows}
