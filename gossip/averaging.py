@@ -8,7 +8,8 @@ modify their inputs in place: arrays handed to a zero-copy send may still be in 
   snapshot that was sent* so the weighted network sum ``sum_i n_i x_i`` is preserved exactly
   even when the peer changed its model (served another offer) while waiting for the reply.
 - ``clipped``: ClippedGossip (He, Karimireddy, Jaggi 2022): each neighbour's difference is
-  clipped to radius ``tau`` before it is applied, so one poisoned peer moves us at most ``tau``.
+  clipped to radius ``tau`` before it is applied, so one poisoned peer moves us at most
+  ``tau / (k + 1)`` per mix.
 - ``trimmed``: coordinate-wise trimmed mean of self and neighbours (drop the ``b`` largest and
   smallest values of each coordinate).
 """
@@ -76,24 +77,19 @@ def adaptive_tau(norms: Sequence[float], history: Sequence[float] = ()) -> float
 
 
 def clipped_update(
-    current: Weights,
-    neighbours: Sequence[tuple[Weights, int]],
-    n_self: int,
-    tau: float,
+    current: Weights, neighbours: Sequence[Weights], tau: float
 ) -> OrderedDict[str, np.ndarray]:
-    """ClippedGossip: ``x + sum_j w_j * clip(x_j - x, tau)`` with example weights
-    ``w_j = n_j / (n_self + sum n)`` (equal weights when all counts are 0)."""
+    """ClippedGossip: ``x + sum_j clip(x_j - x, tau) / (k + 1)`` over ``k`` neighbours.
+
+    Equal weights on purpose: a claimed example count is exactly what a poisoned peer would
+    inflate, so robust mixing never trusts it (``pairwise`` does, and says so).
+    """
     if not neighbours:
         return OrderedDict(current)
-    counts = [n for _, n in neighbours]
-    total = n_self + sum(counts)
-    if total <= 0:
-        shares = [1.0 / (len(neighbours) + 1)] * len(neighbours)
-    else:
-        shares = [n / total for n in counts]
+    share = 1.0 / (len(neighbours) + 1)
     floats = _float_keys(current)
     acc = {k: current[k].astype(np.float64) for k in floats}
-    for (other, _), share in zip(neighbours, shares, strict=False):
+    for other in neighbours:
         norm = difference_norm(other, current)
         scale = 1.0 if norm <= tau or norm == 0.0 else tau / norm
         for key in floats:
@@ -109,15 +105,15 @@ def trimmed_mean(
     statistics cannot trust a claimed example count).
 
     ``b = floor(trim_fraction * m)`` values are dropped at each end of ``m`` models, at least 1
-    when ``m >= 3`` (so self + 2 neighbours gives the coordinate-wise median); with fewer than
-    3 models nothing can be trimmed and it is the plain mean.
+    (so self + 2 neighbours gives the coordinate-wise median). With fewer than 3 models
+    nothing can be trimmed, and averaging with a lone neighbour would let a poisoned one in
+    (then the contamination spreads), so the local model is kept unchanged.
     """
     models = [current, *neighbours]
     m = len(models)
-    b = int(math.floor(trim_fraction * m))
-    if m >= 3:
-        b = max(1, b)
-    b = min(b, (m - 1) // 2)
+    if m < 3:
+        return OrderedDict(current)
+    b = min(max(1, int(math.floor(trim_fraction * m))), (m - 1) // 2)
     out: OrderedDict[str, np.ndarray] = OrderedDict()
     floats = set(_float_keys(current))
     for key, value in current.items():

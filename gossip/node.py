@@ -74,6 +74,7 @@ class Node:
         self.greeted: set[str] = set()
         self.awaiting: set[int] = set()
         self.outcomes: dict[int, str] = {}
+        self.pulled: list[tuple[int, OrderedDict[str, np.ndarray]]] = []
         self.busy_replies = 0
         self.mixes = 0
         self._round_started = 0.0
@@ -264,9 +265,7 @@ class Node:
         if msg.status != "ok" or not msg.tensors:
             raise wire.WireError("refused", f"reply status {msg.status}")
         if pending.pull:
-            self.weights = OrderedDict((k, np.array(v)) for k, v in msg.tensors.items())
-            self.round = max(self.round, msg.round)
-            log.info("caught up: pulled the model of %s at round %d", msg.sender, msg.round)
+            self.pulled.append((msg.round, msg.tensors))  # the joiner decides what to adopt
         elif self.config.mix == "pairwise":
             self.mixes += 1
             self.weights = averaging.pairwise_update(
@@ -294,4 +293,5 @@ class Node:
         if tau is None:
             tau = averaging.adaptive_tau(norms, self.tau_history)
             self.tau_history = (self.tau_history + norms)[-32:]
-        self.weights = averaging.clipped_update(self.weights, list(models.values()), self.n, tau)
+        neighbours = [w for w, _ in models.values()]
+        self.weights = averaging.clipped_update(self.weights, neighbours, tau)

@@ -11,9 +11,12 @@ from __future__ import annotations
 import logging
 import signal
 import time
+from collections import OrderedDict
 from dataclasses import asdict
 from datetime import datetime, timezone
 from typing import Any
+
+import numpy as np
 
 from fedweave.errors import UserError
 from gossip import averaging, wire
@@ -123,9 +126,9 @@ class Peer(Node):
                 self._hello([m.peer_id for m in self.members.pick(2)])
                 next_hello = time.monotonic() + 0.3
             self._serve(0.05)
-        best, best_round = self.members.max_round()
-        if best is not None and best_round > 0:
-            self._catch_up(best, best_round)
+        ahead = sorted((m for m in self.members.live() if m.round > 0), key=lambda m: -m.round)
+        if ahead:
+            self._catch_up([m.peer_id for m in ahead])
 
     def _open_seeds(self, seeds: list[str]) -> None:
         for spec in seeds:
@@ -145,15 +148,39 @@ class Peer(Node):
                     if pid != self.peer_id:
                         self.transport.connect(f"{SEED_PREFIX}{addr}#{pid}", addr, key)
 
-    def _catch_up(self, peer_id: str, its_round: int) -> None:
-        """A late joiner starts from a live peer's model instead of from scratch."""
-        xid = self._offer(peer_id, pull=True)
+    def _catch_up(self, ahead: list[str]) -> None:
+        """A late joiner starts from the network's model instead of from scratch.
+
+        ``pairwise`` trusts the most advanced live peer. The robust rules pull from three and
+        adopt their coordinate-wise median (and the median round), so a single poisoned peer
+        claiming to be ahead cannot hand a newcomer its model; with fewer than three answers
+        the newcomer keeps its own initial model.
+        """
+        want = 1 if self.config.mix == "pairwise" else 3
+        xids = [x for x in (self._offer(pid, pull=True) for pid in ahead[:want]) if x]
+        self.pulled = []
         deadline = time.monotonic() + self.config.exchange_timeout
-        while xid in self.pending and time.monotonic() < deadline and not self.stopping:
+        while set(xids) & self.pending.keys() and time.monotonic() < deadline:
+            if self.stopping:
+                return
             self._serve(wait_until(deadline))
-        if xid in self.pending:
-            self.pending.pop(xid)
-            log.warning("could not pull the current model from %s; starting from scratch", peer_id)
+        for xid in xids:
+            self.pending.pop(xid, None)
+        if len(self.pulled) < want:
+            log.warning(
+                "could not pull the current model from %d live peer(s); starting from "
+                "this peer's own initial model",
+                want,
+            )
+            return
+        models = [w for _, w in self.pulled]
+        if want == 1:
+            adopted = OrderedDict((k, np.array(v)) for k, v in models[0].items())
+        else:
+            adopted = averaging.trimmed_mean(models[0], models[1:], trim_fraction=0.34)
+        self.weights = adopted
+        self.round = int(np.median([r for r, _ in self.pulled]))
+        log.info("caught up: pulled the model of %d peer(s) at round %d", want, self.round)
 
     # -- one round -----------------------------------------------------------------------
 

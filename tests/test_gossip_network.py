@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 import zmq
 
 from gossip import wire
@@ -316,3 +317,77 @@ def test_a_flood_of_malformed_frames_leaves_the_peer_alive_and_flat(tmp_path: Pa
     log = (tmp_path / "p.log").read_text()
     assert "Traceback" not in log
     assert log.count("dropped a message from") < 150  # once per sender a minute, not per message
+
+
+class _Poisoner:
+    """A protocol-correct but malicious peer: answers every offer with a huge model and offers
+    it around, to check that the robust mixing rules contain it."""
+
+    def __init__(self, seed_port: int, dim: int, value: float) -> None:
+        self.ctx = zmq.Context()
+        self.inbox = self.ctx.socket(zmq.ROUTER)
+        self.inbox.setsockopt(zmq.LINGER, 0)
+        port = self.inbox.bind_to_random_port("tcp://127.0.0.1")
+        self.addr = f"tcp://127.0.0.1:{port}"
+        self.model = {"x": np.full(dim, value)}
+        self.dealers: dict[str, zmq.Socket] = {}
+        self._connect("seed", f"tcp://127.0.0.1:{seed_port}")
+
+    def _connect(self, key: str, addr: str) -> None:
+        if key not in self.dealers:
+            sock = self.ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(addr)
+            self.dealers[key] = sock
+
+    def _msg(self, mtype: str, xid: int = 0) -> list:
+        tensors = self.model if mtype in wire.MODEL_TYPES else {}
+        return wire.encode(
+            wire.Message(mtype, "mallory", self.addr, 1, xid, num_examples=1000, tensors=tensors)
+        )
+
+    def run(self, seconds: float) -> None:
+        end, next_offer = time.monotonic() + seconds, 0.0
+        poller = zmq.Poller()
+        poller.register(self.inbox, zmq.POLLIN)
+        while time.monotonic() < end:
+            for sock in list(self.dealers.values()):
+                while sock.poll(0):
+                    reply = wire.decode(sock.recv_multipart())
+                    for p in reply.peers:
+                        self._connect(p.peer_id, p.addr)
+            if time.monotonic() >= next_offer:
+                for sock in self.dealers.values():
+                    sock.send_multipart(self._msg(wire.HELLO))
+                    sock.send_multipart(self._msg(wire.OFFER, xid=7))
+                next_offer = time.monotonic() + 0.1
+            if poller.poll(20):
+                route, *frames = self.inbox.recv_multipart()
+                msg = wire.decode(frames)
+                if msg.type == wire.OFFER:
+                    self.inbox.send_multipart([route, *self._msg(wire.REPLY, msg.xid)])
+                elif msg.type == wire.HELLO:
+                    self.inbox.send_multipart([route, *self._msg(wire.PEERS)])
+
+    def close(self) -> None:
+        for sock in self.dealers.values():
+            sock.close(0)
+        self.inbox.close(0)
+        self.ctx.term()
+
+
+@pytest.mark.parametrize("mix", ["trimmed", "clipped"])
+def test_robust_mixing_contains_a_poisoned_peer(tmp_path: Path, mix: str) -> None:
+    values = [np.full(8, float(i)) for i in range(4)]
+    extra = [["--mix", mix, "--fanout", "3"]] * 4
+    procs, ports = _vector_peers(tmp_path, values, extra, rounds=60)
+    poisoner = _Poisoner(ports[0], 8, 1e6)
+    try:
+        poisoner.run(seconds=8.0)
+        assert _wait_all(procs, timeout=120) == [0] * 4
+    finally:
+        poisoner.close()
+    final = np.stack([np.load(tmp_path / f"d{i}" / "round-60.npy") for i in range(4)])
+    # honest values lie in [0, 3]; one pairwise exchange with mallory alone would give ~1e6
+    assert np.abs(final).max() < 6.0, final[:, 0]
+    assert np.ptp(final[:, 0]) < 1.5  # and the honest peers still agree roughly

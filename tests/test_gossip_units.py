@@ -158,7 +158,7 @@ def test_clipped_gossip_bounds_the_pull_of_a_poisoned_neighbour() -> None:
     honest = _model(1)
     norms = [averaging.difference_norm(w, mine) for w in (honest, poisoned)]
     tau = averaging.adaptive_tau(norms, history=[norms[0]] * 4)
-    out = averaging.clipped_update(mine, [(honest, 1), (poisoned, 1)], 1, tau)
+    out = averaging.clipped_update(mine, [honest, poisoned], tau)
     assert averaging.difference_norm(out, mine) <= tau + 1e-6
     assert tau < 100
 
