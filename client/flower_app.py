@@ -17,6 +17,7 @@ from flwr.client import ClientApp, NumPyClient
 from flwr.common import Context
 
 from client.data import load_site_data
+from client.mods import SITE_MODS
 from client.task import ArrayData, Task, load_task
 from client.training import TrainConfig
 from client.weights import get_weights, set_weights
@@ -88,6 +89,7 @@ class TaskClient(NumPyClient):
             lr=float(config.get("lr", self.config.lr)),
             batch_size=int(config.get("batch_size", self.config.batch_size)),
             seed=round_seed + self.site_index,
+            proximal_mu=float(config.get("proximal_mu", 0.0)),
         )
         metrics = self.task.train(self.model, self.data, train_config)
         return get_weights(self.model), len(self.data), metrics
@@ -99,7 +101,10 @@ class TaskClient(NumPyClient):
 
 
 def make_client_app(settings: ClientSettings) -> ClientApp:
-    """A ClientApp whose clients train ``settings.task`` on their own data file."""
+    """A ClientApp whose clients train ``settings.task`` on their own data file.
+
+    The site mods (SecAgg+, update check, DP) switch on when the coordinator's round asks.
+    """
 
     def client_fn(context: Context):
         if settings.torch_threads:
@@ -112,4 +117,4 @@ def make_client_app(settings: ClientSettings) -> ClientApp:
         )
         return client.to_client()
 
-    return ClientApp(client_fn=client_fn)
+    return ClientApp(client_fn=client_fn, mods=SITE_MODS)

@@ -34,6 +34,8 @@ class TrainConfig:
         amp: mixed precision; ``None`` (default) means on for CUDA (float16 with loss
             scaling) and off for CPU; ``True`` forces it on CPU too (bfloat16), which is how
             the CUDA code path is exercised on machines without a GPU.
+        proximal_mu: FedProx's proximal term weight: ``mu/2 * ||w - w_start||^2`` keeps the
+            local model near the round's global model (default 0: plain SGD).
     """
 
     epochs: int = 1
@@ -43,6 +45,7 @@ class TrainConfig:
     device: str | None = None
     seed: int = 0
     amp: bool | None = None
+    proximal_mu: float = 0.0
 
 
 def pick_device(requested: str | None = None) -> torch.device:
@@ -112,6 +115,7 @@ def train_epochs(model: nn.Module, data: ArrayData, config: TrainConfig) -> dict
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
     scaler = torch.amp.GradScaler(device.type, enabled=amp)
     loss_fn = nn.CrossEntropyLoss()
+    anchor = [p.detach().clone() for p in model.parameters()] if config.proximal_mu > 0 else None
     started = time.perf_counter()
     loss_sum = torch.zeros((), device=device)
     correct = torch.zeros((), device=device, dtype=torch.long)
@@ -123,6 +127,9 @@ def train_epochs(model: nn.Module, data: ArrayData, config: TrainConfig) -> dict
             with _autocast(device, amp):
                 logits = model(xb)
                 loss = loss_fn(logits, yb)
+            if anchor is not None:
+                drift = sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchor))
+                loss = loss + 0.5 * config.proximal_mu * drift
             scaler.scale(loss).backward()
             scaler.step(optimizer)
             scaler.update()

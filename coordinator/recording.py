@@ -54,7 +54,7 @@ class HistoryRecorder:
             eval_loss=summary.loss,
             eval_accuracy=summary.accuracy,
             model_sha256=weights_sha256(summary.weights),
-            extra={"seconds": summary.seconds},
+            extra={"seconds": summary.seconds, "warnings": summary.warnings},
         )
         checkpoint = CheckpointRef(summary.round, str(path.resolve()), file_sha256, size)
         self.store.record_round(self.run_id, record, summary.sites, checkpoint, self.retry_seconds)

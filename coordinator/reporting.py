@@ -1,22 +1,33 @@
-"""FedAvg that reports each round to listeners: per-site results, central evaluation, timing."""
+"""The reporting layer every fedweave strategy gets: update validation, per-site results,
+central evaluation and a round summary for the listeners (history, progress, report).
+
+It is a mixin placed in front of one of Flower's legacy strategies (FedAvg, FedProx, FedAdam,
+Krum, ...), so the aggregation itself stays Flower's.
+"""
 
 from __future__ import annotations
 
+import logging
+import re
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
 import numpy as np
-from flwr.common import FitRes, Parameters, Scalar, parameters_to_ndarrays
+from flwr.common import FitRes, Parameters, Scalar, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
-from flwr.server.strategy import FedAvg
 
+from client.mods import REJECTED_PREFIX
+from client.validation import update_problem
 from coordinator.rounds import RoundListener, RoundSummary
 from fedweave.history.records import SiteResult
 
+log = logging.getLogger("fedweave.coordinator")
+
 CentralEvaluator = Callable[[list[np.ndarray]], dict[str, float]]
+_REJECTION = re.compile(re.escape(REJECTED_PREFIX) + r" site (\d+): ([^'\"\n>]*)")
 
 
 def weighted_train_metrics(results: Sequence[tuple[ClientProxy, FitRes]]) -> dict[str, float]:
@@ -32,36 +43,134 @@ def weighted_train_metrics(results: Sequence[tuple[ClientProxy, FitRes]]) -> dic
     }
 
 
-class ReportingFedAvg(FedAvg):
-    """Flower's FedAvg plus central evaluation and a per-round report to listeners.
+def _site_ok(proxy: ClientProxy, res: FitRes) -> SiteResult:
+    seconds = res.metrics.get("seconds")
+    return SiteResult(
+        site_id=str(proxy.node_id),
+        num_examples=int(res.num_examples),
+        metrics=dict(res.metrics),
+        seconds=float(seconds) if isinstance(seconds, (int, float)) else None,
+    )
+
+
+class ReportingMixin:
+    """Validation + reporting around a Flower strategy (put it first in the bases).
 
     Args:
-        evaluator: scores a list of weights on the held-out set → ``{"loss", "accuracy"}``.
+        evaluator: scores weights on the held-out set → ``{"loss", "accuracy"}``.
         listeners: told about every completed round (history, progress, report).
-        round_offset: added to Flower's round number, so a resumed run continues counting.
-        **fedavg_kwargs: passed to ``flwr.server.strategy.FedAvg``.
+        round_offset: added to Flower's round number, so a resumed run keeps counting.
+        secure_agg: results carry SecAgg+'s unmasked aggregate, not per-site updates; only
+            the aggregate can be checked here (sites check their own update first).
+        max_update_norm: reject updates farther than this (L2) from the global model
+            (default ``None``: no bound).
+        **strategy_kwargs: passed on to the Flower strategy.
     """
 
     def __init__(
         self,
+        *,
         evaluator: CentralEvaluator,
         listeners: Sequence[RoundListener] = (),
         round_offset: int = 0,
-        **fedavg_kwargs: Any,
+        secure_agg: bool = False,
+        max_update_norm: float | None = None,
+        **strategy_kwargs: Any,
     ) -> None:
-        super().__init__(fraction_evaluate=0.0, min_evaluate_clients=0, **fedavg_kwargs)
+        super().__init__(**strategy_kwargs)
         self.evaluator = evaluator
         self.listeners = list(listeners)
         self.round_offset = round_offset
+        self.secure_agg = secure_agg
+        self.max_update_norm = max_update_norm
         self._round_started: tuple[float, datetime] | None = None
+        self._global: list[np.ndarray] = []
+        self._sampled: list[int] = []
         self._sites: list[SiteResult] = []
+        self._warnings: list[str] = []
         self._train_metrics: dict[str, Any] = {}
 
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list:
         self._round_started = (time.perf_counter(), datetime.now(timezone.utc))
-        return super().configure_fit(server_round, parameters, client_manager)
+        self._global = parameters_to_ndarrays(parameters)
+        instructions = super().configure_fit(server_round, parameters, client_manager)
+        self._sampled = [proxy.node_id for proxy, _ in instructions]
+        return instructions
+
+    def _note_clipping(self, proxy: ClientProxy, res: FitRes) -> None:
+        fraction = res.metrics.get("secagg_clipped_fraction")
+        if isinstance(fraction, float) and fraction > 0:
+            self._warnings.append(
+                f"site {proxy.node_id}: {100 * fraction:.4f}% of weights clipped by SecAgg+"
+            )
+
+    def _check_secure_aggregate(
+        self, results: list[tuple[ClientProxy, FitRes]]
+    ) -> list[tuple[ClientProxy, FitRes]]:
+        """SecAgg+ hands every result the same unmasked weighted mean: check it once and
+        pass it on as one result carrying all the examples (the mean of one is itself)."""
+        for proxy, res in results:
+            self._sites.append(_site_ok(proxy, res))
+            self._note_clipping(proxy, res)
+        if not results:
+            return []
+        aggregate = parameters_to_ndarrays(results[0][1].parameters)
+        if len(aggregate) == len(self._global):  # SecAgg+ dequantizes to float64
+            aggregate = [a.astype(g.dtype, copy=False) if a.shape == g.shape else a
+                         for a, g in zip(aggregate, self._global)]
+        problem = update_problem(aggregate, self._global)
+        if problem is not None:
+            self._warnings.append(f"SecAgg+ aggregate rejected, global model kept: {problem}")
+            log.warning("SecAgg+ aggregate rejected, global model kept: %s", problem)
+            return []
+        first_proxy, first = results[0]
+        combined = FitRes(
+            status=first.status,
+            parameters=ndarrays_to_parameters(aggregate),
+            num_examples=sum(res.num_examples for _, res in results),
+            metrics={},
+        )
+        return [(first_proxy, combined)]
+
+    def _check_each_update(
+        self, results: list[tuple[ClientProxy, FitRes]]
+    ) -> list[tuple[ClientProxy, FitRes]]:
+        accepted = []
+        for proxy, res in results:
+            problem = update_problem(
+                parameters_to_ndarrays(res.parameters), self._global, self.max_update_norm
+            )
+            if problem is None:
+                accepted.append((proxy, res))
+                self._sites.append(_site_ok(proxy, res))
+            else:
+                log.warning("update of site %s rejected: %s", proxy.node_id, problem)
+                self._sites.append(
+                    SiteResult(str(proxy.node_id), "rejected", int(res.num_examples), reason=problem)
+                )
+        return accepted
+
+    def _record_failures(self, failures: list) -> None:
+        known = {int(site.site_id) for site in self._sites}
+        unexplained = []
+        for failure in failures:
+            if isinstance(failure, BaseException):
+                match = _REJECTION.search(str(failure))
+                if match:
+                    known.add(int(match.group(1)))
+                    self._sites.append(SiteResult(match.group(1), "rejected", reason=match.group(2).strip()))
+                    continue
+                unexplained.append(str(failure).splitlines()[0][:500] if str(failure) else "no reply")
+            else:
+                proxy, res = failure
+                known.add(proxy.node_id)
+                self._sites.append(SiteResult(str(proxy.node_id), "failed", reason=res.status.message))
+        missing = [node for node in self._sampled if node not in known]
+        for index, reason in enumerate(unexplained):
+            site = str(missing[index]) if index < len(missing) else "unknown"
+            self._sites.append(SiteResult(site, "failed", reason=reason))
 
     def aggregate_fit(
         self,
@@ -69,31 +178,23 @@ class ReportingFedAvg(FedAvg):
         results: list[tuple[ClientProxy, FitRes]],
         failures: list[tuple[ClientProxy, FitRes] | BaseException],
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
-        self._sites = [
-            SiteResult(
-                site_id=str(proxy.node_id),
-                num_examples=int(res.num_examples),
-                metrics=dict(res.metrics),
-                seconds=float(res.metrics["seconds"]) if "seconds" in res.metrics else None,
-            )
-            for proxy, res in results
-        ]
-        for failure in failures:
-            if isinstance(failure, BaseException):
-                self._sites.append(SiteResult("unknown", status="failed", reason=str(failure)))
-            else:
-                proxy, res = failure
-                self._sites.append(
-                    SiteResult(str(proxy.node_id), status="failed", reason=res.status.message)
-                )
+        self._sites, self._warnings = [], []
         self._train_metrics = weighted_train_metrics(results)
-        return super().aggregate_fit(server_round, results, failures)
+        if self.secure_agg:
+            accepted = self._check_secure_aggregate(results)
+        else:
+            accepted = self._check_each_update(results)
+            self._train_metrics = weighted_train_metrics(accepted)
+        self._record_failures(failures)
+        if not accepted:
+            return None, {}
+        return super().aggregate_fit(server_round, accepted, failures)
 
     def evaluate(
         self, server_round: int, parameters: Parameters
     ) -> tuple[float, dict[str, Scalar]] | None:
         if server_round == 0 or self._round_started is None:
-            return None  # the initial model is the checkpoint or a fresh init: not worth a pass
+            return None  # the initial model is a checkpoint or a fresh init: not worth a pass
         weights = parameters_to_ndarrays(parameters)
         scores = self.evaluator(weights)
         started, started_at = self._round_started
@@ -107,6 +208,7 @@ class ReportingFedAvg(FedAvg):
             weights=weights,
             sites=self._sites,
             train_metrics=self._train_metrics,
+            warnings=self._warnings,
         )
         for listener in self.listeners:
             listener.on_round(summary)

@@ -22,6 +22,7 @@ class RoundSummary:
         weights: the new global model, in state-dict order.
         sites: one result per sampled site (ok, failed or rejected).
         train_metrics: training metrics averaged over sites, weighted by examples.
+        warnings: one line each for what the run should know (clipping, rejected aggregate).
     """
 
     round: int
@@ -33,6 +34,7 @@ class RoundSummary:
     weights: list[np.ndarray]
     sites: list[SiteResult] = field(default_factory=list)
     train_metrics: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def sampled(self) -> int:

@@ -1,4 +1,5 @@
-"""The Flower ServerApp: FedAvg over the sampled sites, central evaluation, round reports.
+"""The Flower ServerApp: the chosen strategy over the sampled sites, SecAgg+ by default,
+central evaluation, round reports.
 
 Built on Flower's legacy strategy API (``LegacyContext`` + ``DefaultWorkflow``) because
 SecAgg+ (``SecAggPlusWorkflow``) only plugs into that API.
@@ -7,18 +8,21 @@ SecAgg+ (``SecAggPlusWorkflow``) only plugs into that API.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from flwr.common import Context, ndarrays_to_parameters
 from flwr.server import Grid, LegacyContext, ServerApp, ServerConfig
 from flwr.server.workflow import DefaultWorkflow
 
+from client.mods import MAX_NORM_KEY, SECAGG_CLIP_KEY, SECAGG_MAX_WEIGHT_KEY
 from client.task import ArrayData, load_task
-from client.training import TrainConfig, evaluate_model, seed_everything
+from client.training import TrainConfig, seed_everything
 from client.weights import get_weights, set_weights
+from coordinator.privacy import DpSettings, local_dp_config, wrap_for_central_dp
 from coordinator.rounds import RoundListener
-from coordinator.strategies import ReportingFedAvg
+from coordinator.secure_agg import SecAggSettings, derive_shares, make_secagg_workflow
+from coordinator.strategies import check_strategy_choice, make_strategy
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,12 @@ class ServerSettings:
         seed: seeds the initial model and each site's shuffling.
         device: where central evaluation runs (``None``: CUDA when present).
         round_offset: rounds already completed before this process (resume).
+        strategy: ``fedavg`` (default), ``fedprox``, ``fedadam``, ``fedyogi``, ``fedmedian``,
+            ``trimmedavg``, ``krum`` or ``multikrum``.
+        secure_agg: SecAgg+ on (default): the coordinator only ever sees the sum.
+        secagg: SecAgg+ parameters (see ``coordinator.secure_agg``).
+        max_update_norm: reject updates farther than this from the global model (L2).
+        dp: differential privacy (see ``coordinator.privacy``; default off).
     """
 
     task: str
@@ -46,6 +56,39 @@ class ServerSettings:
     seed: int = 0
     device: str | None = None
     round_offset: int = 0
+    strategy: str = "fedavg"
+    secure_agg: bool = True
+    secagg: SecAggSettings = field(default_factory=SecAggSettings)
+    max_update_norm: float | None = None
+    dp: DpSettings = field(default_factory=DpSettings)
+
+    @property
+    def cohort(self) -> int:
+        return self.clients_per_round or self.min_clients
+
+    def check(self) -> None:
+        """Refuse impossible combinations before anything starts (one-line UserErrors)."""
+        check_strategy_choice(self.strategy, self.secure_agg)
+        self.dp.check()
+        if self.secure_agg:
+            derive_shares(self.cohort)
+
+    def fit_config(self, server_round: int) -> dict[str, int | float]:
+        """What every sampled site is told for ``server_round`` (Flower's numbering)."""
+        config: dict[str, int | float] = {
+            "round": server_round + self.round_offset,
+            "local_epochs": self.local_epochs,
+            "lr": self.lr,
+            "batch_size": self.batch_size,
+            "seed": self.seed,
+        }
+        if self.max_update_norm is not None:
+            config[MAX_NORM_KEY] = self.max_update_norm
+        if self.secure_agg:
+            config[SECAGG_CLIP_KEY] = self.secagg.clipping_range
+            config[SECAGG_MAX_WEIGHT_KEY] = self.secagg.max_weight
+        config.update(local_dp_config(self.dp))
+        return config
 
 
 def initial_weights(task_spec: str, seed: int) -> list[np.ndarray]:
@@ -73,37 +116,36 @@ def make_server_app(
     start_weights: list[np.ndarray],
     listeners: Sequence[RoundListener] = (),
 ) -> ServerApp:
-    """A ServerApp that runs ``settings.rounds`` FedAvg rounds from ``start_weights``."""
-    per_round = settings.clients_per_round or settings.min_clients
-
-    def fit_config(server_round: int) -> dict[str, int | float]:
-        return {
-            "round": server_round + settings.round_offset,
-            "local_epochs": settings.local_epochs,
-            "lr": settings.lr,
-            "batch_size": settings.batch_size,
-            "seed": settings.seed,
-        }
-
+    """A ServerApp that runs ``settings.rounds`` rounds from ``start_weights``."""
+    settings.check()
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        strategy = ReportingFedAvg(
+        strategy = make_strategy(
+            settings.strategy,
+            settings.secure_agg,
             evaluator=make_central_evaluator(settings.task, test_data, settings.device),
             listeners=listeners,
             round_offset=settings.round_offset,
-            fraction_fit=per_round / settings.min_clients,
-            min_fit_clients=per_round,
+            max_update_norm=settings.max_update_norm,
+            fraction_fit=settings.cohort / settings.min_clients,
+            min_fit_clients=settings.cohort,
             min_available_clients=settings.min_clients,
+            fraction_evaluate=0.0,
+            min_evaluate_clients=0,
             initial_parameters=ndarrays_to_parameters(start_weights),
-            on_fit_config_fn=fit_config,
+            on_fit_config_fn=settings.fit_config,
         )
+        strategy = wrap_for_central_dp(strategy, settings.dp, settings.secure_agg, settings.cohort)
         legacy = LegacyContext(
             context=context,
             config=ServerConfig(num_rounds=settings.rounds),
             strategy=strategy,
         )
-        DefaultWorkflow()(grid, legacy)
+        fit_workflow = (
+            make_secagg_workflow(settings.secagg, settings.cohort) if settings.secure_agg else None
+        )
+        DefaultWorkflow(fit_workflow=fit_workflow)(grid, legacy)
 
     return app

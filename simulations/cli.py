@@ -86,6 +86,27 @@ def simulate(
     batch_size: int = typer.Option(16, min=1, help="Local batch size."),
     seed: int = typer.Option(0, help="Seeds the split, the initial model and local shuffling."),
     device: str | None = typer.Option(None, help="cuda, cuda:N or cpu (default: CUDA when present)."),
+    strategy: str = typer.Option(
+        "fedavg",
+        help="Federated aggregation: fedavg, fedprox, fedadam, fedyogi, or (needs --no-secure-agg) "
+        "fedmedian, trimmedavg, krum, multikrum.",
+    ),
+    secure_agg: bool = typer.Option(
+        True, "--secure-agg/--no-secure-agg",
+        help="Federated: SecAgg+ so the coordinator only sees the sum of the sites' models "
+        "(needs 3+ sites per round).",
+    ),
+    secagg_timeout: float = typer.Option(
+        600.0, min=1.0, help="Seconds each SecAgg+ stage waits for sites; slower sites count as dropped."
+    ),
+    max_update_norm: float | None = typer.Option(
+        None, min=0.0, help="Reject site updates farther than this (L2) from the global model."
+    ),
+    dp: str = typer.Option("none", help="Differential privacy: none, central or local."),
+    noise_multiplier: float = typer.Option(1.0, min=0.0, help="Central DP: noise std / clipping norm."),
+    clipping_norm: float = typer.Option(1.0, min=0.0, help="DP: L2 bound on each site's update."),
+    dp_epsilon: float = typer.Option(10.0, min=0.0, help="Local DP: epsilon per round."),
+    dp_delta: float = typer.Option(1e-5, min=0.0, help="Local DP: delta per round."),
     fanout: int = typer.Option(2, min=1, help="Gossip: neighbours each peer exchanges with per round."),
     mix: str = typer.Option(
         "pairwise", help="Gossip: pairwise (example-weighted average), clipped or trimmed (robust)."
@@ -163,6 +184,16 @@ def simulate(
         seed=seed,
         device=device,
         gpus_per_client=gpus_per_client,
+        strategy=strategy,
+        secure_agg=secure_agg,
+        secagg_timeout=secagg_timeout,
+        max_update_norm=max_update_norm,
+        dp=dp,
+        noise_multiplier=noise_multiplier,
+        clipping_norm=clipping_norm,
+        dp_epsilon=dp_epsilon,
+        dp_delta=dp_delta,
         verbose=verbose,
     )
+    sim.server_settings().check()  # impossible combinations fail before anything starts
     run_and_report(sim, out, Recording(db, checkpoint_dir, resume, track), explicit)

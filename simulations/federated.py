@@ -20,6 +20,8 @@ from client.data import load_site_data  # noqa: E402
 from client.flower_app import ClientSettings, make_client_app  # noqa: E402
 from client.task import load_task  # noqa: E402
 from coordinator.rounds import RoundListener, RoundSummary  # noqa: E402
+from coordinator.privacy import DpSettings  # noqa: E402
+from coordinator.secure_agg import SecAggSettings  # noqa: E402
 from coordinator.server_app import ServerSettings, initial_weights, make_server_app  # noqa: E402
 from simulations.split import test_file, write_split  # noqa: E402
 
@@ -39,6 +41,12 @@ class FederatedSimulation:
         device: ``cuda``/``cpu``/None (auto) for sites and central evaluation.
         gpus_per_client: fraction of a GPU each simulated site reserves (0.25: four per GPU).
         cpus_per_client: CPU cores each simulated site reserves (default 1).
+        strategy: aggregation strategy name (see ``coordinator.strategies``; default fedavg).
+        secure_agg: SecAgg+ on (default True).
+        secagg_timeout: seconds each SecAgg+ stage waits for sites (default 600).
+        max_update_norm: reject updates farther than this from the global model (default none).
+        dp / noise_multiplier / clipping_norm / dp_epsilon / dp_delta: differential privacy
+            (see ``coordinator.privacy``; default none).
         verbose: show Flower's and Ray's own logs.
     """
 
@@ -56,7 +64,37 @@ class FederatedSimulation:
     device: str | None = None
     gpus_per_client: float = 0.0
     cpus_per_client: float = 1.0
+    strategy: str = "fedavg"
+    secure_agg: bool = True
+    secagg_timeout: float = 600.0
+    max_update_norm: float | None = None
+    dp: str = "none"
+    noise_multiplier: float = 1.0
+    clipping_norm: float = 1.0
+    dp_epsilon: float = 10.0
+    dp_delta: float = 1e-5
     verbose: bool = False
+
+    def server_settings(self, round_offset: int = 0) -> ServerSettings:
+        """The coordinator's settings for this simulation (after ``round_offset`` rounds)."""
+        return ServerSettings(
+            task=self.task,
+            rounds=self.rounds - round_offset,
+            min_clients=self.clients,
+            clients_per_round=self.clients_per_round,
+            local_epochs=self.local_epochs,
+            lr=self.lr,
+            batch_size=self.batch_size,
+            seed=self.seed,
+            device=self.device,
+            round_offset=round_offset,
+            strategy=self.strategy,
+            secure_agg=self.secure_agg,
+            secagg=SecAggSettings(timeout=self.secagg_timeout),
+            max_update_norm=self.max_update_norm,
+            dp=DpSettings(self.dp, self.noise_multiplier, self.clipping_norm, self.dp_epsilon,
+                          self.dp_delta),
+        )
 
 
 class _Collector:
@@ -110,24 +148,14 @@ def run_federated_simulation(
     from flwr.simulation import run_simulation
 
     quiet_flower(sim.verbose)
+    sim.server_settings(round_offset).check()
     task = load_task(sim.task)
     with tempfile.TemporaryDirectory(prefix="fedweave-split-") as tmp:
         out_dir = split_dir or Path(tmp)
         write_split(task, out_dir, sim.clients, sim.partition, sim.alpha, sim.shards_per_client, sim.seed)
         test_data = load_site_data(test_file(out_dir), task)
         collector = _Collector()
-        server_settings = ServerSettings(
-            task=sim.task,
-            rounds=sim.rounds - round_offset,
-            min_clients=sim.clients,
-            clients_per_round=sim.clients_per_round,
-            local_epochs=sim.local_epochs,
-            lr=sim.lr,
-            batch_size=sim.batch_size,
-            seed=sim.seed,
-            device=sim.device,
-            round_offset=round_offset,
-        )
+        server_settings = sim.server_settings(round_offset)
         weights = start_weights if start_weights is not None else initial_weights(sim.task, sim.seed)
         server_app = make_server_app(server_settings, test_data, weights, [collector, *listeners])
         client_app = make_client_app(

@@ -22,7 +22,7 @@ def test_three_sites_two_rounds_beat_chance(tmp_path):
     result = run_cli(
         "simulate", "--mode", "federated", "--task", "digits", "--clients", "3",
         "--rounds", "2", "--partition", "dirichlet", "--alpha", "0.5", "--seed", "0",
-        "--out", str(out),
+        "--out", str(out), "--db", f"sqlite:///{tmp_path / 'h.db'}",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(out.read_text())
@@ -41,11 +41,11 @@ def test_three_sites_two_rounds_beat_chance(tmp_path):
 def test_sampling_k_of_n(tmp_path):
     out = tmp_path / "r.json"
     result = run_cli(
-        "simulate", "--clients", "4", "--clients-per-round", "2", "--rounds", "2",
-        "--out", str(out),
+        "simulate", "--clients", "5", "--clients-per-round", "3", "--rounds", "2",
+        "--out", str(out), "--db", f"sqlite:///{tmp_path / 'h.db'}",
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert all(row["replied"] == 2 for row in json.loads(out.read_text())["rounds"])
+    assert all(row["replied"] == 3 for row in json.loads(out.read_text())["rounds"])
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,109 @@
+"""Client mods that run at the site around the ClientApp.
+
+``update_check_mod`` sits inside ``secaggplus_mod`` (so it sees the plaintext update before
+it is masked): it refuses an invalid update, which makes the site a dropout that SecAgg+
+recovers from, and it reports values that SecAgg+ would clip instead of letting them
+silently distort the model.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from flwr.app import Context, Message
+from flwr.app.message_type import MessageType
+from flwr.clientapp.typing import ClientAppCallable
+from flwr.common import parameters_to_ndarrays
+from flwr.compat.common import recorddict_compat as compat
+
+from client.validation import clipped_fraction, update_problem
+
+log = logging.getLogger("fedweave.client")
+
+MAX_NORM_KEY = "fw-max-update-norm"
+SECAGG_CLIP_KEY = "fw-secagg-clipping-range"
+SECAGG_MAX_WEIGHT_KEY = "fw-secagg-max-weight"
+REJECTED_PREFIX = "fedweave-rejected"
+
+
+def update_check_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """Validate the site's own update before it leaves (and before SecAgg+ masks it)."""
+    reply = call_next(msg, context)
+    if msg.metadata.message_type != MessageType.TRAIN or reply.has_error():
+        return reply
+    if not reply.content.array_records:
+        return reply  # a SecAgg+ key-exchange stage: nothing trained yet
+    fit_ins = compat.recorddict_to_fitins(msg.content, keep_input=True)
+    fit_res = compat.recorddict_to_fitres(reply.content, keep_input=True)
+    config = fit_ins.config
+    reference = parameters_to_ndarrays(fit_ins.parameters)
+    update = parameters_to_ndarrays(fit_res.parameters)
+    max_norm = config.get(MAX_NORM_KEY)
+    problem = update_problem(update, reference, float(max_norm) if max_norm else None)
+    if problem is not None:
+        log.warning("update rejected before sending: %s", problem)
+        raise ValueError(f"{REJECTED_PREFIX} site {msg.metadata.dst_node_id}: {problem}")
+    if SECAGG_CLIP_KEY in config:
+        clip = float(config[SECAGG_CLIP_KEY])
+        scale = fit_res.num_examples / float(config[SECAGG_MAX_WEIGHT_KEY])
+        fraction = clipped_fraction(update, scale, clip)
+        if fraction > 0:
+            log.warning(
+                "%.4f%% of this site's weights exceed the SecAgg+ clipping range ±%g "
+                "(at weight %.3g); they will be clipped", 100 * fraction, clip, scale
+            )
+            metrics = reply.content.config_records.get("fitres.metrics")
+            if metrics is not None:
+                metrics["secagg_clipped_fraction"] = fraction
+    return reply
+
+
+LOCAL_DP_KEYS = ("fw-local-dp-clipping-norm", "fw-local-dp-sensitivity", "fw-local-dp-epsilon",
+                 "fw-local-dp-delta")
+
+
+def _fit_config(msg: Message) -> dict | None:
+    record = msg.content.config_records.get("fitins.config")
+    return dict(record) if record is not None else None
+
+
+def secagg_when_asked(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """Flower's ``secaggplus_mod`` for rounds the coordinator runs under SecAgg+; plain
+    rounds pass through, so one ClientApp serves coordinators with and without it."""
+    from flwr.client.mod import secaggplus_mod
+    from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
+
+    if msg.metadata.message_type == MessageType.TRAIN and RECORD_KEY_CONFIGS in msg.content.config_records:
+        return secaggplus_mod(msg, context, call_next)
+    return call_next(msg, context)
+
+
+def central_dp_clipping_when_asked(
+    msg: Message, context: Context, call_next: ClientAppCallable
+) -> Message:
+    """Flower's ``fixedclipping_mod`` when the coordinator's central DP asks sites to clip
+    (the SecAgg+ case: the server cannot clip updates it never sees)."""
+    from flwr.client.mod import fixedclipping_mod
+    from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
+
+    config = _fit_config(msg) if msg.metadata.message_type == MessageType.TRAIN else None
+    if config is not None and KEY_CLIPPING_NORM in config:
+        return fixedclipping_mod(msg, context, call_next)
+    return call_next(msg, context)
+
+
+def local_dp_when_asked(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """Flower's ``LocalDpMod`` (clip + Gaussian noise at the site) with the parameters the
+    coordinator's ``--dp local`` sends."""
+    from flwr.client.mod import LocalDpMod
+
+    config = _fit_config(msg) if msg.metadata.message_type == MessageType.TRAIN else None
+    if config is None or LOCAL_DP_KEYS[0] not in config:
+        return call_next(msg, context)
+    clipping_norm, sensitivity, epsilon, delta = (float(config[k]) for k in LOCAL_DP_KEYS)
+    return LocalDpMod(clipping_norm, sensitivity, epsilon, delta)(msg, context, call_next)
+
+
+SITE_MODS = [secagg_when_asked, update_check_mod, central_dp_clipping_when_asked, local_dp_when_asked]
+"""Outermost first: SecAgg+ masks what the update check has passed, after DP has clipped or
+noised it."""

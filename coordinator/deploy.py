@@ -1,0 +1,295 @@
+"""Flower's deployment engine on the coordinator: start the SuperLink, talk to its Control API,
+register site keys, submit our app as a Flower App Bundle (FAB), watch the run.
+
+Path chosen (Flower 1.41): the SuperLink in its default ``--isolation subprocess`` mode starts
+Flower's own SuperExec, which starts ``flwr-serverapp`` for each submitted run; that process
+loads ``coordinator.deploy_apps:server_app`` from the installed package. We submit the run
+the way ``flwr run`` does (``StartRun`` on the Control API) with a FAB built in memory whose
+``pyproject.toml`` names our ServerApp/ClientApp and carries the run's settings as its run
+config; no project directory, no ``~/.flwr`` config, no ``flwr`` CLI in between.
+
+In 1.41 the Fleet, Control and Runtime APIs are one HTTPS (protobuf-over-HTTP) server on
+``--host/--port``; SuperNodes only speak that (the gRPC Fleet API is a hidden legacy switch).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from fedweave.certs import TlsFiles
+from fedweave.errors import UserError
+from fedweave.offline import FLOWER_OFFLINE_ENV
+
+FAB_PUBLISHER = "fedweave"
+FAB_NAME = "fedweave-deploy"
+SERVER_APP_REF = "coordinator.deploy_apps:server_app"
+CLIENT_APP_REF = "client.deploy_app:app"
+
+DEPLOY_ENV = {
+    **FLOWER_OFFLINE_ENV,
+    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+    "PYTHONUNBUFFERED": "1",
+}
+"""Environment of every Flower process we start: no telemetry, no update checks, no `uv sync`."""
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment plus ``DEPLOY_ENV`` (explicit settings win) and ``extra``."""
+    env = dict(os.environ)
+    for key, value in DEPLOY_ENV.items():
+        env.setdefault(key, value)
+    env.update(extra or {})
+    bin_dir = str(Path(sys.executable).parent)  # flower-* scripts live beside our python
+    env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
+    return env
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: get SIGTERM when the parent dies, even by kill -9 (Linux)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def spawn(command: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen:
+    """Start a Flower process in its own session, output to ``log_path``, tied to our life."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log = open(log_path, "ab")  # noqa: SIM115 - handed to the child; closed when we exit
+    return subprocess.Popen(
+        command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+        start_new_session=True, preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+    )
+
+
+def stop_process_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """SIGTERM the child's process group, wait ``grace`` s, then SIGKILL what is left."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # stragglers (SuperExec, flwr-serverapp) included
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+def log_tail(path: Path, lines: int = 1, needle: str | None = None) -> str:
+    """Last ``lines`` non-empty lines of a log (or the last one containing ``needle``)."""
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    text = [line.strip() for line in text if line.strip()]
+    if needle is not None:
+        text = [line for line in text if needle in line] or text
+    return " | ".join(text[-lines:])
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """``HOST:PORT`` → (host, port), refusing anything else in one line."""
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise UserError(f"--address {address!r} is not HOST:PORT (e.g. 0.0.0.0:9092)")
+    return host.strip("[]"), int(port_text)
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Fail in one line when ``host:port`` cannot be bound (in use, or not this machine's)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise UserError(
+                f"cannot listen on {host}:{port} ({exc.strerror or exc}); stop what uses it or "
+                "pick another --address"
+            ) from None
+
+
+@dataclass(frozen=True)
+class SuperLinkOptions:
+    """How the SuperLink is started.
+
+    Attributes:
+        host / port: where the Fleet/Control/Runtime API listens (sites connect here).
+        state_dir: keeps ``superlink.db`` (nodes, runs: survives restarts) and ``superlink.log``.
+        tls: certificate files, or None with ``--insecure``.
+        node_auth: only SuperNodes whose public key is registered may connect.
+    """
+
+    host: str
+    port: int
+    state_dir: Path
+    tls: TlsFiles | None
+    node_auth: bool = False
+
+    @property
+    def database(self) -> Path:
+        return self.state_dir / "superlink.db"
+
+    @property
+    def log_path(self) -> Path:
+        return self.state_dir / "superlink.log"
+
+    @property
+    def local_address(self) -> str:
+        """Where this machine reaches the SuperLink (loopback when it listens everywhere)."""
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
+
+    def command(self) -> list[str]:
+        cmd = ["flower-superlink", "--host", self.host, "--port", str(self.port),
+               "--database", str(self.database), "--isolation", "subprocess",
+               "--disable-runtime-dependency-installation"]
+        if self.tls is None:
+            cmd.append("--insecure")
+        else:
+            cmd += ["--ssl-ca-certfile", str(self.tls.ca_cert), "--ssl-certfile",
+                    str(self.tls.server_cert), "--ssl-keyfile", str(self.tls.server_key)]
+        if self.node_auth:
+            cmd.append("--enable-supernode-auth")
+        return cmd
+
+
+class ControlClient:
+    """The few Control API calls the coordinator needs, with one-line errors."""
+
+    def __init__(self, address: str, tls: TlsFiles | None) -> None:
+        from flwr.supercore.control import ControlHttpClient
+
+        root = tls.ca_cert.read_bytes() if tls is not None else None
+        self._client = ControlHttpClient.from_server_address(
+            server_address=address, insecure=tls is None, root_certificates=root, interceptors=[]
+        )
+
+    def close(self) -> None:
+        self._client.close()
+
+    def ready(self) -> bool:
+        from flwr.proto.control_pb2 import ListNodesRequest
+
+        try:
+            self._client.ListNodes(ListNodesRequest())
+        except Exception:  # noqa: BLE001 - not up yet (refused, TLS handshake, 5xx)
+            return False
+        return True
+
+    def nodes(self) -> list:
+        from flwr.proto.control_pb2 import ListNodesRequest
+
+        return list(self._client.ListNodes(ListNodesRequest()).nodes_info)
+
+    def online_nodes(self) -> list:
+        return [n for n in self.nodes() if n.status == "online"]
+
+    def register(self, public_key_ssh: bytes, name: str) -> str:
+        """Register a site key; returns ``registered`` or ``known`` (already there)."""
+        from cryptography.hazmat.primitives import serialization
+        from flwr.proto.control_pb2 import RegisterNodeRequest
+        from flwr.supercore.primitives.asymmetric import public_key_to_bytes
+
+        key = public_key_to_bytes(serialization.load_ssh_public_key(public_key_ssh))
+        known = {bytes(n.public_key) for n in self.nodes()}
+        if key in known:
+            return "known"
+        self._client.RegisterNode(RegisterNodeRequest(public_key=key, name=name[:40] or None))
+        return "registered"
+
+    def start_run(self, fab_bytes: bytes) -> int:
+        import hashlib
+
+        from flwr.common.serde import fab_to_proto
+        from flwr.proto.control_pb2 import StartRunRequest
+        from flwr.supercore.fab import Fab
+
+        fab = Fab(hashlib.sha256(fab_bytes).hexdigest(), fab_bytes, {})
+        res = self._client.StartRun(StartRunRequest(fab=fab_to_proto(fab)))
+        if not res.HasField("run_id"):
+            raise UserError(f"the SuperLink refused the run: {res.note or 'no reason given'}")
+        return int(res.run_id)
+
+    def run_status(self, run_id: int) -> tuple[str, str, str]:
+        """(status, sub_status, details) of a Flower run."""
+        from flwr.proto.control_pb2 import ListRunsRequest
+
+        runs = self._client.ListRuns(ListRunsRequest(run_id=run_id)).run_dict
+        if run_id not in runs:
+            return "unknown", "", ""
+        status = runs[run_id].status
+        return status.status, status.sub_status, status.details
+
+    def stop_unfinished_runs(self) -> list[int]:
+        """Stop runs a crashed coordinator left behind (their ServerApp died with it)."""
+        from flwr.proto.control_pb2 import ListRunsRequest, StopRunRequest
+
+        stopped = []
+        for run_id, run in self._client.ListRuns(ListRunsRequest()).run_dict.items():
+            if run.status.status != "finished":
+                try:
+                    self._client.StopRun(StopRunRequest(run_id=run_id))
+                    stopped.append(int(run_id))
+                except Exception:  # noqa: BLE001 - best effort; a stuck run only wastes a slot
+                    pass
+        return stopped
+
+
+def build_fab(run_config: dict) -> bytes:
+    """A FAB naming our installed apps and carrying ``run_config``; no code inside (sites run
+    the fedweave they installed, so code never travels over the network)."""
+    import tomli_w
+    from flwr.cli.build import build_fab_from_files
+
+    pyproject = {
+        "build-system": {"requires": ["hatchling"], "build-backend": "hatchling.build"},
+        "project": {"name": FAB_NAME, "version": "1.0.0", "dependencies": []},
+        "tool": {"flwr": {"app": {
+            "publisher": FAB_PUBLISHER,
+            "components": {"serverapp": SERVER_APP_REF, "clientapp": CLIENT_APP_REF},
+            "config": run_config,
+        }}},
+    }
+    files = {
+        "pyproject.toml": tomli_w.dumps(pyproject).encode(),
+        "README.md": b"fedweave deployment run: apps come from the installed fedweave package.\n",
+    }
+    return build_fab_from_files(files)[0]
+
+
+def start_superlink(options: SuperLinkOptions, env: dict[str, str], timeout: float = 60.0):
+    """Start the SuperLink and wait until its Control API answers; (process, client).
+
+    A SuperLink that exits early (port taken in between, bad certificate, unreadable state
+    database) becomes a one-line error with the last line of its log.
+    """
+    options.state_dir.mkdir(parents=True, exist_ok=True)
+    proc = spawn(options.command(), options.log_path, env)
+    client = ControlClient(options.local_address, options.tls)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            client.close()
+            raise UserError(f"the SuperLink stopped at start (exit {proc.returncode}): "
+                            f"{log_tail(options.log_path, needle='ERROR') or 'no log'}; "
+                            f"full log: {options.log_path}")
+        if client.ready():
+            return proc, client
+        time.sleep(0.3)
+    client.close()
+    stop_process_group(proc)
+    raise UserError(f"the SuperLink did not answer within {timeout:.0f} s; see {options.log_path}")

@@ -1,0 +1,89 @@
+"""SecAgg+ for fedweave's tasks: share counts from the cohort, ranges chosen for our weights.
+
+How SecAgg+ treats a site's weights (Flower's ``secaggplus_mod``): they are multiplied by
+``num_examples / max_weight``, clipped to ``±clipping_range`` and quantized to
+``quantization_range`` levels; the masked integer vectors are summed modulo
+``modulus_range``. So ``max_weight`` must be at least the largest site's example count, and
+``clipping_range`` must cover the largest ``|weight| * num_examples / max_weight``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from fedweave.errors import UserError
+
+MIN_SECAGG_COHORT = 3
+
+
+@dataclass(frozen=True)
+class SecAggSettings:
+    """SecAgg+ parameters.
+
+    Attributes:
+        num_shares: key shares per site (``None``: derived from the cohort, see
+            ``derive_shares``).
+        reconstruction_threshold: shares needed to rebuild a key (``None``: a majority
+            of the shares, the smallest value that keeps the server from rebuilding both of a
+            live site's secrets).
+        timeout: seconds each SecAgg+ stage waits for replies (default 600); a site that has
+            not answered by then counts as dropped. Training happens inside a stage, so this
+            must exceed a site's local training time.
+        clipping_range: ``±`` range after the ``num_examples / max_weight`` scaling (default 8).
+        max_weight: largest example count a site may weigh in with (default 10000).
+        quantization_range: integer levels over the clipping range (default 2**22).
+        modulus_range: mask modulus, a power of two (default 2**32).
+    """
+
+    num_shares: int | None = None
+    reconstruction_threshold: int | None = None
+    timeout: float = 600.0
+    clipping_range: float = 8.0
+    max_weight: float = 10_000.0
+    quantization_range: int = 2**22
+    modulus_range: int = 2**32
+
+    def quantization_step(self) -> float:
+        """Width of one quantization level in the scaled domain."""
+        return 2 * self.clipping_range / self.quantization_range
+
+
+def derive_shares(cohort: int) -> tuple[int, int]:
+    """(num_shares, reconstruction_threshold) for ``cohort`` sites per round.
+
+    Every site shares with all others up to 5 sites; above that with an odd
+    ``2*floor(sqrt(cohort))+1`` neighbours (SecAgg+'s logarithmic-degree idea, kept generous
+    for small cohorts). The threshold is a strict majority of the shares, so a round survives
+    any site losing up to ``shares - threshold`` of its neighbours.
+    """
+    if cohort < MIN_SECAGG_COHORT:
+        raise UserError(
+            f"SecAgg+ needs at least {MIN_SECAGG_COHORT} sites per round (got {cohort}): with "
+            "fewer, the sum reveals each site's update; add sites or pass --no-secure-agg"
+        )
+    shares = cohort if cohort <= 5 else min(cohort, 2 * math.isqrt(cohort) + 1)
+    return shares, shares // 2 + 1
+
+
+def make_secagg_workflow(settings: SecAggSettings, cohort: int):  # -> SecAggPlusWorkflow
+    """Flower's SecAgg+ fit workflow configured for ``cohort`` sites per round."""
+    from flwr.server.workflow import SecAggPlusWorkflow
+
+    shares, threshold = derive_shares(cohort)
+    shares = settings.num_shares or shares
+    threshold = settings.reconstruction_threshold or threshold
+    if not 2 <= threshold <= shares <= cohort or (shares < cohort and threshold >= shares):
+        raise UserError(
+            f"SecAgg+ shares {shares} / threshold {threshold} do not fit {cohort} sites per round: "
+            "need 2 <= threshold <= shares <= sites"
+        )
+    return SecAggPlusWorkflow(
+        num_shares=1.0 if shares == cohort else shares,
+        reconstruction_threshold=threshold,
+        max_weight=settings.max_weight,
+        clipping_range=settings.clipping_range,
+        quantization_range=settings.quantization_range,
+        modulus_range=settings.modulus_range,
+        timeout=settings.timeout,
+    )
