@@ -391,3 +391,40 @@ def test_robust_mixing_contains_a_poisoned_peer(tmp_path: Path, mix: str) -> Non
     # honest values lie in [0, 3]; one pairwise exchange with mallory alone would give ~1e6
     assert np.abs(final).max() < 6.0, final[:, 0]
     assert np.ptp(final[:, 0]) < 1.5  # and the honest peers still agree roughly
+
+
+def test_sigterm_stops_a_standalone_peer_cleanly_and_marks_its_run_interrupted(
+    tmp_path: Path,
+) -> None:
+    from fedweave.history import open_store
+
+    url = f"sqlite:///{tmp_path / 'h.db'}"
+    np.save(tmp_path / "v.npy", np.zeros(4))
+    results = tmp_path / "r.jsonl"
+    proc = _spawn(
+        [
+            "--listen",
+            "tcp://127.0.0.1:0",
+            "--vector",
+            str(tmp_path / "v.npy"),
+            "--rounds",
+            "0",
+            "--round-interval",
+            "0.05",
+            "--db",
+            url,
+            "--results",
+            str(results),
+        ],
+        tmp_path / "p.log",
+    )
+    try:
+        _wait_for(lambda: sum(e["event"] == "round" for e in _events(results)) >= 3, 60, "rounds")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 128 + signal.SIGTERM
+    store = open_store(url)
+    (run,) = store.list_runs()
+    assert (run.mode, run.status) == ("gossip", "interrupted")
+    assert run.rounds_completed >= 3
+    assert "Traceback" not in (tmp_path / "p.log").read_text()
