@@ -18,9 +18,7 @@ from __future__ import annotations
 from flwr.client import ClientApp
 from flwr.common import Context
 
-from client.flower_app import TaskClient, _cached_data, _cached_task
 from client.mods import SITE_MODS
-from client.training import TrainConfig
 
 REFUSED_PREFIX = "fedweave-refused"
 """Starts the error text of a site that refuses a run (wrong task or data shape)."""
@@ -36,7 +34,15 @@ def _config_str(config: dict, key: str) -> str | None:
 
 
 def site_client(context: Context):
-    """Build this site's client for the run in ``context`` (or refuse with the reason)."""
+    """Build this site's client for the run in ``context`` (or refuse with the reason).
+
+    Torch and the task are imported here, not at module level: Flower starts a fresh
+    ``flwr-clientapp`` process per message, and three of SecAgg+'s four stages per round
+    never reach the client, so they skip the ~1.5 s torch import.
+    """
+    from client.flower_app import TaskClient, _cached_data, _cached_task
+    from client.training import TrainConfig
+
     run_task = _config_str(context.run_config, "task")
     site_task = _config_str(context.node_config, "task")
     data_path = _config_str(context.node_config, "data-path")

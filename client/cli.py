@@ -1,0 +1,226 @@
+"""``fedweave client``: one data-holding site of a real deployment (a Flower SuperNode whose
+ClientApp, ``client.deploy_app:app``, trains on ``--data`` only). Mounted in
+``fedweave/cli.py`` as ``app.command()(client)``.
+
+Everything a site operator can get wrong (data file, CA certificate, site key) is checked
+before connecting. Then the SuperNode connects, with Flower's own exponential backoff, and
+this process turns its log into a few readable lines: waiting, connected, each round. The
+SuperNode runs in its own process group, tied to this process (it gets SIGTERM if we die), and
+Ctrl-C or SIGTERM stops the whole group.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+OFFLINE_ENV = {
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "FLWR_DISABLE_UPDATE_CHECK": "1",
+    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+    "PYTHONUNBUFFERED": "1",
+}
+RETRY_MARK = "Connection attempt failed, retrying in"
+
+
+def _echo(message: str) -> None:
+    typer.echo(message, err=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _check_inputs(coordinator: str, task: str, data: Path, label_column: str | None,
+                  ca_cert: Path | None, insecure: bool, site_key: Path | None) -> None:
+    """One-line errors for everything checkable before connecting."""
+    from client.data import load_site_data
+    from client.task import load_task
+    from fedweave.errors import UserError
+
+    host, sep, port = coordinator.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise UserError(f"--coordinator {coordinator!r} is not HOST:PORT (e.g. coord.example.org:9092)")
+    if "'" in str(data):
+        raise UserError(f"--data path {data} contains a single quote; rename or move the file")
+    load_site_data(data, load_task(task), label_column)  # missing/bad file: clear error here
+    if insecure and ca_cert is not None:
+        raise UserError("--insecure and --ca-cert contradict each other; give one")
+    if not insecure:
+        if ca_cert is None:
+            raise UserError("TLS is on by default: pass --ca-cert ca.pem (the coordinator's "
+                            "`fedweave certs init` wrote it) or --insecure")
+        try:
+            if b"BEGIN CERTIFICATE" not in ca_cert.read_bytes():
+                raise UserError(f"{ca_cert} is not a PEM certificate; use the coordinator's ca.pem")
+        except OSError as exc:
+            raise UserError(f"cannot read --ca-cert {ca_cert} ({exc.strerror or exc})") from None
+    if site_key is not None:
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.hazmat.primitives.serialization import load_ssh_private_key
+
+        try:
+            key = load_ssh_private_key(site_key.read_bytes(), None)
+        except OSError as exc:
+            raise UserError(f"cannot read --site-key {site_key} ({exc.strerror or exc})") from None
+        except (ValueError, TypeError):
+            key = None
+        if not isinstance(key, ec.EllipticCurvePrivateKey):
+            raise UserError(f"{site_key} is not a site key; make one with `fedweave sites new-key --out site.key`")
+
+
+def supernode_command(coordinator: str, task: str, data: Path, ca_cert: Path | None,
+                      site_key: Path | None, connect_timeout: float, runtime_port: int,
+                      label_column: str | None = None, device: str | None = None) -> list[str]:
+    """The ``flower-supernode`` command line for this site."""
+    node_config = f"data-path='{data.resolve()}' task='{task}'"
+    if label_column:
+        node_config += f" label-column='{label_column}'"
+    if device:
+        node_config += f" device='{device}'"
+    cmd = ["flower-supernode", "--superlink", coordinator, "--node-config", node_config,
+           "--port", str(runtime_port), "--max-wait-time", str(connect_timeout)]
+    cmd += ["--root-certificates", str(ca_cert.resolve())] if ca_cert else ["--insecure"]
+    if site_key is not None:
+        cmd += ["--auth-supernode-private-key", str(site_key.resolve())]
+    return cmd
+
+
+class _LogFollower:
+    """Copies the SuperNode's output to a log file and echoes the lines a site operator needs."""
+
+    def __init__(self, stream, log_path: Path, coordinator: str, verbose: bool) -> None:
+        self.stream, self.coordinator, self.verbose = stream, coordinator, verbose
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.log = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - closed by the thread
+        self.connected = False
+        self.last_error = ""
+        self.thread = threading.Thread(target=self._run, name="supernode-log", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        rounds_seen: set[str] = set()
+        for raw in self.stream:
+            line = raw.rstrip()
+            self.log.write(line + "\n")
+            self.log.flush()
+            text = line.split(":", 1)[-1].strip() if "\x1b" in line else line.strip()
+            if self.verbose:
+                _echo(line)
+            if RETRY_MARK in line:
+                wait = line.split(RETRY_MARK, 1)[1].strip()
+                state = "lost; reconnecting" if self.connected else "unreachable; retrying"
+                _echo(f"coordinator {self.coordinator} {state} in {wait}")
+            elif "SuperNode ID:" in line:
+                self.connected = True
+                _echo(f"connected to {self.coordinator} as node {text.rsplit(':', 1)[-1].strip()}")
+            elif "[RUN " in line and "ROUND" in line and line not in rounds_seen:
+                rounds_seen.add(line)
+                _echo(f"taking part in {text.strip('[]').lower()}")
+            elif "ERROR" in line or "Exit Code" in line or "exit code" in line:
+                self.last_error = text
+        self.log.close()
+
+
+def run_site(command: list[str], coordinator: str, log_path: Path, connect_timeout: float,
+             verbose: bool = False) -> int:
+    """Run the SuperNode until it exits or we are stopped; returns our exit code."""
+    from fedweave.errors import UserError
+
+    env = dict(os.environ)
+    for key, value in OFFLINE_ENV.items():
+        env.setdefault(key, value)
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        env=env, text=True, errors="replace", start_new_session=True,
+        preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+    )
+    follower = _LogFollower(proc.stdout, log_path, coordinator, verbose)
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    _echo(f"site starting: connecting to {coordinator} (log: {log_path})")
+    started = time.monotonic()
+    try:
+        code = proc.wait()
+    except KeyboardInterrupt:
+        _echo("stopping the site")
+        _stop_group(proc)
+        follower.thread.join(5)
+        _echo("site stopped")
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        _stop_group(proc)
+    follower.thread.join(5)
+    if not follower.connected and code != 0:
+        waited = time.monotonic() - started
+        raise UserError(
+            f"coordinator {coordinator} unreachable or refused this site for {waited:.0f} s "
+            f"(--connect-timeout {connect_timeout:g}): {follower.last_error or 'no answer'}; check "
+            "the address, the firewall, --ca-cert, and that the coordinator registered this site's key"
+        )
+    if code != 0:
+        raise UserError(f"the site stopped (exit {code}): {follower.last_error or 'see ' + str(log_path)}")
+    return 0
+
+
+def _raise_interrupt(signum: int, _frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _stop_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(grace)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # SuperExec and flwr-clientapp stragglers
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+def client(
+    coordinator: Annotated[str, typer.Option(help="The coordinator's HOST:PORT.")],
+    data: Annotated[Path, typer.Option(help="This site's data (.npz with x, y; or .csv with --label-column). Never leaves the site.")],
+    task: Annotated[str, typer.Option(help="The task this site's data is for; must match the coordinator's.")] = "digits",
+    ca_cert: Annotated[Path | None, typer.Option(help="The coordinator's ca.pem (TLS is on by default).")] = None,
+    site_key: Annotated[Path | None, typer.Option(help="This site's private key (`fedweave sites new-key`), when the coordinator requires registered sites.")] = None,
+    insecure: Annotated[bool, typer.Option("--insecure", help="Connect without TLS (testing only).")] = False,
+    connect_timeout: Annotated[float, typer.Option(help="Give up after this many seconds without reaching the coordinator (also when it goes away).")] = 300.0,
+    label_column: Annotated[str | None, typer.Option(help="Label column of a CSV --data.")] = None,
+    device: Annotated[str | None, typer.Option(help="cpu, cuda or cuda:N (default: CUDA when present).")] = None,
+    runtime_port: Annotated[int, typer.Option(help="Local port of the SuperNode's runtime API (0: any free port).")] = 0,
+    log_file: Annotated[Path, typer.Option(help="Where the SuperNode's full log goes.")] = Path("site.log"),
+    verbose: Annotated[bool, typer.Option("--verbose", help="Echo the SuperNode's whole log.")] = False,
+) -> None:
+    """Run a site: connect to the coordinator and train on --data when asked."""
+    _check_inputs(coordinator, task, data, label_column, ca_cert, insecure, site_key)
+    if connect_timeout <= 0:
+        from fedweave.errors import UserError
+
+        raise UserError("--connect-timeout must be positive")
+    command = supernode_command(coordinator, task, data, None if insecure else ca_cert, site_key,
+                                connect_timeout, runtime_port or _free_port(), label_column, device)
+    raise typer.Exit(run_site(command, coordinator, log_file, connect_timeout, verbose))

@@ -1,0 +1,255 @@
+"""``fedweave coordinator``: check everything, start the SuperLink, wait for the sites, run,
+print each round as the history records it, and shut down cleanly.
+
+Every check a user can fail (TLS files, site keys, task, port, database, resume) runs before
+the SuperLink starts, so a mistake costs one line and exit code 2, never a half-started
+server. The ServerApp itself runs in Flower's ``flwr-serverapp`` process and records rounds in
+the history; this process follows the history to print progress, which is also why a
+restarted coordinator shows exactly the rounds that were recorded, no more.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import typer
+
+from coordinator.deploy import (
+    SuperLinkOptions,
+    build_fab,
+    check_port_free,
+    child_env,
+    parse_address,
+    start_superlink,
+    stop_process_group,
+)
+from coordinator.deploy_run import DB_ENV, DeployPlan, check_resumable
+from fedweave.certs import TlsFiles, registered_site_keys
+from fedweave.errors import UserError
+
+POLL_S = 0.5
+
+
+@dataclass(frozen=True)
+class CoordinatorOptions:
+    """``fedweave coordinator`` flags (see ``coordinator.cli`` for their help and defaults)."""
+
+    address: str
+    plan: DeployPlan
+    db_url: str | None = None
+    tls_dir: Path | None = None
+    insecure: bool = False
+    require_registered_sites: bool = False
+    resume: str | None = None
+    once: bool = False
+    state_dir: Path = Path("coordinator-state")
+    site_timeout: float | None = None
+    explicit: frozenset[str] = field(default_factory=frozenset)
+
+
+def _echo(message: str) -> None:
+    typer.echo(message, err=True)
+
+
+def _absolute_db_url(url: str | None) -> str:
+    """SQLite paths made absolute: Flower's ServerApp process may run in another directory."""
+    from fedweave.history import DEFAULT_DB_URL
+
+    url = url or DEFAULT_DB_URL
+    prefix = "sqlite:///"
+    if url.startswith(prefix) and not url.startswith(prefix + "/") and ":memory:" not in url:
+        return prefix + str(Path(url[len(prefix):]).resolve())
+    return url
+
+
+def _tls(options: CoordinatorOptions) -> TlsFiles | None:
+    if options.insecure and options.tls_dir is not None:
+        raise UserError("--insecure and --tls-dir contradict each other; give one")
+    if options.insecure:
+        if options.require_registered_sites:
+            raise UserError("--require-registered-sites needs TLS (Flower refuses site "
+                            "authentication without it); drop --insecure and pass --tls-dir DIR")
+        return None
+    if options.tls_dir is None:
+        raise UserError("TLS is on by default: pass --tls-dir DIR (make one with "
+                        "`fedweave certs init --out DIR --host NAME`) or --insecure")
+    files = TlsFiles.in_dir(options.tls_dir.resolve())
+    files.check_readable()
+    if options.require_registered_sites and not registered_site_keys(options.tls_dir):
+        raise UserError(f"--require-registered-sites but no site keys in {options.tls_dir}/sites; "
+                        "add them with `fedweave sites add-key DIR site.pub`")
+    return files
+
+
+def _check_plan(plan: DeployPlan) -> None:
+    from client.data import load_site_data
+    from client.task import load_task
+    from coordinator.server_app import ServerSettings
+
+    task = load_task(plan.task)
+    if plan.test_data:
+        load_site_data(plan.test_data, task)
+    if plan.rounds < 1 or plan.min_clients < 1:
+        raise UserError("--rounds and --min-clients must be at least 1")
+    ServerSettings(task=plan.task, rounds=plan.rounds, min_clients=plan.min_clients,
+                   clients_per_round=plan.clients_per_round or None,
+                   secure_agg=plan.secure_agg).check()
+
+
+def _prepare_run(store, options: CoordinatorOptions) -> DeployPlan:
+    """Create the history run, or resume one (same settings, after its last round)."""
+    plan = options.plan
+    if options.resume:
+        run = store.get_run(options.resume)
+        plan = check_resumable(run, plan, set(options.explicit))
+        store.mark_running(run.run_id)
+        _echo(f"resuming run {run.run_id} after round {run.rounds_completed} of {plan.rounds}")
+        return plan
+    run_id = uuid.uuid4().hex[:12]
+    plan = DeployPlan(**{**plan.__dict__, "run_id": run_id})
+    store.start_run("federated", plan.task, plan.history_config(), plan.seed, run_id=run_id)
+    _echo(f"run {run_id} recorded in the history")
+    return plan
+
+
+class _Watcher:
+    """Prints each newly recorded round (and its failed sites) exactly once."""
+
+    def __init__(self, store, plan: DeployPlan) -> None:
+        self.store, self.plan = store, plan
+        self.printed = {r["round"] for r in store.rounds(plan.run_id)}
+
+    def poll(self) -> None:
+        for row in self.store.rounds(self.plan.run_id):
+            if row["round"] in self.printed:
+                continue
+            self.printed.add(row["round"])
+            seconds = (row.get("extra") or {}).get("seconds")
+            _echo(f"round {row['round']}/{self.plan.rounds}: accuracy {row['eval_accuracy']:.4f} "
+                  f"loss {row['eval_loss']:.4f}, sites {row['replied']}/{row['sampled']} ok"
+                  + (f", {seconds:.1f} s" if seconds is not None else ""))
+            for site in self.store.site_results(self.plan.run_id, row["round"]):
+                if site["status"] != "ok":
+                    _echo(f"  site {site['site_id']} {site['status']}: {site.get('reason')}")
+
+
+def _sync_site_keys(client, tls_dir: Path | None, known: set[Path]) -> None:
+    """Register site keys added to ``DIR/sites`` (at start, and while serving)."""
+    if tls_dir is None:
+        return
+    for path in registered_site_keys(tls_dir):
+        if path in known:
+            continue
+        known.add(path)
+        try:
+            state = client.register(path.read_bytes(), path.stem)
+        except Exception as exc:  # noqa: BLE001 - a bad key must not stop the coordinator
+            _echo(f"warning: site key {path} not registered: {str(exc).splitlines()[0]}")
+            continue
+        if state == "registered":
+            _echo(f"site key {path.stem} registered")
+
+
+def _wait_for_sites(client, proc, needed: int, timeout: float | None, keys) -> None:
+    last, deadline = -1, None if timeout is None else time.monotonic() + timeout
+    while True:
+        online = len(client.online_nodes())
+        if online != last:
+            _echo(f"{online}/{needed} sites connected" + ("" if online >= needed else "; waiting"))
+            last = online
+        if online >= needed:
+            return
+        if proc.poll() is not None:
+            raise UserError(f"the SuperLink stopped (exit {proc.returncode})")
+        if deadline is not None and time.monotonic() > deadline:
+            raise UserError(f"only {online} of --min-clients {needed} sites connected within "
+                            f"{timeout:.0f} s; start more sites or lower --min-clients")
+        keys()
+        time.sleep(POLL_S)
+
+
+def _raise_interrupt(signum: int, _frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def serve(options: CoordinatorOptions) -> int:
+    """Run the coordinator; returns the exit code (0: run completed)."""
+    from fedweave.history import open_store
+
+    host, port = parse_address(options.address)
+    tls = _tls(options)
+    _check_plan(options.plan)
+    check_port_free(host, port)
+    db_url = _absolute_db_url(options.db_url)
+    store = open_store(db_url)  # unreachable or wrong DB: one line, before anything starts
+    plan = _prepare_run(store, options)
+    plan = DeployPlan(**{**plan.__dict__, "checkpoint_dir": str(Path(plan.checkpoint_dir).resolve())})
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    link_options = SuperLinkOptions(host, port, options.state_dir.resolve(), tls,
+                                    node_auth=options.require_registered_sites)
+    proc = client = None
+    finished = False
+    try:
+        proc, client = start_superlink(link_options, child_env({DB_ENV: db_url}))
+        scheme = "https" if tls else "http (insecure)"
+        _echo(f"coordinator listening on {host}:{port} ({scheme}); Flower state in {link_options.database}")
+        stale = client.stop_unfinished_runs()
+        if stale:
+            _echo(f"stopped {len(stale)} Flower run(s) left by the previous coordinator")
+        known: set[Path] = set()
+        keys = lambda: _sync_site_keys(client, options.tls_dir, known)  # noqa: E731
+        keys()
+        _wait_for_sites(client, proc, plan.min_clients, options.site_timeout, keys)
+        flower_run = client.start_run(build_fab(plan.to_run_config()))
+        _echo(f"run {plan.run_id} started (Flower run {flower_run}): {plan.rounds} rounds, "
+              f"{plan.min_clients} sites, SecAgg+ {'on' if plan.secure_agg else 'off'}")
+        watcher = _Watcher(store, plan)
+        while True:
+            watcher.poll()
+            status, sub_status, details = client.run_status(flower_run)
+            if status == "finished":
+                watcher.poll()
+                break
+            if proc.poll() is not None:
+                raise UserError(f"the SuperLink stopped (exit {proc.returncode}); see {link_options.log_path}")
+            keys()
+            time.sleep(POLL_S)
+        finished = True
+        run = store.get_run(plan.run_id)
+        if sub_status != "completed" or run.status != "completed":
+            reason = (details or run.reason or sub_status or "unknown").splitlines()[0]
+            if run.status == "running":
+                store.finish_run(plan.run_id, "failed", reason)
+            _echo(f"run {plan.run_id} {sub_status or 'ended'}: {reason}; continue it with "
+                  f"--resume {plan.run_id}")
+            return 1
+        rows = store.rounds(plan.run_id)
+        final = rows[-1]["eval_accuracy"] if rows else float("nan")
+        _echo(f"run {plan.run_id} completed: {len(rows)} rounds, final accuracy {final:.4f}")
+        if options.once:
+            return 0
+        _echo("serving: sites stay connected for the next run; Ctrl-C to stop")
+        while proc.poll() is None:
+            keys()
+            time.sleep(POLL_S * 4)
+        raise UserError(f"the SuperLink stopped (exit {proc.returncode}); see {link_options.log_path}")
+    except KeyboardInterrupt:
+        if not finished:
+            store.finish_run(plan.run_id, "interrupted", "coordinator stopped (Ctrl-C/SIGTERM)")
+            _echo(f"run {plan.run_id} interrupted; continue it with --resume {plan.run_id}")
+        raise
+    except UserError:
+        if not finished and store.get_run(plan.run_id).status == "running":
+            store.finish_run(plan.run_id, "failed", "coordinator stopped on an error")
+        raise
+    finally:
+        if client is not None:
+            client.close()
+        if proc is not None:
+            stop_process_group(proc)
+        signal.signal(signal.SIGTERM, previous)
+        store.close()

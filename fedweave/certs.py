@@ -1,0 +1,250 @@
+"""TLS certificates for the coordinator and key pairs for site (SuperNode) authentication.
+
+Why our own code and not ``openssl`` one-liners: a newcomer gets a working CA + server
+certificate with the right subject alternative names in one command, private keys land with
+mode 0600, and the formats are exactly the ones Flower 1.41 loads:
+
+- the coordinator's SuperLink serves TLS with ``server.pem`` / ``server.key`` signed by
+  ``ca.pem`` (sites verify the coordinator with ``--ca-cert ca.pem``);
+- a site authenticates with an ECDSA P-384 key in OpenSSH format (``site.key``); the
+  coordinator registers its public half (``site.pub``, ``ecdsa-sha2-nistp384 ...``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from fedweave.errors import UserError
+
+CA_CERT = "ca.pem"
+CA_KEY = "ca.key"
+SERVER_CERT = "server.pem"
+SERVER_KEY = "server.key"
+SITE_KEYS_DIR = "sites"
+"""Inside a TLS directory: the registered site public keys (``<name>.pub``)."""
+
+DEFAULT_DAYS = 825
+"""Validity of the server certificate (the longest most TLS clients accept); the CA gets 10 years."""
+
+PRIVATE_MODE = 0o600
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """The files a coordinator serves TLS with (all inside one directory)."""
+
+    ca_cert: Path
+    server_cert: Path
+    server_key: Path
+
+    @classmethod
+    def in_dir(cls, directory: Path) -> TlsFiles:
+        return cls(directory / CA_CERT, directory / SERVER_CERT, directory / SERVER_KEY)
+
+    def check_readable(self) -> None:
+        """Fail with one line naming the file and the fix when any file is missing or unreadable."""
+        for path in (self.ca_cert, self.server_cert, self.server_key):
+            try:
+                data = path.read_bytes()
+            except OSError as exc:
+                raise UserError(
+                    f"cannot read TLS file {path} ({exc.strerror or exc}); create the directory "
+                    "with `fedweave certs init --out DIR --host NAME` or pass --insecure"
+                ) from exc
+            if b"-----BEGIN" not in data:
+                raise UserError(f"TLS file {path} is not PEM; recreate it with `fedweave certs init`")
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Write ``data`` so that only the owner can read it, from the first byte on."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_MODE)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+    os.chmod(path, PRIVATE_MODE)  # an existing file keeps its old mode through O_CREAT
+
+
+def _write_public(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+
+
+def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+def _san_entries(hosts: list[str]) -> list[x509.GeneralName]:
+    """DNS names and IP addresses the server certificate is valid for (always loopback too)."""
+    names: list[x509.GeneralName] = []
+    seen: set[str] = set()
+    for host in [*hosts, "localhost", "127.0.0.1"]:
+        if host in seen:
+            continue
+        seen.add(host)
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            names.append(x509.DNSName(host))
+    return names
+
+
+def init_certificates(out: Path, hosts: list[str], days: int = DEFAULT_DAYS, force: bool = False) -> TlsFiles:
+    """Create a CA and a server certificate for ``hosts`` in ``out``.
+
+    Args:
+        out: directory to write ``ca.pem``, ``ca.key``, ``server.pem``, ``server.key`` to.
+        hosts: names/IPs sites use to reach the coordinator (``localhost`` and
+            ``127.0.0.1`` are always added, so a local test needs nothing else).
+        days: server certificate validity (default 825).
+        force: overwrite existing files (default: refuse, so a CA is never replaced by accident).
+    """
+    if not hosts or any(not h.strip() for h in hosts):
+        raise UserError("--host needs the name or IP address sites use to reach the coordinator")
+    if days < 1:
+        raise UserError(f"--days {days} must be at least 1")
+    files = TlsFiles.in_dir(out)
+    existing = [p for p in (files.ca_cert, out / CA_KEY, files.server_cert, files.server_key) if p.exists()]
+    if existing and not force:
+        raise UserError(f"{existing[0]} already exists; use another --out or --force to replace it")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"cannot create {out} ({exc.strerror or exc}); choose a writable --out") from exc
+
+    now = dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=5)  # tolerate small clock skew
+    ca_key = ec.generate_private_key(ec.SECP384R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fedweave CA")])
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(now + dt.timedelta(days=3650))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA384())
+    )
+    server_key = ec.generate_private_key(ec.SECP384R1())
+    server_cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
+        .issuer_name(ca_name)
+        .public_key(server_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(now + dt.timedelta(days=days))
+        .add_extension(x509.SubjectAlternativeName(_san_entries(hosts)), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
+        .sign(ca_key, hashes.SHA384())
+    )
+    try:
+        _write_private(out / CA_KEY, _pem_key(ca_key))
+        _write_private(files.server_key, _pem_key(server_key))
+        _write_public(files.ca_cert, ca_cert.public_bytes(serialization.Encoding.PEM))
+        _write_public(files.server_cert, server_cert.public_bytes(serialization.Encoding.PEM))
+    except OSError as exc:
+        raise UserError(f"cannot write certificates to {out} ({exc.strerror or exc})") from exc
+    return files
+
+
+def public_key_path(private_key: Path) -> Path:
+    """``site.key`` → ``site.pub`` (the file an operator sends to the coordinator)."""
+    return private_key.with_suffix(".pub")
+
+
+def new_site_key(out: Path, force: bool = False) -> tuple[Path, Path]:
+    """Create a site's authentication key pair: ``out`` (private, 0600) and ``out.pub``.
+
+    ECDSA P-384 in OpenSSH format, which is what ``flower-supernode
+    --auth-supernode-private-key`` and the SuperLink's node registration accept.
+    """
+    pub = public_key_path(out)
+    if out.suffix == ".pub":
+        raise UserError(f"{out} looks like a public key name; give the private key file, e.g. site.key")
+    for path in (out, pub):
+        if path.exists() and not force:
+            raise UserError(f"{path} already exists; use another --out or --force to replace it")
+    key = ec.generate_private_key(ec.SECP384R1())
+    private = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+    )
+    public = key.public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    )
+    try:
+        _write_private(out, private)
+        _write_public(pub, public + b"\n")
+    except OSError as exc:
+        raise UserError(f"cannot write {out} ({exc.strerror or exc}); choose a writable --out") from exc
+    return out, pub
+
+
+def load_site_public_key(path: Path) -> bytes:
+    """Read and check a site's public key file; return it as written (OpenSSH text).
+
+    Refuses anything Flower's node registration would refuse (not EC, not a NIST curve), so
+    the mistake shows up when the key is added, not when the site first connects.
+    """
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise UserError(f"cannot read site key {path} ({exc.strerror or exc})") from exc
+    try:
+        key = serialization.load_ssh_public_key(data.strip())
+    except (ValueError, TypeError) as exc:
+        raise UserError(
+            f"{path} is not an OpenSSH public key; make one with `fedweave sites new-key --out site.key`"
+        ) from exc
+    if not isinstance(key, ec.EllipticCurvePublicKey) or key.curve.name not in {
+        "secp256r1", "secp384r1", "secp521r1"
+    }:
+        raise UserError(f"{path} is not an ECDSA (NIST P-256/384/521) key; make one with `fedweave sites new-key`")
+    return data.strip() + b"\n"
+
+
+def add_site_key(directory: Path, public_key: Path, name: str | None = None) -> Path:
+    """Register a site's public key with the coordinator's TLS directory (``DIR/sites/NAME.pub``).
+
+    The coordinator registers every key found there with its SuperLink at start; with
+    ``--require-registered-sites`` a SuperNode whose key is not there is refused.
+    """
+    data = load_site_public_key(public_key)
+    stem = name or public_key.stem
+    if not stem or "/" in stem or stem.startswith("."):
+        raise UserError(f"site name {stem!r} is not a plain file name; pass --name")
+    target = directory / SITE_KEYS_DIR / f"{stem}.pub"
+    for other in registered_site_keys(directory):
+        if other.read_bytes().strip() == data.strip() and other != target:
+            raise UserError(f"this key is already registered as {other.stem}")
+    try:
+        _write_public(target, data)
+    except OSError as exc:
+        raise UserError(f"cannot write {target} ({exc.strerror or exc})") from exc
+    return target
+
+
+def registered_site_keys(directory: Path) -> list[Path]:
+    """The site public keys registered in ``directory`` (sorted by name)."""
+    return sorted((directory / SITE_KEYS_DIR).glob("*.pub"))

@@ -1,0 +1,67 @@
+"""``fedweave certs init`` and ``fedweave sites new-key|add-key``: TLS and site authentication.
+
+Mounted in ``fedweave/cli.py`` as ``app.add_typer(certs_app, name="certs")`` and
+``app.add_typer(sites_app, name="sites")``. Imports only ``cryptography`` (via
+``fedweave.certs``) when a command runs, so ``fedweave --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+certs_app = typer.Typer(
+    help="TLS for the coordinator: a CA and a server certificate.", no_args_is_help=True
+)
+sites_app = typer.Typer(
+    help="Site authentication: key pairs for sites, registration at the coordinator.",
+    no_args_is_help=True,
+)
+
+
+@certs_app.command("init")
+def certs_init(
+    out: Annotated[Path, typer.Option("--out", help="Directory for ca.pem, ca.key, server.pem, server.key.")],
+    host: Annotated[
+        list[str],
+        typer.Option("--host", help="Name or IP sites use to reach the coordinator (repeatable)."),
+    ],
+    days: Annotated[int, typer.Option(help="Server certificate validity in days.")] = 825,
+    force: Annotated[bool, typer.Option("--force", help="Replace existing files.")] = False,
+) -> None:
+    """Make a CA and a server certificate. Give sites ca.pem; keep ca.key offline."""
+    from fedweave.certs import init_certificates
+
+    files = init_certificates(out, host, days=days, force=force)
+    typer.echo(f"wrote {files.ca_cert} (give to sites: --ca-cert), {files.server_cert}, "
+               f"{files.server_key} (0600); start the coordinator with --tls-dir {out}")
+
+
+@sites_app.command("new-key")
+def sites_new_key(
+    out: Annotated[Path, typer.Option("--out", help="Private key file to write (its .pub beside it).")] = Path(
+        "site.key"
+    ),
+    force: Annotated[bool, typer.Option("--force", help="Replace existing files.")] = False,
+) -> None:
+    """Make this site's key pair: keep site.key here, send site.pub to the coordinator."""
+    from fedweave.certs import new_site_key
+
+    private, public = new_site_key(out, force=force)
+    typer.echo(f"wrote {private} (0600; use: fedweave client --site-key {private}) and {public} "
+               "(send to the coordinator: fedweave sites add-key DIR site.pub)")
+
+
+@sites_app.command("add-key")
+def sites_add_key(
+    directory: Annotated[Path, typer.Argument(help="The coordinator's --tls-dir.")],
+    public_key: Annotated[Path, typer.Argument(help="The site's .pub file.")],
+    name: Annotated[str | None, typer.Option(help="Name to register it under (default: file stem).")] = None,
+) -> None:
+    """Register a site's public key; the coordinator admits it at its next start."""
+    from fedweave.certs import add_site_key
+
+    target = add_site_key(directory, public_key, name)
+    typer.echo(f"registered {target.stem} ({target}); restart the coordinator to admit it")
