@@ -37,15 +37,22 @@ def _share(n_self: int, n_other: int) -> float:
 
 
 def pairwise_update(
-    current: Weights, sent: Weights, other: Weights, n_self: int, n_other: int
+    current: Weights,
+    sent: Weights,
+    other: Weights,
+    n_self: int,
+    n_other: int,
+    share: float | None = None,
 ) -> OrderedDict[str, np.ndarray]:
     """``current + n_other/(n_self+n_other) * (other - sent)`` for floating tensors.
 
     Both ends apply it (the replier with ``sent == current``), so after the exchange both
     equal the example-weighted average of what they swapped and ``n_a x_a + n_b x_b`` is
-    unchanged: the network average is preserved.
+    unchanged: the network average is preserved. ``share`` overrides the fraction (group
+    exchanges, see ``group_shares``).
     """
-    share = _share(n_self, n_other)
+    if share is None:
+        share = _share(n_self, n_other)
     out: OrderedDict[str, np.ndarray] = OrderedDict()
     floats = set(_float_keys(current))
     for key, value in current.items():
@@ -55,6 +62,22 @@ def pairwise_update(
         else:
             out[key] = value
     return out
+
+
+def group_shares(n_self: int, n_neighbours: Sequence[int]) -> tuple[list[float], float]:
+    """Fractions for a push-pull exchange with several neighbours at once.
+
+    With ``N = n_self + sum(n_j)``, neighbour ``j`` moves ``n_self / N`` of the way toward our
+    model and we move ``n_j / N`` toward each of theirs: every pair exchanges the same mass (so
+    the weighted sum is exact), all self-weights stay non-negative, and without interleaving
+    we land on the example-weighted average of the whole group. Returns (our shares per
+    neighbour, the share each neighbour applies).
+    """
+    total = n_self + sum(n_neighbours)
+    if total <= 0:
+        k = len(n_neighbours) + 1
+        return [1.0 / k] * len(n_neighbours), 1.0 / k
+    return [n / total for n in n_neighbours], n_self / total
 
 
 def difference_norm(a: Weights, b: Weights) -> float:

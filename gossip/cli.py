@@ -77,6 +77,9 @@ def peer(
     round_interval: Annotated[
         float, typer.Option(help="Minimum seconds per round (the rest serves other peers).")
     ] = 0.0,
+    group_exchange: Annotated[
+        bool, typer.Option(help="Pairwise: average with all neighbours of a round at once.")
+    ] = True,
     threads: Annotated[int, typer.Option(help="torch CPU threads (0 keeps torch's default).")] = 1,
     log_level: Annotated[str, typer.Option(help="debug, info, warning.")] = "info",
     run_id: Annotated[
@@ -126,6 +129,7 @@ def peer(
         max_message_mb=max_message_mb,
         wait_for_peers=wait_for_peers,
         round_interval=round_interval,
+        group_exchange=group_exchange,
         results=results,
         dump_models=dump_models,
         vector=vector,

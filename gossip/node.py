@@ -36,6 +36,7 @@ class _Pending:
     expires: float
     round: int
     pull: bool = False
+    group_total: int | None = None
 
 
 class Node:
@@ -74,6 +75,8 @@ class Node:
         self.greeted: set[str] = set()
         self.awaiting: set[int] = set()
         self.outcomes: dict[int, str] = {}
+        self.known_n: dict[str, int] = {}
+        self.group_share: dict[int, float] = {}
         self.pulled: list[tuple[int, OrderedDict[str, np.ndarray]]] = []
         self.busy_replies = 0
         self.mixes = 0
@@ -111,7 +114,7 @@ class Node:
             self.transport.send(key, wire.encode(msg))
             self.greeted.add(key)
 
-    def _offer(self, peer_id: str, pull: bool = False) -> int:
+    def _offer(self, peer_id: str, pull: bool = False, group_total: int | None = None) -> int:
         """Send our model (or a pull request) to ``peer_id``; returns the exchange id, 0 if
         the send failed (counts as a miss)."""
         if not self._ensure_dealer(peer_id):
@@ -129,11 +132,12 @@ class Node:
             schema=self.schema,
             pull=pull,
             tensors=OrderedDict() if pull else snapshot,
+            share=None if group_total is None else self.n / group_total,
         )
         if not self.transport.send(peer_id, wire.encode(msg)):
             return 0
         expires = time.monotonic() + 3 * self.config.exchange_timeout
-        self.pending[xid] = _Pending(peer_id, snapshot, expires, self.round, pull)
+        self.pending[xid] = _Pending(peer_id, snapshot, expires, self.round, pull, group_total)
         return xid
 
     def _expire_pending(self) -> None:
@@ -194,6 +198,8 @@ class Node:
         for new in self.members.merge(msg.peers)[:8]:
             if new not in self.greeted:
                 self._hello([new])
+        if msg.type in wire.MODEL_TYPES and msg.tensors:
+            self.known_n[msg.sender] = msg.num_examples
         if msg.type == wire.HELLO:
             answer = wire.Message(
                 wire.PEERS,
@@ -247,7 +253,7 @@ class Node:
         self.mixes += 1
         if self.config.mix == "pairwise":
             self.weights = averaging.pairwise_update(
-                mine, mine, msg.tensors, self.n, msg.num_examples
+                mine, mine, msg.tensors, self.n, msg.num_examples, share=msg.share
             )
         else:
             self.buffered[msg.sender] = (msg.tensors, msg.num_examples)
@@ -268,8 +274,11 @@ class Node:
             self.pulled.append((msg.round, msg.tensors))  # the joiner decides what to adopt
         elif self.config.mix == "pairwise":
             self.mixes += 1
+            share = None
+            if pending.group_total:
+                share = min(1.0, msg.num_examples / pending.group_total)
             self.weights = averaging.pairwise_update(
-                self.weights, pending.snapshot, msg.tensors, self.n, msg.num_examples
+                self.weights, pending.snapshot, msg.tensors, self.n, msg.num_examples, share
             )
         else:
             self.replies.append((msg.sender, msg.tensors, msg.num_examples))

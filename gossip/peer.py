@@ -219,21 +219,30 @@ class Peer(Node):
     def _exchange(self, chosen: list[str]) -> list[str]:
         """Offer our model to ``chosen``; return those that missed their deadline.
 
-        ``pairwise`` exchanges one neighbour at a time. Meanwhile it serves offers from peers
-        with a smaller id and answers ``busy`` to the others: two peers offering to each other
-        at once then complete exactly one exchange (not zero, not two), and a peer mixes in
-        at most a few offers while its own is in flight. Whatever interleaves, both sides
-        apply the same mass (delta against the sent snapshot), so the weighted sum is exact.
-        The robust rules offer to all at once and mix once at the end of the round.
+        ``pairwise`` first exchanges one at a time with neighbours whose example count it does
+        not know yet, then offers to the others at once with a ``share`` (``group_shares``) so
+        it lands on the group's weighted average. While its offers are out it serves offers
+        from peers with a smaller id and answers ``busy`` to the others: two peers offering to
+        each other at once complete exactly one exchange, and self-weights stay non-negative
+        in practice. Whatever interleaves, both sides of an exchange apply the same mass
+        (delta against the sent snapshot), so the weighted sum is exact. The robust rules
+        offer to all at once and mix once at the end of the round.
         """
         timeout = self.config.exchange_timeout
-        if self.config.mix == "pairwise":
-            waves = [[pid] for pid in chosen]
+        waves: list[tuple[list[str], int | None]]
+        if self.config.mix != "pairwise":
+            waves = [(chosen, None)]
         else:
-            waves = [chosen]
+            known = [pid for pid in chosen if pid in self.known_n]
+            waves = [([pid], None) for pid in chosen if pid not in self.known_n]
+            if self.config.group_exchange and len(known) > 1:
+                total = self.n + sum(self.known_n[pid] for pid in known)
+                waves.append((known, total))
+            else:
+                waves += [([pid], None) for pid in known]
         failed: list[str] = []
-        for wave in waves:
-            xids = {pid: self._offer(pid) for pid in wave}
+        for wave, group_total in waves:
+            xids = {pid: self._offer(pid, group_total=group_total) for pid in wave}
             self.awaiting = {x for x in xids.values() if x}
             deadline = time.monotonic() + timeout
             while self.awaiting & self.pending.keys() and not self.stopping:

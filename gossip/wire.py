@@ -90,6 +90,7 @@ class Message:
     schema: str = ""
     pull: bool = False
     status: str = "ok"
+    share: float | None = None
     tensors: OrderedDict[str, np.ndarray] = field(default_factory=OrderedDict)
 
 
@@ -134,6 +135,8 @@ def encode(message: Message) -> list[Any]:
     if message.type in MODEL_TYPES:
         header["num_examples"] = int(message.num_examples)
         header["pull"] = bool(message.pull)
+        if message.share is not None:
+            header["share"] = float(message.share)
         header["status"] = message.status
         specs = tensor_specs(message.tensors)
         header["tensors"] = specs
@@ -274,6 +277,11 @@ def decode(
     if not isinstance(pull, bool) or status not in ("ok", "busy", "refused"):
         raise WireError("bad-header", "pull/status")
     message.pull, message.status = pull, status
+    share = header.get("share")
+    if share is not None:
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
+            raise WireError("bad-header", "share must be a number in (0, 1]")
+        message.share = float(share)
     specs = _specs(header.get("tensors", []))
     schema = _str(header, "schema", None, 64)
     message.schema = schema
