@@ -88,6 +88,7 @@ def _malformed_cases() -> dict[str, list[bytes]]:
             _header(head, tensors=[["w", "O", [4, 3]], *json.loads(head[6:])["tensors"][1:]]),
             *good[1:],
         ],
+        "bad-share": [_header(head, share=2.5), *good[1:]],
         "bad-schema": [_header(head, schema="0" * 64), *good[1:]],
         "huge-shape": [_header(head, tensors=[["w", "<f4", [2**39, 2**39]]]), good[1]],
         "header-too-large": [head[:6] + b" " * (wire.MAX_HEADER_BYTES + 1)],
