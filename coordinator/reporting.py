@@ -43,6 +43,18 @@ def weighted_train_metrics(results: Sequence[tuple[ClientProxy, FitRes]]) -> dic
     }
 
 
+_APP_MESSAGE = re.compile(r"occurred\. Message: ([^\n'\"\\]+)")
+
+
+def failure_reason(text: str) -> str:
+    """The site's own error message out of Flower's/Ray's wrapping, on one short line."""
+    found = _APP_MESSAGE.findall(text)
+    if found:
+        return found[-1].strip()[:300]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return (lines[-1] if lines else "no reply")[:300]
+
+
 def _site_ok(proxy: ClientProxy, res: FitRes) -> SiteResult:
     seconds = res.metrics.get("seconds")
     return SiteResult(
@@ -159,18 +171,24 @@ class ReportingMixin:
             if isinstance(failure, BaseException):
                 match = _REJECTION.search(str(failure))
                 if match:
-                    known.add(int(match.group(1)))
-                    self._sites.append(SiteResult(match.group(1), "rejected", reason=match.group(2).strip()))
+                    if int(match.group(1)) not in known:
+                        known.add(int(match.group(1)))
+                        self._sites.append(
+                            SiteResult(match.group(1), "rejected", reason=match.group(2).strip())
+                        )
                     continue
-                unexplained.append(str(failure).splitlines()[0][:500] if str(failure) else "no reply")
+                unexplained.append(failure_reason(str(failure)))
             else:
                 proxy, res = failure
                 known.add(proxy.node_id)
                 self._sites.append(SiteResult(str(proxy.node_id), "failed", reason=res.status.message))
+        # Flower's failures carry no node id (and SecAgg+ lists a stage-2 failure twice): the
+        # failed sites are the sampled ones that neither replied nor were rejected.
         missing = [node for node in self._sampled if node not in known]
-        for index, reason in enumerate(unexplained):
-            site = str(missing[index]) if index < len(missing) else "unknown"
-            self._sites.append(SiteResult(site, "failed", reason=reason))
+        reasons = list(dict.fromkeys(unexplained)) or ["no reply"]
+        for index, node in enumerate(missing):
+            reason = reasons[min(index, len(reasons) - 1)]
+            self._sites.append(SiteResult(str(node), "failed", reason=reason))
 
     def aggregate_fit(
         self,

@@ -1,0 +1,139 @@
+"""SecAgg+ and update validation on real Flower simulations (Ray engine, real digits data)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from client.flower_app import TaskClient
+from client.data import load_site_data
+from client.task import load_task
+from client.training import TrainConfig
+from client.weights import load_weights_npz
+from coordinator.recording import HistoryRecorder
+from coordinator.secure_agg import SecAggSettings, derive_shares
+from coordinator.server_app import initial_weights
+from fault_tasks import bad_site_index
+from fedweave.errors import UserError
+from fedweave.history import open_store
+from simulations.federated import FederatedSimulation, run_federated_simulation
+
+pytestmark = pytest.mark.slow
+
+
+def run_recorded(sim: FederatedSimulation, tmp_path: Path, name: str):
+    """Run ``sim`` with the history recorder; return (report rows, round dicts, site dicts, split dir)."""
+    store = open_store(f"sqlite:///{tmp_path / (name + '.db')}")
+    run_id = store.start_run("federated", sim.task, {}, sim.seed)
+    split = tmp_path / f"split-{name}"
+    rows = run_federated_simulation(
+        sim, listeners=[HistoryRecorder(store, run_id, tmp_path / f"ckpt-{name}")], split_dir=split
+    )
+    rounds, sites = store.rounds(run_id), store.site_results(run_id)
+    store.close()
+    return rows, rounds, sites, split
+
+
+def test_secagg_aggregate_equals_fedavg_within_quantization_error(tmp_path):
+    common = {"clients": 3, "rounds": 1, "partition": "iid", "seed": 3}
+    _, plain_rounds, _, _ = run_recorded(FederatedSimulation(secure_agg=False, **common), tmp_path, "plain")
+    _, secure_rounds, _, split = run_recorded(FederatedSimulation(secure_agg=True, **common), tmp_path, "secure")
+    plain = load_weights_npz(plain_rounds[0]["checkpoint_path"])
+    secure = load_weights_npz(secure_rounds[0]["checkpoint_path"])
+    # Each site's scaled weights (x num_examples / max_weight) are stochastically rounded to a
+    # grid of step 2*clip/levels: at most one step of error per site, divided by the total
+    # scaled weight when SecAgg+ turns the sum back into a mean.
+    settings = SecAggSettings()
+    examples = sum(len(np.load(split / f"site-{i}.npz")["y"]) for i in range(3))
+    bound = 3 * settings.quantization_step() * settings.max_weight / examples + 1e-6
+    worst = max(float(np.max(np.abs(a - b))) for a, b in zip(plain, secure))
+    assert [a.dtype for a in secure] == [a.dtype for a in plain]
+    assert 0 < worst <= bound, f"max difference {worst:.3g} vs bound {bound:.3g}"
+
+
+def test_server_never_sees_a_site_plaintext(tmp_path, monkeypatch):
+    """Capture every masked vector the coordinator decodes; none resembles any site's update."""
+    import flwr.server.workflow.secure_aggregation.secaggplus_workflow as workflow
+
+    captured: list[np.ndarray] = []
+    original = workflow.bytes_to_ndarray
+
+    def capture(data: bytes) -> np.ndarray:
+        array = original(data)
+        captured.append(array.copy())
+        return array
+
+    monkeypatch.setattr(workflow, "bytes_to_ndarray", capture)
+    sim = FederatedSimulation(clients=3, rounds=1, partition="iid", seed=5, secure_agg=True)
+    split = tmp_path / "split"
+    run_federated_simulation(sim, split_dir=split)
+    task = load_task("digits")
+    start = initial_weights("digits", sim.seed)
+    plaintexts = []
+    for index in range(3):
+        client = TaskClient(task, load_site_data(split / f"site-{index}.npz", task), TrainConfig(), index)
+        weights, _, _ = client.fit(start, {"round": 1, "seed": sim.seed, "local_epochs": 1})
+        plaintexts.append(np.concatenate([w.ravel() for w in weights]))
+    block = len(start) + 1  # SecAgg+ sends the masked weight factor, then each tensor
+    assert len(captured) == 3 * block
+    for site in range(3):
+        masked = np.concatenate([a.ravel() for a in captured[site * block + 1:(site + 1) * block]])
+        assert masked.dtype.kind in "iu" and masked.max() > 2**31  # spread over the modulus
+        for plain in plaintexts:
+            assert masked.shape == plain.shape
+            assert abs(np.corrcoef(masked.astype(np.float64), plain)[0, 1]) < 0.05
+
+
+def test_a_site_crashing_in_the_masked_stage_does_not_stop_the_round(tmp_path):
+    sim = FederatedSimulation(
+        task="fault_tasks:RaisingDigits", clients=5, rounds=2, partition="iid", secure_agg=True
+    )
+    rows, rounds, sites, _ = run_recorded(sim, tmp_path, "crash")
+    assert [r["round"] for r in rounds] == [1, 2]
+    assert all(r["replied"] == 4 and r["failed"] == 1 for r in rows)
+    failed = [s for s in sites if s["status"] == "failed"]
+    assert len(failed) == 2 and all("injected fault" in (s["reason"] or "") for s in failed)
+    assert len({s["site_id"] for s in failed}) == 1 and failed[0]["site_id"] != "unknown"
+    assert rows[-1]["accuracy"] > 0.5
+
+
+@pytest.mark.parametrize(
+    "task, secure, reason",
+    [
+        ("fault_tasks:NanDigits", True, "non-finite"),
+        ("fault_tasks:WrongShapeDigits", True, "has shape"),
+        ("fault_tasks:WrongDtypeDigits", False, "has dtype float64"),
+        ("fault_tasks:NanDigits", False, "non-finite"),
+    ],
+)
+def test_bad_updates_are_rejected_with_reasons_and_the_run_goes_on(tmp_path, task, secure, reason):
+    sim = FederatedSimulation(task=task, clients=4, rounds=2, partition="iid", secure_agg=secure)
+    rows, rounds, sites, _ = run_recorded(sim, tmp_path, "bad")
+    assert [r["round"] for r in rounds] == [1, 2]
+    rejected = [s for s in sites if s["status"] == "rejected"]
+    assert len(rejected) == 2, sites
+    assert all(reason in s["reason"] for s in rejected)
+    assert all(np.isfinite(r["accuracy"]) for r in rows) and rows[-1]["accuracy"] > 0.5
+
+
+def test_krum_survives_a_noisy_site_and_fedavg_does_not(tmp_path):
+    common = {"task": "fault_tasks:NoisyDigits", "clients": 5, "rounds": 3, "partition": "iid",
+              "secure_agg": False}
+    krum, _, _, _ = run_recorded(FederatedSimulation(strategy="krum", **common), tmp_path, "krum")
+    fedavg, _, _, split = run_recorded(FederatedSimulation(strategy="fedavg", **common), tmp_path, "avg")
+    assert bad_site_index(split) in range(5)
+    assert krum[-1]["accuracy"] > 0.7
+    assert fedavg[-1]["accuracy"] < 0.4
+
+
+def test_share_derivation_and_refusals():
+    assert derive_shares(3) == (3, 2)
+    assert derive_shares(5) == (5, 3)
+    shares, threshold = derive_shares(10)
+    assert shares == 7 and threshold == 4
+    with pytest.raises(UserError, match="at least 3 sites"):
+        derive_shares(2)
+    with pytest.raises(UserError, match="only reveals"):
+        FederatedSimulation(strategy="krum", secure_agg=True).server_settings().check()
