@@ -113,6 +113,7 @@ class _LogFollower:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - closed by the thread
         self.connected = False
+        self.refused = False
         self.last_error = ""
         self.thread = threading.Thread(target=self._run, name="supernode-log", daemon=True)
         self.thread.start()
@@ -136,6 +137,8 @@ class _LogFollower:
             elif "[RUN " in line and "ROUND" in line and line not in rounds_seen:
                 rounds_seen.add(line)
                 _echo(f"taking part in {text.strip('[]').lower()}")
+            elif "Failed to activate SuperNode" in line:
+                self.refused = True
             elif "ERROR" in line or "Exit Code" in line or "exit code" in line:
                 self.last_error = text
         self.log.close()
@@ -171,6 +174,11 @@ def run_site(command: list[str], coordinator: str, log_path: Path, connect_timeo
         signal.signal(signal.SIGTERM, previous)
         _stop_group(proc)
     follower.thread.join(5)
+    if follower.refused:
+        raise UserError(
+            f"coordinator {coordinator} refused this site: its key is not registered there; "
+            "send site.pub to the coordinator (`fedweave sites add-key DIR site.pub`) and retry"
+        )
     if not follower.connected and code != 0:
         waited = time.monotonic() - started
         raise UserError(

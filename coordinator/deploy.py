@@ -234,6 +234,33 @@ class ControlClient:
         status = runs[run_id].status
         return status.status, status.sub_status, status.details
 
+    def save_logs(self, run_id: int, path: Path, timeout: float = 15.0) -> None:
+        """Write the run's ServerApp log (kept by the SuperLink) to ``path``, best effort.
+
+        The ServerApp's output goes to the SuperLink, not to our terminal; keeping it beside
+        the SuperLink's own log is what an operator needs when a run fails.
+        """
+        import threading
+
+        from flwr.proto.control_pb2 import StreamLogsRequest
+
+        chunks: list[str] = []
+
+        def pull() -> None:
+            try:
+                for res in self._client.StreamLogs(StreamLogsRequest(run_id=run_id, after_timestamp=0.0)):
+                    chunks.append(res.log_output)
+            except Exception:  # noqa: BLE001 - the stream ends with an error on finished runs
+                pass
+
+        worker = threading.Thread(target=pull, daemon=True)
+        worker.start()
+        worker.join(timeout)
+        try:
+            path.write_text("".join(chunks))
+        except OSError:
+            pass
+
     def stop_unfinished_runs(self) -> list[int]:
         """Stop runs a crashed coordinator left behind (their ServerApp died with it)."""
         from flwr.proto.control_pb2 import ListRunsRequest, StopRunRequest

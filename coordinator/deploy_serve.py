@@ -219,6 +219,7 @@ def serve(options: CoordinatorOptions) -> int:
             keys()
             time.sleep(POLL_S)
         finished = True
+        client.save_logs(flower_run, link_options.state_dir / f"serverapp-{plan.run_id}-{flower_run}.log")
         run = store.get_run(plan.run_id)
         if sub_status != "completed" or run.status != "completed":
             reason = (details or run.reason or sub_status or "unknown").splitlines()[0]

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -213,7 +214,7 @@ def load_site_public_key(path: Path) -> bytes:
         raise UserError(f"cannot read site key {path} ({exc.strerror or exc})") from exc
     try:
         key = serialization.load_ssh_public_key(data.strip())
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
         raise UserError(
             f"{path} is not an OpenSSH public key; make one with `fedweave sites new-key --out site.key`"
         ) from exc

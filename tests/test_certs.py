@@ -1,0 +1,85 @@
+"""`fedweave certs init` and site keys: formats Flower loads, 0600 private keys, refusals."""
+
+from __future__ import annotations
+
+import stat
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+from cryptography.x509.oid import ExtensionOID
+
+from fedweave.certs import (
+    add_site_key,
+    init_certificates,
+    load_site_public_key,
+    new_site_key,
+    registered_site_keys,
+)
+from fedweave.errors import UserError
+
+
+def mode(path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_init_makes_a_ca_and_a_server_certificate_for_the_host(tmp_path):
+    files = init_certificates(tmp_path / "tls", ["coord.example.org", "10.0.0.5"])
+    ca = x509.load_pem_x509_certificate(files.ca_cert.read_bytes())
+    server = x509.load_pem_x509_certificate(files.server_cert.read_bytes())
+    server.verify_directly_issued_by(ca)  # raises if not signed by the CA
+    san = server.extensions.get_extension_for_oid(ExtensionOID.SUBJECT_ALTERNATIVE_NAME).value
+    assert "coord.example.org" in san.get_values_for_type(x509.DNSName)
+    assert "localhost" in san.get_values_for_type(x509.DNSName)
+    assert {str(ip) for ip in san.get_values_for_type(x509.IPAddress)} == {"10.0.0.5", "127.0.0.1"}
+    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    assert mode(files.server_key) == 0o600 and mode(tmp_path / "tls" / "ca.key") == 0o600
+    key = serialization.load_pem_private_key(files.server_key.read_bytes(), None)
+    assert key.public_key().public_numbers() == server.public_key().public_numbers()
+
+
+def test_init_refuses_to_replace_a_ca_unless_forced(tmp_path):
+    init_certificates(tmp_path, ["localhost"])
+    first = (tmp_path / "ca.pem").read_bytes()
+    with pytest.raises(UserError, match="already exists"):
+        init_certificates(tmp_path, ["localhost"])
+    assert (tmp_path / "ca.pem").read_bytes() == first
+    init_certificates(tmp_path, ["localhost"], force=True)
+    assert (tmp_path / "ca.pem").read_bytes() != first
+    with pytest.raises(UserError, match="--host"):
+        init_certificates(tmp_path / "other", [])
+
+
+def test_site_key_pair_is_what_flower_loads(tmp_path):
+    private, public = new_site_key(tmp_path / "site.key")
+    assert public.name == "site.pub" and mode(private) == 0o600
+    key = serialization.load_ssh_private_key(private.read_bytes(), None)
+    assert isinstance(key, ec.EllipticCurvePrivateKey) and key.curve.name == "secp384r1"
+    assert public.read_text().startswith("ecdsa-sha2-nistp384 ")
+    assert load_site_public_key(public).strip() == public.read_bytes().strip()
+    with pytest.raises(UserError, match="already exists"):
+        new_site_key(tmp_path / "site.key")
+
+
+def test_add_key_registers_checks_and_refuses_duplicates(tmp_path):
+    tls = tmp_path / "tls"
+    _, pub_a = new_site_key(tmp_path / "a.key")
+    _, pub_b = new_site_key(tmp_path / "b.key")
+    add_site_key(tls, pub_a)
+    add_site_key(tls, pub_b, name="hospital-b")
+    assert [p.stem for p in registered_site_keys(tls)] == ["a", "hospital-b"]
+    with pytest.raises(UserError, match="already registered as a"):
+        add_site_key(tls, pub_a, name="again")
+
+    wrong = tmp_path / "ed.pub"
+    wrong.write_bytes(ed25519.Ed25519PrivateKey.generate().public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH))
+    with pytest.raises(UserError, match="ECDSA"):
+        add_site_key(tls, wrong)
+    garbage = tmp_path / "garbage.pub"
+    garbage.write_text("not a key\n")
+    with pytest.raises(UserError, match="not an OpenSSH public key"):
+        add_site_key(tls, garbage)
+    with pytest.raises(UserError, match="cannot read"):
+        add_site_key(tls, tmp_path / "missing.pub")

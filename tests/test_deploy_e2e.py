@@ -1,0 +1,85 @@
+"""End to end on Flower's deployment engine (not the simulation engine): one coordinator
+(SuperLink + our ServerApp) and three sites (SuperNodes) as real processes on loopback, with
+TLS, site authentication and SecAgg+ on; a fourth, unregistered site is refused; one site is
+killed during round 2 and restarted, and the run still records all three rounds."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+from test_deploy_support import (
+    Processes,
+    coordinator_args,
+    free_port,
+    kill_group,
+    make_deployment,
+    recorded,
+    site_args,
+    wait_for,
+)
+
+ROUNDS = 3
+SITES = 3
+MESSAGES_PER_ROUND = 4  # SecAgg+: setup, share keys, collect masked vectors, unmask
+
+
+def received_messages(log) -> int:
+    text = log.read_text(errors="replace") if log.exists() else ""
+    return text.count("Receiving: train message")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_three_sites_tls_auth_secagg_with_a_site_killed_in_round_2(tmp_path):
+    make_deployment(tmp_path, SITES, unregistered=1)
+    db = f"sqlite:///{tmp_path / 'history.db'}"
+    port = free_port()
+    procs = Processes(tmp_path)
+    try:
+        coord = procs.start("coordinator", *coordinator_args(port, db, ROUNDS, SITES, "--once"))
+        wait_for(lambda: "sites connected" in procs.output("coordinator"), 60,
+                 "the coordinator to listen", coord, lambda: procs.output("coordinator"))
+        sites = [procs.start(f"site{i}", *site_args(port, i)) for i in range(SITES)]
+        intruder = procs.start("intruder", *site_args(port, 0, 3, "--connect-timeout", "15"))
+
+        # The unregistered site is turned away and says so, without hurting the run.
+        assert wait_for(lambda: intruder.poll() is not None, 120, "the intruder to give up",
+                        log=lambda: procs.output("intruder")) is not None
+        assert intruder.returncode == 2, procs.output("intruder")
+        assert "refused this site" in procs.output("intruder")
+
+        # Kill site 2 (its whole process group: CLI, SuperNode, ClientApp) while it trains in
+        # round 2: SecAgg+ sends 4 messages per round and training is the 3rd, so the 7th
+        # message a site receives is round 2's training request.
+        site2_log = tmp_path / "site2-2.log"
+        wait_for(lambda: received_messages(site2_log) >= MESSAGES_PER_ROUND + 3, 300,
+                 "site 2 to start training in round 2", coord, lambda: procs.output("coordinator"))
+        kill_group(sites[2], signal.SIGKILL)
+        rounds_at_kill = [r["round"] for r in recorded(db)[0]]
+        assert rounds_at_kill == [1], f"the kill was not in round 2: {rounds_at_kill}"
+        # Round 2 finishes with the other two (the SuperLink notices the dead node when its
+        # heartbeat lapses); then the site comes back and round 3 needs all three again.
+        wait_for(lambda: len(recorded(db)[0]) >= 2, 300, "round 2 without site 2", coord,
+                 lambda: procs.output("coordinator"))
+        sites[2] = procs.start("site2-restarted", *site_args(port, 2))
+
+        wait_for(lambda: coord.poll() is not None, 600, "the run to complete",
+                 log=lambda: procs.output("coordinator"))
+        out = procs.output("coordinator")
+        assert coord.returncode == 0, out
+    finally:
+        procs.close()
+
+    rounds, site_rows, run = recorded(db)
+    assert [r["round"] for r in rounds] == [1, 2, 3]
+    assert run.status == "completed" and run.rounds_completed == ROUNDS
+    by_round = {n: [s for s in site_rows if s["round"] == n] for n in (1, 2, 3)}
+    assert [s["status"] for s in by_round[1]] == ["ok"] * SITES
+    assert sum(s["status"] == "ok" for s in by_round[3]) == SITES, by_round[3]
+    assert rounds[1]["replied"] == SITES - 1 and rounds[1]["failed"] >= 1, (rounds[1], by_round[2])
+    assert len({s["site_id"] for s in site_rows if s["status"] == "ok"}) == SITES
+    assert rounds[-1]["eval_accuracy"] > 0.5, rounds[-1]  # chance is 0.1 on ten digits
+    for n in (1, 2, 3):
+        assert f"round {n}/{ROUNDS}: accuracy" in out
+    assert "site" in out and "failed" in out  # the failed site is shown, with its reason

@@ -1,0 +1,106 @@
+"""Bad input for `fedweave coordinator` and `fedweave client`: one line starting with
+``error:``, exit code 2, no traceback, and nothing left running."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+from test_deploy_support import free_port, make_deployment, run_fedweave
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory):
+    root = tmp_path_factory.mktemp("deploy-errors")
+    make_deployment(root, sites=1)
+    return root
+
+
+def one_line_error(done, *needles: str) -> str:
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    errors = [line for line in lines if line.startswith("error: ")]
+    assert len(errors) == 1, done.stderr
+    for needle in needles:
+        assert needle in errors[0], errors[0]
+    return errors[0]
+
+
+def coordinator(root, port: int, *extra: str):
+    return run_fedweave("coordinator", "--address", f"127.0.0.1:{port}", "--rounds", "1",
+                        "--min-clients", "3", "--db", f"sqlite:///{root / 'h.db'}",
+                        "--state-dir", str(root / "state"), "--once", *extra, cwd=root)
+
+
+def test_coordinator_port_in_use(deployment):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = coordinator(deployment, port, "--tls-dir", "tls")
+    one_line_error(done, f"127.0.0.1:{port}", "pick another --address")
+
+
+def test_coordinator_unreadable_or_missing_certificates(deployment, tmp_path):
+    broken = tmp_path / "tls"
+    broken.mkdir()
+    for name in ("ca.pem", "server.pem"):
+        (broken / name).write_bytes((deployment / "tls" / name).read_bytes())
+    (broken / "server.key").mkdir()  # unreadable as a file (tests may run as root)
+    one_line_error(coordinator(deployment, free_port(), "--tls-dir", str(broken)),
+                   "cannot read TLS file", "server.key")
+    (broken / "server.key").rmdir()
+    (broken / "server.key").write_text("garbage")
+    one_line_error(coordinator(deployment, free_port(), "--tls-dir", str(broken)), "not PEM")
+    one_line_error(coordinator(deployment, free_port()), "--tls-dir DIR", "--insecure")
+    one_line_error(coordinator(deployment, free_port(), "--insecure", "--require-registered-sites"),
+                   "needs TLS")
+
+
+def test_coordinator_database_unreachable(deployment):
+    done = run_fedweave("coordinator", "--address", f"127.0.0.1:{free_port()}", "--insecure",
+                        "--db", "postgresql+psycopg://fw:secret@127.0.0.1:1/fw", "--once",
+                        "--state-dir", str(deployment / "state"), cwd=deployment)
+    line = one_line_error(done)
+    assert "secret" not in line  # the password is masked
+    assert not (deployment / "state" / "superlink.db").exists()  # nothing started
+
+
+def test_coordinator_refuses_bad_settings_before_starting(deployment):
+    one_line_error(coordinator(deployment, free_port(), "--insecure", "--task", "nope"), "nope")
+    one_line_error(coordinator(deployment, free_port(), "--insecure", "--address", "nohost"),
+                   "HOST:PORT")
+    one_line_error(coordinator(deployment, free_port(), "--insecure", "--resume", "feedbeef0000"),
+                   "feedbeef0000")
+
+
+def test_client_missing_data_file_fails_before_connecting(deployment):
+    started = time.monotonic()
+    done = run_fedweave("client", "--coordinator", "127.0.0.1:1", "--data", "nowhere.npz",
+                        "--ca-cert", "tls/ca.pem", cwd=deployment)
+    one_line_error(done, "nowhere.npz", "does not exist")
+    assert "connecting" not in done.stderr and time.monotonic() - started < 30
+
+
+def test_client_needs_tls_or_insecure_and_a_real_key(deployment):
+    base = ["client", "--coordinator", "127.0.0.1:1", "--data", "split/site-0.npz"]
+    one_line_error(run_fedweave(*base, cwd=deployment), "--ca-cert", "--insecure")
+    one_line_error(run_fedweave(*base, "--ca-cert", "split/test.npz", cwd=deployment),
+                   "not a PEM certificate")
+    one_line_error(run_fedweave(*base, "--ca-cert", "tls/ca.pem", "--site-key", "site0.pub",
+                                cwd=deployment), "not a site key")
+
+
+@pytest.mark.slow
+def test_client_gives_up_on_an_unreachable_coordinator_after_connect_timeout(deployment):
+    port = free_port()  # nothing listens here
+    started = time.monotonic()
+    done = run_fedweave("client", "--coordinator", f"127.0.0.1:{port}", "--data",
+                        "split/site-0.npz", "--ca-cert", "tls/ca.pem", "--connect-timeout", "6",
+                        cwd=deployment, timeout=120)
+    elapsed = time.monotonic() - started
+    one_line_error(done, f"127.0.0.1:{port}", "--connect-timeout 6")
+    assert "unreachable; retrying in" in done.stderr  # the backoff is visible while it waits
+    assert 5 <= elapsed < 60, elapsed

@@ -1,0 +1,177 @@
+"""Helpers for the deployment tests: real ``fedweave`` processes on loopback, each in its own
+process group (killed as a group, so no SuperLink/SuperNode/flwr-* process outlives a test).
+
+Holds no tests itself; ``test_deploy_*.py`` import it (pytest puts ``tests/`` on sys.path).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+LAUNCHER = """
+import sys
+from fedweave import cli
+names = {c.name or c.callback.__name__ for c in cli.app.registered_commands}
+if "coordinator" not in names:  # until fedweave/cli.py mounts the deployment commands
+    from client.cli import client
+    from coordinator.cli import coordinator
+    from fedweave.certs_cli import certs_app, sites_app
+    cli.app.command()(coordinator)
+    cli.app.command()(client)
+    cli.app.add_typer(certs_app, name="certs")
+    cli.app.add_typer(sites_app, name="sites")
+sys.argv[0] = "fedweave"
+cli.main()
+"""
+
+
+def fedweave_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-c", LAUNCHER, *args]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def run_fedweave(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run a short fedweave command to completion (its own group; killed on timeout)."""
+    proc = subprocess.Popen(fedweave_cmd(*args), cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        out, err = proc.communicate()
+        raise AssertionError(f"fedweave {' '.join(args)} timed out; stderr: {err[-2000:]}") from None
+    finally:
+        kill_group(proc)
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
+class Processes:
+    """Long-running fedweave processes of one test; ``close()`` kills every group."""
+
+    def __init__(self, cwd: Path) -> None:
+        self.cwd = cwd
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, name: str, *args: str) -> subprocess.Popen:
+        out = open(self.cwd / f"{name}.out", "w")  # noqa: SIM115 - the child owns it
+        proc = subprocess.Popen(fedweave_cmd(*args), cwd=self.cwd, stdout=out,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        proc.name = name  # type: ignore[attr-defined]
+        self.procs.append(proc)
+        return proc
+
+    def output(self, name: str) -> str:
+        path = self.cwd / f"{name}.out"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def close(self) -> None:
+        for proc in self.procs:
+            kill_group(proc)
+
+
+def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+    if sig == signal.SIGKILL:
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, what: str,
+              alive: subprocess.Popen | None = None, log: Callable[[], str] | None = None):
+    """Poll ``predicate`` until truthy; fail naming ``what`` (and a log tail) on timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        if alive is not None and alive.poll() is not None:
+            raise AssertionError(f"process exited ({alive.returncode}) while waiting for {what}: "
+                                 f"{(log() if log else '')[-3000:]}")
+        time.sleep(0.25)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}: "
+                         f"{(log() if log else '')[-3000:]}")
+
+
+def recorded(db_url: str) -> tuple[list[dict], list[dict], object]:
+    """(rounds, site rows, run info) of the only run in the history (empty before it exists)."""
+    from fedweave.history import open_store
+
+    store = open_store(db_url)
+    try:
+        runs = store.list_runs()
+        if not runs:
+            return [], [], None
+        run = runs[0]
+        return store.rounds(run.run_id), store.site_results(run.run_id), store.get_run(run.run_id)
+    finally:
+        store.close()
+
+
+def make_deployment(root: Path, sites: int, unregistered: int = 0) -> None:
+    """Certificates, site keys (``sites`` registered, ``unregistered`` not) and a data split,
+    all made with the fedweave commands a user would run."""
+    for args in (
+        ("certs", "init", "--out", "tls", "--host", "localhost"),
+        ("data", "split", "--task", "digits", "--clients", str(sites), "--partition", "iid",
+         "--seed", "0", "--out", "split"),
+    ):
+        done = run_fedweave(*args, cwd=root)
+        assert done.returncode == 0, done.stderr
+    for i in range(sites + unregistered):
+        done = run_fedweave("sites", "new-key", "--out", f"site{i}.key", cwd=root)
+        assert done.returncode == 0, done.stderr
+        if i < sites:
+            done = run_fedweave("sites", "add-key", "tls", f"site{i}.pub", cwd=root)
+            assert done.returncode == 0, done.stderr
+
+
+def coordinator_args(port: int, db: str, rounds: int, sites: int, *extra: str) -> list[str]:
+    return ["coordinator", "--address", f"127.0.0.1:{port}", "--task", "digits",
+            "--rounds", str(rounds), "--min-clients", str(sites), "--db", db,
+            "--tls-dir", "tls", "--require-registered-sites", "--test-data", "split/test.npz",
+            "--local-epochs", "2", *extra]
+
+
+def site_args(port: int, index: int, key_index: int | None = None, *extra: str) -> list[str]:
+    key = index if key_index is None else key_index
+    return ["client", "--coordinator", f"127.0.0.1:{port}", "--task", "digits",
+            "--data", f"split/site-{index}.npz" if index >= 0 else "split/site-0.npz",
+            "--ca-cert", "tls/ca.pem", "--site-key", f"site{key}.key",
+            "--log-file", f"site{key}-{index}.log", *extra]
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Pids whose command line or environment contains ``text`` (finds every Flower process
+    a coordinator started: they inherit its ``FEDWEAVE_DEPLOY_DB``)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue
+            blob = (entry / "cmdline").read_bytes() + (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if text.encode() in blob:
+            found.append(int(entry.name))
+    return found
