@@ -54,8 +54,10 @@ def main() -> None:
     differences = []
     for seed in (int(s) for s in args.seeds.split(",")):
         differences.append(run_one(args, seed))
-    print(f"mean difference over seeds {args.seeds}: {sum(differences) / len(differences):+.2f} "
-          "points (goal: |difference| <= 1.00)")
+    print(
+        f"mean difference over seeds {args.seeds}: {sum(differences) / len(differences):+.2f} "
+        "points (goal: |difference| <= 1.00)"
+    )
 
 
 def run_one(args: argparse.Namespace, seed: int) -> float:
@@ -74,8 +76,11 @@ def run_one(args: argparse.Namespace, seed: int) -> float:
         rows = run_federated_simulation(sim, split_dir=Path(tmp))
         central = centralized_accuracy(sim, Path(tmp))
     federated = rows[-1]["accuracy"]
-    print(f"seed={seed} task={sim.task} clients={sim.clients} rounds={sim.rounds} partition={sim.partition} "
-          f"alpha={sim.alpha} local_epochs={sim.local_epochs} lr={sim.lr} batch={sim.batch_size}")
+    print(
+        f"seed={seed} task={sim.task} clients={sim.clients} rounds={sim.rounds} "
+        f"partition={sim.partition} "
+        f"alpha={sim.alpha} local_epochs={sim.local_epochs} lr={sim.lr} batch={sim.batch_size}"
+    )
     print(f"federated final accuracy   {federated:.4f}")
     print(f"centralized accuracy       {central:.4f}  ({sim.rounds * sim.local_epochs} epochs)")
     difference = 100 * (central - federated)

@@ -95,16 +95,21 @@ def main() -> None:
                 seconds, info = one_run(sim, record, Path(tmp))
                 (recorded if record else plain).extend(seconds)
                 facts = info or facts
-                print(f"trial {trial + 1} {'recorded' if record else 'plain   '} "
-                      f"median round {1000 * statistics.median(seconds):.1f} ms", flush=True)
+                print(
+                    f"trial {trial + 1} {'recorded' if record else 'plain   '} "
+                    f"median round {1000 * statistics.median(seconds):.1f} ms",
+                    flush=True,
+                )
     base, with_history = statistics.median(plain), statistics.median(recorded)
     print(f"clients={args.clients} rounds={args.rounds} trials={args.trials} (SQLite)")
     print(f"median round without history {1000 * base:.1f} ms, with {1000 * with_history:.1f} ms")
     print(f"recording overhead = {100 * (with_history - base) / base:+.2f}% of a round (goal < 2%)")
     print(f"recorder's own time per round (on its writer thread): {facts['recorder_ms']:.2f} ms")
     per = facts["db_growth"] / (args.rounds * args.clients)
-    print(f"SQLite growth {facts['db_growth']} bytes = {per:.0f} bytes per round per site; "
-          f"checkpoint file {facts['checkpoint_bytes']:.0f} bytes per round")
+    print(
+        f"SQLite growth {facts['db_growth']} bytes = {per:.0f} bytes per round per site; "
+        f"checkpoint file {facts['checkpoint_bytes']:.0f} bytes per round"
+    )
 
 
 if __name__ == "__main__":

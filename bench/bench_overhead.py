@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from fedweave.offline import make_flower_offline
@@ -36,7 +36,9 @@ def raw_flower_apps(split_dir: Path, clients: int, rounds: int):
     from torch import nn
 
     def model() -> nn.Module:
-        return nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+        return nn.Sequential(
+            nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10)
+        )
 
     def get(m):
         return [v.detach().cpu().numpy() for v in m.state_dict().values()]
@@ -44,7 +46,7 @@ def raw_flower_apps(split_dir: Path, clients: int, rounds: int):
     def put(m, ws):
         m.load_state_dict({k: torch.from_numpy(w) for k, w in zip(m.state_dict(), ws)})
 
-    @lru_cache(maxsize=None)
+    @cache
     def load(path: str):
         with np.load(path) as f:
             return torch.from_numpy(f["x"]).float(), torch.from_numpy(f["y"]).long()
@@ -85,8 +87,12 @@ def raw_flower_apps(split_dir: Path, clients: int, rounds: int):
 
     def server_fn(context: Context):
         strategy = FedAvg(
-            fraction_fit=1.0, fraction_evaluate=0.0, min_fit_clients=clients,
-            min_available_clients=clients, evaluate_fn=evaluate, initial_parameters=start,
+            fraction_fit=1.0,
+            fraction_evaluate=0.0,
+            min_fit_clients=clients,
+            min_available_clients=clients,
+            evaluate_fn=evaluate,
+            initial_parameters=start,
         )
         return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=rounds))
 
@@ -98,7 +104,12 @@ def one_trial(kind: str, clients: int, rounds: int) -> float:
 
     from flwr.simulation import run_simulation
 
-    from simulations.federated import FederatedSimulation, backend_config, quiet_flower, run_federated_simulation
+    from simulations.federated import (
+        FederatedSimulation,
+        backend_config,
+        quiet_flower,
+        run_federated_simulation,
+    )
     from simulations.split import write_split
 
     sim = FederatedSimulation(task="digits", clients=clients, rounds=rounds, partition="dirichlet")
@@ -115,7 +126,9 @@ def one_trial(kind: str, clients: int, rounds: int) -> float:
         started = time.perf_counter()
         write_split(load_task("digits"), split, clients, "dirichlet", 0.5, 2, 0)
         server_app, client_app = raw_flower_apps(split, clients, rounds)
-        run_simulation(server_app, client_app, num_supernodes=clients, backend_config=backend_config(sim))
+        run_simulation(
+            server_app, client_app, num_supernodes=clients, backend_config=backend_config(sim)
+        )
         return time.perf_counter() - started
 
 
@@ -132,11 +145,25 @@ def main() -> None:
     times: dict[str, list[float]] = {"raw": [], "fedweave": []}
     for trial in range(args.trials):
         for kind in ("raw", "fedweave") if trial % 2 == 0 else ("fedweave", "raw"):
-            out = subprocess.run(
-                [sys.executable, __file__, "--one", kind, "--clients", str(args.clients),
-                 "--rounds", str(args.rounds)],
-                capture_output=True, text=True, check=True,
-            ).stdout.strip().splitlines()[-1]
+            out = (
+                subprocess.run(
+                    [
+                        sys.executable,
+                        __file__,
+                        "--one",
+                        kind,
+                        "--clients",
+                        str(args.clients),
+                        "--rounds",
+                        str(args.rounds),
+                    ],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
+                .stdout.strip()
+                .splitlines()[-1]
+            )
             times[kind].append(json.loads(out)["seconds"])
             print(f"trial {trial + 1} {kind:9s} {times[kind][-1]:.2f}s", flush=True)
     raw, ours = statistics.median(times["raw"]), statistics.median(times["fedweave"])

@@ -57,8 +57,7 @@ def read_npz(path: Path) -> ArrayData:
         raise UserError(f"{path}: 'x' and 'y' must be numeric arrays")
     if x.ndim < 2 or y.ndim != 1 or len(x) != len(y):
         raise UserError(
-            f"{path}: expected x of shape (n, ...) and y of shape (n,), got "
-            f"{x.shape} and {y.shape}"
+            f"{path}: expected x of shape (n, ...) and y of shape (n,), got {x.shape} and {y.shape}"
         )
     return ArrayData(x.astype(np.float32), _as_labels(y, path))
 
@@ -78,7 +77,9 @@ def read_csv(path: Path, label_column: str) -> ArrayData:
     except ValueError as exc:
         raise UserError(f"{path}: non-numeric value in the data ({exc})") from exc
     if table.shape[1] != len(header):
-        raise UserError(f"{path}: rows have {table.shape[1]} values but the header has {len(header)}")
+        raise UserError(
+            f"{path}: rows have {table.shape[1]} values but the header has {len(header)}"
+        )
     label_at = header.index(label_column)
     y = _as_labels(table[:, label_at], path)
     x = np.delete(table, label_at, axis=1).astype(np.float32)

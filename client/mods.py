@@ -50,7 +50,10 @@ def update_check_mod(msg: Message, context: Context, call_next: ClientAppCallabl
         if fraction > 0:
             log.warning(
                 "%.4f%% of this site's weights exceed the SecAgg+ clipping range ±%g "
-                "(at weight %.3g); they will be clipped", 100 * fraction, clip, scale
+                "(at weight %.3g); they will be clipped",
+                100 * fraction,
+                clip,
+                scale,
             )
             metrics = reply.content.config_records.get("fitres.metrics")
             if metrics is not None:
@@ -58,8 +61,12 @@ def update_check_mod(msg: Message, context: Context, call_next: ClientAppCallabl
     return reply
 
 
-LOCAL_DP_KEYS = ("fw-local-dp-clipping-norm", "fw-local-dp-sensitivity", "fw-local-dp-epsilon",
-                 "fw-local-dp-delta")
+LOCAL_DP_KEYS = (
+    "fw-local-dp-clipping-norm",
+    "fw-local-dp-sensitivity",
+    "fw-local-dp-epsilon",
+    "fw-local-dp-delta",
+)
 
 
 def _fit_config(msg: Message) -> dict | None:
@@ -73,7 +80,14 @@ def secagg_when_asked(msg: Message, context: Context, call_next: ClientAppCallab
     from flwr.client.mod import secaggplus_mod
     from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 
-    if msg.metadata.message_type == MessageType.TRAIN and RECORD_KEY_CONFIGS in msg.content.config_records:
+    from client.secagg_speedups import install
+
+    install()
+
+    if (
+        msg.metadata.message_type == MessageType.TRAIN
+        and RECORD_KEY_CONFIGS in msg.content.config_records
+    ):
         return secaggplus_mod(msg, context, call_next)
     return call_next(msg, context)
 
@@ -104,6 +118,11 @@ def local_dp_when_asked(msg: Message, context: Context, call_next: ClientAppCall
     return LocalDpMod(clipping_norm, sensitivity, epsilon, delta)(msg, context, call_next)
 
 
-SITE_MODS = [secagg_when_asked, update_check_mod, central_dp_clipping_when_asked, local_dp_when_asked]
+SITE_MODS = [
+    secagg_when_asked,
+    update_check_mod,
+    central_dp_clipping_when_asked,
+    local_dp_when_asked,
+]
 """Outermost first: SecAgg+ masks what the update check has passed, after DP has clipped or
 noised it."""

@@ -57,7 +57,9 @@ def pick_device(requested: str | None = None) -> torch.device:
     except RuntimeError as exc:
         raise UserError(f"unknown device '{requested}': use cpu, cuda or cuda:N") from exc
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"device '{requested}' requested but no CUDA GPU is visible; use --device cpu")
+        raise UserError(
+            f"device '{requested}' requested but no CUDA GPU is visible; use --device cpu"
+        )
     return device
 
 

@@ -17,7 +17,6 @@ import torch
 from torch import nn
 
 
-
 def get_named_weights(model: nn.Module) -> OrderedDict[str, np.ndarray]:
     """The model's state (parameters and buffers) as CPU NumPy arrays, in state-dict order."""
     return OrderedDict(

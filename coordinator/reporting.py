@@ -20,6 +20,7 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
 from client.mods import REJECTED_PREFIX
+from client.secagg_speedups import unflatten
 from client.validation import update_problem
 from coordinator.rounds import RoundListener, RoundSummary
 from fedweave.history.records import SiteResult
@@ -128,10 +129,12 @@ class ReportingMixin:
             self._note_clipping(proxy, res)
         if not results:
             return []
-        aggregate = parameters_to_ndarrays(results[0][1].parameters)
+        aggregate = unflatten(parameters_to_ndarrays(results[0][1].parameters), self._global)
         if len(aggregate) == len(self._global):  # SecAgg+ dequantizes to float64
-            aggregate = [a.astype(g.dtype, copy=False) if a.shape == g.shape else a
-                         for a, g in zip(aggregate, self._global)]
+            aggregate = [
+                a.astype(g.dtype, copy=False) if a.shape == g.shape else a
+                for a, g in zip(aggregate, self._global)
+            ]
         problem = update_problem(aggregate, self._global)
         if problem is not None:
             self._warnings.append(f"SecAgg+ aggregate rejected, global model kept: {problem}")
@@ -160,7 +163,9 @@ class ReportingMixin:
             else:
                 log.warning("update of site %s rejected: %s", proxy.node_id, problem)
                 self._sites.append(
-                    SiteResult(str(proxy.node_id), "rejected", int(res.num_examples), reason=problem)
+                    SiteResult(
+                        str(proxy.node_id), "rejected", int(res.num_examples), reason=problem
+                    )
                 )
         return accepted
 
@@ -181,7 +186,9 @@ class ReportingMixin:
             else:
                 proxy, res = failure
                 known.add(proxy.node_id)
-                self._sites.append(SiteResult(str(proxy.node_id), "failed", reason=res.status.message))
+                self._sites.append(
+                    SiteResult(str(proxy.node_id), "failed", reason=res.status.message)
+                )
         # Flower's failures carry no node id (and SecAgg+ lists a stage-2 failure twice): the
         # failed sites are the sampled ones that neither replied nor were rejected.
         missing = [node for node in self._sampled if node not in known]

@@ -70,6 +70,10 @@ def make_secagg_workflow(settings: SecAggSettings, cohort: int):  # -> SecAggPlu
     """Flower's SecAgg+ fit workflow configured for ``cohort`` sites per round."""
     from flwr.server.workflow import SecAggPlusWorkflow
 
+    from client.secagg_speedups import install
+
+    install()
+
     shares, threshold = derive_shares(cohort)
     shares = settings.num_shares or shares
     threshold = settings.reconstruction_threshold or threshold

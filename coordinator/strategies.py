@@ -49,6 +49,8 @@ def make_strategy(name: str, secure_agg: bool, **kwargs: Any) -> ReportingMixin:
     if name in ("krum", "multikrum"):
         per_round = kwargs.get("min_fit_clients", 0)
         defaults = dict(defaults)
-        defaults["num_clients_to_keep"] = min(defaults["num_clients_to_keep"], max(per_round - 2, 0))
+        defaults["num_clients_to_keep"] = min(
+            defaults["num_clients_to_keep"], max(per_round - 2, 0)
+        )
     cls = type(f"Reporting{base.__name__}", (ReportingMixin, base), {})
     return cls(secure_agg=secure_agg, **defaults, **kwargs)

@@ -14,7 +14,8 @@ from gossip.cli import keys_app, peer
 from simulations.cli import data_app, simulate
 
 app = typer.Typer(
-    help="fedweave: federated (Flower + SecAgg+) and serverless gossip learning; sites keep their data.",
+    help="fedweave: federated (Flower + SecAgg+) and serverless gossip learning; "
+    "sites keep their data.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

@@ -1,4 +1,4 @@
-"""`fedweave simulate` and `fedweave data split`: flags and help only; the work is imported lazily."""
+"""`fedweave simulate` and `fedweave data split`: flags and help; the work is imported lazily."""
 
 from __future__ import annotations
 
@@ -66,12 +66,17 @@ def data_split(
     parts = [np.arange(offsets[i], offsets[i + 1]) for i in range(len(labels))]
     sizes = ", ".join(str(len(y)) for y in labels)
     typer.echo(f"wrote {len(paths)} site files to {out} (examples per site: {sizes})")
-    typer.echo(f"held-out test set: {test_file(out)}; label skew (0 = iid): {label_skew(all_labels, parts):.3f}")
+    typer.echo(
+        f"held-out test set: {test_file(out)}; "
+        f"label skew (0 = iid): {label_skew(all_labels, parts):.3f}"
+    )
 
 
 def simulate(
     ctx: typer.Context,
-    mode: Mode = typer.Option(Mode.federated, help="federated (Flower + FedAvg) or gossip (ZeroMQ peers)."),
+    mode: Mode = typer.Option(
+        Mode.federated, help="federated (Flower + FedAvg) or gossip (ZeroMQ peers)."
+    ),
     task: str = typer.Option("digits", help=TASK_HELP),
     clients: int = typer.Option(10, help="Simulated sites (federated) or peers (gossip)."),
     rounds: int = typer.Option(20, help="Rounds of training to run."),
@@ -85,42 +90,55 @@ def simulate(
     lr: float = typer.Option(0.1, min=0.0, help="Local SGD learning rate."),
     batch_size: int = typer.Option(16, min=1, help="Local batch size."),
     seed: int = typer.Option(0, help="Seeds the split, the initial model and local shuffling."),
-    device: str | None = typer.Option(None, help="cuda, cuda:N or cpu (default: CUDA when present)."),
+    device: str | None = typer.Option(
+        None, help="cuda, cuda:N or cpu (default: CUDA when present)."
+    ),
     strategy: str = typer.Option(
         "fedavg",
         help="Federated aggregation: fedavg, fedprox, fedadam, fedyogi, or (needs --no-secure-agg) "
         "fedmedian, trimmedavg, krum, multikrum.",
     ),
     secure_agg: bool = typer.Option(
-        True, "--secure-agg/--no-secure-agg",
+        True,
+        "--secure-agg/--no-secure-agg",
         help="Federated: SecAgg+ so the coordinator only sees the sum of the sites' models "
         "(needs 3+ sites per round).",
     ),
     secagg_timeout: float = typer.Option(
-        600.0, min=1.0, help="Seconds each SecAgg+ stage waits for sites; slower sites count as dropped."
+        600.0,
+        min=1.0,
+        help="Seconds each SecAgg+ stage waits for sites; slower sites count as dropped.",
     ),
     max_update_norm: float | None = typer.Option(
         None, min=0.0, help="Reject site updates farther than this (L2) from the global model."
     ),
     dp: str = typer.Option("none", help="Differential privacy: none, central or local."),
-    noise_multiplier: float = typer.Option(1.0, min=0.0, help="Central DP: noise std / clipping norm."),
+    noise_multiplier: float = typer.Option(
+        1.0, min=0.0, help="Central DP: noise std / clipping norm."
+    ),
     clipping_norm: float = typer.Option(1.0, min=0.0, help="DP: L2 bound on each site's update."),
     dp_epsilon: float = typer.Option(10.0, min=0.0, help="Local DP: epsilon per round."),
     dp_delta: float = typer.Option(1e-5, min=0.0, help="Local DP: delta per round."),
-    fanout: int = typer.Option(2, min=1, help="Gossip: neighbours each peer exchanges with per round."),
+    fanout: int = typer.Option(
+        2, min=1, help="Gossip: neighbours each peer exchanges with per round."
+    ),
     mix: str = typer.Option(
         "pairwise", help="Gossip: pairwise (example-weighted average), clipped or trimmed (robust)."
     ),
     kill: str | None = typer.Option(
-        None, help="Gossip fault injection: FRACTION@ROUND, e.g. 0.3@10 kills 30% of peers at round 10."
+        None,
+        help="Gossip fault injection: FRACTION@ROUND, e.g. 0.3@10 kills 30% of peers at round 10.",
     ),
-    gpus_per_peer: float = typer.Option(0.0, min=0.0, help="Gossip: GPU share per peer (0.5 = two per GPU)."),
+    gpus_per_peer: float = typer.Option(
+        0.0, min=0.0, help="Gossip: GPU share per peer (0.5 = two per GPU)."
+    ),
     gpus_per_client: float = typer.Option(
         0.0, min=0.0, help="Federated: GPU fraction per simulated site (0.25 = four sites per GPU)."
     ),
     out: Path = typer.Option(Path("report.json"), help="Where the JSON report is written."),
     db: str | None = typer.Option(
-        None, envvar="FEDWEAVE_DB",
+        None,
+        envvar="FEDWEAVE_DB",
         help="History database URL: sqlite:///FILE (default sqlite:///fedweave.db) or "
         "postgresql+psycopg://USER:PASS@HOST/DB.",
     ),
@@ -128,10 +146,13 @@ def simulate(
         Path("checkpoints"), help="Federated: where each round's global model file is kept."
     ),
     resume: str | None = typer.Option(
-        None, help="Federated: continue run RUN_ID (or 'latest') from its last checkpoint with its recorded config.",
+        None,
+        help="Federated: continue run RUN_ID (or 'latest') from its last checkpoint, "
+        "with its recorded config.",
     ),
     track: str | None = typer.Option(
-        None, help="Federated: also log round metrics to mlflow or tensorboard (needs that package)."
+        None,
+        help="Federated: also log round metrics to mlflow or tensorboard (needs that package).",
     ),
     verbose: bool = typer.Option(False, help="Show Flower's and Ray's own logs."),
 ) -> None:
@@ -149,14 +170,27 @@ def simulate(
     check_writable(out)
     if mode is Mode.gossip:
         if resume:
-            raise UserError("--resume is for federated runs; a gossip peer rejoins by starting again")
+            raise UserError(
+                "--resume is for federated runs; a gossip peer rejoins by starting again"
+            )
         from fedweave.history import DEFAULT_DB_URL
         from simulations.gossip import GossipSimulation, run_gossip_and_report
 
         gossip = GossipSimulation(
-            task=task, clients=clients, rounds=rounds, partition=partition.value, alpha=alpha,
-            shards_per_client=shards_per_client, seed=seed, local_epochs=local_epochs, lr=lr,
-            batch_size=batch_size, fanout=fanout, mix=mix, kill=kill, gpus_per_peer=gpus_per_peer,
+            task=task,
+            clients=clients,
+            rounds=rounds,
+            partition=partition.value,
+            alpha=alpha,
+            shards_per_client=shards_per_client,
+            seed=seed,
+            local_epochs=local_epochs,
+            lr=lr,
+            batch_size=batch_size,
+            fanout=fanout,
+            mix=mix,
+            kill=kill,
+            gpus_per_peer=gpus_per_peer,
             db=db or DEFAULT_DB_URL,
         )
         run_gossip_and_report(gossip, out)

@@ -19,8 +19,8 @@ make_flower_offline()
 from client.data import load_site_data  # noqa: E402
 from client.flower_app import ClientSettings, make_client_app  # noqa: E402
 from client.task import load_task  # noqa: E402
-from coordinator.rounds import RoundListener, RoundSummary  # noqa: E402
 from coordinator.privacy import DpSettings  # noqa: E402
+from coordinator.rounds import RoundListener, RoundSummary  # noqa: E402
 from coordinator.secure_agg import SecAggSettings  # noqa: E402
 from coordinator.server_app import ServerSettings, initial_weights, make_server_app  # noqa: E402
 from simulations.split import test_file, write_split  # noqa: E402
@@ -92,8 +92,9 @@ class FederatedSimulation:
             secure_agg=self.secure_agg,
             secagg=SecAggSettings(timeout=self.secagg_timeout),
             max_update_norm=self.max_update_norm,
-            dp=DpSettings(self.dp, self.noise_multiplier, self.clipping_norm, self.dp_epsilon,
-                          self.dp_delta),
+            dp=DpSettings(
+                self.dp, self.noise_multiplier, self.clipping_norm, self.dp_epsilon, self.dp_delta
+            ),
         )
 
 
@@ -147,19 +148,28 @@ def run_federated_simulation(
     """
     from flwr.simulation import run_simulation
 
+    from simulations.engine_tuning import tune_simulation_engine
+
+    tune_simulation_engine()
     quiet_flower(sim.verbose)
     sim.server_settings(round_offset).check()
     task = load_task(sim.task)
     with tempfile.TemporaryDirectory(prefix="fedweave-split-") as tmp:
         out_dir = split_dir or Path(tmp)
-        write_split(task, out_dir, sim.clients, sim.partition, sim.alpha, sim.shards_per_client, sim.seed)
+        write_split(
+            task, out_dir, sim.clients, sim.partition, sim.alpha, sim.shards_per_client, sim.seed
+        )
         test_data = load_site_data(test_file(out_dir), task)
         collector = _Collector()
         server_settings = sim.server_settings(round_offset)
-        weights = start_weights if start_weights is not None else initial_weights(sim.task, sim.seed)
+        weights = (
+            start_weights if start_weights is not None else initial_weights(sim.task, sim.seed)
+        )
         server_app = make_server_app(server_settings, test_data, weights, [collector, *listeners])
         client_app = make_client_app(
-            ClientSettings(task=sim.task, split_dir=str(out_dir), device=sim.device, torch_threads=1)
+            ClientSettings(
+                task=sim.task, split_dir=str(out_dir), device=sim.device, torch_threads=1
+            )
         )
         run_simulation(
             server_app=server_app,

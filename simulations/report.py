@@ -44,7 +44,9 @@ def write_report(path: Path, report: dict[str, Any]) -> None:
         tmp.write_text(json.dumps(report, indent=2) + "\n")
         os.replace(tmp, path)
     except OSError as exc:
-        raise UserError(f"cannot write report {path} ({exc.strerror}); choose another --out") from exc
+        raise UserError(
+            f"cannot write report {path} ({exc.strerror}); choose another --out"
+        ) from exc
 
 
 def rounds_table(rows: list[dict[str, Any]], title: str = "Rounds") -> Table:

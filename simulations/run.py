@@ -43,8 +43,12 @@ class _ProgressListener:
 
     def on_round(self, summary: RoundSummary) -> None:
         self.progress.update(
-            {"round": summary.round, "accuracy": summary.accuracy, "loss": summary.loss,
-             "seconds": summary.seconds}
+            {
+                "round": summary.round,
+                "accuracy": summary.accuracy,
+                "loss": summary.loss,
+                "seconds": summary.seconds,
+            }
         )
 
 
@@ -56,7 +60,9 @@ def resumable_simulation(
     if run.mode != "federated":
         raise UserError(f"run {run.run_id} is a {run.mode} run; resume it with --mode {run.mode}")
     if run.status == "completed":
-        raise UserError(f"run {run.run_id} already completed {run.rounds_completed} rounds; nothing to resume")
+        raise UserError(
+            f"run {run.run_id} already completed {run.rounds_completed} rounds; nothing to resume"
+        )
     stored: dict[str, Any] = run.config
     known = {f.name for f in fields(FederatedSimulation)}
     values = {k: v for k, v in stored.items() if k in known}
@@ -78,7 +84,7 @@ def resumable_simulation(
 def run_and_report(
     sim: FederatedSimulation, out: Path, recording: Recording, explicit: set[str] = frozenset()
 ) -> dict:
-    """Run ``sim`` (or resume a recorded run) showing progress, record every round, write the report."""
+    """Run ``sim`` (or resume a recorded run) with progress; record each round; write the report."""
     from client.weights import load_weights_npz
     from coordinator.recording import BackgroundRecorder, HistoryRecorder
     from fedweave.history import open_store
@@ -96,7 +102,9 @@ def run_and_report(
             try:
                 start_weights = load_weights_npz(checkpoint.path, checkpoint.sha256)
             except (OSError, ValueError) as exc:
-                raise UserError(f"cannot resume run {run_id}: checkpoint {checkpoint.path} unusable ({exc})") from exc
+                raise UserError(
+                    f"cannot resume run {run_id}: checkpoint {checkpoint.path} unusable ({exc})"
+                ) from exc
             offset = checkpoint.round
         store.mark_running(run_id)
         console.print(f"resuming run {run_id} after round {offset} of {sim.rounds}")
@@ -120,8 +128,10 @@ def run_and_report(
         with RoundProgress(sim.rounds, f"federated {sim.task}", console) as progress:
             progress.set_completed(offset)
             rows = run_federated_simulation(
-                sim, listeners=[recorder, _ProgressListener(progress)],
-                start_weights=start_weights, round_offset=offset,
+                sim,
+                listeners=[recorder, _ProgressListener(progress)],
+                start_weights=start_weights,
+                round_offset=offset,
             )
         recorder.flush()
     except KeyboardInterrupt:
@@ -138,17 +148,30 @@ def run_and_report(
     if tracker is not None:
         tracker.close()
     history_rows = [
-        {"round": r["round"], "accuracy": r["eval_accuracy"], "loss": r["eval_loss"],
-         "seconds": (r.get("extra") or {}).get("seconds")}
+        {
+            "round": r["round"],
+            "accuracy": r["eval_accuracy"],
+            "loss": r["eval_loss"],
+            "seconds": (r.get("extra") or {}).get("seconds"),
+        }
         for r in store.rounds(run_id)
     ]
     store.finish_run(run_id, "completed")
     report = build_report(
-        "federated", sim.task, sim.clients, history_rows if recording.resume else rows,
-        run_id=run_id, config=asdict(sim), wall_seconds=time.perf_counter() - started,
+        "federated",
+        sim.task,
+        sim.clients,
+        history_rows if recording.resume else rows,
+        run_id=run_id,
+        config=asdict(sim),
+        wall_seconds=time.perf_counter() - started,
     )
     write_report(out, report)
-    console.print(rounds_table(report["rounds"], title=f"federated {sim.task}: {sim.clients} sites"))
-    console.print(f"final accuracy {report['final_accuracy']:.4f}; run {run_id}; report written to {out}")
+    console.print(
+        rounds_table(report["rounds"], title=f"federated {sim.task}: {sim.clients} sites")
+    )
+    console.print(
+        f"final accuracy {report['final_accuracy']:.4f}; run {run_id}; report written to {out}"
+    )
     store.close()
     return report

@@ -41,5 +41,7 @@ def write_split(
             save_site_npz(paths[-1], train.subset(part))
         save_site_npz(test_file(out_dir), test)
     except OSError as exc:
-        raise UserError(f"cannot write the split to {out_dir} ({exc.strerror}); choose a writable --out") from exc
+        raise UserError(
+            f"cannot write the split to {out_dir} ({exc.strerror}); choose a writable --out"
+        ) from exc
     return paths

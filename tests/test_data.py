@@ -46,18 +46,40 @@ def test_csv_feeds_image_task_as_flat_rows(tmp_path):
     [
         (lambda p: p / "absent.npz", None, "does not exist"),
         (lambda p: (p / "a.txt").write_text("x") and p / "a.txt", None, "unsupported data file"),
-        (lambda p: (p / "bad.npz").write_bytes(b"not a zip") and p / "bad.npz", None, "not a readable NPZ"),
+        (
+            lambda p: (p / "bad.npz").write_bytes(b"not a zip") and p / "bad.npz",
+            None,
+            "not a readable NPZ",
+        ),
         (lambda p: np.savez(p / "nox.npz", y=np.zeros(3)) or p / "nox.npz", None, "missing array"),
-        (lambda p: np.savez(p / "shape.npz", x=np.zeros((3, 10)), y=np.zeros(3)) or p / "shape.npz",
-         None, "expects (64,)"),
-        (lambda p: np.savez(p / "len.npz", x=np.zeros((3, 64)), y=np.zeros(2)) or p / "len.npz",
-         None, "expected x of shape"),
-        (lambda p: np.savez(p / "lab.npz", x=np.zeros((2, 64)), y=np.array([0, 12])) or p / "lab.npz",
-         None, "labels must be integers 0..9"),
+        (
+            lambda p: (
+                np.savez(p / "shape.npz", x=np.zeros((3, 10)), y=np.zeros(3)) or p / "shape.npz"
+            ),
+            None,
+            "expects (64,)",
+        ),
+        (
+            lambda p: np.savez(p / "len.npz", x=np.zeros((3, 64)), y=np.zeros(2)) or p / "len.npz",
+            None,
+            "expected x of shape",
+        ),
+        (
+            lambda p: (
+                np.savez(p / "lab.npz", x=np.zeros((2, 64)), y=np.array([0, 12])) or p / "lab.npz"
+            ),
+            None,
+            "labels must be integers 0..9",
+        ),
         (lambda p: write_csv(p / "c.csv", ["a", "b"], [[1, 2]]), "label", "no column 'label'"),
         (lambda p: write_csv(p / "c.csv", ["a", "label"], [[1, 2]]), None, "needs --label-column"),
-        (lambda p: write_csv(p / "c.csv", [f"f{i}" for i in range(64)] + ["label"],
-                             [["oops"] * 64 + [1]]), "label", "non-numeric value"),
+        (
+            lambda p: write_csv(
+                p / "c.csv", [f"f{i}" for i in range(64)] + ["label"], [["oops"] * 64 + [1]]
+            ),
+            "label",
+            "non-numeric value",
+        ),
     ],
 )
 def test_bad_files_give_one_line_errors(tmp_path, digits, make, label_column, message):

@@ -13,13 +13,30 @@ import pytest
 from fedweave.history import open_store
 
 ROUNDS = 10
-COMMON = ["--task", "digits", "--clients", "3", "--rounds", str(ROUNDS), "--local-epochs", "4",
-          "--partition", "iid", "--seed", "7"]
+COMMON = [
+    "--task",
+    "digits",
+    "--clients",
+    "3",
+    "--rounds",
+    str(ROUNDS),
+    "--local-epochs",
+    "4",
+    "--partition",
+    "iid",
+    "--seed",
+    "7",
+]
 
 
 def fedweave(*args: str, **kwargs) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "fedweave.cli", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+    return subprocess.Popen(
+        [sys.executable, "-m", "fedweave.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kwargs,
+    )
 
 
 def recorded_rounds(db_url: str) -> list[int]:
@@ -35,8 +52,9 @@ def recorded_rounds(db_url: str) -> list[int]:
 def test_kill_9_after_round_3_then_resume(tmp_path):
     db = f"sqlite:///{tmp_path / 'history.db'}"
     flags = [*COMMON, "--db", db, "--checkpoint-dir", str(tmp_path / "ckpt")]
-    victim = fedweave("simulate", *flags, "--out", str(tmp_path / "first.json"),
-                      start_new_session=True)
+    victim = fedweave(
+        "simulate", *flags, "--out", str(tmp_path / "first.json"), start_new_session=True
+    )
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and victim.poll() is None:
         if (tmp_path / "history.db").exists() and len(recorded_rounds(db)) >= 3:
@@ -52,8 +70,17 @@ def test_kill_9_after_round_3_then_resume(tmp_path):
     assert run.status == "interrupted"
     store.close()
 
-    resumed = fedweave("simulate", "--resume", "latest", "--db", db, "--checkpoint-dir",
-                       str(tmp_path / "ckpt"), "--out", str(tmp_path / "resumed.json"))
+    resumed = fedweave(
+        "simulate",
+        "--resume",
+        "latest",
+        "--db",
+        db,
+        "--checkpoint-dir",
+        str(tmp_path / "ckpt"),
+        "--out",
+        str(tmp_path / "resumed.json"),
+    )
     _, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err[-3000:]
     assert f"resuming run {run.run_id} after round {len(done_before)}" in err
@@ -67,9 +94,16 @@ def test_kill_9_after_round_3_then_resume(tmp_path):
     report = json.loads((tmp_path / "resumed.json").read_text())
     assert [row["round"] for row in report["rounds"]] == list(range(1, ROUNDS + 1))
 
-    straight = fedweave("simulate", *COMMON, "--db", f"sqlite:///{tmp_path / 'other.db'}",
-                        "--checkpoint-dir", str(tmp_path / "ckpt2"), "--out",
-                        str(tmp_path / "straight.json"))
+    straight = fedweave(
+        "simulate",
+        *COMMON,
+        "--db",
+        f"sqlite:///{tmp_path / 'other.db'}",
+        "--checkpoint-dir",
+        str(tmp_path / "ckpt2"),
+        "--out",
+        str(tmp_path / "straight.json"),
+    )
     _, err = straight.communicate(timeout=300)
     assert straight.returncode == 0, err[-3000:]
     uninterrupted = json.loads((tmp_path / "straight.json").read_text())["final_accuracy"]
@@ -83,7 +117,9 @@ def test_resume_errors(tmp_path):
     store.finish_run(done, "completed")
     gossip = store.start_run("gossip", "digits", {"task": "digits"}, 0)
     store.finish_run(gossip, "interrupted")
-    open_run = store.start_run("federated", "digits", {"task": "digits", "rounds": 5, "clients": 3}, 0)
+    open_run = store.start_run(
+        "federated", "digits", {"task": "digits", "rounds": 5, "clients": 3}, 0
+    )
     store.finish_run(open_run, "interrupted")
     store.close()
     cases = [
@@ -95,7 +131,16 @@ def test_resume_errors(tmp_path):
         proc = fedweave("simulate", "--resume", ref, "--db", db, "--out", str(tmp_path / "r.json"))
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == 2 and message in err, err
-    proc = fedweave("simulate", "--resume", open_run, "--rounds", "9", "--db", db,
-                    "--out", str(tmp_path / "r.json"))
+    proc = fedweave(
+        "simulate",
+        "--resume",
+        open_run,
+        "--rounds",
+        "9",
+        "--db",
+        db,
+        "--out",
+        str(tmp_path / "r.json"),
+    )
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 2 and "cannot resume run" in err and "--rounds 9 (run has 5)" in err

@@ -6,16 +6,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fault_tasks import bad_site_index
 
-from client.flower_app import TaskClient
 from client.data import load_site_data
+from client.flower_app import TaskClient
 from client.task import load_task
 from client.training import TrainConfig
 from client.weights import load_weights_npz
 from coordinator.recording import HistoryRecorder
 from coordinator.secure_agg import SecAggSettings, derive_shares
 from coordinator.server_app import initial_weights
-from fault_tasks import bad_site_index
 from fedweave.errors import UserError
 from fedweave.history import open_store
 from simulations.federated import FederatedSimulation, run_federated_simulation
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 
 
 def run_recorded(sim: FederatedSimulation, tmp_path: Path, name: str):
-    """Run ``sim`` with the history recorder; return (report rows, round dicts, site dicts, split dir)."""
+    """Run ``sim`` recorded; return (report rows, round dicts, site dicts, split dir)."""
     store = open_store(f"sqlite:///{tmp_path / (name + '.db')}")
     run_id = store.start_run("federated", sim.task, {}, sim.seed)
     split = tmp_path / f"split-{name}"
@@ -38,8 +38,12 @@ def run_recorded(sim: FederatedSimulation, tmp_path: Path, name: str):
 
 def test_secagg_aggregate_equals_fedavg_within_quantization_error(tmp_path):
     common = {"clients": 3, "rounds": 1, "partition": "iid", "seed": 3}
-    _, plain_rounds, _, _ = run_recorded(FederatedSimulation(secure_agg=False, **common), tmp_path, "plain")
-    _, secure_rounds, _, split = run_recorded(FederatedSimulation(secure_agg=True, **common), tmp_path, "secure")
+    _, plain_rounds, _, _ = run_recorded(
+        FederatedSimulation(secure_agg=False, **common), tmp_path, "plain"
+    )
+    _, secure_rounds, _, split = run_recorded(
+        FederatedSimulation(secure_agg=True, **common), tmp_path, "secure"
+    )
     plain = load_weights_npz(plain_rounds[0]["checkpoint_path"])
     secure = load_weights_npz(secure_rounds[0]["checkpoint_path"])
     # Each site's scaled weights (x num_examples / max_weight) are stochastically rounded to a
@@ -73,13 +77,15 @@ def test_server_never_sees_a_site_plaintext(tmp_path, monkeypatch):
     start = initial_weights("digits", sim.seed)
     plaintexts = []
     for index in range(3):
-        client = TaskClient(task, load_site_data(split / f"site-{index}.npz", task), TrainConfig(), index)
+        client = TaskClient(
+            task, load_site_data(split / f"site-{index}.npz", task), TrainConfig(), index
+        )
         weights, _, _ = client.fit(start, {"round": 1, "seed": sim.seed, "local_epochs": 1})
         plaintexts.append(np.concatenate([w.ravel() for w in weights]))
-    block = len(start) + 1  # SecAgg+ sends the masked weight factor, then each tensor
-    assert len(captured) == 3 * block
+    # each site sends its masked weight factor, then its whole model as one masked vector
+    assert len(captured) == 3 * 2
     for site in range(3):
-        masked = np.concatenate([a.ravel() for a in captured[site * block + 1:(site + 1) * block]])
+        masked = captured[2 * site + 1]
         assert masked.dtype.kind in "iu" and masked.max() > 2**31  # spread over the modulus
         for plain in plaintexts:
             assert masked.shape == plain.shape
@@ -119,10 +125,17 @@ def test_bad_updates_are_rejected_with_reasons_and_the_run_goes_on(tmp_path, tas
 
 
 def test_krum_survives_a_noisy_site_and_fedavg_does_not(tmp_path):
-    common = {"task": "fault_tasks:NoisyDigits", "clients": 5, "rounds": 3, "partition": "iid",
-              "secure_agg": False}
+    common = {
+        "task": "fault_tasks:NoisyDigits",
+        "clients": 5,
+        "rounds": 3,
+        "partition": "iid",
+        "secure_agg": False,
+    }
     krum, _, _, _ = run_recorded(FederatedSimulation(strategy="krum", **common), tmp_path, "krum")
-    fedavg, _, _, split = run_recorded(FederatedSimulation(strategy="fedavg", **common), tmp_path, "avg")
+    fedavg, _, _, split = run_recorded(
+        FederatedSimulation(strategy="fedavg", **common), tmp_path, "avg"
+    )
     assert bad_site_index(split) in range(5)
     assert krum[-1]["accuracy"] > 0.7
     assert fedavg[-1]["accuracy"] < 0.4

@@ -20,9 +20,25 @@ def run_cli(*args: str, cwd=None, timeout: float = 300) -> subprocess.CompletedP
 def test_three_sites_two_rounds_beat_chance(tmp_path):
     out = tmp_path / "report.json"
     result = run_cli(
-        "simulate", "--mode", "federated", "--task", "digits", "--clients", "3",
-        "--rounds", "2", "--partition", "dirichlet", "--alpha", "0.5", "--seed", "0",
-        "--out", str(out), "--db", f"sqlite:///{tmp_path / 'h.db'}",
+        "simulate",
+        "--mode",
+        "federated",
+        "--task",
+        "digits",
+        "--clients",
+        "3",
+        "--rounds",
+        "2",
+        "--partition",
+        "dirichlet",
+        "--alpha",
+        "0.5",
+        "--seed",
+        "0",
+        "--out",
+        str(out),
+        "--db",
+        f"sqlite:///{tmp_path / 'h.db'}",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(out.read_text())
@@ -41,8 +57,17 @@ def test_three_sites_two_rounds_beat_chance(tmp_path):
 def test_sampling_k_of_n(tmp_path):
     out = tmp_path / "r.json"
     result = run_cli(
-        "simulate", "--clients", "5", "--clients-per-round", "3", "--rounds", "2",
-        "--out", str(out), "--db", f"sqlite:///{tmp_path / 'h.db'}",
+        "simulate",
+        "--clients",
+        "5",
+        "--clients-per-round",
+        "3",
+        "--rounds",
+        "2",
+        "--out",
+        str(out),
+        "--db",
+        f"sqlite:///{tmp_path / 'h.db'}",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert all(row["replied"] == 3 for row in json.loads(out.read_text())["rounds"])
@@ -76,15 +101,39 @@ def test_out_that_is_a_directory_is_refused(tmp_path):
 def test_data_split_writes_site_files(tmp_path):
     out = tmp_path / "split"
     result = run_cli(
-        "data", "split", "--task", "digits", "--clients", "4", "--partition", "dirichlet",
-        "--alpha", "0.5", "--seed", "1", "--out", str(out), timeout=120,
+        "data",
+        "split",
+        "--task",
+        "digits",
+        "--clients",
+        "4",
+        "--partition",
+        "dirichlet",
+        "--alpha",
+        "0.5",
+        "--seed",
+        "1",
+        "--out",
+        str(out),
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr
     sizes = [len(np.load(out / f"site-{i}.npz")["y"]) for i in range(4)]
     assert sum(sizes) == 1438 and len(np.load(out / "test.npz")["y"]) == 359
     again = run_cli(
-        "data", "split", "--clients", "4", "--partition", "dirichlet", "--seed", "1",
-        "--out", str(tmp_path / "again"), timeout=120,
+        "data",
+        "split",
+        "--clients",
+        "4",
+        "--partition",
+        "dirichlet",
+        "--seed",
+        "1",
+        "--out",
+        str(tmp_path / "again"),
+        timeout=120,
     )
     assert again.returncode == 0
-    assert np.array_equal(np.load(out / "site-2.npz")["x"], np.load(tmp_path / "again/site-2.npz")["x"])
+    assert np.array_equal(
+        np.load(out / "site-2.npz")["x"], np.load(tmp_path / "again/site-2.npz")["x"]
+    )

@@ -20,14 +20,16 @@ def test_builtin_tasks_have_real_data():
 
 
 def test_user_task_from_module(tmp_path, monkeypatch):
-    (tmp_path / "my_tasks.py").write_text(textwrap.dedent("""
+    (tmp_path / "my_tasks.py").write_text(
+        textwrap.dedent("""
         from client.tasks.digits import DigitsTask
         class Wide(DigitsTask):
             name = "wide-digits"
             def __init__(self):
                 super().__init__(hidden=256)
         instance = Wide()
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     assert load_task("my_tasks:Wide").name == "wide-digits"
     assert load_task("my_tasks:instance").hidden == 256

