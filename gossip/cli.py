@@ -79,7 +79,7 @@ def peer(
     ] = 0.0,
     group_exchange: Annotated[
         bool, typer.Option(help="Pairwise: average with all neighbours of a round at once.")
-    ] = True,
+    ] = False,
     threads: Annotated[int, typer.Option(help="torch CPU threads (0 keeps torch's default).")] = 1,
     log_level: Annotated[str, typer.Option(help="debug, info, warning.")] = "info",
     run_id: Annotated[

@@ -55,7 +55,7 @@ class PeerConfig:
     max_message_mb: int = 1024
     wait_for_peers: int = 0
     round_interval: float = 0.0
-    group_exchange: bool = True
+    group_exchange: bool = False
     results: Path | None = None
     dump_models: Path | None = None
     vector: Path | None = None

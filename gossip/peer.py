@@ -219,14 +219,14 @@ class Peer(Node):
     def _exchange(self, chosen: list[str]) -> list[str]:
         """Offer our model to ``chosen``; return those that missed their deadline.
 
-        ``pairwise`` first exchanges one at a time with neighbours whose example count it does
-        not know yet, then offers to the others at once with a ``share`` (``group_shares``) so
-        it lands on the group's weighted average. While its offers are out it serves offers
-        from peers with a smaller id and answers ``busy`` to the others: two peers offering to
-        each other at once complete exactly one exchange, and self-weights stay non-negative
-        in practice. Whatever interleaves, both sides of an exchange apply the same mass
-        (delta against the sent snapshot), so the weighted sum is exact. The robust rules
-        offer to all at once and mix once at the end of the round.
+        ``pairwise`` exchanges with one neighbour at a time; with ``group_exchange`` it offers
+        to all neighbours whose example count it knows at once, with a ``share``
+        (``group_shares``), and lands on the group's weighted average. While its offers are
+        out it serves offers from peers with a smaller id and answers ``busy`` to the others:
+        two peers offering to each other at once complete exactly one exchange, and
+        self-weights stay non-negative in practice. Whatever interleaves, both sides of an
+        exchange apply the same mass (delta against the sent snapshot), so the weighted sum
+        is exact. The robust rules offer to all at once and mix once at the end of the round.
         """
         timeout = self.config.exchange_timeout
         waves: list[tuple[list[str], int | None]]

@@ -29,6 +29,8 @@ log = logging.getLogger("fedweave.gossip.transport")
 
 DEFAULT_HWM = 8
 """Messages queued per connection before sends fail (models are big: keep it small)."""
+RETIRE_SECONDS = 2.0
+"""Delay between dropping a neighbour's DEALER and closing it (see ``disconnect``)."""
 MAX_MESSAGES_PER_POLL = 64
 """Drain at most this many messages per socket per poll, so one flooding peer cannot starve
 the others or the peer's own round."""
@@ -90,6 +92,7 @@ class Transport:
         self.context = zmq.Context()
         self._auth: Any = None
         self._dealers: dict[str, zmq.Socket] = {}
+        self._retired: list[tuple[float, zmq.Socket]] = []
         self._poller = zmq.Poller()
         self.bytes_in = 0
         self.bytes_out = 0
@@ -169,11 +172,28 @@ class Transport:
         self._dealers[new] = self._dealers.pop(old)
 
     def disconnect(self, key: str) -> None:
-        """Close the DEALER ``key`` at once (``LINGER=0`` drops anything still queued)."""
+        """Stop using the DEALER ``key`` now and close it ``RETIRE_SECONDS`` later.
+
+        Why not at once: libzmq 4.3.5 aborts the whole process (``errno_assert`` in
+        ``session_base_t::clean_pipes``, "Resource temporarily unavailable") when a socket is
+        closed while its connection is failing in the middle of a multipart model message,
+        which is exactly when a neighbour says ``bye`` or dies. Closing a little later, once
+        its connection has settled, avoids that window; nothing is sent on it meanwhile.
+        """
         sock = self._dealers.pop(key, None)
         if sock is not None:
             self._poller.unregister(sock)
-            sock.close(0)
+            self._retired.append((time.monotonic() + RETIRE_SECONDS, sock))
+
+    def _close_retired(self, everything: bool = False) -> None:
+        now = time.monotonic()
+        keep = []
+        for due, sock in self._retired:
+            if everything or due <= now:
+                sock.close(0)
+            else:
+                keep.append((due, sock))
+        self._retired = keep
 
     def connected(self, key: str) -> bool:
         return key in self._dealers
@@ -215,6 +235,8 @@ class Transport:
     def poll(self, timeout_s: float) -> list[Incoming]:
         """Wait at most ``timeout_s`` seconds for messages on any socket and return them all
         (at most ``MAX_MESSAGES_PER_POLL`` per socket)."""
+        if self._retired:
+            self._close_retired()
         events = dict(self._poller.poll(max(0, int(timeout_s * 1000))))
         out: list[Incoming] = []
         if not events:
@@ -256,6 +278,7 @@ class Transport:
             sock = self._dealers.pop(key)
             self._poller.unregister(sock)
             sock.close(linger_ms)
+        self._close_retired(everything=True)
         inbox = getattr(self, "inbox", None)
         if inbox is not None and not inbox.closed:
             inbox.close(0)

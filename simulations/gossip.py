@@ -42,6 +42,7 @@ class GossipSimulation:
             for the same values, so the two modes compare on the same data.
         local_epochs / lr / batch_size: local training per round (1, 0.1, 16).
         fanout / mix: neighbours per round (2) and mixing rule (``pairwise``).
+        group_exchange: ``pairwise`` averages with all of a round's neighbours at once (False).
         kill: ``"FRACTION@ROUND"`` fault injection, e.g. ``"0.3@10"`` (default none).
         late: ``"COUNT@ROUND"``: hold back COUNT peers and start them once a peer has reached
             ROUND (late joiners; default none).
@@ -65,6 +66,7 @@ class GossipSimulation:
     batch_size: int = 16
     fanout: int = 2
     mix: str = "pairwise"
+    group_exchange: bool = False
     kill: str | None = None
     late: str | None = None
     gpus_per_peer: float = 0.0
@@ -246,6 +248,8 @@ def _launch_plan(
             "--dump-models",
             str(work / f"models-{i}"),
         ]
+        if sim.group_exchange:
+            argv.append("--group-exchange")
         if i > 0:
             argv += ["--seeds", f"tcp://127.0.0.1:{ports[0]}"]
         if keys is not None:

@@ -100,10 +100,14 @@ def _vector_peers(
     return procs, ports
 
 
-def test_pairwise_gossip_converges_to_the_exact_weighted_average(tmp_path: Path) -> None:
+@pytest.mark.parametrize("group", [False, True], ids=["one-by-one", "group"])
+def test_pairwise_gossip_converges_to_the_exact_weighted_average(
+    tmp_path: Path, group: bool
+) -> None:
     rng = np.random.default_rng(0)
     values = [rng.normal(size=16) * 10 for _ in range(5)]
-    procs, _ = _vector_peers(tmp_path, values)
+    extra = [["--group-exchange", "--fanout", "3"] if group else []] * 5
+    procs, _ = _vector_peers(tmp_path, values, extra)
     codes = _wait_all(procs, timeout=120)
     assert codes == [0] * 5, [(tmp_path / f"p{i}.log").read_text()[-800:] for i in range(5)]
     weights = np.arange(1, 6, dtype=np.float64)[:, None]
