@@ -50,8 +50,15 @@ def _die_with_parent() -> None:
         pass
 
 
-def _check_inputs(coordinator: str, task: str, data: Path, label_column: str | None,
-                  ca_cert: Path | None, insecure: bool, site_key: Path | None) -> None:
+def _check_inputs(
+    coordinator: str,
+    task: str,
+    data: Path,
+    label_column: str | None,
+    ca_cert: Path | None,
+    insecure: bool,
+    site_key: Path | None,
+) -> None:
     """One-line errors for everything checkable before connecting."""
     from client.data import load_site_data
     from client.task import load_task
@@ -59,7 +66,9 @@ def _check_inputs(coordinator: str, task: str, data: Path, label_column: str | N
 
     host, sep, port = coordinator.rpartition(":")
     if not sep or not host or not port.isdigit():
-        raise UserError(f"--coordinator {coordinator!r} is not HOST:PORT (e.g. coord.example.org:9092)")
+        raise UserError(
+            f"--coordinator {coordinator!r} is not HOST:PORT (e.g. coord.example.org:9092)"
+        )
     if "'" in str(data):
         raise UserError(f"--data path {data} contains a single quote; rename or move the file")
     load_site_data(data, load_task(task), label_column)  # missing/bad file: clear error here
@@ -67,8 +76,10 @@ def _check_inputs(coordinator: str, task: str, data: Path, label_column: str | N
         raise UserError("--insecure and --ca-cert contradict each other; give one")
     if not insecure:
         if ca_cert is None:
-            raise UserError("TLS is on by default: pass --ca-cert ca.pem (the coordinator's "
-                            "`fedweave certs init` wrote it) or --insecure")
+            raise UserError(
+                "TLS is on by default: pass --ca-cert ca.pem (the coordinator's "
+                "`fedweave certs init` wrote it) or --insecure"
+            )
         try:
             if b"BEGIN CERTIFICATE" not in ca_cert.read_bytes():
                 raise UserError(f"{ca_cert} is not a PEM certificate; use the coordinator's ca.pem")
@@ -85,20 +96,39 @@ def _check_inputs(coordinator: str, task: str, data: Path, label_column: str | N
         except (ValueError, TypeError):
             key = None
         if not isinstance(key, ec.EllipticCurvePrivateKey):
-            raise UserError(f"{site_key} is not a site key; make one with `fedweave sites new-key --out site.key`")
+            raise UserError(
+                f"{site_key} is not a site key; make one with `fedweave sites new-key --out site.key`"
+            )
 
 
-def supernode_command(coordinator: str, task: str, data: Path, ca_cert: Path | None,
-                      site_key: Path | None, connect_timeout: float, runtime_port: int,
-                      label_column: str | None = None, device: str | None = None) -> list[str]:
+def supernode_command(
+    coordinator: str,
+    task: str,
+    data: Path,
+    ca_cert: Path | None,
+    site_key: Path | None,
+    connect_timeout: float,
+    runtime_port: int,
+    label_column: str | None = None,
+    device: str | None = None,
+) -> list[str]:
     """The ``flower-supernode`` command line for this site."""
     node_config = f"data-path='{data.resolve()}' task='{task}'"
     if label_column:
         node_config += f" label-column='{label_column}'"
     if device:
         node_config += f" device='{device}'"
-    cmd = ["flower-supernode", "--superlink", coordinator, "--node-config", node_config,
-           "--port", str(runtime_port), "--max-wait-time", str(connect_timeout)]
+    cmd = [
+        "flower-supernode",
+        "--superlink",
+        coordinator,
+        "--node-config",
+        node_config,
+        "--port",
+        str(runtime_port),
+        "--max-wait-time",
+        str(connect_timeout),
+    ]
     cmd += ["--root-certificates", str(ca_cert.resolve())] if ca_cert else ["--insecure"]
     if site_key is not None:
         cmd += ["--auth-supernode-private-key", str(site_key.resolve())]
@@ -144,36 +174,56 @@ class _LogFollower:
         self.log.close()
 
 
+def _start_supernode(command: list[str], env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        env=env, text=True, errors="replace", start_new_session=True,
+        preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+    )
+
+
 def run_site(command: list[str], coordinator: str, log_path: Path, connect_timeout: float,
              verbose: bool = False) -> int:
-    """Run the SuperNode until it exits or we are stopped; returns our exit code."""
+    """Run the SuperNode until it exits or we are stopped; returns our exit code.
+
+    A SuperNode whose key the coordinator has not registered (yet) exits at once; the site
+    then tries again with growing waits until ``connect_timeout``, because sites are often
+    started before the coordinator's operator has added their key.
+    """
     from fedweave.errors import UserError
 
     env = dict(os.environ)
     for key, value in OFFLINE_ENV.items():
         env.setdefault(key, value)
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-    proc = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        env=env, text=True, errors="replace", start_new_session=True,
-        preexec_fn=_die_with_parent if sys.platform == "linux" else None,
-    )
-    follower = _LogFollower(proc.stdout, log_path, coordinator, verbose)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     _echo(f"site starting: connecting to {coordinator} (log: {log_path})")
-    started = time.monotonic()
+    started, wait = time.monotonic(), 2.0
+    proc: subprocess.Popen | None = None
     try:
-        code = proc.wait()
+        while True:
+            proc = _start_supernode(command, env)
+            follower = _LogFollower(proc.stdout, log_path, coordinator, verbose)
+            code = proc.wait()
+            _stop_group(proc)
+            follower.thread.join(5)
+            left = connect_timeout - (time.monotonic() - started)
+            if not follower.refused or left <= 0:
+                break
+            _echo(f"coordinator {coordinator} refused this site (key not registered there yet?); "
+                  f"retrying in {min(wait, left):.0f} s")
+            time.sleep(min(wait, left))
+            wait = min(wait * 2, 30.0)
     except KeyboardInterrupt:
         _echo("stopping the site")
-        _stop_group(proc)
-        follower.thread.join(5)
+        if proc is not None:
+            _stop_group(proc)
         _echo("site stopped")
         return 0
     finally:
         signal.signal(signal.SIGTERM, previous)
-        _stop_group(proc)
-    follower.thread.join(5)
+        if proc is not None:
+            _stop_group(proc)
     if follower.refused:
         raise UserError(
             f"coordinator {coordinator} refused this site: its key is not registered there; "
@@ -182,12 +232,13 @@ def run_site(command: list[str], coordinator: str, log_path: Path, connect_timeo
     if not follower.connected and code != 0:
         waited = time.monotonic() - started
         raise UserError(
-            f"coordinator {coordinator} unreachable or refused this site for {waited:.0f} s "
-            f"(--connect-timeout {connect_timeout:g}): {follower.last_error or 'no answer'}; check "
-            "the address, the firewall, --ca-cert, and that the coordinator registered this site's key"
+            f"coordinator {coordinator} unreachable for {waited:.0f} s "
+            f"(--connect-timeout {connect_timeout:g}): {follower.last_error or 'no answer'}; "
+            "check the address, the firewall, --ca-cert, and that the coordinator runs"
         )
     if code != 0:
-        raise UserError(f"the site stopped (exit {code}): {follower.last_error or 'see ' + str(log_path)}")
+        raise UserError(f"the site stopped (exit {code}): "
+                        f"{follower.last_error or 'see ' + str(log_path)}")
     return 0
 
 
@@ -211,17 +262,46 @@ def _stop_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
 
 def client(
     coordinator: Annotated[str, typer.Option(help="The coordinator's HOST:PORT.")],
-    data: Annotated[Path, typer.Option(help="This site's data (.npz with x, y; or .csv with --label-column). Never leaves the site.")],
-    task: Annotated[str, typer.Option(help="The task this site's data is for; must match the coordinator's.")] = "digits",
-    ca_cert: Annotated[Path | None, typer.Option(help="The coordinator's ca.pem (TLS is on by default).")] = None,
-    site_key: Annotated[Path | None, typer.Option(help="This site's private key (`fedweave sites new-key`), when the coordinator requires registered sites.")] = None,
-    insecure: Annotated[bool, typer.Option("--insecure", help="Connect without TLS (testing only).")] = False,
-    connect_timeout: Annotated[float, typer.Option(help="Give up after this many seconds without reaching the coordinator (also when it goes away).")] = 300.0,
+    data: Annotated[
+        Path,
+        typer.Option(
+            help="This site's data (.npz with x, y; or .csv with --label-column). Never leaves the site."
+        ),
+    ],
+    task: Annotated[
+        str, typer.Option(help="The task this site's data is for; must match the coordinator's.")
+    ] = "digits",
+    ca_cert: Annotated[
+        Path | None, typer.Option(help="The coordinator's ca.pem (TLS is on by default).")
+    ] = None,
+    site_key: Annotated[
+        Path | None,
+        typer.Option(
+            help="This site's private key (`fedweave sites new-key`), when the coordinator requires registered sites."
+        ),
+    ] = None,
+    insecure: Annotated[
+        bool, typer.Option("--insecure", help="Connect without TLS (testing only).")
+    ] = False,
+    connect_timeout: Annotated[
+        float,
+        typer.Option(
+            help="Give up after this many seconds without reaching the coordinator (also when it goes away)."
+        ),
+    ] = 300.0,
     label_column: Annotated[str | None, typer.Option(help="Label column of a CSV --data.")] = None,
-    device: Annotated[str | None, typer.Option(help="cpu, cuda or cuda:N (default: CUDA when present).")] = None,
-    runtime_port: Annotated[int, typer.Option(help="Local port of the SuperNode's runtime API (0: any free port).")] = 0,
-    log_file: Annotated[Path, typer.Option(help="Where the SuperNode's full log goes.")] = Path("site.log"),
-    verbose: Annotated[bool, typer.Option("--verbose", help="Echo the SuperNode's whole log.")] = False,
+    device: Annotated[
+        str | None, typer.Option(help="cpu, cuda or cuda:N (default: CUDA when present).")
+    ] = None,
+    runtime_port: Annotated[
+        int, typer.Option(help="Local port of the SuperNode's runtime API (0: any free port).")
+    ] = 0,
+    log_file: Annotated[Path, typer.Option(help="Where the SuperNode's full log goes.")] = Path(
+        "site.log"
+    ),
+    verbose: Annotated[
+        bool, typer.Option("--verbose", help="Echo the SuperNode's whole log.")
+    ] = False,
 ) -> None:
     """Run a site: connect to the coordinator and train on --data when asked."""
     _check_inputs(coordinator, task, data, label_column, ca_cert, insecure, site_key)
@@ -229,6 +309,15 @@ def client(
         from fedweave.errors import UserError
 
         raise UserError("--connect-timeout must be positive")
-    command = supernode_command(coordinator, task, data, None if insecure else ca_cert, site_key,
-                                connect_timeout, runtime_port or _free_port(), label_column, device)
+    command = supernode_command(
+        coordinator,
+        task,
+        data,
+        None if insecure else ca_cert,
+        site_key,
+        connect_timeout,
+        runtime_port or _free_port(),
+        label_column,
+        device,
+    )
     raise typer.Exit(run_site(command, coordinator, log_file, connect_timeout, verbose))

@@ -60,7 +60,9 @@ def site_client(context: Context):
     except Exception as exc:  # a UserError from the reader: wrong shape, classes, file
         raise SiteRefused(f"{REFUSED_PREFIX}: {str(exc).splitlines()[0]}") from None
     config = TrainConfig(device=_config_str(context.node_config, "device"))
-    return TaskClient(_cached_task(run_task), data, config, site_index=context.node_id % 1_000_003).to_client()
+    return TaskClient(
+        _cached_task(run_task), data, config, site_index=context.node_id % 1_000_003
+    ).to_client()
 
 
 app = ClientApp(client_fn=site_client, mods=SITE_MODS)

@@ -65,8 +65,13 @@ def spawn(command: list[str], log_path: Path, env: dict[str, str]) -> subprocess
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = open(log_path, "ab")  # noqa: SIM115 - handed to the child; closed when we exit
     return subprocess.Popen(
-        command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-        start_new_session=True, preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+        command,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        start_new_session=True,
+        preexec_fn=_die_with_parent if sys.platform == "linux" else None,
     )
 
 
@@ -154,14 +159,29 @@ class SuperLinkOptions:
         return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
 
     def command(self) -> list[str]:
-        cmd = ["flower-superlink", "--host", self.host, "--port", str(self.port),
-               "--database", str(self.database), "--isolation", "subprocess",
-               "--disable-runtime-dependency-installation"]
+        cmd = [
+            "flower-superlink",
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--database",
+            str(self.database),
+            "--isolation",
+            "subprocess",
+            "--disable-runtime-dependency-installation",
+        ]
         if self.tls is None:
             cmd.append("--insecure")
         else:
-            cmd += ["--ssl-ca-certfile", str(self.tls.ca_cert), "--ssl-certfile",
-                    str(self.tls.server_cert), "--ssl-keyfile", str(self.tls.server_key)]
+            cmd += [
+                "--ssl-ca-certfile",
+                str(self.tls.ca_cert),
+                "--ssl-certfile",
+                str(self.tls.server_cert),
+                "--ssl-keyfile",
+                str(self.tls.server_key),
+            ]
         if self.node_auth:
             cmd.append("--enable-supernode-auth")
         return cmd
@@ -248,7 +268,9 @@ class ControlClient:
 
         def pull() -> None:
             try:
-                for res in self._client.StreamLogs(StreamLogsRequest(run_id=run_id, after_timestamp=0.0)):
+                for res in self._client.StreamLogs(
+                    StreamLogsRequest(run_id=run_id, after_timestamp=0.0)
+                ):
                     chunks.append(res.log_output)
             except Exception:  # noqa: BLE001 - the stream ends with an error on finished runs
                 pass
@@ -285,11 +307,15 @@ def build_fab(run_config: dict) -> bytes:
     pyproject = {
         "build-system": {"requires": ["hatchling"], "build-backend": "hatchling.build"},
         "project": {"name": FAB_NAME, "version": "1.0.0", "dependencies": []},
-        "tool": {"flwr": {"app": {
-            "publisher": FAB_PUBLISHER,
-            "components": {"serverapp": SERVER_APP_REF, "clientapp": CLIENT_APP_REF},
-            "config": run_config,
-        }}},
+        "tool": {
+            "flwr": {
+                "app": {
+                    "publisher": FAB_PUBLISHER,
+                    "components": {"serverapp": SERVER_APP_REF, "clientapp": CLIENT_APP_REF},
+                    "config": run_config,
+                }
+            }
+        },
     }
     files = {
         "pyproject.toml": tomli_w.dumps(pyproject).encode(),
@@ -311,9 +337,11 @@ def start_superlink(options: SuperLinkOptions, env: dict[str, str], timeout: flo
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             client.close()
-            raise UserError(f"the SuperLink stopped at start (exit {proc.returncode}): "
-                            f"{log_tail(options.log_path, needle='ERROR') or 'no log'}; "
-                            f"full log: {options.log_path}")
+            raise UserError(
+                f"the SuperLink stopped at start (exit {proc.returncode}): "
+                f"{log_tail(options.log_path, needle='ERROR') or 'no log'}; "
+                f"full log: {options.log_path}"
+            )
         if client.ready():
             return proc, client
         time.sleep(0.3)

@@ -63,7 +63,9 @@ class DeployPlan:
     @classmethod
     def from_run_config(cls, config: dict[str, Any]) -> DeployPlan:
         if RUN_CONFIG_ID_KEY not in config:
-            raise ValueError("run config has no fw-run-id: this run was not started by `fedweave coordinator`")
+            raise ValueError(
+                "run config has no fw-run-id: this run was not started by `fedweave coordinator`"
+            )
         kwargs: dict[str, Any] = {"run_id": str(config[RUN_CONFIG_ID_KEY])}
         for f in fields(cls):
             key = f.name.replace("_", "-")
@@ -80,8 +82,17 @@ class DeployPlan:
         return values
 
 
-IDENTITY_KEYS = ("task", "rounds", "min_clients", "clients_per_round", "local_epochs", "lr",
-                 "batch_size", "seed", "secure_agg")
+IDENTITY_KEYS = (
+    "task",
+    "rounds",
+    "min_clients",
+    "clients_per_round",
+    "local_epochs",
+    "lr",
+    "batch_size",
+    "seed",
+    "secure_agg",
+)
 """Settings a resumed run must keep: they decide what the run computes."""
 
 
@@ -108,18 +119,24 @@ def resume_point(store, run_id: str) -> tuple[list | None, int]:
 def check_resumable(run, plan: DeployPlan, explicit: set[str]) -> DeployPlan:
     """The plan to continue ``run`` with: its stored settings, refusing contradicting flags."""
     if run.status == "completed":
-        raise UserError(f"run {run.run_id} already completed {run.rounds_completed} rounds; nothing to resume")
+        raise UserError(
+            f"run {run.run_id} already completed {run.rounds_completed} rounds; nothing to resume"
+        )
     stored = run.config or {}
     if stored.get("mode") != "deployment":
-        raise UserError(f"run {run.run_id} is not a deployment run; resume it with `fedweave simulate --resume`")
+        raise UserError(
+            f"run {run.run_id} is not a deployment run; resume it with `fedweave simulate --resume`"
+        )
     conflicts = [
         f"--{name.replace('_', '-')} {getattr(plan, name)} (run has {stored.get(name)})"
         for name in IDENTITY_KEYS
         if name in explicit and name in stored and stored[name] != getattr(plan, name)
     ]
     if conflicts:
-        raise UserError(f"cannot resume run {run.run_id} with a different config: {'; '.join(conflicts)}; "
-                        "drop those flags to continue it as it was")
+        raise UserError(
+            f"cannot resume run {run.run_id} with a different config: {'; '.join(conflicts)}; "
+            "drop those flags to continue it as it was"
+        )
     kept = {name: stored[name] for name in IDENTITY_KEYS if name in stored}
     values = {**asdict(plan), **kept, "run_id": run.run_id}
     return DeployPlan(**values)
@@ -153,13 +170,21 @@ def run_plan(plan: DeployPlan, grid, context) -> None:
         remaining = plan.rounds - offset
         if remaining > 0:
             settings = ServerSettings(
-                task=plan.task, rounds=remaining, min_clients=plan.min_clients,
-                clients_per_round=plan.clients_per_round or None, local_epochs=plan.local_epochs,
-                lr=plan.lr, batch_size=plan.batch_size, seed=plan.seed, round_offset=offset,
+                task=plan.task,
+                rounds=remaining,
+                min_clients=plan.min_clients,
+                clients_per_round=plan.clients_per_round or None,
+                local_epochs=plan.local_epochs,
+                lr=plan.lr,
+                batch_size=plan.batch_size,
+                seed=plan.seed,
+                round_offset=offset,
                 secure_agg=plan.secure_agg,
             )
             start = weights if weights is not None else initial_weights(plan.task, plan.seed)
-            recorder = BackgroundRecorder(HistoryRecorder(store, plan.run_id, Path(plan.checkpoint_dir)))
+            recorder = BackgroundRecorder(
+                HistoryRecorder(store, plan.run_id, Path(plan.checkpoint_dir))
+            )
             app = make_server_app(settings, _test_data(plan), start, [recorder])
             app(grid=grid, context=context)
             recorder.flush()

@@ -62,7 +62,7 @@ def _absolute_db_url(url: str | None) -> str:
     url = url or DEFAULT_DB_URL
     prefix = "sqlite:///"
     if url.startswith(prefix) and not url.startswith(prefix + "/") and ":memory:" not in url:
-        return prefix + str(Path(url[len(prefix):]).resolve())
+        return prefix + str(Path(url[len(prefix) :]).resolve())
     return url
 
 
@@ -71,17 +71,23 @@ def _tls(options: CoordinatorOptions) -> TlsFiles | None:
         raise UserError("--insecure and --tls-dir contradict each other; give one")
     if options.insecure:
         if options.require_registered_sites:
-            raise UserError("--require-registered-sites needs TLS (Flower refuses site "
-                            "authentication without it); drop --insecure and pass --tls-dir DIR")
+            raise UserError(
+                "--require-registered-sites needs TLS (Flower refuses site "
+                "authentication without it); drop --insecure and pass --tls-dir DIR"
+            )
         return None
     if options.tls_dir is None:
-        raise UserError("TLS is on by default: pass --tls-dir DIR (make one with "
-                        "`fedweave certs init --out DIR --host NAME`) or --insecure")
+        raise UserError(
+            "TLS is on by default: pass --tls-dir DIR (make one with "
+            "`fedweave certs init --out DIR --host NAME`) or --insecure"
+        )
     files = TlsFiles.in_dir(options.tls_dir.resolve())
     files.check_readable()
     if options.require_registered_sites and not registered_site_keys(options.tls_dir):
-        raise UserError(f"--require-registered-sites but no site keys in {options.tls_dir}/sites; "
-                        "add them with `fedweave sites add-key DIR site.pub`")
+        raise UserError(
+            f"--require-registered-sites but no site keys in {options.tls_dir}/sites; "
+            "add them with `fedweave sites add-key DIR site.pub`"
+        )
     return files
 
 
@@ -95,9 +101,13 @@ def _check_plan(plan: DeployPlan) -> None:
         load_site_data(plan.test_data, task)
     if plan.rounds < 1 or plan.min_clients < 1:
         raise UserError("--rounds and --min-clients must be at least 1")
-    ServerSettings(task=plan.task, rounds=plan.rounds, min_clients=plan.min_clients,
-                   clients_per_round=plan.clients_per_round or None,
-                   secure_agg=plan.secure_agg).check()
+    ServerSettings(
+        task=plan.task,
+        rounds=plan.rounds,
+        min_clients=plan.min_clients,
+        clients_per_round=plan.clients_per_round or None,
+        secure_agg=plan.secure_agg,
+    ).check()
 
 
 def _prepare_run(store, options: CoordinatorOptions) -> DeployPlan:
@@ -129,9 +139,11 @@ class _Watcher:
                 continue
             self.printed.add(row["round"])
             seconds = (row.get("extra") or {}).get("seconds")
-            _echo(f"round {row['round']}/{self.plan.rounds}: accuracy {row['eval_accuracy']:.4f} "
-                  f"loss {row['eval_loss']:.4f}, sites {row['replied']}/{row['sampled']} ok"
-                  + (f", {seconds:.1f} s" if seconds is not None else ""))
+            _echo(
+                f"round {row['round']}/{self.plan.rounds}: accuracy {row['eval_accuracy']:.4f} "
+                f"loss {row['eval_loss']:.4f}, sites {row['replied']}/{row['sampled']} ok"
+                + (f", {seconds:.1f} s" if seconds is not None else "")
+            )
             for site in self.store.site_results(self.plan.run_id, row["round"]):
                 if site["status"] != "ok":
                     _echo(f"  site {site['site_id']} {site['status']}: {site.get('reason')}")
@@ -166,8 +178,10 @@ def _wait_for_sites(client, proc, needed: int, timeout: float | None, keys) -> N
         if proc.poll() is not None:
             raise UserError(f"the SuperLink stopped (exit {proc.returncode})")
         if deadline is not None and time.monotonic() > deadline:
-            raise UserError(f"only {online} of --min-clients {needed} sites connected within "
-                            f"{timeout:.0f} s; start more sites or lower --min-clients")
+            raise UserError(
+                f"only {online} of --min-clients {needed} sites connected within "
+                f"{timeout:.0f} s; start more sites or lower --min-clients"
+            )
         keys()
         time.sleep(POLL_S)
 
@@ -187,16 +201,21 @@ def serve(options: CoordinatorOptions) -> int:
     db_url = _absolute_db_url(options.db_url)
     store = open_store(db_url)  # unreachable or wrong DB: one line, before anything starts
     plan = _prepare_run(store, options)
-    plan = DeployPlan(**{**plan.__dict__, "checkpoint_dir": str(Path(plan.checkpoint_dir).resolve())})
+    plan = DeployPlan(
+        **{**plan.__dict__, "checkpoint_dir": str(Path(plan.checkpoint_dir).resolve())}
+    )
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    link_options = SuperLinkOptions(host, port, options.state_dir.resolve(), tls,
-                                    node_auth=options.require_registered_sites)
+    link_options = SuperLinkOptions(
+        host, port, options.state_dir.resolve(), tls, node_auth=options.require_registered_sites
+    )
     proc = client = None
     finished = False
     try:
         proc, client = start_superlink(link_options, child_env({DB_ENV: db_url}))
         scheme = "https" if tls else "http (insecure)"
-        _echo(f"coordinator listening on {host}:{port} ({scheme}); Flower state in {link_options.database}")
+        _echo(
+            f"coordinator listening on {host}:{port} ({scheme}); Flower state in {link_options.database}"
+        )
         stale = client.stop_unfinished_runs()
         if stale:
             _echo(f"stopped {len(stale)} Flower run(s) left by the previous coordinator")
@@ -205,8 +224,10 @@ def serve(options: CoordinatorOptions) -> int:
         keys()
         _wait_for_sites(client, proc, plan.min_clients, options.site_timeout, keys)
         flower_run = client.start_run(build_fab(plan.to_run_config()))
-        _echo(f"run {plan.run_id} started (Flower run {flower_run}): {plan.rounds} rounds, "
-              f"{plan.min_clients} sites, SecAgg+ {'on' if plan.secure_agg else 'off'}")
+        _echo(
+            f"run {plan.run_id} started (Flower run {flower_run}): {plan.rounds} rounds, "
+            f"{plan.min_clients} sites, SecAgg+ {'on' if plan.secure_agg else 'off'}"
+        )
         watcher = _Watcher(store, plan)
         while True:
             watcher.poll()
@@ -215,18 +236,24 @@ def serve(options: CoordinatorOptions) -> int:
                 watcher.poll()
                 break
             if proc.poll() is not None:
-                raise UserError(f"the SuperLink stopped (exit {proc.returncode}); see {link_options.log_path}")
+                raise UserError(
+                    f"the SuperLink stopped (exit {proc.returncode}); see {link_options.log_path}"
+                )
             keys()
             time.sleep(POLL_S)
         finished = True
-        client.save_logs(flower_run, link_options.state_dir / f"serverapp-{plan.run_id}-{flower_run}.log")
+        client.save_logs(
+            flower_run, link_options.state_dir / f"serverapp-{plan.run_id}-{flower_run}.log"
+        )
         run = store.get_run(plan.run_id)
         if sub_status != "completed" or run.status != "completed":
             reason = (details or run.reason or sub_status or "unknown").splitlines()[0]
             if run.status == "running":
                 store.finish_run(plan.run_id, "failed", reason)
-            _echo(f"run {plan.run_id} {sub_status or 'ended'}: {reason}; continue it with "
-                  f"--resume {plan.run_id}")
+            _echo(
+                f"run {plan.run_id} {sub_status or 'ended'}: {reason}; continue it with "
+                f"--resume {plan.run_id}"
+            )
             return 1
         rows = store.rounds(plan.run_id)
         final = rows[-1]["eval_accuracy"] if rows else float("nan")
@@ -237,7 +264,9 @@ def serve(options: CoordinatorOptions) -> int:
         while proc.poll() is None:
             keys()
             time.sleep(POLL_S * 4)
-        raise UserError(f"the SuperLink stopped (exit {proc.returncode}); see {link_options.log_path}")
+        raise UserError(
+            f"the SuperLink stopped (exit {proc.returncode}); see {link_options.log_path}"
+        )
     except KeyboardInterrupt:
         if not finished:
             store.finish_run(plan.run_id, "interrupted", "coordinator stopped (Ctrl-C/SIGTERM)")

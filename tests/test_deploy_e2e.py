@@ -47,7 +47,7 @@ def test_three_sites_tls_auth_secagg_with_a_site_killed_in_round_2(tmp_path):
         assert wait_for(lambda: intruder.poll() is not None, 120, "the intruder to give up",
                         log=lambda: procs.output("intruder")) is not None
         assert intruder.returncode == 2, procs.output("intruder")
-        assert "refused this site" in procs.output("intruder")
+        assert "refused this site: its key is not registered" in procs.output("intruder")
 
         # Kill site 2 (its whole process group: CLI, SuperNode, ClientApp) while it trains in
         # round 2: SecAgg+ sends 4 messages per round and training is the 3rd, so the 7th
