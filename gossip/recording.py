@@ -20,15 +20,22 @@ log = logging.getLogger("fedweave.gossip")
 
 
 class HistoryWriter:
-    """Round records of one peer in one run of the SQL history."""
+    """Round records of one peer in one run of the SQL history.
+
+    A round that cannot be written (database down for more than 2 s, duplicate) is logged and
+    skipped: the peer keeps gossiping, because a central database must not become the single
+    point of failure gossip mode exists to avoid.
+    """
 
     def __init__(self, store: Any, run_id: str, owns_run: bool) -> None:
         self.store, self.run_id, self.owns_run = store, run_id, owns_run
 
     def record(self, record: Any, sites: list[Any]) -> None:
         try:
-            self.store.record_round(self.run_id, record, sites=sites, checkpoint=None)
-        except Exception as exc:  # a history hiccup must not kill the gossip
+            self.store.record_round(
+                self.run_id, record, sites=sites, checkpoint=None, retry_seconds=2.0
+            )
+        except Exception as exc:  # a history outage must not stall or kill the gossip
             log.warning("round %s not recorded in the history: %s", record.round, exc)
 
     def finish(self, status: str, reason: str | None = None) -> None:

@@ -433,7 +433,10 @@ def run_gossip_and_report(sim: GossipSimulation, out: Path) -> dict[str, Any]:
     ]
     console.print(rounds_table(table_rows, title=f"gossip {sim.task}: {sim.clients} peers"))
     if report["killed"]:
-        console.print(f"killed peers {report['killed']} at round {sim.kill}")
+        console.print(
+            f"killed peers {report['killed']} (--kill {sim.kill}) once a peer had finished "
+            f"round {report['killed_at_round']}"
+        )
     final = report["final_accuracy"]
     console.print(
         f"final accuracy {final:.4f}; report written to {out}"
