@@ -331,7 +331,8 @@ def start_superlink(options: SuperLinkOptions, env: dict[str, str], timeout: flo
     database) becomes a one-line error with the last line of its log.
     """
     options.state_dir.mkdir(parents=True, exist_ok=True)
-    proc = spawn(options.command(), options.log_path, env)
+    guarded = [sys.executable, "-m", "coordinator.deploy_guard", "--", *options.command()]
+    proc = spawn(guarded, options.log_path, env)
     client = ControlClient(options.local_address, options.tls)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -12,11 +12,15 @@ environment the SuperLink inherits (``FEDWEAVE_DEPLOY_DB``).
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from fedweave.errors import UserError
+
+COORDINATOR_PID_ENV = "FEDWEAVE_COORDINATOR_PID"
+"""The ``fedweave coordinator`` process the ServerApp must not outlive (set by the coordinator)."""
 
 DB_ENV = "FEDWEAVE_DEPLOY_DB"
 """Environment variable the ServerApp reads the history URL from (set by the coordinator)."""
@@ -152,6 +156,30 @@ def _test_data(plan: DeployPlan):
     return task.load_data()[1]
 
 
+def exit_with_coordinator(poll_s: float = 0.2) -> None:
+    """Leave at once when the coordinator process is gone (even by kill -9).
+
+    Flower's own chain (SuperLink → SuperExec → flwr-serverapp) takes several seconds to
+    notice and then retries a dead SuperLink; meanwhile a restarted coordinator may already
+    be resuming the run. Every recorded round is on disk and in the database (atomically),
+    so a hard exit loses at most the round in flight, which the resume redoes.
+    """
+    import threading
+
+    from fedweave.history.liveness import pid_alive
+
+    pid = int(os.environ.get(COORDINATOR_PID_ENV, "0") or 0)
+    if pid <= 0:
+        return
+
+    def watch() -> None:
+        while pid_alive(pid):
+            time.sleep(poll_s)
+        os._exit(70)
+
+    threading.Thread(target=watch, name="coordinator-watch", daemon=True).start()
+
+
 def run_plan(plan: DeployPlan, grid, context) -> None:
     """The ServerApp body: continue ``plan.run_id`` after its last recorded round.
 
@@ -163,6 +191,7 @@ def run_plan(plan: DeployPlan, grid, context) -> None:
     from coordinator.server_app import ServerSettings, initial_weights, make_server_app
     from fedweave.history import open_store
 
+    exit_with_coordinator()
     store = open_store(os.environ.get(DB_ENV) or None)
     recorder = None
     try:

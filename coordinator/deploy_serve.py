@@ -10,6 +10,7 @@ restarted coordinator shows exactly the rounds that were recorded, no more.
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 import uuid
@@ -27,7 +28,7 @@ from coordinator.deploy import (
     start_superlink,
     stop_process_group,
 )
-from coordinator.deploy_run import DB_ENV, DeployPlan, check_resumable
+from coordinator.deploy_run import COORDINATOR_PID_ENV, DB_ENV, DeployPlan, check_resumable
 from fedweave.certs import TlsFiles, registered_site_keys
 from fedweave.errors import UserError
 
@@ -211,7 +212,7 @@ def serve(options: CoordinatorOptions) -> int:
     proc = client = None
     finished = False
     try:
-        proc, client = start_superlink(link_options, child_env({DB_ENV: db_url}))
+        proc, client = start_superlink(link_options, child_env({DB_ENV: db_url, COORDINATOR_PID_ENV: str(os.getpid())}))
         scheme = "https" if tls else "http (insecure)"
         _echo(
             f"coordinator listening on {host}:{port} ({scheme}); Flower state in {link_options.database}"

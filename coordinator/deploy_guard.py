@@ -1,0 +1,113 @@
+"""Keeps Flower's process tree from outliving the coordinator: ``python -m
+coordinator.deploy_guard -- flower-superlink ...``.
+
+Why: the SuperLink starts Flower's SuperExec in a new session, which starts
+``flwr-serverapp`` per run. Those only watch their parent's pid (every 0.2 s) and then spend
+seconds to minutes retrying a dead SuperLink, so after a ``kill -9`` of the coordinator they
+linger as orphans, outside any process group we could kill. This guard makes itself the
+*subreaper* of everything below it (Linux ``PR_SET_CHILD_SUBREAPER``), so orphans re-parent
+to it, and it dies with the coordinator (``PR_SET_PDEATHSIG``, set by the coordinator when it
+starts the guard). On SIGTERM/SIGINT, or when the SuperLink exits, it terminates every
+descendant (SIGTERM, then SIGKILL after ``GRACE_S``) and exits with the SuperLink's code.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+PR_SET_CHILD_SUBREAPER = 36
+GRACE_S = 5.0
+
+
+def _prctl(option: int, value: int) -> None:
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(option, value)
+    except (OSError, AttributeError):  # not Linux: the process-group kill is all we have
+        pass
+
+
+def _proc_table() -> dict[int, tuple[int, str]]:
+    """pid → (parent pid, state letter), from /proc."""
+    table: dict[int, tuple[int, str]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            table[int(entry.name)] = (int(fields[1]), fields[0])
+        except (OSError, IndexError, ValueError):
+            continue
+    return table
+
+
+def descendants(root: int, table: dict[int, tuple[int, str]] | None = None) -> list[int]:
+    """Live (not zombie) pids below ``root``."""
+    table = _proc_table() if table is None else table
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _state) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found, queue = [], [root]
+    while queue:
+        for child in children.get(queue.pop(0), []):
+            queue.append(child)
+            if table[child][1] not in ("Z", "X"):
+                found.append(child)
+    return found
+
+
+def _reap(skip: int) -> None:
+    """Wait for exited orphans (a subreaper's duty); ``skip`` is left for Popen to reap."""
+    me = os.getpid()
+    for pid, (ppid, state) in _proc_table().items():
+        if ppid == me and state == "Z" and pid != skip:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+
+
+def kill_tree(skip: int, grace: float = GRACE_S) -> None:
+    """SIGTERM every descendant, wait up to ``grace`` s, SIGKILL the rest."""
+    me = os.getpid()
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 2.0)):
+        for pid in descendants(me):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            _reap(skip)
+            if not descendants(me):
+                return
+            time.sleep(0.1)
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    if not argv:
+        print("usage: python -m coordinator.deploy_guard -- COMMAND...", file=sys.stderr)
+        return 2
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda *_: stop.set())
+    child = subprocess.Popen(argv)
+    while not stop.is_set() and child.poll() is None:
+        stop.wait(0.2)
+        _reap(child.pid)
+    kill_tree(child.pid)
+    code = child.poll()
+    return 128 + signal.SIGTERM if code is None else (code if code >= 0 else 128 - code)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
