@@ -241,6 +241,10 @@ class Peer(Node):
             else:
                 waves += [([pid], None) for pid in known]
         failed: list[str] = []
+        # a neighbour that answers busy is replaced by another one (at most ``fanout`` times a
+        # round): peers finish training at about the same time, so collisions are common
+        spares = [m.peer_id for m in self.members.pick(len(self.members.members))]
+        spares = [pid for pid in spares if pid not in chosen][: self.config.fanout]
         for wave, group_total in waves:
             xids = {pid: self._offer(pid, group_total=group_total) for pid in wave}
             self.awaiting = {x for x in xids.values() if x}
@@ -252,6 +256,10 @@ class Peer(Node):
             self.awaiting = set()
             for pid, xid in xids.items():
                 outcome = self.outcomes.pop(xid, None) if xid else "unsent"
+                if outcome == "busy" and group_total is None and spares:
+                    spare = spares.pop(0)
+                    chosen.append(spare)
+                    waves.append(([spare], None))
                 if outcome in ("ok", "busy"):
                     continue
                 failed.append(pid)
