@@ -97,7 +97,8 @@ def _check_inputs(
             key = None
         if not isinstance(key, ec.EllipticCurvePrivateKey):
             raise UserError(
-                f"{site_key} is not a site key; make one with `fedweave sites new-key --out site.key`"
+                f"{site_key} is not a site key; "
+                "make one with `fedweave sites new-key --out site.key`"
             )
 
 
@@ -176,14 +177,25 @@ class _LogFollower:
 
 def _start_supernode(command: list[str], env: dict[str, str]) -> subprocess.Popen:
     return subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        env=env, text=True, errors="replace", start_new_session=True,
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        text=True,
+        errors="replace",
+        start_new_session=True,
         preexec_fn=_die_with_parent if sys.platform == "linux" else None,
     )
 
 
-def run_site(command: list[str], coordinator: str, log_path: Path, connect_timeout: float,
-             verbose: bool = False) -> int:
+def run_site(
+    command: list[str],
+    coordinator: str,
+    log_path: Path,
+    connect_timeout: float,
+    verbose: bool = False,
+) -> int:
     """Run the SuperNode until it exits or we are stopped; returns our exit code.
 
     A SuperNode whose key the coordinator has not registered (yet) exits at once; the site
@@ -210,8 +222,10 @@ def run_site(command: list[str], coordinator: str, log_path: Path, connect_timeo
             left = connect_timeout - (time.monotonic() - started)
             if not follower.refused or left <= 0:
                 break
-            _echo(f"coordinator {coordinator} refused this site (key not registered there yet?); "
-                  f"retrying in {min(wait, left):.0f} s")
+            _echo(
+                f"coordinator {coordinator} refused this site (key not registered there yet?); "
+                f"retrying in {min(wait, left):.0f} s"
+            )
             time.sleep(min(wait, left))
             wait = min(wait * 2, 30.0)
     except KeyboardInterrupt:
@@ -237,8 +251,9 @@ def run_site(command: list[str], coordinator: str, log_path: Path, connect_timeo
             "check the address, the firewall, --ca-cert, and that the coordinator runs"
         )
     if code != 0:
-        raise UserError(f"the site stopped (exit {code}): "
-                        f"{follower.last_error or 'see ' + str(log_path)}")
+        raise UserError(
+            f"the site stopped (exit {code}): {follower.last_error or 'see ' + str(log_path)}"
+        )
     return 0
 
 
@@ -265,7 +280,8 @@ def client(
     data: Annotated[
         Path,
         typer.Option(
-            help="This site's data (.npz with x, y; or .csv with --label-column). Never leaves the site."
+            help="This site's data (.npz with x, y; or .csv with --label-column). "
+            "Never leaves the site."
         ),
     ],
     task: Annotated[
@@ -277,7 +293,8 @@ def client(
     site_key: Annotated[
         Path | None,
         typer.Option(
-            help="This site's private key (`fedweave sites new-key`), when the coordinator requires registered sites."
+            help="This site's private key (`fedweave sites new-key`), when the coordinator "
+            "requires registered sites."
         ),
     ] = None,
     insecure: Annotated[
@@ -286,7 +303,8 @@ def client(
     connect_timeout: Annotated[
         float,
         typer.Option(
-            help="Give up after this many seconds without reaching the coordinator (also when it goes away)."
+            help="Give up after this many seconds without reaching the coordinator "
+            "(also when it goes away)."
         ),
     ] = 300.0,
     label_column: Annotated[str | None, typer.Option(help="Label column of a CSV --data.")] = None,

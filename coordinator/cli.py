@@ -38,7 +38,8 @@ def coordinator(
         bool,
         typer.Option(
             "--secure-agg/--no-secure-agg",
-            help="SecAgg+: the coordinator only sees the sum of the sites' updates (needs 3+ sites per round).",
+            help="SecAgg+: the coordinator only sees the sum of the sites' updates "
+            "(needs 3+ sites per round).",
         ),
     ] = True,
     db: Annotated[
@@ -86,7 +87,8 @@ def coordinator(
     site_timeout: Annotated[
         float,
         typer.Option(
-            help="Give up if --min-clients sites are not connected after this many seconds (0: wait forever)."
+            help="Give up if --min-clients sites are not connected after this many seconds "
+            "(0: wait forever)."
         ),
     ] = 0.0,
 ) -> None:

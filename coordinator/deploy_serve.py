@@ -212,10 +212,13 @@ def serve(options: CoordinatorOptions) -> int:
     proc = client = None
     finished = False
     try:
-        proc, client = start_superlink(link_options, child_env({DB_ENV: db_url, COORDINATOR_PID_ENV: str(os.getpid())}))
+        proc, client = start_superlink(
+            link_options, child_env({DB_ENV: db_url, COORDINATOR_PID_ENV: str(os.getpid())})
+        )
         scheme = "https" if tls else "http (insecure)"
         _echo(
-            f"coordinator listening on {host}:{port} ({scheme}); Flower state in {link_options.database}"
+            f"coordinator listening on {host}:{port} ({scheme}); "
+            f"Flower state in {link_options.database}"
         )
         stale = client.stop_unfinished_runs()
         if stale:

@@ -34,7 +34,7 @@ SITE_KEYS_DIR = "sites"
 """Inside a TLS directory: the registered site public keys (``<name>.pub``)."""
 
 DEFAULT_DAYS = 825
-"""Validity of the server certificate (the longest most TLS clients accept); the CA gets 10 years."""
+"""Server certificate validity in days (the longest most TLS clients accept); the CA: 10 years."""
 
 PRIVATE_MODE = 0o600
 
@@ -62,7 +62,9 @@ class TlsFiles:
                     "with `fedweave certs init --out DIR --host NAME` or pass --insecure"
                 ) from exc
             if b"-----BEGIN" not in data:
-                raise UserError(f"TLS file {path} is not PEM; recreate it with `fedweave certs init`")
+                raise UserError(
+                    f"TLS file {path} is not PEM; recreate it with `fedweave certs init`"
+                )
 
 
 def _write_private(path: Path, data: bytes) -> None:
@@ -102,7 +104,9 @@ def _san_entries(hosts: list[str]) -> list[x509.GeneralName]:
     return names
 
 
-def init_certificates(out: Path, hosts: list[str], days: int = DEFAULT_DAYS, force: bool = False) -> TlsFiles:
+def init_certificates(
+    out: Path, hosts: list[str], days: int = DEFAULT_DAYS, force: bool = False
+) -> TlsFiles:
     """Create a CA and a server certificate for ``hosts`` in ``out``.
 
     Args:
@@ -117,13 +121,17 @@ def init_certificates(out: Path, hosts: list[str], days: int = DEFAULT_DAYS, for
     if days < 1:
         raise UserError(f"--days {days} must be at least 1")
     files = TlsFiles.in_dir(out)
-    existing = [p for p in (files.ca_cert, out / CA_KEY, files.server_cert, files.server_key) if p.exists()]
+    existing = [
+        p for p in (files.ca_cert, out / CA_KEY, files.server_cert, files.server_key) if p.exists()
+    ]
     if existing and not force:
         raise UserError(f"{existing[0]} already exists; use another --out or --force to replace it")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UserError(f"cannot create {out} ({exc.strerror or exc}); choose a writable --out") from exc
+        raise UserError(
+            f"cannot create {out} ({exc.strerror or exc}); choose a writable --out"
+        ) from exc
 
     now = dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=5)  # tolerate small clock skew
     ca_key = ec.generate_private_key(ec.SECP384R1())
@@ -138,9 +146,12 @@ def init_certificates(out: Path, hosts: list[str], days: int = DEFAULT_DAYS, for
         .not_valid_after(now + dt.timedelta(days=3650))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
-            x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True
+            x509.KeyUsage(False, False, False, False, False, True, True, False, False),
+            critical=True,
         )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+        .add_extension(
+            x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False
+        )
         .sign(ca_key, hashes.SHA384())
     )
     server_key = ec.generate_private_key(ec.SECP384R1())
@@ -183,13 +194,17 @@ def new_site_key(out: Path, force: bool = False) -> tuple[Path, Path]:
     """
     pub = public_key_path(out)
     if out.suffix == ".pub":
-        raise UserError(f"{out} looks like a public key name; give the private key file, e.g. site.key")
+        raise UserError(
+            f"{out} looks like a public key name; give the private key file, e.g. site.key"
+        )
     for path in (out, pub):
         if path.exists() and not force:
             raise UserError(f"{path} already exists; use another --out or --force to replace it")
     key = ec.generate_private_key(ec.SECP384R1())
     private = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.OpenSSH,
+        serialization.NoEncryption(),
     )
     public = key.public_key().public_bytes(
         serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
@@ -198,7 +213,9 @@ def new_site_key(out: Path, force: bool = False) -> tuple[Path, Path]:
         _write_private(out, private)
         _write_public(pub, public + b"\n")
     except OSError as exc:
-        raise UserError(f"cannot write {out} ({exc.strerror or exc}); choose a writable --out") from exc
+        raise UserError(
+            f"cannot write {out} ({exc.strerror or exc}); choose a writable --out"
+        ) from exc
     return out, pub
 
 
@@ -216,12 +233,18 @@ def load_site_public_key(path: Path) -> bytes:
         key = serialization.load_ssh_public_key(data.strip())
     except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
         raise UserError(
-            f"{path} is not an OpenSSH public key; make one with `fedweave sites new-key --out site.key`"
+            f"{path} is not an OpenSSH public key; "
+            "make one with `fedweave sites new-key --out site.key`"
         ) from exc
     if not isinstance(key, ec.EllipticCurvePublicKey) or key.curve.name not in {
-        "secp256r1", "secp384r1", "secp521r1"
+        "secp256r1",
+        "secp384r1",
+        "secp521r1",
     }:
-        raise UserError(f"{path} is not an ECDSA (NIST P-256/384/521) key; make one with `fedweave sites new-key`")
+        raise UserError(
+            f"{path} is not an ECDSA (NIST P-256/384/521) key; "
+            "make one with `fedweave sites new-key`"
+        )
     return data.strip() + b"\n"
 
 

@@ -23,7 +23,9 @@ sites_app = typer.Typer(
 
 @certs_app.command("init")
 def certs_init(
-    out: Annotated[Path, typer.Option("--out", help="Directory for ca.pem, ca.key, server.pem, server.key.")],
+    out: Annotated[
+        Path, typer.Option("--out", help="Directory for ca.pem, ca.key, server.pem, server.key.")
+    ],
     host: Annotated[
         list[str],
         typer.Option("--host", help="Name or IP sites use to reach the coordinator (repeatable)."),
@@ -35,30 +37,36 @@ def certs_init(
     from fedweave.certs import init_certificates
 
     files = init_certificates(out, host, days=days, force=force)
-    typer.echo(f"wrote {files.ca_cert} (give to sites: --ca-cert), {files.server_cert}, "
-               f"{files.server_key} (0600); start the coordinator with --tls-dir {out}")
+    typer.echo(
+        f"wrote {files.ca_cert} (give to sites: --ca-cert), {files.server_cert}, "
+        f"{files.server_key} (0600); start the coordinator with --tls-dir {out}"
+    )
 
 
 @sites_app.command("new-key")
 def sites_new_key(
-    out: Annotated[Path, typer.Option("--out", help="Private key file to write (its .pub beside it).")] = Path(
-        "site.key"
-    ),
+    out: Annotated[
+        Path, typer.Option("--out", help="Private key file to write (its .pub beside it).")
+    ] = Path("site.key"),
     force: Annotated[bool, typer.Option("--force", help="Replace existing files.")] = False,
 ) -> None:
     """Make this site's key pair: keep site.key here, send site.pub to the coordinator."""
     from fedweave.certs import new_site_key
 
     private, public = new_site_key(out, force=force)
-    typer.echo(f"wrote {private} (0600; use: fedweave client --site-key {private}) and {public} "
-               "(send to the coordinator: fedweave sites add-key DIR site.pub)")
+    typer.echo(
+        f"wrote {private} (0600; use: fedweave client --site-key {private}) and {public} "
+        "(send to the coordinator: fedweave sites add-key DIR site.pub)"
+    )
 
 
 @sites_app.command("add-key")
 def sites_add_key(
     directory: Annotated[Path, typer.Argument(help="The coordinator's --tls-dir.")],
     public_key: Annotated[Path, typer.Argument(help="The site's .pub file.")],
-    name: Annotated[str | None, typer.Option(help="Name to register it under (default: file stem).")] = None,
+    name: Annotated[
+        str | None, typer.Option(help="Name to register it under (default: file stem).")
+    ] = None,
 ) -> None:
     """Register a site's public key; the coordinator admits it at its next start."""
     from fedweave.certs import add_site_key

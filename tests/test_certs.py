@@ -73,8 +73,11 @@ def test_add_key_registers_checks_and_refuses_duplicates(tmp_path):
         add_site_key(tls, pub_a, name="again")
 
     wrong = tmp_path / "ed.pub"
-    wrong.write_bytes(ed25519.Ed25519PrivateKey.generate().public_key().public_bytes(
-        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH))
+    wrong.write_bytes(
+        ed25519.Ed25519PrivateKey.generate()
+        .public_key()
+        .public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    )
     with pytest.raises(UserError, match="ECDSA"):
         add_site_key(tls, wrong)
     garbage = tmp_path / "garbage.pub"

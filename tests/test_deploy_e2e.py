@@ -38,14 +38,26 @@ def test_three_sites_tls_auth_secagg_with_a_site_killed_in_round_2(tmp_path):
     procs = Processes(tmp_path)
     try:
         coord = procs.start("coordinator", *coordinator_args(port, db, ROUNDS, SITES, "--once"))
-        wait_for(lambda: "sites connected" in procs.output("coordinator"), 60,
-                 "the coordinator to listen", coord, lambda: procs.output("coordinator"))
+        wait_for(
+            lambda: "sites connected" in procs.output("coordinator"),
+            60,
+            "the coordinator to listen",
+            coord,
+            lambda: procs.output("coordinator"),
+        )
         sites = [procs.start(f"site{i}", *site_args(port, i)) for i in range(SITES)]
         intruder = procs.start("intruder", *site_args(port, 0, 3, "--connect-timeout", "15"))
 
         # The unregistered site is turned away and says so, without hurting the run.
-        assert wait_for(lambda: intruder.poll() is not None, 120, "the intruder to give up",
-                        log=lambda: procs.output("intruder")) is not None
+        assert (
+            wait_for(
+                lambda: intruder.poll() is not None,
+                120,
+                "the intruder to give up",
+                log=lambda: procs.output("intruder"),
+            )
+            is not None
+        )
         assert intruder.returncode == 2, procs.output("intruder")
         assert "refused this site: its key is not registered" in procs.output("intruder")
 
@@ -53,19 +65,33 @@ def test_three_sites_tls_auth_secagg_with_a_site_killed_in_round_2(tmp_path):
         # round 2: SecAgg+ sends 4 messages per round and training is the 3rd, so the 7th
         # message a site receives is round 2's training request.
         site2_log = tmp_path / "site2-2.log"
-        wait_for(lambda: received_messages(site2_log) >= MESSAGES_PER_ROUND + 3, 300,
-                 "site 2 to start training in round 2", coord, lambda: procs.output("coordinator"))
+        wait_for(
+            lambda: received_messages(site2_log) >= MESSAGES_PER_ROUND + 3,
+            300,
+            "site 2 to start training in round 2",
+            coord,
+            lambda: procs.output("coordinator"),
+        )
         kill_group(sites[2], signal.SIGKILL)
         rounds_at_kill = [r["round"] for r in recorded(db)[0]]
         assert rounds_at_kill == [1], f"the kill was not in round 2: {rounds_at_kill}"
         # Round 2 finishes with the other two (the SuperLink notices the dead node when its
         # heartbeat lapses); then the site comes back and round 3 needs all three again.
-        wait_for(lambda: len(recorded(db)[0]) >= 2, 300, "round 2 without site 2", coord,
-                 lambda: procs.output("coordinator"))
+        wait_for(
+            lambda: len(recorded(db)[0]) >= 2,
+            300,
+            "round 2 without site 2",
+            coord,
+            lambda: procs.output("coordinator"),
+        )
         sites[2] = procs.start("site2-restarted", *site_args(port, 2))
 
-        wait_for(lambda: coord.poll() is not None, 600, "the run to complete",
-                 log=lambda: procs.output("coordinator"))
+        wait_for(
+            lambda: coord.poll() is not None,
+            600,
+            "the run to complete",
+            log=lambda: procs.output("coordinator"),
+        )
         out = procs.output("coordinator")
         assert coord.returncode == 0, out
     finally:

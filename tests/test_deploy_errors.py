@@ -104,3 +104,41 @@ def test_client_gives_up_on_an_unreachable_coordinator_after_connect_timeout(dep
     one_line_error(done, f"127.0.0.1:{port}", "--connect-timeout 6")
     assert "unreachable; retrying in" in done.stderr  # the backoff is visible while it waits
     assert 5 <= elapsed < 60, elapsed
+
+
+def _survivors(text: str) -> list[int]:
+    from test_deploy_support import processes_mentioning
+
+    return processes_mentioning(text)
+
+
+@pytest.mark.slow
+def test_sigterm_stops_coordinator_and_site_cleanly(deployment, tmp_path):
+    import signal
+
+    from test_deploy_support import Processes, recorded, wait_for
+
+    port = free_port()
+    db = f"sqlite:///{tmp_path / 'stop.db'}"
+    procs = Processes(deployment)
+    try:
+        coord = procs.start("stop-coordinator", "coordinator", "--address", f"127.0.0.1:{port}",
+                            "--min-clients", "3", "--db", db, "--tls-dir", "tls",
+                            "--state-dir", str(tmp_path / "state"))
+        site = procs.start("stop-site", "client", "--coordinator", f"127.0.0.1:{port}",
+                           "--data", "split/site-0.npz", "--ca-cert", "tls/ca.pem",
+                           "--log-file", str(tmp_path / "site.log"))
+        wait_for(lambda: "1/3 sites connected" in procs.output("stop-coordinator"), 90,
+                 "the site to connect", coord, lambda: procs.output("stop-coordinator"))
+        site.send_signal(signal.SIGTERM)
+        assert site.wait(30) == 0, procs.output("stop-site")
+        assert "site stopped" in procs.output("stop-site")
+        coord.send_signal(signal.SIGTERM)
+        assert coord.wait(30) == 130, procs.output("stop-coordinator")
+        assert "interrupted; continue it with --resume" in procs.output("stop-coordinator")
+        leftovers = lambda: _survivors(str(tmp_path)) + _survivors(f"127.0.0.1:{port}")  # noqa: E731
+        wait_for(lambda: not leftovers(), 15, "Flower processes to exit",
+                 log=lambda: str(leftovers()))
+    finally:
+        procs.close()
+    assert recorded(db)[2].status == "interrupted"

@@ -33,23 +33,36 @@ def test_coordinator_kill_9_mid_run_then_resume(tmp_path):
     try:
         first = procs.start("coordinator", *coordinator_args(port, db, ROUNDS, SITES, "--once"))
         sites = [procs.start(f"site{i}", *site_args(port, i)) for i in range(SITES)]
-        wait_for(lambda: len(recorded(db)[0]) >= 1, 400, "round 1", first,
-                 lambda: procs.output("coordinator"))
+        wait_for(
+            lambda: len(recorded(db)[0]) >= 1,
+            400,
+            "round 1",
+            first,
+            lambda: procs.output("coordinator"),
+        )
 
         os.kill(first.pid, signal.SIGKILL)  # the coordinator only: its children must follow
         first.wait(10)
-        wait_for(lambda: not processes_mentioning(str(db_path)), 30,
-                 "the SuperLink and ServerApp to die with the coordinator",
-                 log=lambda: str(processes_mentioning(str(db_path))))
+        wait_for(
+            lambda: not processes_mentioning(str(db_path)),
+            30,
+            "the SuperLink and ServerApp to die with the coordinator",
+            log=lambda: str(processes_mentioning(str(db_path))),
+        )
         rounds, _, run = recorded(db)
         done_before = [r["round"] for r in rounds]
         assert done_before == list(range(1, len(done_before) + 1)) and len(done_before) < ROUNDS
         assert run.status == "interrupted", run  # found dead by the next open of the history
 
-        resumed = procs.start("resumed", *coordinator_args(
-            port, db, ROUNDS, SITES, "--once", "--resume", run.run_id))
-        wait_for(lambda: resumed.poll() is not None, 600, "the resumed run to complete",
-                 log=lambda: procs.output("resumed"))
+        resumed = procs.start(
+            "resumed", *coordinator_args(port, db, ROUNDS, SITES, "--once", "--resume", run.run_id)
+        )
+        wait_for(
+            lambda: resumed.poll() is not None,
+            600,
+            "the resumed run to complete",
+            log=lambda: procs.output("resumed"),
+        )
         out = procs.output("resumed")
         assert resumed.returncode == 0, out
         assert f"resuming run {run.run_id} after round {len(done_before)}" in out
@@ -62,7 +75,7 @@ def test_coordinator_kill_9_mid_run_then_resume(tmp_path):
     rounds, site_rows, final = recorded(db)
     assert [r["round"] for r in rounds] == list(range(1, ROUNDS + 1))  # none lost, none twice
     assert final.status == "completed" and final.rounds_completed == ROUNDS
-    assert all(r["replied"] == SITES for r in rounds[len(done_before):]), rounds
+    assert all(r["replied"] == SITES for r in rounds[len(done_before) :]), rounds
     assert rounds[-1]["eval_accuracy"] > 0.5
     for n in range(len(done_before) + 1, ROUNDS + 1):
         assert f"round {n}/{ROUNDS}: accuracy" in out

@@ -46,14 +46,22 @@ def free_port() -> int:
 
 def run_fedweave(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
     """Run a short fedweave command to completion (its own group; killed on timeout)."""
-    proc = subprocess.Popen(fedweave_cmd(*args), cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        fedweave_cmd(*args),
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         kill_group(proc)
         out, err = proc.communicate()
-        raise AssertionError(f"fedweave {' '.join(args)} timed out; stderr: {err[-2000:]}") from None
+        raise AssertionError(
+            f"fedweave {' '.join(args)} timed out; stderr: {err[-2000:]}"
+        ) from None
     finally:
         kill_group(proc)
     return subprocess.CompletedProcess(args, proc.returncode, out, err)
@@ -68,8 +76,14 @@ class Processes:
 
     def start(self, name: str, *args: str) -> subprocess.Popen:
         out = open(self.cwd / f"{name}.out", "w")  # noqa: SIM115 - the child owns it
-        proc = subprocess.Popen(fedweave_cmd(*args), cwd=self.cwd, stdout=out,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        proc = subprocess.Popen(
+            fedweave_cmd(*args),
+            cwd=self.cwd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         proc.name = name  # type: ignore[attr-defined]
         self.procs.append(proc)
         return proc
@@ -95,8 +109,13 @@ def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
             pass
 
 
-def wait_for(predicate: Callable[[], object], timeout: float, what: str,
-              alive: subprocess.Popen | None = None, log: Callable[[], str] | None = None):
+def wait_for(
+    predicate: Callable[[], object],
+    timeout: float,
+    what: str,
+    alive: subprocess.Popen | None = None,
+    log: Callable[[], str] | None = None,
+):
     """Poll ``predicate`` until truthy; fail naming ``what`` (and a log tail) on timeout."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -104,11 +123,14 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str,
         if value:
             return value
         if alive is not None and alive.poll() is not None:
-            raise AssertionError(f"process exited ({alive.returncode}) while waiting for {what}: "
-                                 f"{(log() if log else '')[-3000:]}")
+            raise AssertionError(
+                f"process exited ({alive.returncode}) while waiting for {what}: "
+                f"{(log() if log else '')[-3000:]}"
+            )
         time.sleep(0.25)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}: "
-                         f"{(log() if log else '')[-3000:]}")
+    raise AssertionError(
+        f"timed out after {timeout:.0f} s waiting for {what}: {(log() if log else '')[-3000:]}"
+    )
 
 
 def recorded(db_url: str) -> tuple[list[dict], list[dict], object]:
@@ -131,8 +153,20 @@ def make_deployment(root: Path, sites: int, unregistered: int = 0) -> None:
     all made with the fedweave commands a user would run."""
     for args in (
         ("certs", "init", "--out", "tls", "--host", "localhost"),
-        ("data", "split", "--task", "digits", "--clients", str(sites), "--partition", "iid",
-         "--seed", "0", "--out", "split"),
+        (
+            "data",
+            "split",
+            "--task",
+            "digits",
+            "--clients",
+            str(sites),
+            "--partition",
+            "iid",
+            "--seed",
+            "0",
+            "--out",
+            "split",
+        ),
     ):
         done = run_fedweave(*args, cwd=root)
         assert done.returncode == 0, done.stderr
@@ -145,18 +179,47 @@ def make_deployment(root: Path, sites: int, unregistered: int = 0) -> None:
 
 
 def coordinator_args(port: int, db: str, rounds: int, sites: int, *extra: str) -> list[str]:
-    return ["coordinator", "--address", f"127.0.0.1:{port}", "--task", "digits",
-            "--rounds", str(rounds), "--min-clients", str(sites), "--db", db,
-            "--tls-dir", "tls", "--require-registered-sites", "--test-data", "split/test.npz",
-            "--local-epochs", "2", *extra]
+    return [
+        "coordinator",
+        "--address",
+        f"127.0.0.1:{port}",
+        "--task",
+        "digits",
+        "--rounds",
+        str(rounds),
+        "--min-clients",
+        str(sites),
+        "--db",
+        db,
+        "--tls-dir",
+        "tls",
+        "--require-registered-sites",
+        "--test-data",
+        "split/test.npz",
+        "--local-epochs",
+        "2",
+        *extra,
+    ]
 
 
 def site_args(port: int, index: int, key_index: int | None = None, *extra: str) -> list[str]:
     key = index if key_index is None else key_index
-    return ["client", "--coordinator", f"127.0.0.1:{port}", "--task", "digits",
-            "--data", f"split/site-{index}.npz" if index >= 0 else "split/site-0.npz",
-            "--ca-cert", "tls/ca.pem", "--site-key", f"site{key}.key",
-            "--log-file", f"site{key}-{index}.log", *extra]
+    return [
+        "client",
+        "--coordinator",
+        f"127.0.0.1:{port}",
+        "--task",
+        "digits",
+        "--data",
+        f"split/site-{index}.npz" if index >= 0 else "split/site-0.npz",
+        "--ca-cert",
+        "tls/ca.pem",
+        "--site-key",
+        f"site{key}.key",
+        "--log-file",
+        f"site{key}-{index}.log",
+        *extra,
+    ]
 
 
 def processes_mentioning(text: str) -> list[int]:
