@@ -39,8 +39,13 @@ def peer(
     ] = None,
     rounds: Annotated[int, typer.Option(help="Rounds to run; 0 runs until SIGTERM.")] = 50,
     db: Annotated[
-        str | None, typer.Option(envvar="FEDWEAVE_DB", help="History database URL.")
-    ] = None,
+        str,
+        typer.Option(
+            envvar="FEDWEAVE_DB",
+            help="History database URL (sqlite:///FILE or postgresql+psycopg://...); "
+            "'none' records nothing.",
+        ),
+    ] = "sqlite:///fedweave.db",
     keys: Annotated[
         Path | None, typer.Option(help="CURVE key directory (fedweave keys new).")
     ] = None,
@@ -111,7 +116,7 @@ def peer(
         data=data,
         test=test,
         rounds=rounds,
-        db=db,
+        db=None if db.lower() == "none" else db,
         run_id=run_id,
         keys=keys,
         fanout=fanout,

@@ -256,6 +256,8 @@ def _launch_plan(
             argv += ["--keys", str(keys[i])]
         if sim.db is not None and run_id is not None:
             argv += ["--db", sim.db, "--run-id", run_id]
+        else:
+            argv += ["--db", "none"]
         env = dict(
             os.environ,
             PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),

@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _env() -> dict[str, str]:
-    return dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    return dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", FEDWEAVE_DB="none")
 
 
 def _spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
