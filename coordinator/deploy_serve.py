@@ -132,7 +132,10 @@ def _reason(text: str | None) -> str:
     text = text or "no reason given"
     marker = "fedweave-refused: "
     if marker in text:
-        return "refused: " + text.split(marker, 1)[1].rstrip('\'>")"')
+        inner = text.split(marker, 1)[1]
+        for tail in ("'>\")", "'>"):
+            inner = inner.removesuffix(tail)
+        return "refused: " + inner
     return text
 
 
