@@ -251,7 +251,8 @@ def load_site_public_key(path: Path) -> bytes:
 def add_site_key(directory: Path, public_key: Path, name: str | None = None) -> Path:
     """Register a site's public key with the coordinator's TLS directory (``DIR/sites/NAME.pub``).
 
-    The coordinator registers every key found there with its SuperLink at start; with
+    The coordinator registers every key found there with its SuperLink (at start, and keys
+    added later within seconds); with
     ``--require-registered-sites`` a SuperNode whose key is not there is refused.
     """
     data = load_site_public_key(public_key)

@@ -68,8 +68,10 @@ def sites_add_key(
         str | None, typer.Option(help="Name to register it under (default: file stem).")
     ] = None,
 ) -> None:
-    """Register a site's public key; the coordinator admits it at its next start."""
+    """Register a site's public key; a running coordinator admits it within seconds."""
     from fedweave.certs import add_site_key
 
     target = add_site_key(directory, public_key, name)
-    typer.echo(f"registered {target.stem} ({target}); restart the coordinator to admit it")
+    typer.echo(
+        f"registered {target.stem} ({target}); a running coordinator admits it within seconds"
+    )
