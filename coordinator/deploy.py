@@ -10,6 +10,9 @@ config; no project directory, no ``~/.flwr`` config, no ``flwr`` CLI in between.
 
 In 1.41 the Fleet, Control and Runtime APIs are one HTTPS (protobuf-over-HTTP) server on
 ``--host/--port``; SuperNodes only speak that (the gRPC Fleet API is a hidden legacy switch).
+
+The SuperLink runs under ``coordinator.deploy_guard`` so that its whole process tree
+(SuperExec, ``flwr-serverapp``) ends with the coordinator, even after ``kill -9``.
 """
 
 from __future__ import annotations
