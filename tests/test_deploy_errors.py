@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 
@@ -29,9 +30,22 @@ def one_line_error(done, *needles: str) -> str:
 
 
 def coordinator(root, port: int, *extra: str):
-    return run_fedweave("coordinator", "--address", f"127.0.0.1:{port}", "--rounds", "1",
-                        "--min-clients", "3", "--db", f"sqlite:///{root / 'h.db'}",
-                        "--state-dir", str(root / "state"), "--once", *extra, cwd=root)
+    return run_fedweave(
+        "coordinator",
+        "--address",
+        f"127.0.0.1:{port}",
+        "--rounds",
+        "1",
+        "--min-clients",
+        "3",
+        "--db",
+        f"sqlite:///{root / 'h.db'}",
+        "--state-dir",
+        str(root / "state"),
+        "--once",
+        *extra,
+        cwd=root,
+    )
 
 
 def test_coordinator_port_in_use(deployment):
@@ -49,20 +63,34 @@ def test_coordinator_unreadable_or_missing_certificates(deployment, tmp_path):
     for name in ("ca.pem", "server.pem"):
         (broken / name).write_bytes((deployment / "tls" / name).read_bytes())
     (broken / "server.key").mkdir()  # unreadable as a file (tests may run as root)
-    one_line_error(coordinator(deployment, free_port(), "--tls-dir", str(broken)),
-                   "cannot read TLS file", "server.key")
+    one_line_error(
+        coordinator(deployment, free_port(), "--tls-dir", str(broken)),
+        "cannot read TLS file",
+        "server.key",
+    )
     (broken / "server.key").rmdir()
     (broken / "server.key").write_text("garbage")
     one_line_error(coordinator(deployment, free_port(), "--tls-dir", str(broken)), "not PEM")
     one_line_error(coordinator(deployment, free_port()), "--tls-dir DIR", "--insecure")
-    one_line_error(coordinator(deployment, free_port(), "--insecure", "--require-registered-sites"),
-                   "needs TLS")
+    one_line_error(
+        coordinator(deployment, free_port(), "--insecure", "--require-registered-sites"),
+        "needs TLS",
+    )
 
 
 def test_coordinator_database_unreachable(deployment):
-    done = run_fedweave("coordinator", "--address", f"127.0.0.1:{free_port()}", "--insecure",
-                        "--db", "postgresql+psycopg://fw:secret@127.0.0.1:1/fw", "--once",
-                        "--state-dir", str(deployment / "state"), cwd=deployment)
+    done = run_fedweave(
+        "coordinator",
+        "--address",
+        f"127.0.0.1:{free_port()}",
+        "--insecure",
+        "--db",
+        "postgresql+psycopg://fw:secret@127.0.0.1:1/fw",
+        "--once",
+        "--state-dir",
+        str(deployment / "state"),
+        cwd=deployment,
+    )
     line = one_line_error(done)
     assert "secret" not in line  # the password is masked
     assert not (deployment / "state" / "superlink.db").exists()  # nothing started
@@ -70,16 +98,27 @@ def test_coordinator_database_unreachable(deployment):
 
 def test_coordinator_refuses_bad_settings_before_starting(deployment):
     one_line_error(coordinator(deployment, free_port(), "--insecure", "--task", "nope"), "nope")
-    one_line_error(coordinator(deployment, free_port(), "--insecure", "--address", "nohost"),
-                   "HOST:PORT")
-    one_line_error(coordinator(deployment, free_port(), "--insecure", "--resume", "feedbeef0000"),
-                   "feedbeef0000")
+    one_line_error(
+        coordinator(deployment, free_port(), "--insecure", "--address", "nohost"), "HOST:PORT"
+    )
+    one_line_error(
+        coordinator(deployment, free_port(), "--insecure", "--resume", "feedbeef0000"),
+        "feedbeef0000",
+    )
 
 
 def test_client_missing_data_file_fails_before_connecting(deployment):
     started = time.monotonic()
-    done = run_fedweave("client", "--coordinator", "127.0.0.1:1", "--data", "nowhere.npz",
-                        "--ca-cert", "tls/ca.pem", cwd=deployment)
+    done = run_fedweave(
+        "client",
+        "--coordinator",
+        "127.0.0.1:1",
+        "--data",
+        "nowhere.npz",
+        "--ca-cert",
+        "tls/ca.pem",
+        cwd=deployment,
+    )
     one_line_error(done, "nowhere.npz", "does not exist")
     assert "connecting" not in done.stderr and time.monotonic() - started < 30
 
@@ -87,19 +126,32 @@ def test_client_missing_data_file_fails_before_connecting(deployment):
 def test_client_needs_tls_or_insecure_and_a_real_key(deployment):
     base = ["client", "--coordinator", "127.0.0.1:1", "--data", "split/site-0.npz"]
     one_line_error(run_fedweave(*base, cwd=deployment), "--ca-cert", "--insecure")
-    one_line_error(run_fedweave(*base, "--ca-cert", "split/test.npz", cwd=deployment),
-                   "not a PEM certificate")
-    one_line_error(run_fedweave(*base, "--ca-cert", "tls/ca.pem", "--site-key", "site0.pub",
-                                cwd=deployment), "not a site key")
+    one_line_error(
+        run_fedweave(*base, "--ca-cert", "split/test.npz", cwd=deployment), "not a PEM certificate"
+    )
+    one_line_error(
+        run_fedweave(*base, "--ca-cert", "tls/ca.pem", "--site-key", "site0.pub", cwd=deployment),
+        "not a site key",
+    )
 
 
 @pytest.mark.slow
 def test_client_gives_up_on_an_unreachable_coordinator_after_connect_timeout(deployment):
     port = free_port()  # nothing listens here
     started = time.monotonic()
-    done = run_fedweave("client", "--coordinator", f"127.0.0.1:{port}", "--data",
-                        "split/site-0.npz", "--ca-cert", "tls/ca.pem", "--connect-timeout", "6",
-                        cwd=deployment, timeout=120)
+    done = run_fedweave(
+        "client",
+        "--coordinator",
+        f"127.0.0.1:{port}",
+        "--data",
+        "split/site-0.npz",
+        "--ca-cert",
+        "tls/ca.pem",
+        "--connect-timeout",
+        "6",
+        cwd=deployment,
+        timeout=120,
+    )
     elapsed = time.monotonic() - started
     one_line_error(done, f"127.0.0.1:{port}", "--connect-timeout 6")
     assert "unreachable; retrying in" in done.stderr  # the backoff is visible while it waits
@@ -122,23 +174,82 @@ def test_sigterm_stops_coordinator_and_site_cleanly(deployment, tmp_path):
     db = f"sqlite:///{tmp_path / 'stop.db'}"
     procs = Processes(deployment)
     try:
-        coord = procs.start("stop-coordinator", "coordinator", "--address", f"127.0.0.1:{port}",
-                            "--min-clients", "3", "--db", db, "--tls-dir", "tls",
-                            "--state-dir", str(tmp_path / "state"))
-        site = procs.start("stop-site", "client", "--coordinator", f"127.0.0.1:{port}",
-                           "--data", "split/site-0.npz", "--ca-cert", "tls/ca.pem",
-                           "--log-file", str(tmp_path / "site.log"))
-        wait_for(lambda: "1/3 sites connected" in procs.output("stop-coordinator"), 90,
-                 "the site to connect", coord, lambda: procs.output("stop-coordinator"))
+        coord = procs.start(
+            "stop-coordinator",
+            "coordinator",
+            "--address",
+            f"127.0.0.1:{port}",
+            "--min-clients",
+            "3",
+            "--db",
+            db,
+            "--tls-dir",
+            "tls",
+            "--state-dir",
+            str(tmp_path / "state"),
+        )
+        site = procs.start(
+            "stop-site",
+            "client",
+            "--coordinator",
+            f"127.0.0.1:{port}",
+            "--data",
+            "split/site-0.npz",
+            "--ca-cert",
+            "tls/ca.pem",
+            "--log-file",
+            str(tmp_path / "site.log"),
+        )
+        wait_for(
+            lambda: "1/3 sites connected" in procs.output("stop-coordinator"),
+            90,
+            "the site to connect",
+            coord,
+            lambda: procs.output("stop-coordinator"),
+        )
         site.send_signal(signal.SIGTERM)
         assert site.wait(30) == 0, procs.output("stop-site")
         assert "site stopped" in procs.output("stop-site")
+
+        # kill -9 of a site's command alone: its SuperNode and helpers must not linger.
+        site_log = tmp_path / "site-killed.log"
+        killed = procs.start(
+            "killed-site",
+            "client",
+            "--coordinator",
+            f"127.0.0.1:{port}",
+            "--data",
+            "split/site-0.npz",
+            "--ca-cert",
+            "tls/ca.pem",
+            "--log-file",
+            str(site_log),
+        )
+        wait_for(
+            lambda: "connected to" in procs.output("killed-site"),
+            90,
+            "the second site to connect",
+            killed,
+            lambda: procs.output("killed-site"),
+        )
+        os.kill(killed.pid, signal.SIGKILL)
+        killed.wait(10)
+        wait_for(
+            lambda: (
+                not _survivors(str(site_log))
+                and not _survivors(str(deployment / "split" / "site-0.npz"))
+            ),
+            20,
+            "the killed site's SuperNode to exit",
+            log=lambda: str(_survivors(str(deployment / "split" / "site-0.npz"))),
+        )
         coord.send_signal(signal.SIGTERM)
         assert coord.wait(30) == 130, procs.output("stop-coordinator")
         assert "interrupted; continue it with --resume" in procs.output("stop-coordinator")
         leftovers = lambda: _survivors(str(tmp_path)) + _survivors(f"127.0.0.1:{port}")  # noqa: E731
-        wait_for(lambda: not leftovers(), 15, "Flower processes to exit",
-                 log=lambda: str(leftovers()))
+        wait_for(
+            lambda: not leftovers(), 15, "Flower processes to exit", log=lambda: str(leftovers())
+        )
     finally:
         procs.close()
     assert recorded(db)[2].status == "interrupted"

@@ -109,6 +109,34 @@ def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
             pass
 
 
+def kill_tree_now(proc: subprocess.Popen) -> list[int]:
+    """SIGKILL a process and all its descendants at once (a machine losing the processes, not
+    a polite stop); returns the pids killed."""
+    table: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                table[int(entry.name)] = int(
+                    (entry / "stat").read_text().rsplit(")", 1)[1].split()[1]
+                )
+            except (OSError, IndexError, ValueError):
+                pass
+    tree, queue = [proc.pid], [proc.pid]
+    while queue:
+        parent = queue.pop()
+        for pid, ppid in table.items():
+            if ppid == parent:
+                tree.append(pid)
+                queue.append(pid)
+    for pid in tree:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait(10)
+    return tree
+
+
 def wait_for(
     predicate: Callable[[], object],
     timeout: float,
