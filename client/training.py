@@ -111,7 +111,11 @@ def train_epochs(model: nn.Module, data: ArrayData, config: TrainConfig) -> dict
     device = pick_device(config.device)
     amp = use_amp(config, device)
     generator = torch.Generator().manual_seed(config.seed)
-    torch.manual_seed(config.seed)
+    # The CPU generator only: torch.manual_seed also seeds every accelerator backend lazily,
+    # recording a stack trace each call, which cost more than a small site's training step.
+    torch.default_generator.manual_seed(config.seed)
+    if device.type == "cuda":
+        torch.cuda.manual_seed(config.seed)
     model.to(device)
     model.train()
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
