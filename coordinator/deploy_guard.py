@@ -18,7 +18,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -97,12 +96,16 @@ def main(argv: list[str]) -> int:
         print("usage: python -m coordinator.deploy_guard -- COMMAND...", file=sys.stderr)
         return 2
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
-    stop = threading.Event()
+    stopping: list[int] = []  # a plain list, not an Event: no locks inside a signal handler
+
+    def on_signal(signum: int, _frame) -> None:
+        stopping.append(signum)
+
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, on_signal)
     child = subprocess.Popen(argv)
-    while not stop.is_set() and child.poll() is None:
-        stop.wait(0.2)
+    while not stopping and child.poll() is None:
+        time.sleep(0.2)
         _reap(child.pid)
     kill_tree(child.pid)
     code = child.poll()

@@ -253,3 +253,31 @@ def test_sigterm_stops_coordinator_and_site_cleanly(deployment, tmp_path):
     finally:
         procs.close()
     assert recorded(db)[2].status == "interrupted"
+
+
+def test_guard_takes_orphans_down_with_it(tmp_path):
+    """The process-tree guard adopts orphans (subreaper) and ends them all on SIGTERM."""
+    import signal
+    import subprocess
+    import sys
+
+    from test_deploy_support import processes_mentioning, wait_for
+
+    marker = str(tmp_path / "orphan-marker")
+    script = f'(env FW_MARK="{marker}" sleep 300 &) ; env FW_MARK="{marker}" sleep 301'
+    guard = subprocess.Popen(
+        [sys.executable, "-m", "coordinator.deploy_guard", "--", "sh", "-c", script],
+        start_new_session=True,
+    )
+    try:
+        wait_for(lambda: len(processes_mentioning(marker)) >= 2, 10, "the sleeps to start")
+        guard.send_signal(signal.SIGTERM)
+        assert guard.wait(15) == 128 + signal.SIGTERM
+        wait_for(
+            lambda: not processes_mentioning(marker),
+            10,
+            "the orphaned sleep to die",
+            log=lambda: str(processes_mentioning(marker)),
+        )
+    finally:
+        os.killpg(guard.pid, signal.SIGKILL) if guard.poll() is None else None
