@@ -178,8 +178,8 @@ class _LogFollower:
 def _start_supernode(command: list[str], env: dict[str, str]) -> subprocess.Popen:
     """The SuperNode under the process-tree guard: its SuperExec and ``flwr-clientapp``
     processes (which Flower leaves behind, retrying forever, when the SuperNode dies) end
-    with it, and the guard ends with us (see ``coordinator/deploy_guard.py``, stdlib only)."""
-    guarded = [sys.executable, "-m", "coordinator.deploy_guard", "--", *command]
+    with it, and the guard ends with us (see ``fedweave/procguard.py``, stdlib only)."""
+    guarded = [sys.executable, "-m", "fedweave.procguard", "--", *command]
     return subprocess.Popen(
         guarded,
         stdout=subprocess.PIPE,

@@ -11,7 +11,7 @@ config; no project directory, no ``~/.flwr`` config, no ``flwr`` CLI in between.
 In 1.41 the Fleet, Control and Runtime APIs are one HTTPS (protobuf-over-HTTP) server on
 ``--host/--port``; SuperNodes only speak that (the gRPC Fleet API is a hidden legacy switch).
 
-The SuperLink runs under ``coordinator.deploy_guard`` so that its whole process tree
+The SuperLink runs under ``fedweave.procguard`` so that its whole process tree
 (SuperExec, ``flwr-serverapp``) ends with the coordinator, even after ``kill -9``.
 """
 
@@ -334,7 +334,7 @@ def start_superlink(options: SuperLinkOptions, env: dict[str, str], timeout: flo
     database) becomes a one-line error with the last line of its log.
     """
     options.state_dir.mkdir(parents=True, exist_ok=True)
-    guarded = [sys.executable, "-m", "coordinator.deploy_guard", "--", *options.command()]
+    guarded = [sys.executable, "-m", "fedweave.procguard", "--", *options.command()]
     proc = spawn(guarded, options.log_path, env)
     client = ControlClient(options.local_address, options.tls)
     deadline = time.monotonic() + timeout

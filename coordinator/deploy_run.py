@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from coordinator.recording import resume_point
 from fedweave.errors import UserError
 
 COORDINATOR_PID_ENV = "FEDWEAVE_COORDINATOR_PID"
@@ -98,26 +99,6 @@ IDENTITY_KEYS = (
     "secure_agg",
 )
 """Settings a resumed run must keep: they decide what the run computes."""
-
-
-def resume_point(store, run_id: str) -> tuple[list | None, int]:
-    """(global weights, rounds done) to continue ``run_id`` from; (None, 0) before round 1.
-
-    The checkpoint is checked against the sha256 recorded with its round, so a damaged file
-    stops the resume instead of silently restarting from it.
-    """
-    from client.weights import load_weights_npz
-
-    checkpoint = store.latest_checkpoint(run_id)
-    if checkpoint is None:
-        return None, 0
-    try:
-        weights = load_weights_npz(checkpoint.path, checkpoint.sha256)
-    except (OSError, ValueError) as exc:
-        raise UserError(
-            f"cannot resume run {run_id}: checkpoint {checkpoint.path} unusable ({exc})"
-        ) from exc
-    return weights, checkpoint.round
 
 
 def check_resumable(run, plan: DeployPlan, explicit: set[str]) -> DeployPlan:

@@ -4,14 +4,33 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from client.weights import save_weights_npz, weights_sha256
+from client.weights import load_weights_npz, save_weights_npz, weights_sha256
 from coordinator.rounds import RoundSummary
+from fedweave.errors import UserError
 from fedweave.history.records import COORDINATOR_ACTOR, CheckpointRef, RoundRecord
 
 
 def checkpoint_path(checkpoint_dir: Path, run_id: str, round_number: int) -> Path:
     """Where the global model after ``round_number`` of ``run_id`` is kept."""
     return checkpoint_dir / run_id / f"round-{round_number:05d}.npz"
+
+
+def resume_point(store, run_id: str) -> tuple[list | None, int]:
+    """(global weights, rounds done) to continue ``run_id`` from; (None, 0) before round 1.
+
+    The checkpoint is checked against the sha256 recorded with its round, so a damaged file
+    stops the resume instead of silently restarting from it.
+    """
+    checkpoint = store.latest_checkpoint(run_id)
+    if checkpoint is None:
+        return None, 0
+    try:
+        weights = load_weights_npz(checkpoint.path, checkpoint.sha256)
+    except (OSError, ValueError) as exc:
+        raise UserError(
+            f"cannot resume run {run_id}: checkpoint {checkpoint.path} unusable ({exc})"
+        ) from exc
+    return weights, checkpoint.round
 
 
 class HistoryRecorder:

@@ -45,6 +45,7 @@ def weighted_train_metrics(results: Sequence[tuple[ClientProxy, FitRes]]) -> dic
 
 
 _APP_MESSAGE = re.compile(r"occurred\. Message: ([^\n'\"\\]+)")
+_ERROR_REASON = re.compile(r"reason=['\"](.+?)['\"]\)?$", re.S)
 
 
 def failure_reason(text: str) -> str:
@@ -52,6 +53,9 @@ def failure_reason(text: str) -> str:
     found = _APP_MESSAGE.findall(text)
     if found:
         return found[-1].strip()[:300]
+    wrapped = _ERROR_REASON.search(text.strip())
+    if wrapped:  # Flower's Error(code=..., reason='...') as the deployment engine reports it
+        text = wrapped.group(1)
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return (lines[-1] if lines else "no reply")[:300]
 
@@ -102,12 +106,15 @@ class ReportingMixin:
         self._sites: list[SiteResult] = []
         self._warnings: list[str] = []
         self._train_metrics: dict[str, Any] = {}
+        self._aggregated = False
 
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list:
         self._round_started = (time.perf_counter(), datetime.now(timezone.utc))
         self._global = parameters_to_ndarrays(parameters)
+        self._sites, self._warnings, self._train_metrics = [], [], {}
+        self._aggregated = False
         instructions = super().configure_fit(server_round, parameters, client_manager)
         self._sampled = [proxy.node_id for proxy, _ in instructions]
         return instructions
@@ -204,6 +211,7 @@ class ReportingMixin:
         failures: list[tuple[ClientProxy, FitRes] | BaseException],
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
         self._sites, self._warnings = [], []
+        self._aggregated = True
         self._train_metrics = weighted_train_metrics(results)
         if self.secure_agg:
             accepted = self._check_secure_aggregate(results)
@@ -220,6 +228,12 @@ class ReportingMixin:
     ) -> tuple[float, dict[str, Scalar]] | None:
         if server_round == 0 or self._round_started is None:
             return None  # the initial model is a checkpoint or a fresh init: not worth a pass
+        if not self._aggregated:
+            # SecAgg+ halted the round before aggregation (too few sites stayed): the global
+            # model is unchanged and every sampled site counts as failed for this round.
+            reason = "round halted before aggregation: too few sites completed SecAgg+"
+            self._sites = [SiteResult(str(node), "failed", reason=reason) for node in self._sampled]
+            self._warnings.append(reason)
         weights = parameters_to_ndarrays(parameters)
         scores = self.evaluator(weights)
         started, started_at = self._round_started

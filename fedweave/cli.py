@@ -8,6 +8,9 @@ import sys
 import click
 import typer
 
+from client.cli import client
+from coordinator.cli import coordinator
+from fedweave.certs_cli import certs_app, sites_app
 from fedweave.errors import USER_ERROR_EXIT_CODE, UserError
 from fedweave.history.cli import history_app
 from gossip.cli import keys_app, peer
@@ -23,6 +26,10 @@ app = typer.Typer(
 app.command()(simulate)
 app.add_typer(data_app, name="data")
 app.add_typer(history_app, name="history")
+app.command()(coordinator)
+app.command()(client)
+app.add_typer(certs_app, name="certs")
+app.add_typer(sites_app, name="sites")
 app.command()(peer)
 app.add_typer(keys_app, name="keys")
 

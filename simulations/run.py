@@ -85,8 +85,7 @@ def run_and_report(
     sim: FederatedSimulation, out: Path, recording: Recording, explicit: set[str] = frozenset()
 ) -> dict:
     """Run ``sim`` (or resume a recorded run) with progress; record each round; write the report."""
-    from client.weights import load_weights_npz
-    from coordinator.recording import BackgroundRecorder, HistoryRecorder
+    from coordinator.recording import BackgroundRecorder, HistoryRecorder, resume_point
     from fedweave.history import open_store
     from fedweave.history.tracking import make_tracker
 
@@ -97,15 +96,7 @@ def run_and_report(
         run = store.get_run(recording.resume)
         sim = resumable_simulation(run, sim, set(explicit))
         run_id = run.run_id
-        checkpoint = store.latest_checkpoint(run_id)
-        if checkpoint is not None:
-            try:
-                start_weights = load_weights_npz(checkpoint.path, checkpoint.sha256)
-            except (OSError, ValueError) as exc:
-                raise UserError(
-                    f"cannot resume run {run_id}: checkpoint {checkpoint.path} unusable ({exc})"
-                ) from exc
-            offset = checkpoint.round
+        start_weights, offset = resume_point(store, run_id)
         store.mark_running(run_id)
         console.print(f"resuming run {run_id} after round {offset} of {sim.rounds}")
     train, _ = load_task(sim.task).load_data()  # bad task or sizes fail here, before Ray starts

@@ -266,7 +266,7 @@ def test_guard_takes_orphans_down_with_it(tmp_path):
     marker = str(tmp_path / "orphan-marker")
     script = f'(env FW_MARK="{marker}" sleep 300 &) ; env FW_MARK="{marker}" sleep 301'
     guard = subprocess.Popen(
-        [sys.executable, "-m", "coordinator.deploy_guard", "--", "sh", "-c", script],
+        [sys.executable, "-m", "fedweave.procguard", "--", "sh", "-c", script],
         start_new_session=True,
     )
     try:

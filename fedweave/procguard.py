@@ -1,5 +1,5 @@
 """Keeps Flower's process tree from outliving the coordinator: ``python -m
-coordinator.deploy_guard -- flower-superlink ...``.
+fedweave.procguard -- flower-superlink ...``.
 
 Why: the SuperLink starts Flower's SuperExec in a new session, which starts
 ``flwr-serverapp`` per run. Those only watch their parent's pid (every 0.2 s) and then spend
@@ -93,7 +93,7 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["--"]:
         argv = argv[1:]
     if not argv:
-        print("usage: python -m coordinator.deploy_guard -- COMMAND...", file=sys.stderr)
+        print("usage: python -m fedweave.procguard -- COMMAND...", file=sys.stderr)
         return 2
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
     stopping: list[int] = []  # a plain list, not an Event: no locks inside a signal handler
