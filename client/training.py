@@ -7,6 +7,7 @@ non-blocking so the copy overlaps compute.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 from collections.abc import Iterator
@@ -95,9 +96,9 @@ def use_amp(config: TrainConfig, device: torch.device) -> bool:
     return device.type == "cuda" if config.amp is None else config.amp
 
 
-def _autocast(device: torch.device, enabled: bool) -> torch.autocast:
+def _autocast(device: torch.device) -> torch.autocast:
     dtype = torch.bfloat16 if device.type == "cpu" else torch.float16
-    return torch.autocast(device_type=device.type, dtype=dtype, enabled=enabled)
+    return torch.autocast(device_type=device.type, dtype=dtype)
 
 
 def train_epochs(model: nn.Module, data: ArrayData, config: TrainConfig) -> dict[str, float]:
@@ -119,7 +120,9 @@ def train_epochs(model: nn.Module, data: ArrayData, config: TrainConfig) -> dict
     model.to(device)
     model.train()
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
-    scaler = torch.amp.GradScaler(device.type, enabled=amp)
+    # Without mixed precision, no scaler and no autocast at all: creating them costs more on
+    # a site's first round than its training does.
+    scaler = torch.amp.GradScaler(device.type) if amp else None
     loss_fn = nn.CrossEntropyLoss()
     anchor = [p.detach().clone() for p in model.parameters()] if config.proximal_mu > 0 else None
     started = time.perf_counter()
@@ -130,15 +133,19 @@ def train_epochs(model: nn.Module, data: ArrayData, config: TrainConfig) -> dict
         correct.zero_()
         for xb, yb in iterate_batches(data, config.batch_size, device, True, generator):
             optimizer.zero_grad(set_to_none=True)
-            with _autocast(device, amp):
+            with _autocast(device) if amp else contextlib.nullcontext():
                 logits = model(xb)
                 loss = loss_fn(logits, yb)
             if anchor is not None:
                 drift = sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchor))
                 loss = loss + 0.5 * config.proximal_mu * drift
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
+            if scaler is None:
+                loss.backward()
+                optimizer.step()
+            else:
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
             loss_sum += loss.detach().float() * yb.shape[0]
             correct += (logits.detach().argmax(dim=1) == yb).sum()
     n = len(data)
@@ -165,7 +172,7 @@ def evaluate_model(
     loss_sum = torch.zeros((), device=device)
     correct = torch.zeros((), device=device, dtype=torch.long)
     for xb, yb in iterate_batches(data, batch_size, device, shuffle=False):
-        with _autocast(device, use_amp(config, device)):
+        with _autocast(device) if use_amp(config, device) else contextlib.nullcontext():
             logits = model(xb)
         loss_sum += loss_fn(logits.float(), yb)
         correct += (logits.argmax(dim=1) == yb).sum()
