@@ -35,6 +35,7 @@ def run_fedavg(args: argparse.Namespace) -> list[dict]:
         lr=args.lr,
         batch_size=args.batch_size,
         device="cpu",
+        secure_agg=False,  # the same local training and plain averaging, as gossip does
     )
     return run_federated_simulation(sim)
 

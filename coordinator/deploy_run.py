@@ -17,7 +17,6 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from coordinator.recording import resume_point
 from fedweave.errors import UserError
 
 COORDINATOR_PID_ENV = "FEDWEAVE_COORDINATOR_PID"
@@ -176,6 +175,8 @@ def run_plan(plan: DeployPlan, grid, context) -> None:
     store = open_store(os.environ.get(DB_ENV) or None)
     recorder = None
     try:
+        from coordinator.recording import resume_point  # torch: only once a run starts
+
         weights, offset = resume_point(store, plan.run_id)
         remaining = plan.rounds - offset
         if remaining > 0:

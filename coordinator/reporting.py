@@ -212,8 +212,8 @@ class ReportingMixin:
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
         self._sites, self._warnings = [], []
         self._aggregated = True
-        self._train_metrics = weighted_train_metrics(results)
-        if self.secure_agg:
+        if self.secure_agg:  # metrics are not masked: all sites that replied count
+            self._train_metrics = weighted_train_metrics(results)
             accepted = self._check_secure_aggregate(results)
         else:
             accepted = self._check_each_update(results)
