@@ -18,16 +18,21 @@ import subprocess
 import sys
 import tempfile
 import time
-from functools import cache
 from pathlib import Path
 
 from fedweave.offline import make_flower_offline
 
 make_flower_offline()
 
+MIN_TRAINED_ACCURACY = 0.5
+"""Digits has 10 classes; a run below this did not train and its time means nothing."""
 
-def raw_flower_apps(split_dir: Path, clients: int, rounds: int):
-    """The minimal Flower 1.41 app a user would write by hand (legacy API, FedAvg)."""
+
+def raw_flower_apps(split_dir: Path, clients: int, rounds: int, accuracies: list[float]):
+    """The minimal Flower 1.41 app a user would write by hand (legacy API, FedAvg).
+
+    ``accuracies`` receives the central test accuracy after every round.
+    """
     import numpy as np
     import torch
     from flwr.client import ClientApp, NumPyClient
@@ -47,7 +52,8 @@ def raw_flower_apps(split_dir: Path, clients: int, rounds: int):
     def put(m, ws):
         m.load_state_dict({k: torch.from_numpy(w) for k, w in zip(m.state_dict(), ws)})
 
-    @cache
+    # Not functools.cache: Ray pickles the ClientApp with every message and cannot pickle
+    # a cache around a local function (every client call would fail).
     def load(path: str):
         with np.load(path) as f:
             return torch.from_numpy(f["x"]).float(), torch.from_numpy(f["y"]).long()
@@ -79,9 +85,10 @@ def raw_flower_apps(split_dir: Path, clients: int, rounds: int):
         put(eval_net, parameters)
         with torch.no_grad():
             logits = eval_net(test_x)
-        return float(nn.functional.cross_entropy(logits, test_y)), {
-            "accuracy": float((logits.argmax(1) == test_y).float().mean())
-        }
+        accuracy = float((logits.argmax(1) == test_y).float().mean())
+        if server_round > 0:
+            accuracies.append(accuracy)
+        return float(nn.functional.cross_entropy(logits, test_y)), {"accuracy": accuracy}
 
     torch.manual_seed(0)
     start = ndarrays_to_parameters(get(model()))
@@ -100,7 +107,8 @@ def raw_flower_apps(split_dir: Path, clients: int, rounds: int):
     return ServerApp(server_fn=server_fn), ClientApp(client_fn=client_fn)
 
 
-def one_trial(kind: str, clients: int, rounds: int) -> float:
+def one_trial(kind: str, clients: int, rounds: int) -> tuple[float, float]:
+    """Seconds of one simulation and the global model's final test accuracy."""
     import logging
 
     from flwr.simulation import run_simulation
@@ -124,19 +132,20 @@ def one_trial(kind: str, clients: int, rounds: int) -> float:
         split = Path(tmp)
         if kind == "fedweave":
             started = time.perf_counter()
-            run_federated_simulation(sim, split_dir=split)
-            return time.perf_counter() - started
+            rows = run_federated_simulation(sim, split_dir=split)
+            return time.perf_counter() - started, rows[-1]["accuracy"]
         from client.task import load_task
         from simulations.engine_tuning import tune_simulation_engine
 
         tune_simulation_engine()
         started = time.perf_counter()
         write_split(load_task("digits"), split, clients, "dirichlet", 0.5, 2, 0)
-        server_app, client_app = raw_flower_apps(split, clients, rounds)
+        accuracies: list[float] = []
+        server_app, client_app = raw_flower_apps(split, clients, rounds, accuracies)
         run_simulation(
             server_app, client_app, num_supernodes=clients, backend_config=backend_config(sim)
         )
-        return time.perf_counter() - started
+        return time.perf_counter() - started, accuracies[-1]
 
 
 def main() -> None:
@@ -147,9 +156,11 @@ def main() -> None:
     parser.add_argument("--one", choices=["raw", "fedweave"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps({"seconds": one_trial(args.one, args.clients, args.rounds)}))
+        seconds, accuracy = one_trial(args.one, args.clients, args.rounds)
+        print(json.dumps({"seconds": seconds, "accuracy": accuracy}))
         return
     times: dict[str, list[float]] = {"raw": [], "fedweave": []}
+    accuracy: dict[str, list[float]] = {"raw": [], "fedweave": []}
     for trial in range(args.trials):
         for kind in ("raw", "fedweave") if trial % 2 == 0 else ("fedweave", "raw"):
             out = (
@@ -171,12 +182,24 @@ def main() -> None:
                 .stdout.strip()
                 .splitlines()[-1]
             )
-            times[kind].append(json.loads(out)["seconds"])
-            print(f"trial {trial + 1} {kind:9s} {times[kind][-1]:.2f}s", flush=True)
+            result = json.loads(out)
+            times[kind].append(result["seconds"])
+            accuracy[kind].append(result["accuracy"])
+            print(
+                f"trial {trial + 1} {kind:9s} {result['seconds']:.2f}s "
+                f"final accuracy {result['accuracy']:.3f}",
+                flush=True,
+            )
+            # A run whose clients fail still finishes (fast): refuse to time it.
+            if result["accuracy"] < MIN_TRAINED_ACCURACY:
+                sys.exit(f"the {kind} run did not train (accuracy {result['accuracy']:.3f})")
     raw, ours = statistics.median(times["raw"]), statistics.median(times["fedweave"])
     print(f"clients={args.clients} rounds={args.rounds} trials={args.trials}")
-    print(f"raw Flower median  {raw:.2f}s")
-    print(f"fedweave median    {ours:.2f}s")
+    print(f"raw Flower median  {raw:.2f}s  final accuracy {statistics.median(accuracy['raw']):.3f}")
+    print(
+        f"fedweave median    {ours:.2f}s  final accuracy "
+        f"{statistics.median(accuracy['fedweave']):.3f}"
+    )
     print(f"fedweave / raw Flower = {ours / raw:.3f} (goal <= 1.05)")
 
 
