@@ -125,6 +125,12 @@ def simulate(
     mix: str = typer.Option(
         "pairwise", help="Gossip: pairwise (example-weighted average), clipped or trimmed (robust)."
     ),
+    round_interval: float = typer.Option(
+        0.0,
+        min=0.0,
+        help="Gossip: minimum seconds per peer round; peers serve others' offers while they "
+        "wait. 0.1 mixes the peers' models better when they share one machine's cores.",
+    ),
     kill: str | None = typer.Option(
         None,
         help="Gossip fault injection: FRACTION@ROUND, e.g. 0.3@10 kills 30% of peers at round 10.",
@@ -189,6 +195,7 @@ def simulate(
             batch_size=batch_size,
             fanout=fanout,
             mix=mix,
+            round_interval=round_interval,
             kill=kill,
             gpus_per_peer=gpus_per_peer,
             db=db or DEFAULT_DB_URL,

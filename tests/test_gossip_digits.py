@@ -95,3 +95,42 @@ def test_every_peer_records_its_rounds_in_the_launchers_history_run(tmp_path: Pa
     assert all(r["eval_accuracy"] is not None and r["model_sha256"] for r in rows)
     sites = store.site_results(report["run_id"])
     assert sites and {s["site_id"] for s in sites} <= {r["actor"] for r in rows}
+
+
+def test_simulate_command_runs_gossip_and_paces_rounds(tmp_path: Path) -> None:
+    """The real ``fedweave simulate --mode gossip``: the report contract, and
+    ``--round-interval`` reaching the peers (no round of any peer is shorter)."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "report.json"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fedweave.cli",
+            "simulate",
+            "--mode",
+            "gossip",
+            "--clients",
+            "3",
+            "--rounds",
+            "3",
+            "--round-interval",
+            "0.3",
+            "--db",
+            f"sqlite:///{tmp_path / 'h.db'}",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["mode"] == "gossip" and report["config"]["round_interval"] == 0.3
+    assert [r["round"] for r in report["rounds"]] == [1, 2, 3]
+    assert all(r["seconds"] >= 0.3 for r in report["rounds"])
+    assert all("consensus_distance" in r and r["accuracy"] is not None for r in report["rounds"])
