@@ -6,7 +6,8 @@ write JSON lines (``ready``/``round``/``final``) and per-round model dumps; this
 them, injects faults (``--kill 0.3@10`` SIGKILLs 30% of the peers once a peer reaches round
 10), starts late joiners, and builds the report: ``rounds[].accuracy`` is the mean test
 accuracy of the peers' own models at that round, ``consensus_distance`` the mean L2 distance
-of their models to their mean.
+of their models to their mean, ``network_accuracy`` the accuracy of that mean model
+(``simulations.gossip_rows``).
 """
 
 from __future__ import annotations
@@ -272,37 +273,6 @@ def _launch_plan(
     return peers
 
 
-def _rows(peers: list[_PeerProc], rounds: int) -> list[dict[str, Any]]:
-    """Per-round means over the peers that completed that round."""
-    from gossip.averaging import consensus_distance
-
-    rows = []
-    for r in range(1, rounds + 1):
-        events = [p.rounds[r] for p in peers if r in p.rounds]
-        if not events:
-            continue
-        accs = [e["accuracy"] for e in events if e.get("accuracy") is not None]
-        losses = [e["loss"] for e in events if e.get("loss") is not None]
-        vectors = []
-        for p in peers:
-            path = p.dumps / f"round-{r}.npy"
-            if r in p.rounds and path.exists():
-                vectors.append(np.load(path, allow_pickle=False).astype(np.float64))
-        rows.append(
-            {
-                "round": r,
-                "accuracy": float(np.mean(accs)) if accs else None,
-                "loss": float(np.mean(losses)) if losses else None,
-                "seconds": float(np.mean([e["seconds"] for e in events])),
-                "consensus_distance": consensus_distance(vectors) if len(vectors) > 1 else 0.0,
-                "peers": len(events),
-                "min_accuracy": float(np.min(accs)) if accs else None,
-                "failed_exchanges": int(sum(e.get("failed", 0) for e in events)),
-            }
-        )
-    return rows
-
-
 def run_gossip_simulation(
     sim: GossipSimulation,
     work_dir: Path | None = None,
@@ -388,7 +358,15 @@ def run_gossip_simulation(
                 p.stop(signal.SIGKILL)
             if store is not None and run_id is not None:
                 store.finish_run(run_id, status, reason=reason)
-        rows = _rows(peers, sim.rounds)
+        from simulations.gossip_rows import MeanModelScorer, round_rows
+        from simulations.split import test_file
+
+        rows = round_rows(
+            {p.index: p.rounds for p in peers},
+            {p.index: p.dumps for p in peers},
+            sim.rounds,
+            MeanModelScorer(sim.task, test_file(work / "data")),
+        )
         survivors = [p for p in peers if not p.killed]
         finals = [p.rounds[max(p.rounds)] for p in survivors if p.rounds]
         final_accs = [e["accuracy"] for e in finals if e.get("accuracy") is not None]
@@ -430,7 +408,17 @@ def run_gossip_and_report(sim: GossipSimulation, out: Path) -> dict[str, Any]:
         )
     write_report(out, report)
     table_rows = [
-        {k: row[k] for k in ("round", "accuracy", "loss", "seconds", "consensus_distance")}
+        {
+            k: row.get(k)
+            for k in (
+                "round",
+                "accuracy",
+                "loss",
+                "seconds",
+                "consensus_distance",
+                "network_accuracy",
+            )
+        }
         for row in report["rounds"]
     ]
     console.print(rounds_table(table_rows, title=f"gossip {sim.task}: {sim.clients} peers"))
