@@ -82,6 +82,14 @@ def peer(
     round_interval: Annotated[
         float, typer.Option(help="Minimum seconds per round (the rest serves other peers).")
     ] = 0.0,
+    linger: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            help="After the last round, keep answering other peers' offers this many seconds "
+            "(slower peers can still mix with this peer's final model); Ctrl-C ends it early.",
+        ),
+    ] = 0.0,
     group_exchange: Annotated[
         bool, typer.Option(help="Pairwise: average with all neighbours of a round at once.")
     ] = False,
@@ -134,6 +142,7 @@ def peer(
         max_message_mb=max_message_mb,
         wait_for_peers=wait_for_peers,
         round_interval=round_interval,
+        linger=linger,
         group_exchange=group_exchange,
         results=results,
         dump_models=dump_models,

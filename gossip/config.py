@@ -27,6 +27,7 @@ class PeerConfig:
         max_message_mb: largest accepted message [1024].
         wait_for_peers: before round 1, wait (≤ connect_timeout) until this many peers,
             self included, are known; simulations use it so nobody races ahead alone [0].
+        linger: after the last round, keep answering offers this many seconds [0].
         results / dump_models: JSON-lines results and per-round model dumps (simulations).
         vector / vector_examples: gossip a fixed ``.npy`` vector instead of a task (tests).
     """
@@ -55,6 +56,7 @@ class PeerConfig:
     max_message_mb: int = 1024
     wait_for_peers: int = 0
     round_interval: float = 0.0
+    linger: float = 0.0
     group_exchange: bool = False
     results: Path | None = None
     dump_models: Path | None = None

@@ -44,8 +44,8 @@ class Peer(Node):
         return self._stop_signal != 0
 
     def run(self) -> int:
-        """Join, run the rounds, leave; always closes sockets and the history run."""
-        status, reason = "completed", None
+        """Join, run the rounds, linger, leave; always closes sockets and the history run."""
+        status, reason, completed = "completed", None, False
         try:
             self.history = open_history(
                 self.config.db,
@@ -62,7 +62,9 @@ class Peer(Node):
                 self._round(self.round + 1)
             if not self.stopping:
                 self._drain(time.monotonic() + self.config.exchange_timeout)
-            if self.stopping:
+                completed = True
+                self._linger(time.monotonic() + self.config.linger)
+            if self.stopping and not completed:
                 status, reason = "interrupted", f"signal {self._stop_signal}"
         except UserError as exc:
             status, reason = "failed", str(exc)
@@ -72,12 +74,22 @@ class Peer(Node):
             raise
         finally:
             self._leave(status, reason)
-        return 128 + self._stop_signal if self.stopping else 0
+        return 128 + self._stop_signal if self.stopping and not completed else 0
+
+    def _linger(self, deadline: float) -> None:
+        """After the last round, keep answering offers until ``deadline`` (or a signal), so
+        slower peers can still mix with this peer's final model."""
+        while time.monotonic() < deadline and not self.stopping:
+            self._serve(min(0.2, wait_until(deadline)))  # short polls: a signal ends it soon
 
     def _leave(self, status: str, reason: str | None) -> None:
+        """Say ``bye`` to every peer we know (not only those we have sockets to), so nobody
+        waits out a deadline on us."""
         bye = wire.encode(wire.Message(wire.BYE, self.peer_id, self.addr, self.round))
-        for key in self.transport.neighbour_keys():
-            if not key.startswith(SEED_PREFIX):
+        keys = {k for k in self.transport.neighbour_keys() if not k.startswith(SEED_PREFIX)}
+        keys |= {m.peer_id for m in self.members.live()}
+        for key in sorted(keys):
+            if self._ensure_dealer(key) or self.transport.connected(key):
                 self.transport.send(key, list(bye))
         self.results.event(
             "final",

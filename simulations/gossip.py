@@ -31,6 +31,7 @@ import numpy as np
 from fedweave.errors import UserError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+LINGER_SECONDS = 3600.0
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,7 @@ def free_ports(count: int) -> list[int]:
 class _PeerProc:
     def __init__(self, index: int, argv: list[str], env: dict[str, str], work: Path) -> None:
         self.index, self.argv, self.env, self.work = index, argv, env, work
+        self.released = False  # sent the one SIGTERM that ends its linger
         self.results = work / f"peer-{index}.jsonl"
         self.dumps = work / f"models-{index}"
         self.log = work / f"peer-{index}.log"
@@ -238,6 +240,10 @@ def _launch_plan(
             "120",
             "--round-interval",
             str(sim.round_interval),
+            # finished peers keep answering until every peer is done (the launcher then
+            # stops them), so slower peers never mix with an emptying network
+            "--linger",
+            str(LINGER_SECONDS),
             "--wait-for-peers",
             str(on_time),
             "--threads",
@@ -330,6 +336,14 @@ def run_gossip_simulation(
                             p.stop(signal.SIGKILL)
                             p.killed = True
                     killed_at = top
+                if not held and all(
+                    p.killed or not p.running or max(p.rounds, default=0) >= sim.rounds
+                    for p in peers
+                ):
+                    for p in peers:
+                        if p.running and not p.killed and not p.released:
+                            p.proc.send_signal(signal.SIGTERM)  # done: end their linger
+                            p.released = True
                 if late and held and top >= late[1]:
                     for p in peers:
                         if p.index in held:
