@@ -60,9 +60,12 @@ class Peer(Node):
             last = self.config.rounds
             while not self.stopping and (last <= 0 or self.round < last):
                 self._round(self.round + 1)
+            # all rounds done counts as completed even if a signal came in meanwhile (the
+            # simulation launcher ends a finished peer's linger with SIGTERM)
+            completed = 0 < last <= self.round
             if not self.stopping:
                 self._drain(time.monotonic() + self.config.exchange_timeout)
-                completed = True
+            if completed:
                 self._linger(time.monotonic() + self.config.linger)
             if self.stopping and not completed:
                 status, reason = "interrupted", f"signal {self._stop_signal}"
