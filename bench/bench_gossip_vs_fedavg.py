@@ -132,13 +132,11 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, default=None, help="also write both curves as JSON")
     args = parser.parse_args()
-    if args.fanout is None:
-        from simulations.gossip import GossipSimulation
+    from simulations.gossip import GossipSimulation
 
+    if args.fanout is None:
         args.fanout = GossipSimulation.fanout
     if args.round_interval is None:
-        from simulations.gossip import GossipSimulation
-
         args.round_interval = GossipSimulation.round_interval
 
     print(

@@ -46,7 +46,7 @@ class MeanModelScorer:
                 continue
             size = tensor.numel()
             chunk = flat[offset : offset + size].reshape(tuple(tensor.shape))
-            state[key] = torch.from_numpy(chunk.astype(np.float32)).to(tensor.dtype)
+            state[key] = torch.from_numpy(chunk).to(tensor.dtype)
             offset += size
         if offset != flat.size:
             raise ValueError(f"model dump has {flat.size} values, the task's model {offset}")
