@@ -16,6 +16,7 @@ from test_deploy_support import (
     run_fedweave,
     site_args,
     wait_for,
+    wait_for_success,
 )
 
 ROUNDS = 3
@@ -86,14 +87,7 @@ def test_three_sites_tls_auth_secagg_with_a_site_killed_in_round_2(tmp_path):
         )
         sites[2] = procs.start("site2-restarted", *site_args(port, 2))
 
-        wait_for(
-            lambda: coord.poll() is not None,
-            600,
-            "the run to complete",
-            log=lambda: procs.output("coordinator"),
-        )
-        out = procs.output("coordinator")
-        assert coord.returncode == 0, out
+        out = wait_for_success(procs, coord, "the run to complete")
     finally:
         procs.close()
 
@@ -157,14 +151,7 @@ def test_a_site_holding_another_task_is_refused_with_its_reason_and_the_run_goes
             "--log-file",
             "mnist-site.log",
         )
-        wait_for(
-            lambda: coord.poll() is not None,
-            600,
-            "the run to complete",
-            log=lambda: procs.output("coordinator"),
-        )
-        out = procs.output("coordinator")
-        assert coord.returncode == 0, out
+        out = wait_for_success(procs, coord, "the run to complete")
     finally:
         procs.close()
     rounds, site_rows, run = recorded(db)

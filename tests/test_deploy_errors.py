@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from pathlib import Path
 
 import pytest
 from test_deploy_support import free_port, make_deployment, run_fedweave
@@ -188,18 +189,22 @@ def test_sigterm_stops_coordinator_and_site_cleanly(deployment, tmp_path):
             "--state-dir",
             str(tmp_path / "state"),
         )
-        site = procs.start(
-            "stop-site",
-            "client",
-            "--coordinator",
-            f"127.0.0.1:{port}",
-            "--data",
-            "split/site-0.npz",
-            "--ca-cert",
-            "tls/ca.pem",
-            "--log-file",
-            str(tmp_path / "site.log"),
-        )
+
+        def start_site(name: str, log_file: Path):
+            return procs.start(
+                name,
+                "client",
+                "--coordinator",
+                f"127.0.0.1:{port}",
+                "--data",
+                "split/site-0.npz",
+                "--ca-cert",
+                "tls/ca.pem",
+                "--log-file",
+                str(log_file),
+            )
+
+        site = start_site("stop-site", tmp_path / "site.log")
         wait_for(
             lambda: "1/3 sites connected" in procs.output("stop-coordinator"),
             90,
@@ -213,18 +218,7 @@ def test_sigterm_stops_coordinator_and_site_cleanly(deployment, tmp_path):
 
         # kill -9 of a site's command alone: its SuperNode and helpers must not linger.
         site_log = tmp_path / "site-killed.log"
-        killed = procs.start(
-            "killed-site",
-            "client",
-            "--coordinator",
-            f"127.0.0.1:{port}",
-            "--data",
-            "split/site-0.npz",
-            "--ca-cert",
-            "tls/ca.pem",
-            "--log-file",
-            str(site_log),
-        )
+        killed = start_site("killed-site", site_log)
         wait_for(
             lambda: "connected to" in procs.output("killed-site"),
             90,

@@ -16,6 +16,7 @@ from test_deploy_support import (
     recorded,
     site_args,
     wait_for,
+    wait_for_success,
 )
 
 ROUNDS = 4
@@ -57,14 +58,7 @@ def test_coordinator_kill_9_mid_run_then_resume(tmp_path):
         resumed = procs.start(
             "resumed", *coordinator_args(port, db, ROUNDS, SITES, "--once", "--resume", run.run_id)
         )
-        wait_for(
-            lambda: resumed.poll() is not None,
-            600,
-            "the resumed run to complete",
-            log=lambda: procs.output("resumed"),
-        )
-        out = procs.output("resumed")
-        assert resumed.returncode == 0, out
+        out = wait_for_success(procs, resumed, "the resumed run to complete")
         assert f"resuming run {run.run_id} after round {len(done_before)}" in out
         assert all(site.poll() is None for site in sites), "a site died across the restart"
         for i in range(SITES):

@@ -161,6 +161,17 @@ def wait_for(
     )
 
 
+def wait_for_success(
+    procs: Processes, proc: subprocess.Popen, what: str, timeout: float = 600
+) -> str:
+    """Wait for ``proc`` (started by ``procs``) to exit, assert it exited 0, return its output."""
+    name = proc.name  # type: ignore[attr-defined]
+    wait_for(lambda: proc.poll() is not None, timeout, what, log=lambda: procs.output(name))
+    out = procs.output(name)
+    assert proc.returncode == 0, out
+    return out
+
+
 def recorded(db_url: str) -> tuple[list[dict], list[dict], object]:
     """(rounds, site rows, run info) of the only run in the history (empty before it exists)."""
     from fedweave.history import open_store
