@@ -39,13 +39,20 @@ def keystream_uint32(seed: bytes, count: int) -> np.ndarray:
 def quantize_flat(
     parameters: list[np.ndarray], clipping_range: float, target_range: int
 ) -> list[np.ndarray]:
-    """Flower's stochastic quantization, into one flat uint32 vector (as a one-item list)."""
+    """Flower's stochastic quantization, into one flat uint32 vector (as a one-item list).
+
+    The rounding noise is drawn from a generator seeded by a digest of the update itself:
+    still unbiased, but the same update rounds the same way, so a seeded run repeats
+    (Flower draws it from NumPy's global state, which no site seeds).
+    """
     flat = np.concatenate([np.ravel(p).astype(np.float64, copy=False) for p in parameters])
+    digest = hashlib.blake2b(flat.data, digest_size=16).digest()
+    noise = np.random.default_rng(int.from_bytes(digest)).random(flat.size)
     scaled = (np.clip(flat, -clipping_range, clipping_range) + clipping_range) * (
         target_range / (2 * clipping_range)
     )
     floor = np.floor(scaled)
-    rounded = floor + (np.random.default_rng().random(flat.size) < (scaled - floor))
+    rounded = floor + (noise < (scaled - floor))
     return [rounded.astype(np.uint32)]
 
 

@@ -7,6 +7,7 @@ Krum, ...), so the aggregation itself stays Flower's.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 import time
@@ -58,6 +59,24 @@ def failure_reason(text: str) -> str:
         text = wrapped.group(1)
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return (lines[-1] if lines else "no reply")[:300]
+
+
+def arrival_independent_order(
+    results: list[tuple[ClientProxy, FitRes]],
+) -> list[tuple[ClientProxy, FitRes]]:
+    """The results sorted by a digest of their weights, not by which site answered first.
+
+    Floating-point sums depend on their order, and a seeded run only repeats when the
+    strategy adds the same updates in the same order every time.
+    """
+
+    def digest(item: tuple[ClientProxy, FitRes]) -> bytes:
+        hasher = hashlib.blake2b(digest_size=16)
+        for tensor in item[1].parameters.tensors:
+            hasher.update(tensor)
+        return hasher.digest()
+
+    return sorted(results, key=digest)
 
 
 def _site_ok(proxy: ClientProxy, res: FitRes) -> SiteResult:
@@ -221,7 +240,7 @@ class ReportingMixin:
         self._record_failures(failures)
         if not accepted:
             return None, {}
-        return super().aggregate_fit(server_round, accepted, failures)
+        return super().aggregate_fit(server_round, arrival_independent_order(accepted), failures)
 
     def evaluate(
         self, server_round: int, parameters: Parameters
