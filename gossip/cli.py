@@ -49,7 +49,9 @@ def peer(
     keys: Annotated[
         Path | None, typer.Option(help="CURVE key directory (fedweave keys new).")
     ] = None,
-    fanout: Annotated[int, typer.Option(help="Neighbours contacted per round.")] = 2,
+    fanout: Annotated[
+        int, typer.Option(help="Neighbours this peer offers its model to each round.")
+    ] = 4,
     mix: Annotated[str, typer.Option(help="pairwise | clipped | trimmed.")] = "pairwise",
     clip_tau: Annotated[
         float | None, typer.Option(help="ClippedGossip radius (default adaptive).")
@@ -80,7 +82,13 @@ def peer(
         int, typer.Option(help="Before round 1, wait until this many peers are known.")
     ] = 0,
     round_interval: Annotated[
-        float, typer.Option(help="Minimum seconds per round (the rest serves other peers).")
+        float,
+        typer.Option(
+            min=0.0,
+            help="Slotted rounds: every round starts on a wall-clock multiple of this many "
+            "seconds, so peers (clocks synced by NTP) train together and mix after; pick more "
+            "than a round's training + exchanges. 0: rounds back to back.",
+        ),
     ] = 0.0,
     linger: Annotated[
         float,

@@ -17,7 +17,7 @@ class PeerConfig:
         rounds: rounds to run; 0 runs until SIGTERM [50].
         db / run_id: history URL (``None``: no history) and an existing run to write into.
         keys: CURVE key directory (``None``: plaintext) [None].
-        fanout: neighbours contacted per round [2].
+        fanout: neighbours contacted per round [4].
         mix: ``pairwise`` | ``clipped`` | ``trimmed`` [pairwise].
         clip_tau: ClippedGossip radius; ``None`` adapts it (median of recent norms).
         trim_fraction: share trimmed at each end by ``trimmed`` [0.2].
@@ -27,6 +27,9 @@ class PeerConfig:
         max_message_mb: largest accepted message [1024].
         wait_for_peers: before round 1, wait (≤ connect_timeout) until this many peers,
             self included, are known; simulations use it so nobody races ahead alone [0].
+        round_interval: slot length T; rounds start on wall-clock multiples of T, so peers
+            with synchronised clocks train together and mix after (``gossip.schedule``);
+            0 runs rounds back to back [0].
         linger: after the last round, keep answering offers this many seconds [0].
         results / dump_models: JSON-lines results and per-round model dumps (simulations).
         vector / vector_examples: gossip a fixed ``.npy`` vector instead of a task (tests).
@@ -41,7 +44,7 @@ class PeerConfig:
     db: str | None = None
     run_id: str | None = None
     keys: Path | None = None
-    fanout: int = 2
+    fanout: int = 4
     mix: str = "pairwise"
     clip_tau: float | None = None
     trim_fraction: float = 0.2

@@ -23,10 +23,14 @@ from gossip.keys import KeyRing, anonymous_peer_id, load_keyring
 from gossip.learner import Learner, build_learner
 from gossip.membership import Membership
 from gossip.recording import HistoryWriter, ResultsLog
+from gossip.schedule import SlotClock
 from gossip.transport import Incoming, Transport
 
 log = logging.getLogger("fedweave.gossip")
 SEED_PREFIX = "seed:"
+MAX_DEFERRED = 16
+"""Offers held back while our own offer is out; past that (or a second one from the same
+sender) the answer is ``busy``, so a flood of offers cannot pile up models in memory."""
 
 
 @dataclass
@@ -74,13 +78,14 @@ class Node:
         self.tau_history: list[float] = []
         self.greeted: set[str] = set()
         self.awaiting: set[int] = set()
+        self.deferred: list[tuple[bytes, wire.Message]] = []
         self.outcomes: dict[int, str] = {}
         self.known_n: dict[str, int] = {}
         self.group_share: dict[int, float] = {}
         self.pulled: list[tuple[int, OrderedDict[str, np.ndarray]]] = []
         self.busy_replies = 0
         self.mixes = 0
-        self._round_started = 0.0
+        self.slots = SlotClock(config.round_interval) if config.round_interval > 0 else None
         self.drops: Counter[str] = Counter()
         self._last_logged: dict[str, float] = {}
         self._stop_signal = 0
@@ -219,12 +224,18 @@ class Node:
 
     def _serve_offer(self, route: bytes, msg: wire.Message) -> None:
         mine = self.weights
-        if (
-            self.config.mix == "pairwise"
-            and self.awaiting
-            and not msg.pull
-            and msg.sender > self.peer_id
-        ):
+        if self.config.mix == "pairwise" and self.awaiting and not msg.pull:
+            # Mixing now would interleave with our own exchange. Offers from larger ids wait
+            # until it is done (``_serve_deferred``); smaller ids hear busy. Waits then only
+            # run from larger to smaller ids, so they never form a cycle.
+            waiting = {m.sender for _, m in self.deferred}
+            if (
+                msg.sender > self.peer_id
+                and msg.sender not in waiting
+                and len(self.deferred) < MAX_DEFERRED
+            ):
+                self.deferred.append((route, msg))
+                return
             busy = wire.Message(
                 wire.REPLY,
                 self.peer_id,
@@ -257,6 +268,13 @@ class Node:
             )
         else:
             self.buffered[msg.sender] = (msg.tensors, msg.num_examples)
+
+    def _serve_deferred(self) -> None:
+        """Answer the offers held back while our own exchange was out (call with
+        ``awaiting`` empty: they are then served, one atomic exchange each)."""
+        deferred, self.deferred = self.deferred, []
+        for route, msg in deferred:
+            self._serve_offer(route, msg)
 
     def _take_reply(self, msg: wire.Message) -> None:
         pending = self.pending.get(msg.xid)

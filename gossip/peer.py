@@ -9,6 +9,7 @@ waits for a global barrier: a slow or dead neighbour costs at most ``exchange_ti
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import time
 from collections import OrderedDict
@@ -200,8 +201,8 @@ class Peer(Node):
     # -- one round -----------------------------------------------------------------------
 
     def _round(self, r: int) -> None:
+        slot_end = self._wait_for_slot(r)
         started, started_at = time.monotonic(), datetime.now(timezone.utc)
-        self._round_started = started
         bytes_in, bytes_out = self.transport.bytes_in, self.transport.bytes_out
         self._serve(0)
         self.learner.load(self.weights)
@@ -210,7 +211,9 @@ class Peer(Node):
         trained = time.monotonic()
         self.replies = []
         chosen = [m.peer_id for m in self.members.pick(self.config.fanout)]
-        failed = self._exchange(chosen)
+        failed = self._exchange(chosen, slot_end)
+        if slot_end is not None:  # mix with whoever still offers, then evaluate
+            self._serve_until(slot_end - 0.1 * self.config.round_interval)
         self._mix_robust()
         self._expire_pending()
         if r % 5 == 0:
@@ -231,17 +234,18 @@ class Peer(Node):
             self.transport.bytes_out - bytes_out,
         )
 
-    def _exchange(self, chosen: list[str]) -> list[str]:
+    def _exchange(self, chosen: list[str], slot_end: float | None = None) -> list[str]:
         """Offer our model to ``chosen``; return those that missed their deadline.
 
         ``pairwise`` exchanges with one neighbour at a time; with ``group_exchange`` it offers
         to all neighbours whose example count it knows at once, with a ``share``
         (``group_shares``), and lands on the group's weighted average. While its offers are
-        out it serves offers from peers with a smaller id and answers ``busy`` to the others:
-        two peers offering to each other at once complete exactly one exchange, and
-        self-weights stay non-negative in practice. Whatever interleaves, both sides of an
-        exchange apply the same mass (delta against the sent snapshot), so the weighted sum
-        is exact. The robust rules offer to all at once and mix once at the end of the round.
+        out it holds back offers from peers with a larger id (answered right after, see
+        ``Node._serve_offer``) and answers ``busy`` to the others, so pairwise exchanges never
+        interleave and two peers offering to each other at once complete exactly one
+        exchange. Both sides of an exchange apply the same mass (delta against the sent
+        snapshot), so the weighted sum is exact. The robust rules offer to all at once and
+        mix once at the end of the round. ``slot_end`` (slotted rounds) bounds the retries.
         """
         timeout = self.config.exchange_timeout
         waves: list[tuple[list[str], int | None]]
@@ -256,10 +260,18 @@ class Peer(Node):
             else:
                 waves += [([pid], None) for pid in known]
         failed: list[str] = []
-        # a neighbour that answers busy is replaced by another one (at most ``fanout`` times a
-        # round): peers finish training at about the same time, so collisions are common
+        # A neighbour that answers busy is replaced: peers finish training at about the same
+        # time, so collisions are common. Unslotted: at most ``fanout`` replacements.
+        # Slotted: until half the slot is over, going round the others (busy ones included:
+        # they are usually free a moment later) at most twice.
         spares = [m.peer_id for m in self.members.pick(len(self.members.members))]
-        spares = [pid for pid in spares if pid not in chosen][: self.config.fanout]
+        spares = [pid for pid in spares if pid not in chosen]
+        retry_until = math.inf
+        half_slot = None if slot_end is None else slot_end - 0.5 * self.config.round_interval
+        if half_slot is None or half_slot <= time.monotonic():  # unslotted, or overran
+            spares = spares[: self.config.fanout]
+        else:
+            spares, retry_until = (spares + chosen) * 2, half_slot
         for wave, group_total in waves:
             xids = {pid: self._offer(pid, group_total=group_total) for pid in wave}
             self.awaiting = {x for x in xids.values() if x}
@@ -269,11 +281,14 @@ class Peer(Node):
                     break
                 self._serve(wait_until(deadline))
             self.awaiting = set()
+            self._serve_deferred()
             for pid, xid in xids.items():
                 outcome = self.outcomes.pop(xid, None) if xid else "unsent"
-                if outcome == "busy" and group_total is None and spares:
+                retry = group_total is None and spares and time.monotonic() < retry_until
+                if outcome == "busy" and retry:
                     spare = spares.pop(0)
-                    chosen.append(spare)
+                    if spare not in chosen:
+                        chosen.append(spare)
                     waves.append(([spare], None))
                 if outcome in ("ok", "busy"):
                     continue
@@ -285,13 +300,20 @@ class Peer(Node):
                         self.config.drop_after,
                     )
                     self.transport.disconnect(pid)
-        if self.config.round_interval > 0:
-            self._pace()
         return failed
 
-    def _pace(self) -> None:
-        """Serve others until the round has lasted ``round_interval`` seconds."""
-        end = self._round_started + self.config.round_interval
+    def _wait_for_slot(self, r: int) -> float | None:
+        """With ``round_interval``, serve others until round ``r``'s slot starts (at once if
+        the last round overran) and return when it ends (monotonic); else ``None``."""
+        if self.slots is None:
+            return None
+        start, end = self.slots.slot(r, time.time())
+        wait = start - time.time()
+        if wait > 0:
+            self._serve_until(time.monotonic() + wait)
+        return time.monotonic() + (end - time.time())
+
+    def _serve_until(self, end: float) -> None:
         while time.monotonic() < end and not self.stopping:
             self._serve(wait_until(end))
 
@@ -326,6 +348,8 @@ class Peer(Node):
             drops=sum(self.drops.values()),
             busy=self.busy_replies,
             mixes=self.mixes,
+            dbg_interleaved=getattr(self, "dbg_interleaved", 0),
+            dbg_stale=getattr(self, "dbg_stale", 0),
         )
         if self.history is None:
             return

@@ -120,16 +120,16 @@ def simulate(
     dp_epsilon: float = typer.Option(10.0, min=0.0, help="Local DP: epsilon per round."),
     dp_delta: float = typer.Option(1e-5, min=0.0, help="Local DP: delta per round."),
     fanout: int = typer.Option(
-        2, min=1, help="Gossip: neighbours each peer exchanges with per round."
+        4, min=1, help="Gossip: neighbours each peer offers its model to per round."
     ),
     mix: str = typer.Option(
         "pairwise", help="Gossip: pairwise (example-weighted average), clipped or trimmed (robust)."
     ),
     round_interval: float = typer.Option(
-        0.0,
+        0.1,
         min=0.0,
-        help="Gossip: minimum seconds per peer round; peers serve others' offers while they "
-        "wait. 0.1 mixes the peers' models better when they share one machine's cores.",
+        help="Gossip: slotted rounds of this many seconds (peers train together, then mix); "
+        "raise it above a round's training time for bigger tasks; 0: rounds back to back.",
     ),
     kill: str | None = typer.Option(
         None,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -43,14 +44,14 @@ class GossipSimulation:
         partition / alpha / shards_per_client / seed: the split, identical to federated mode's
             for the same values, so the two modes compare on the same data.
         local_epochs / lr / batch_size: local training per round (1, 0.1, 16).
-        fanout / mix: neighbours per round (2) and mixing rule (``pairwise``).
+        fanout / mix: neighbours per round (4) and mixing rule (``pairwise``).
         group_exchange: ``pairwise`` averages with all of a round's neighbours at once (False).
         kill: ``"FRACTION@ROUND"`` fault injection, e.g. ``"0.3@10"`` (default none).
         late: ``"COUNT@ROUND"``: hold back COUNT peers and start them once a peer has reached
             ROUND (late joiners; default none).
         gpus_per_peer: GPU share per peer (0.5 = two peers per GPU); 0 trains on CPU.
         exchange_timeout: seconds a peer waits for a neighbour (5).
-        round_interval: minimum seconds per peer round (0: as fast as it goes).
+        round_interval: slot length in seconds (0.1; ``gossip.schedule``); 0: back to back.
         secure: give every peer a CURVE key pair and a shared allow-list.
         db: history URL; the launcher creates the run and every peer records into it.
         timeout_s: give up (and kill every peer) after this long (default: scaled by rounds).
@@ -66,14 +67,14 @@ class GossipSimulation:
     local_epochs: int = 1
     lr: float = 0.1
     batch_size: int = 16
-    fanout: int = 2
+    fanout: int = 4
     mix: str = "pairwise"
     group_exchange: bool = False
     kill: str | None = None
     late: str | None = None
     gpus_per_peer: float = 0.0
     exchange_timeout: float = 5.0
-    round_interval: float = 0.0
+    round_interval: float = 0.1
     secure: bool = False
     db: str | None = None
     timeout_s: float | None = None
@@ -123,6 +124,9 @@ class _PeerProc:
         self._offset = 0
 
     def start(self) -> None:
+        # a reused work dir must not feed the launcher an earlier run's rounds
+        self.results.unlink(missing_ok=True)
+        shutil.rmtree(self.dumps, ignore_errors=True)
         with self.log.open("wb") as log_file:
             self.proc = subprocess.Popen(
                 self.argv,
@@ -177,8 +181,6 @@ def _gpu_count() -> int:
 
 
 def _make_keys(work: Path, clients: int) -> list[Path]:
-    import shutil
-
     from gossip.keys import new_keys
 
     dirs = [work / f"keys-{i}" for i in range(clients)]

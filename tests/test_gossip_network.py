@@ -432,3 +432,51 @@ def test_sigterm_stops_a_standalone_peer_cleanly_and_marks_its_run_interrupted(
     assert (run.mode, run.status) == ("gossip", "interrupted")
     assert run.rounds_completed >= 3
     assert "Traceback" not in (tmp_path / "p.log").read_text()
+
+
+def test_an_offer_during_our_own_exchange_waits_and_is_then_mixed_exactly(tmp_path: Path) -> None:
+    """A peer with its own offer out never mixes another one in between: an offer from a
+    larger id is held and answered right after (landing exactly on the pairwise average),
+    one from a smaller id hears busy at once."""
+    from gossip.config import PeerConfig
+    from gossip.peer import Peer
+
+    np.save(tmp_path / "v.npy", np.full(4, 10.0))
+    (port,) = free_ports(1)
+    peer = Peer(PeerConfig(listen=f"tcp://127.0.0.1:{port}", vector=tmp_path / "v.npy"))
+    ctx = zmq.Context()
+    socks = []
+    try:
+
+        def offer_from(sender: str, value: float) -> zmq.Socket:
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(f"tcp://127.0.0.1:{port}")
+            msg = wire.Message(
+                wire.OFFER, sender, "tcp://127.0.0.1:1", 1, 9, num_examples=3,
+                tensors={"x": np.full(4, value)},
+            )  # fmt: skip
+            sock.send_multipart(wire.encode(msg))
+            socks.append(sock)
+            return sock
+
+        assert "aaaa" < peer.peer_id < "zzzz"
+        peer.awaiting = {1}  # as if our own offer were out
+        larger, smaller = offer_from("zzzz", 2.0), offer_from("aaaa", 6.0)
+        for _ in range(20):
+            peer._serve(0.05)
+        assert not larger.poll(200), "the larger id's offer was answered mid-exchange"
+        busy = wire.decode(smaller.recv_multipart())
+        assert busy.status == "busy"
+        assert np.array_equal(peer.weights["x"], np.full(4, 10.0))
+
+        peer.awaiting = set()
+        peer._serve_deferred()
+        reply = wire.decode(larger.recv_multipart())
+        assert reply.status == "ok" and np.array_equal(reply.tensors["x"], np.full(4, 10.0))
+        assert np.allclose(peer.weights["x"], (1 * 10.0 + 3 * 2.0) / 4)  # n_self 1, n_other 3
+    finally:
+        for sock in socks:
+            sock.close(0)
+        ctx.term()
+        peer.transport.close(linger_ms=0)

@@ -227,3 +227,17 @@ def test_keys_new_derives_id_and_refuses_overwrite(tmp_path) -> None:
         new_keys(tmp_path / "k")
     with pytest.raises(UserError, match="keys new"):
         load_keyring(tmp_path / "missing")
+
+
+def test_slots_start_on_wall_clock_multiples_and_late_rounds_start_at_once() -> None:
+    from gossip.schedule import SlotClock, next_boundary
+
+    assert next_boundary(12.34, 0.5) == 12.5 and next_boundary(12.5, 0.5) == 13.0
+    clock = SlotClock(0.5)
+    assert clock.slot(7, now=100.2) == (100.5, 101.0)  # anchored at the next boundary
+    assert clock.slot(8, now=100.9) == (101.0, 101.5)
+    # a peer that started a moment later, mid-slot, lands on the same slots for its rounds
+    other = SlotClock(0.5)
+    assert other.slot(1, now=100.45) == (100.5, 101.0)
+    # an overrun does not shift later slots: round 10 keeps its place whenever it is asked
+    assert clock.slot(10, now=102.3) == (102.0, 102.5)
