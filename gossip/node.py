@@ -92,6 +92,11 @@ class Node:
         self.history: HistoryWriter | None = None
         self.results = ResultsLog(config.results, config.dump_models)
 
+    @property
+    def stopping(self) -> bool:
+        """A stop signal arrived (``Peer.request_stop``): every loop ends at its next check."""
+        return self._stop_signal != 0
+
     # -- sending -------------------------------------------------------------------------
 
     def _ensure_dealer(self, peer_id: str) -> bool:
