@@ -253,8 +253,6 @@ class Peer(JoiningNode):
             drops=sum(self.drops.values()),
             busy=self.busy_replies,
             mixes=self.mixes,
-            dbg_interleaved=getattr(self, "dbg_interleaved", 0),
-            dbg_stale=getattr(self, "dbg_stale", 0),
         )
         if self.history is None:
             return
