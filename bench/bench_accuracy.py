@@ -16,13 +16,13 @@ from pathlib import Path
 
 import numpy as np
 
-from client.data import load_site_data
-from client.task import ArrayData, load_task
-from client.training import TrainConfig
-from client.weights import set_weights
-from coordinator.server_app import initial_weights
-from simulations.federated import FederatedSimulation, run_federated_simulation
-from simulations.split import test_file
+from fedweave.coordinator.server_app import initial_weights
+from fedweave.learning.data import load_site_data
+from fedweave.learning.task import ArrayData, load_task
+from fedweave.learning.training import TrainConfig
+from fedweave.learning.weights import set_weights
+from fedweave.simulations.federated import FederatedSimulation, run_federated_simulation
+from fedweave.simulations.split import test_file
 
 
 def centralized_accuracy(sim: FederatedSimulation, split_dir: Path) -> float:

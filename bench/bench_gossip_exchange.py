@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 import zmq
 
-from gossip import wire
-from gossip.keys import load_keyring, new_keys
-from gossip.transport import Transport
+from fedweave.gossip import wire
+from fedweave.gossip.keys import load_keyring, new_keys
+from fedweave.gossip.transport import Transport
 
 
 def make_model(total_mb: int) -> OrderedDict[str, np.ndarray]:

@@ -26,10 +26,10 @@ import statistics
 
 import numpy as np
 
-from client.partition import partition_indices
-from client.task import load_task
-from client.training import TrainConfig
-from client.weights import get_weights, set_weights
+from fedweave.learning.task import load_task
+from fedweave.learning.training import TrainConfig
+from fedweave.learning.weights import get_weights, set_weights
+from fedweave.simulations.partition import partition_indices
 
 SITES, FED_ROUNDS, MAX_ROUNDS = 10, 20, 60
 

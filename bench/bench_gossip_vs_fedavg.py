@@ -3,7 +3,7 @@
 (2) Rounds gossip needs to reach the accuracy FedAvg reaches in 20 rounds, ÷ 20 (goal ≤ 1.2).
     FedAvg is the real federated simulation (Flower, all sites every round, central test
     accuracy of the global model); gossip's accuracy is the mean test accuracy of the peers'
-    own models (``simulations.gossip``), on the very same ``write_split`` files. The same
+    own models (``fedweave.simulations.gossip``), on the very same ``write_split`` files. The same
     ratio for the peers' mean model (``network_accuracy``) is printed beside it: it shows how
     much of the gap is the peers' disagreement rather than slower learning.
 (3) Wall time per gossip round ÷ per federated round (goal ≤ 0.5), from the same two runs.
@@ -24,7 +24,7 @@ from pathlib import Path
 
 
 def run_fedavg(args: argparse.Namespace) -> list[dict]:
-    from simulations.federated import FederatedSimulation, run_federated_simulation
+    from fedweave.simulations.federated import FederatedSimulation, run_federated_simulation
 
     sim = FederatedSimulation(
         task="digits",
@@ -43,7 +43,7 @@ def run_fedavg(args: argparse.Namespace) -> list[dict]:
 
 
 def run_gossip(args: argparse.Namespace) -> dict:
-    from simulations.gossip import GossipSimulation, run_gossip_simulation
+    from fedweave.simulations.gossip import GossipSimulation, run_gossip_simulation
 
     sim = GossipSimulation(
         task="digits",
@@ -132,7 +132,7 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, default=None, help="also write both curves as JSON")
     args = parser.parse_args()
-    from simulations.gossip import GossipSimulation
+    from fedweave.simulations.gossip import GossipSimulation
 
     if args.fanout is None:
         args.fanout = GossipSimulation.fanout

@@ -22,8 +22,8 @@ import time
 import torch
 from torch import nn
 
-from client.task import ArrayData, load_task
-from client.training import TrainConfig, train_epochs
+from fedweave.learning.task import ArrayData, load_task
+from fedweave.learning.training import TrainConfig, train_epochs
 
 
 def bare_loop(model: nn.Module, data: ArrayData, config: TrainConfig, device: torch.device) -> None:

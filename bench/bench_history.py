@@ -19,10 +19,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from coordinator.recording import BackgroundRecorder, HistoryRecorder
-from coordinator.rounds import RoundSummary
+from fedweave.coordinator.history_recorder import BackgroundRecorder, HistoryRecorder
+from fedweave.coordinator.rounds import RoundSummary
 from fedweave.history import open_store
-from simulations.federated import FederatedSimulation, run_federated_simulation
+from fedweave.simulations.federated import FederatedSimulation, run_federated_simulation
 
 
 class RoundClock:

@@ -113,13 +113,13 @@ def one_trial(kind: str, clients: int, rounds: int) -> tuple[float, float]:
 
     from flwr.simulation import run_simulation
 
-    from simulations.federated import (
+    from fedweave.simulations.federated import (
         FederatedSimulation,
         backend_config,
         quiet_flower,
         run_federated_simulation,
     )
-    from simulations.split import write_split
+    from fedweave.simulations.split import write_split
 
     # Plain FedAvg on both sides (the hand-written app has no SecAgg+), and the same engine
     # polling (fedweave's run tunes it; the raw run gets the same tuning below).
@@ -134,10 +134,10 @@ def one_trial(kind: str, clients: int, rounds: int) -> tuple[float, float]:
             started = time.perf_counter()
             rows = run_federated_simulation(sim, split_dir=split)
             return time.perf_counter() - started, rows[-1]["accuracy"]
-        from client.task import load_task
-        from simulations.engine_tuning import tune_simulation_engine
+        from fedweave.flower_patches import tune_simulation_polling
+        from fedweave.learning.task import load_task
 
-        tune_simulation_engine()
+        tune_simulation_polling()
         started = time.perf_counter()
         write_split(load_task("digits"), split, clients, "dirichlet", 0.5, 2, 0)
         accuracies: list[float] = []

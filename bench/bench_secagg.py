@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from client.tasks.digits import DigitsTask
+from fedweave.learning.tasks.digits import DigitsTask
 
 WIDE_HIDDEN = 1070
 
@@ -27,7 +27,7 @@ class WideDigits(DigitsTask):
 
 
 def round_seconds(secure: bool, clients: int, rounds: int) -> list[float]:
-    from simulations.federated import FederatedSimulation, run_federated_simulation
+    from fedweave.simulations.federated import FederatedSimulation, run_federated_simulation
 
     sim = FederatedSimulation(
         task="bench_secagg:WideDigits",

@@ -1,0 +1,1 @@
+"""``fedweave.client``: what runs a Flower site (ClientApp, site mods, ``fedweave client``)."""

@@ -1,5 +1,5 @@
 """``fedweave client``: one data-holding site of a real deployment (a Flower SuperNode whose
-ClientApp, ``client.deploy_app:app``, trains on ``--data`` only). Mounted in
+ClientApp, ``fedweave.client.deployed_app:app``, trains on ``--data`` only). Mounted in
 ``fedweave/cli.py`` as ``app.command()(client)``.
 
 Everything a site operator can get wrong (data file, CA certificate, site key) is checked
@@ -60,9 +60,9 @@ def _check_inputs(
     site_key: Path | None,
 ) -> None:
     """One-line errors for everything checkable before connecting."""
-    from client.data import load_site_data
-    from client.task import load_task
     from fedweave.errors import UserError
+    from fedweave.learning.data import load_site_data
+    from fedweave.learning.task import load_task
 
     host, sep, port = coordinator.rpartition(":")
     if not sep or not host or not port.isdigit():
@@ -114,11 +114,18 @@ def supernode_command(
     device: str | None = None,
 ) -> list[str]:
     """The ``flower-supernode`` command line for this site."""
-    node_config = f"data-path='{data.resolve()}' task='{task}'"
+    from fedweave.contract import (
+        NODE_DATA_PATH_KEY,
+        NODE_DEVICE_KEY,
+        NODE_LABEL_COLUMN_KEY,
+        NODE_TASK_KEY,
+    )
+
+    node_config = f"{NODE_DATA_PATH_KEY}='{data.resolve()}' {NODE_TASK_KEY}='{task}'"
     if label_column:
-        node_config += f" label-column='{label_column}'"
+        node_config += f" {NODE_LABEL_COLUMN_KEY}='{label_column}'"
     if device:
-        node_config += f" device='{device}'"
+        node_config += f" {NODE_DEVICE_KEY}='{device}'"
     cmd = [
         "flower-supernode",
         "--superlink",

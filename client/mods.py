@@ -16,14 +16,17 @@ from flwr.clientapp.typing import ClientAppCallable
 from flwr.common import parameters_to_ndarrays
 from flwr.compat.common import recorddict_compat as compat
 
-from client.validation import clipped_fraction, update_problem
+from fedweave.contract import (
+    CLIPPED_FRACTION_METRIC,
+    LOCAL_DP_KEYS,
+    MAX_NORM_KEY,
+    SECAGG_CLIP_KEY,
+    SECAGG_MAX_WEIGHT_KEY,
+    rejection,
+)
+from fedweave.learning.validation import clipped_fraction, update_problem
 
 log = logging.getLogger("fedweave.client")
-
-MAX_NORM_KEY = "fw-max-update-norm"
-SECAGG_CLIP_KEY = "fw-secagg-clipping-range"
-SECAGG_MAX_WEIGHT_KEY = "fw-secagg-max-weight"
-REJECTED_PREFIX = "fedweave-rejected"
 
 
 def update_check_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
@@ -42,7 +45,7 @@ def update_check_mod(msg: Message, context: Context, call_next: ClientAppCallabl
     problem = update_problem(update, reference, float(max_norm) if max_norm else None)
     if problem is not None:
         log.warning("update rejected before sending: %s", problem)
-        raise ValueError(f"{REJECTED_PREFIX} site {msg.metadata.dst_node_id}: {problem}")
+        raise ValueError(rejection(msg.metadata.dst_node_id, problem))
     if SECAGG_CLIP_KEY in config:
         clip = float(config[SECAGG_CLIP_KEY])
         scale = fit_res.num_examples / float(config[SECAGG_MAX_WEIGHT_KEY])
@@ -57,16 +60,8 @@ def update_check_mod(msg: Message, context: Context, call_next: ClientAppCallabl
             )
             metrics = reply.content.config_records.get("fitres.metrics")
             if metrics is not None:
-                metrics["secagg_clipped_fraction"] = fraction
+                metrics[CLIPPED_FRACTION_METRIC] = fraction
     return reply
-
-
-LOCAL_DP_KEYS = (
-    "fw-local-dp-clipping-norm",
-    "fw-local-dp-sensitivity",
-    "fw-local-dp-epsilon",
-    "fw-local-dp-delta",
-)
 
 
 def _fit_config(msg: Message) -> dict | None:
@@ -80,9 +75,9 @@ def secagg_when_asked(msg: Message, context: Context, call_next: ClientAppCallab
     from flwr.client.mod import secaggplus_mod
     from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 
-    from client.secagg_speedups import install
+    from fedweave.flower_patches import use_fedweave_secagg_masks
 
-    install()
+    use_fedweave_secagg_masks()
 
     if (
         msg.metadata.message_type == MessageType.TRAIN

@@ -93,8 +93,8 @@ def coordinator(
     ] = 0.0,
 ) -> None:
     """Run the coordinator: a Flower SuperLink sites connect to, and our ServerApp on top."""
-    from coordinator.deploy_run import DeployPlan
-    from coordinator.deploy_serve import CoordinatorOptions, serve
+    from fedweave.coordinator.deployed_run import DeployPlan
+    from fedweave.coordinator.serve import CoordinatorOptions, serve
 
     explicit = {
         name

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from client.mods import LOCAL_DP_KEYS
+from fedweave.contract import LOCAL_DP_KEYS
 from fedweave.errors import UserError
 
 DP_MODES = ("none", "central", "local")

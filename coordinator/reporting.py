@@ -20,16 +20,15 @@ from flwr.common import FitRes, Parameters, Scalar, ndarrays_to_parameters, para
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
-from client.mods import REJECTED_PREFIX
-from client.secagg_speedups import unflatten
-from client.validation import update_problem
-from coordinator.rounds import RoundListener, RoundSummary
+from fedweave.contract import CLIPPED_FRACTION_METRIC, parse_rejection
+from fedweave.coordinator.rounds import RoundListener, RoundSummary
+from fedweave.flower_patches.secagg_masks import unflatten
 from fedweave.history.records import SiteResult
+from fedweave.learning.validation import update_problem
 
 log = logging.getLogger("fedweave.coordinator")
 
 CentralEvaluator = Callable[[list[np.ndarray]], dict[str, float]]
-_REJECTION = re.compile(re.escape(REJECTED_PREFIX) + r" site (\d+): ([^'\"\n>]*)")
 
 
 def weighted_train_metrics(results: Sequence[tuple[ClientProxy, FitRes]]) -> dict[str, float]:
@@ -139,7 +138,7 @@ class ReportingMixin:
         return instructions
 
     def _note_clipping(self, proxy: ClientProxy, res: FitRes) -> None:
-        fraction = res.metrics.get("secagg_clipped_fraction")
+        fraction = res.metrics.get(CLIPPED_FRACTION_METRIC)
         if isinstance(fraction, float) and fraction > 0:
             self._warnings.append(
                 f"site {proxy.node_id}: {100 * fraction:.4f}% of weights clipped by SecAgg+"
@@ -200,13 +199,12 @@ class ReportingMixin:
         unexplained = []
         for failure in failures:
             if isinstance(failure, BaseException):
-                match = _REJECTION.search(str(failure))
-                if match:
-                    if int(match.group(1)) not in known:
-                        known.add(int(match.group(1)))
-                        self._sites.append(
-                            SiteResult(match.group(1), "rejected", reason=match.group(2).strip())
-                        )
+                rejected = parse_rejection(str(failure))
+                if rejected:
+                    site_id, problem = rejected
+                    if int(site_id) not in known:
+                        known.add(int(site_id))
+                        self._sites.append(SiteResult(site_id, "rejected", reason=problem))
                     continue
                 unexplained.append(failure_reason(str(failure)))
             else:

@@ -70,9 +70,9 @@ def make_secagg_workflow(settings: SecAggSettings, cohort: int):  # -> SecAggPlu
     """Flower's SecAgg+ fit workflow configured for ``cohort`` sites per round."""
     from flwr.server.workflow import SecAggPlusWorkflow
 
-    from client.secagg_speedups import install
+    from fedweave.flower_patches import use_fedweave_secagg_masks
 
-    install()
+    use_fedweave_secagg_masks()
 
     shares, threshold = derive_shares(cohort)
     shares = settings.num_shares or shares

@@ -15,14 +15,23 @@ from flwr.common import Context, ndarrays_to_parameters
 from flwr.server import Grid, LegacyContext, ServerApp, ServerConfig
 from flwr.server.workflow import DefaultWorkflow
 
-from client.mods import MAX_NORM_KEY, SECAGG_CLIP_KEY, SECAGG_MAX_WEIGHT_KEY
-from client.task import ArrayData, load_task
-from client.training import TrainConfig, seed_everything
-from client.weights import get_weights, set_weights
-from coordinator.privacy import DpSettings, local_dp_config, wrap_for_central_dp
-from coordinator.rounds import RoundListener
-from coordinator.secure_agg import SecAggSettings, derive_shares, make_secagg_workflow
-from coordinator.strategies import check_strategy_choice, make_strategy
+from fedweave.contract import (
+    BATCH_SIZE_KEY,
+    LOCAL_EPOCHS_KEY,
+    LR_KEY,
+    MAX_NORM_KEY,
+    ROUND_KEY,
+    SECAGG_CLIP_KEY,
+    SECAGG_MAX_WEIGHT_KEY,
+    SEED_KEY,
+)
+from fedweave.coordinator.privacy import DpSettings, local_dp_config, wrap_for_central_dp
+from fedweave.coordinator.rounds import RoundListener
+from fedweave.coordinator.secure_agg import SecAggSettings, derive_shares, make_secagg_workflow
+from fedweave.coordinator.strategies import check_strategy_choice, make_strategy
+from fedweave.learning.task import ArrayData, load_task
+from fedweave.learning.training import TrainConfig, seed_everything
+from fedweave.learning.weights import get_weights, set_weights
 
 
 @dataclass(frozen=True)
@@ -41,9 +50,9 @@ class ServerSettings:
         strategy: ``fedavg`` (default), ``fedprox``, ``fedadam``, ``fedyogi``, ``fedmedian``,
             ``trimmedavg``, ``krum`` or ``multikrum``.
         secure_agg: SecAgg+ on (default): the coordinator only ever sees the sum.
-        secagg: SecAgg+ parameters (see ``coordinator.secure_agg``).
+        secagg: SecAgg+ parameters (see ``fedweave.coordinator.secure_agg``).
         max_update_norm: reject updates farther than this from the global model (L2).
-        dp: differential privacy (see ``coordinator.privacy``; default off).
+        dp: differential privacy (see ``fedweave.coordinator.privacy``; default off).
     """
 
     task: str
@@ -76,11 +85,11 @@ class ServerSettings:
     def fit_config(self, server_round: int) -> dict[str, int | float]:
         """What every sampled site is told for ``server_round`` (Flower's numbering)."""
         config: dict[str, int | float] = {
-            "round": server_round + self.round_offset,
-            "local_epochs": self.local_epochs,
-            "lr": self.lr,
-            "batch_size": self.batch_size,
-            "seed": self.seed,
+            ROUND_KEY: server_round + self.round_offset,
+            LOCAL_EPOCHS_KEY: self.local_epochs,
+            LR_KEY: self.lr,
+            BATCH_SIZE_KEY: self.batch_size,
+            SEED_KEY: self.seed,
         }
         if self.max_update_norm is not None:
             config[MAX_NORM_KEY] = self.max_update_norm

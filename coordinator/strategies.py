@@ -6,7 +6,7 @@ from typing import Any
 
 from flwr.server import strategy as flwr_strategies
 
-from coordinator.reporting import ReportingMixin
+from fedweave.coordinator.reporting import ReportingMixin
 from fedweave.errors import UserError
 
 STRATEGIES: dict[str, tuple[type, dict[str, Any]]] = {

@@ -8,13 +8,13 @@ import sys
 import click
 import typer
 
-from client.cli import client
-from coordinator.cli import coordinator
 from fedweave.certs_cli import certs_app, sites_app
+from fedweave.client.cli import client
+from fedweave.coordinator.cli import coordinator
 from fedweave.errors import USER_ERROR_EXIT_CODE, UserError
+from fedweave.gossip.cli import keys_app, peer
 from fedweave.history.cli import history_app
-from gossip.cli import keys_app, peer
-from simulations.cli import data_app, simulate
+from fedweave.simulations.cli import data_app, simulate
 
 app = typer.Typer(
     help="fedweave: federated (Flower + SecAgg+) and serverless gossip learning; "

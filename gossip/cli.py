@@ -119,7 +119,7 @@ def peer(
 ) -> None:
     """Run a gossip peer: join via a seed, then train, exchange and mix each round."""
     _setup_logging(log_level)
-    from gossip.peer import PeerConfig, run_peer
+    from fedweave.gossip.peer import PeerConfig, run_peer
 
     if threads > 0 and vector is None:
         import torch
@@ -170,7 +170,7 @@ def keys_new(
     force: Annotated[bool, typer.Option(help="Overwrite an existing key pair.")] = False,
 ) -> None:
     """Make a CURVE key pair; share peer.key with the peers that should accept you."""
-    from gossip.keys import new_keys
+    from fedweave.gossip.keys import new_keys
 
     identity = new_keys(out, force=force)
     typer.echo(f"peer id {identity.peer_id}")

@@ -28,7 +28,7 @@ class PeerConfig:
         wait_for_peers: before round 1, wait (≤ connect_timeout) until this many peers,
             self included, are known; simulations use it so nobody races ahead alone [0].
         round_interval: slot length T; rounds start on wall-clock multiples of T, so peers
-            with synchronised clocks train together and mix after (``gossip.schedule``);
+            with synchronised clocks train together and mix after (``fedweave.gossip.schedule``);
             0 runs rounds back to back [0].
         linger: after the last round, keep answering offers this many seconds [0].
         results / dump_models: JSON-lines results and per-round model dumps (simulations).

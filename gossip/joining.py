@@ -10,9 +10,9 @@ from collections import OrderedDict
 import numpy as np
 
 from fedweave.errors import UserError
-from gossip import averaging, wire
-from gossip.node import SEED_PREFIX, Node
-from gossip.transport import wait_until
+from fedweave.gossip import averaging, wire
+from fedweave.gossip.node import SEED_PREFIX, Node
+from fedweave.gossip.transport import wait_until
 
 log = logging.getLogger("fedweave.gossip")
 

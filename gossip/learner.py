@@ -36,7 +36,7 @@ class Learner(Protocol):
 
 
 class TaskLearner:
-    """A ``Task``'s model trained on this site's data with ``client.training``.
+    """A ``Task``'s model trained on this site's data with ``fedweave.learning.training``.
 
     Every peer seeds the model init with the same ``seed`` so all start from one model, as in
     FedAvg; shuffling is seeded per peer and round so sites do not step in lockstep.
@@ -70,7 +70,7 @@ class TaskLearner:
         self.task.train(copy.deepcopy(self.model), small, self.config)
 
     def weights(self) -> OrderedDict[str, np.ndarray]:
-        from client.weights import get_named_weights
+        from fedweave.learning.weights import get_named_weights
 
         return get_named_weights(self.model)
 
@@ -128,9 +128,9 @@ def build_learner(config: Any, peer_id: str) -> Learner:
                 f"cannot read vector {config.vector} ({exc}); pass a .npy file"
             ) from exc
         return VectorLearner(vector, config.vector_examples)
-    from client.data import load_site_data
-    from client.task import load_task
-    from client.training import TrainConfig
+    from fedweave.learning.data import load_site_data
+    from fedweave.learning.task import load_task
+    from fedweave.learning.training import TrainConfig
 
     task = load_task(config.task)
     if config.data is None:

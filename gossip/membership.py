@@ -15,7 +15,7 @@ import random
 import time
 from dataclasses import dataclass
 
-from gossip.wire import MAX_PEERS_PER_MESSAGE, PeerEntry, valid_addr, valid_peer_id
+from fedweave.gossip.wire import MAX_PEERS_PER_MESSAGE, PeerEntry, valid_addr, valid_peer_id
 
 ALIVE, SUSPECT, DEAD, LEFT = "alive", "suspect", "dead", "left"
 

@@ -1,8 +1,8 @@
 """A peer's network side: the messages it sends and how it handles what arrives.
 
 ``Node`` owns the sockets, the member table and the model, and is driven by one thread (the
-peer loop in ``gossip.peer``): ``_serve(timeout)`` handles whatever arrived within the
-deadline. Every inbound message is decoded by ``gossip.wire`` (the only parser); anything
+peer loop in ``fedweave.gossip.peer``): ``_serve(timeout)`` handles whatever arrived within the
+deadline. Every inbound message is decoded by ``fedweave.gossip.wire`` (the only parser); anything
 malformed is counted and dropped, never raised to the loop.
 """
 
@@ -17,14 +17,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedweave.errors import UserError
-from gossip import averaging, wire
-from gossip.config import PeerConfig
-from gossip.keys import KeyRing, anonymous_peer_id, load_keyring
-from gossip.learner import Learner, build_learner
-from gossip.membership import Membership
-from gossip.recording import HistoryWriter, ResultsLog
-from gossip.schedule import SlotClock
-from gossip.transport import Incoming, Transport
+from fedweave.gossip import averaging, wire
+from fedweave.gossip.config import PeerConfig
+from fedweave.gossip.history_writer import HistoryWriter, ResultsLog
+from fedweave.gossip.keys import KeyRing, anonymous_peer_id, load_keyring
+from fedweave.gossip.learner import Learner, build_learner
+from fedweave.gossip.membership import Membership
+from fedweave.gossip.schedule import SlotClock
+from fedweave.gossip.transport import Incoming, Transport
 
 log = logging.getLogger("fedweave.gossip")
 SEED_PREFIX = "seed:"

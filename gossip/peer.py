@@ -4,8 +4,8 @@ Single-threaded on purpose: one thread owns the sockets and the model, so there 
 and an exchange is atomic with respect to the model. While waiting for a reply the peer keeps
 handling messages (holding or refusing offers, never mixing them in between), so two peers
 offering to each other never deadlock. A round never waits for a global barrier: a slow or
-dead neighbour costs at most ``exchange_timeout``; slotted rounds (``gossip.schedule``) only
-wait for the clock.
+dead neighbour costs at most ``exchange_timeout``; slotted rounds (``gossip/schedule.py``)
+only wait for the clock.
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ from datetime import datetime, timezone
 from typing import Any
 
 from fedweave.errors import UserError
-from gossip import averaging, wire
-from gossip.config import PeerConfig
-from gossip.joining import JoiningNode
-from gossip.membership import DEAD
-from gossip.node import SEED_PREFIX
-from gossip.recording import open_history
-from gossip.transport import wait_until
+from fedweave.gossip import averaging, wire
+from fedweave.gossip.config import PeerConfig
+from fedweave.gossip.history_writer import open_history
+from fedweave.gossip.joining import JoiningNode
+from fedweave.gossip.membership import DEAD
+from fedweave.gossip.node import SEED_PREFIX
+from fedweave.gossip.transport import wait_until
 
 log = logging.getLogger("fedweave.gossip")
 
@@ -256,8 +256,8 @@ class Peer(JoiningNode):
         )
         if self.history is None:
             return
-        from client.weights import weights_sha256
         from fedweave.history.records import RoundRecord, SiteResult
+        from fedweave.learning.weights import weights_sha256
 
         record = RoundRecord(
             round=r,

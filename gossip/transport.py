@@ -22,8 +22,8 @@ from typing import Any
 
 import zmq
 
-from gossip.keys import KeyRing, peer_id_from_public_key
-from gossip.wire import DEFAULT_MAX_MESSAGE_BYTES
+from fedweave.gossip.keys import KeyRing, peer_id_from_public_key
+from fedweave.gossip.wire import DEFAULT_MAX_MESSAGE_BYTES
 
 log = logging.getLogger("fedweave.gossip.transport")
 

@@ -51,9 +51,9 @@ def data_split(
     out: Path = typer.Option(..., help="Directory for site-<i>.npz and the held-out test.npz."),
 ) -> None:
     """Split a task's data into DIR/site-<i>.npz files plus a held-out DIR/test.npz."""
-    from client.partition import label_skew
-    from client.task import load_task
-    from simulations.split import test_file, write_split
+    from fedweave.learning.task import load_task
+    from fedweave.simulations.partition import label_skew
+    from fedweave.simulations.split import test_file, write_split
 
     _check_common(clients, None, alpha, partition)
     task_obj = load_task(task)
@@ -168,7 +168,7 @@ def simulate(
 
         fedweave simulate --task digits --clients 10 --rounds 20 --partition dirichlet --alpha 0.5
     """
-    from simulations.report import check_writable
+    from fedweave.simulations.report import check_writable
 
     _check_common(clients, rounds, alpha, partition)
     if clients_per_round is not None and not 1 <= clients_per_round <= clients:
@@ -180,7 +180,7 @@ def simulate(
                 "--resume is for federated runs; a gossip peer rejoins by starting again"
             )
         from fedweave.history import DEFAULT_DB_URL
-        from simulations.gossip import GossipSimulation, run_gossip_and_report
+        from fedweave.simulations.gossip import GossipSimulation, run_gossip_and_report
 
         gossip = GossipSimulation(
             task=task,
@@ -204,8 +204,8 @@ def simulate(
         return
     from click.core import ParameterSource
 
-    from simulations.federated import FederatedSimulation
-    from simulations.run import Recording, run_and_report
+    from fedweave.simulations.federated import FederatedSimulation
+    from fedweave.simulations.run import Recording, run_and_report
 
     explicit = {
         name for name in ctx.params if ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE

@@ -16,14 +16,14 @@ from fedweave.offline import make_flower_offline
 
 make_flower_offline()
 
-from client.data import load_site_data  # noqa: E402
-from client.flower_app import ClientSettings, make_client_app  # noqa: E402
-from client.task import load_task  # noqa: E402
-from coordinator.privacy import DpSettings  # noqa: E402
-from coordinator.rounds import RoundListener, RoundSummary  # noqa: E402
-from coordinator.secure_agg import SecAggSettings  # noqa: E402
-from coordinator.server_app import ServerSettings, initial_weights, make_server_app  # noqa: E402
-from simulations.split import test_file, write_split  # noqa: E402
+from fedweave.client.site_app import ClientSettings, make_client_app  # noqa: E402
+from fedweave.coordinator.privacy import DpSettings  # noqa: E402
+from fedweave.coordinator.rounds import RoundListener, RoundSummary  # noqa: E402
+from fedweave.coordinator.secure_agg import SecAggSettings  # noqa: E402
+from fedweave.coordinator.server_app import ServerSettings, initial_weights, make_server_app  # noqa: E402
+from fedweave.learning.data import load_site_data  # noqa: E402
+from fedweave.learning.task import load_task  # noqa: E402
+from fedweave.simulations.split import test_file, write_split  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -35,18 +35,20 @@ class FederatedSimulation:
         clients: simulated sites (default 10).
         rounds: FedAvg rounds (default 20).
         clients_per_round: sites sampled per round (default all).
-        partition / alpha / shards_per_client: how the data is split (see client.partition).
+        partition / alpha / shards_per_client: how the data is split
+            (see ``fedweave.simulations.partition``).
         local_epochs / lr / batch_size: local training per round.
         seed: split, initial model and shuffling.
         device: ``cuda``/``cpu``/None (auto) for sites and central evaluation.
         gpus_per_client: fraction of a GPU each simulated site reserves (0.25: four per GPU).
         cpus_per_client: CPU cores each simulated site reserves (default 1).
-        strategy: aggregation strategy name (see ``coordinator.strategies``; default fedavg).
+        strategy: aggregation strategy name (``fedweave.coordinator.strategies``; default
+            fedavg).
         secure_agg: SecAgg+ on (default True).
         secagg_timeout: seconds each SecAgg+ stage waits for sites (default 600).
         max_update_norm: reject updates farther than this from the global model (default none).
         dp / noise_multiplier / clipping_norm / dp_epsilon / dp_delta: differential privacy
-            (see ``coordinator.privacy``; default none).
+            (see ``fedweave.coordinator.privacy``; default none).
         verbose: show Flower's and Ray's own logs.
     """
 
@@ -148,9 +150,9 @@ def run_federated_simulation(
     """
     from flwr.simulation import run_simulation
 
-    from simulations.engine_tuning import tune_simulation_engine
+    from fedweave.flower_patches import tune_simulation_polling
 
-    tune_simulation_engine()
+    tune_simulation_polling()
     quiet_flower(sim.verbose)
     sim.server_settings(round_offset).check()
     task = load_task(sim.task)

@@ -1,13 +1,13 @@
 """Gossip simulation: N real peer processes on loopback, one report in the federated shape.
 
-Each peer is a separate ``python -m gossip.peer_main`` process (spawned, never forked: ZeroMQ
+Each peer is a separate ``python -m fedweave.gossip`` process (spawned, never forked: ZeroMQ
 contexts are not fork-safe) with its own data file, all sharing the held-out test file. Peers
 write JSON lines (``ready``/``round``/``final``) and per-round model dumps; this launcher tails
 them, injects faults (``--kill 0.3@10`` SIGKILLs 30% of the peers once a peer reaches round
 10), starts late joiners, and builds the report: ``rounds[].accuracy`` is the mean test
 accuracy of the peers' own models at that round, ``consensus_distance`` the mean L2 distance
 of their models to their mean, ``network_accuracy`` the accuracy of that mean model
-(``simulations.gossip_rows``).
+(``fedweave.simulations.gossip_rows``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ import numpy as np
 
 from fedweave.errors import UserError
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 LINGER_SECONDS = 3600.0
 
 
@@ -51,7 +50,7 @@ class GossipSimulation:
             ROUND (late joiners; default none).
         gpus_per_peer: GPU share per peer (0.5 = two peers per GPU); 0 trains on CPU.
         exchange_timeout: seconds a peer waits for a neighbour (5).
-        round_interval: slot length in seconds (0.1; ``gossip.schedule``); 0: back to back.
+        round_interval: slot length in seconds (0.1; ``fedweave.gossip.schedule``); 0: back to back.
         secure: give every peer a CURVE key pair and a shared allow-list.
         db: history URL; the launcher creates the run and every peer records into it.
         timeout_s: give up (and kill every peer) after this long (default: scaled by rounds).
@@ -133,7 +132,6 @@ class _PeerProc:
                 env=self.env,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
-                cwd=str(REPO_ROOT),
             )
 
     def read(self) -> None:
@@ -181,7 +179,7 @@ def _gpu_count() -> int:
 
 
 def _make_keys(work: Path, clients: int) -> list[Path]:
-    from gossip.keys import new_keys
+    from fedweave.gossip.keys import new_keys
 
     dirs = [work / f"keys-{i}" for i in range(clients)]
     for d in dirs:
@@ -195,8 +193,8 @@ def _make_keys(work: Path, clients: int) -> list[Path]:
 def _launch_plan(
     sim: GossipSimulation, work: Path, run_id: str | None, on_time: int
 ) -> list[_PeerProc]:
-    from client.task import load_task
-    from simulations.split import test_file, write_split
+    from fedweave.learning.task import load_task
+    from fedweave.simulations.split import test_file, write_split
 
     task = load_task(sim.task)
     sites = write_split(
@@ -212,7 +210,7 @@ def _launch_plan(
         argv = [
             sys.executable,
             "-m",
-            "gossip.peer_main",
+            "fedweave.gossip",
             "peer",
             "--listen",
             f"tcp://127.0.0.1:{ports[i]}",
@@ -267,11 +265,7 @@ def _launch_plan(
             argv += ["--db", sim.db, "--run-id", run_id]
         else:
             argv += ["--db", "none"]
-        env = dict(
-            os.environ,
-            PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
-        )
-        env["OMP_NUM_THREADS"] = "1"
+        env = dict(os.environ, OMP_NUM_THREADS="1")
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = str(int(i * sim.gpus_per_peer) % gpus)
             argv += ["--device", "cuda"]
@@ -286,7 +280,7 @@ def run_gossip_simulation(
     work_dir: Path | None = None,
     on_round: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
-    """Run the peers to completion and return the report (``simulations.report`` shape).
+    """Run the peers to completion and return the report (``fedweave.simulations.report`` shape).
 
     Args:
         work_dir: where split, keys, logs and dumps go (default: a temporary directory).
@@ -374,8 +368,8 @@ def run_gossip_simulation(
                 p.stop(signal.SIGKILL)
             if store is not None and run_id is not None:
                 store.finish_run(run_id, status, reason=reason)
-        from simulations.gossip_rows import MeanModelScorer, round_rows
-        from simulations.split import test_file
+        from fedweave.simulations.gossip_rows import MeanModelScorer, round_rows
+        from fedweave.simulations.split import test_file
 
         rows = round_rows(
             {p.index: p.rounds for p in peers},
@@ -415,7 +409,7 @@ def run_gossip_and_report(sim: GossipSimulation, out: Path) -> dict[str, Any]:
     the report to ``out``."""
     from rich.console import Console
 
-    from simulations.report import rounds_table, write_report
+    from fedweave.simulations.report import rounds_table, write_report
 
     console = Console(stderr=True)
     with console.status(f"gossip {sim.task}: starting {sim.clients} peers") as status:

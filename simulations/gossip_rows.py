@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from gossip.averaging import consensus_distance
+from fedweave.gossip.averaging import consensus_distance
 
 
 class MeanModelScorer:
-    """Test accuracy of a flattened model (``gossip.averaging.flatten`` order) on ``test``.
+    """Test accuracy of a flattened model (``fedweave.gossip.averaging.flatten`` order) on ``test``.
 
     Args:
         task_spec: the task the peers train (name or ``module:attr``).
@@ -27,9 +27,9 @@ class MeanModelScorer:
     """
 
     def __init__(self, task_spec: str, test_path: Path) -> None:
-        from client.data import load_site_data
-        from client.task import load_task
-        from client.training import TrainConfig
+        from fedweave.learning.data import load_site_data
+        from fedweave.learning.task import load_task
+        from fedweave.learning.training import TrainConfig
 
         self.task = load_task(task_spec)
         self.test = load_site_data(test_path, self.task)

@@ -10,11 +10,11 @@ from typing import Any
 
 from rich.console import Console
 
-from client.task import load_task
-from coordinator.rounds import RoundSummary
+from fedweave.coordinator.rounds import RoundSummary
 from fedweave.errors import UserError
-from simulations.federated import FederatedSimulation, run_federated_simulation
-from simulations.report import RoundProgress, build_report, rounds_table, write_report
+from fedweave.learning.task import load_task
+from fedweave.simulations.federated import FederatedSimulation, run_federated_simulation
+from fedweave.simulations.report import RoundProgress, build_report, rounds_table, write_report
 
 NOT_PART_OF_RUN_IDENTITY = {"verbose", "device", "gpus_per_client", "cpus_per_client"}
 """Settings a resumed run may change: where it runs, not what it computes."""
@@ -85,7 +85,11 @@ def run_and_report(
     sim: FederatedSimulation, out: Path, recording: Recording, explicit: set[str] = frozenset()
 ) -> dict:
     """Run ``sim`` (or resume a recorded run) with progress; record each round; write the report."""
-    from coordinator.recording import BackgroundRecorder, HistoryRecorder, resume_point
+    from fedweave.coordinator.history_recorder import (
+        BackgroundRecorder,
+        HistoryRecorder,
+        resume_point,
+    )
     from fedweave.history import open_store
     from fedweave.history.tracking import make_tracker
 

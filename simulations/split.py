@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from client.data import save_site_npz
-from client.partition import partition_indices
-from client.task import Task
 from fedweave.errors import UserError
+from fedweave.learning.data import save_site_npz
+from fedweave.learning.task import Task
+from fedweave.simulations.partition import partition_indices
 
 
 def site_file(out_dir: Path, index: int) -> Path:

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from client.tasks.digits import DigitsTask
+from fedweave.learning.tasks.digits import DigitsTask
 
 SENTINEL = 7.0  # digits features are in [0, 1]
 

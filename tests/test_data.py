@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from client.data import load_site_data, save_site_npz
-from client.task import ArrayData, load_task
 from fedweave.errors import UserError
+from fedweave.learning.data import load_site_data, save_site_npz
+from fedweave.learning.task import ArrayData, load_task
 
 
 @pytest.fixture(scope="module")

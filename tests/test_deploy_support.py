@@ -22,8 +22,8 @@ import sys
 from fedweave import cli
 names = {c.name or c.callback.__name__ for c in cli.app.registered_commands}
 if "coordinator" not in names:  # until fedweave/cli.py mounts the deployment commands
-    from client.cli import client
-    from coordinator.cli import coordinator
+    from fedweave.client.cli import client
+    from fedweave.coordinator.cli import coordinator
     from fedweave.certs_cli import certs_app, sites_app
     cli.app.command()(coordinator)
     cli.app.command()(client)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from simulations.gossip import GossipSimulation, run_gossip_simulation
+from fedweave.simulations.gossip import GossipSimulation, run_gossip_simulation
 
 pytestmark = pytest.mark.slow
 

@@ -16,18 +16,18 @@ import numpy as np
 import pytest
 import zmq
 
-from gossip import wire
-from simulations.gossip import free_ports
+from fedweave.gossip import wire
+from fedweave.simulations.gossip import free_ports
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def _env() -> dict[str, str]:
-    return dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", FEDWEAVE_DB="none")
+    return dict(os.environ, OMP_NUM_THREADS="1", FEDWEAVE_DB="none")
 
 
 def _spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "gossip.peer_main", "peer", "--log-level", "info", *args]
+    cmd = [sys.executable, "-m", "fedweave.gossip", "peer", "--log-level", "info", *args]
     with log.open("wb") as handle:
         return subprocess.Popen(cmd, env=_env(), stdout=handle, stderr=subprocess.STDOUT, cwd=REPO)
 
@@ -120,7 +120,7 @@ def test_pairwise_gossip_converges_to_the_exact_weighted_average(
 
 
 def _keys(tmp: Path, names: list[str]) -> dict[str, Path]:
-    from gossip.keys import new_keys
+    from fedweave.gossip.keys import new_keys
 
     dirs = {n: tmp / f"keys-{n}" for n in names}
     for d in dirs.values():
@@ -174,7 +174,7 @@ def test_unreachable_seeds_exit_nonzero_with_a_clear_message(tmp_path: Path) -> 
         [
             sys.executable,
             "-m",
-            "gossip.peer_main",
+            "fedweave.gossip",
             "peer",
             "--listen",
             "tcp://127.0.0.1:0",
@@ -199,7 +199,7 @@ def test_unreachable_seeds_exit_nonzero_with_a_clear_message(tmp_path: Path) -> 
 
 def test_bad_flags_are_one_line_errors(tmp_path: Path) -> None:
     np.save(tmp_path / "v.npy", np.zeros(3))
-    base = [sys.executable, "-m", "gossip.peer_main", "peer", "--listen", "tcp://127.0.0.1:0"]
+    base = [sys.executable, "-m", "fedweave.gossip", "peer", "--listen", "tcp://127.0.0.1:0"]
     cases = {
         "--mix": ["--vector", str(tmp_path / "v.npy"), "--mix", "median"],
         "keys new": ["--keys", str(tmp_path / "nokeys")],
@@ -438,8 +438,8 @@ def test_an_offer_during_our_own_exchange_waits_and_is_then_mixed_exactly(tmp_pa
     """A peer with its own offer out never mixes another one in between: an offer from a
     larger id is held and answered right after (landing exactly on the pairwise average),
     one from a smaller id hears busy at once."""
-    from gossip.config import PeerConfig
-    from gossip.peer import Peer
+    from fedweave.gossip.config import PeerConfig
+    from fedweave.gossip.peer import Peer
 
     np.save(tmp_path / "v.npy", np.full(4, 10.0))
     (port,) = free_ports(1)

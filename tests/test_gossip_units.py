@@ -9,9 +9,9 @@ from collections import OrderedDict
 import numpy as np
 import pytest
 
-from gossip import averaging, wire
-from gossip.membership import ALIVE, DEAD, LEFT, SUSPECT, Membership
-from gossip.wire import Message, PeerEntry, WireError
+from fedweave.gossip import averaging, wire
+from fedweave.gossip.membership import ALIVE, DEAD, LEFT, SUSPECT, Membership
+from fedweave.gossip.wire import Message, PeerEntry, WireError
 
 
 def _model(seed: int = 0) -> OrderedDict[str, np.ndarray]:
@@ -215,7 +215,7 @@ def test_membership_rejects_garbage_and_caps_size() -> None:
 
 def test_keys_new_derives_id_and_refuses_overwrite(tmp_path) -> None:
     from fedweave.errors import UserError
-    from gossip.keys import load_keyring, new_keys, peer_id_from_public_key
+    from fedweave.gossip.keys import load_keyring, new_keys, peer_id_from_public_key
 
     identity = new_keys(tmp_path / "k")
     ring = load_keyring(tmp_path / "k")
@@ -230,7 +230,7 @@ def test_keys_new_derives_id_and_refuses_overwrite(tmp_path) -> None:
 
 
 def test_slots_start_on_wall_clock_multiples_and_late_rounds_start_at_once() -> None:
-    from gossip.schedule import SlotClock, next_boundary
+    from fedweave.gossip.schedule import SlotClock, next_boundary
 
     assert next_boundary(12.34, 0.5) == 12.5 and next_boundary(12.5, 0.5) == 13.0
     clock = SlotClock(0.5)

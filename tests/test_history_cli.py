@@ -6,7 +6,6 @@ import csv
 import hashlib
 import io
 import json
-import os
 import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
@@ -176,8 +175,7 @@ def test_every_command_and_option_explains_itself() -> None:
 
 
 def _python(*args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True,
+    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True,
                           text=True, timeout=60)
 
 

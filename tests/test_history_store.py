@@ -49,8 +49,7 @@ def _sites(number: int) -> list[SiteResult]:
 
 
 def _child(code: str, *args: str) -> subprocess.Popen[str]:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.Popen([sys.executable, "-c", code, *args], cwd=REPO, env=env,
+    return subprocess.Popen([sys.executable, "-c", code, *args], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from client.partition import label_skew, partition_indices
-from client.task import load_task
 from fedweave.errors import UserError
+from fedweave.learning.task import load_task
+from fedweave.simulations.partition import label_skew, partition_indices
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ import numpy as np
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 from flwr.server.strategy.aggregate import aggregate_inplace
 
-from client.secagg_speedups import quantize_flat
-from coordinator.reporting import arrival_independent_order
+from fedweave.coordinator.reporting import arrival_independent_order
+from fedweave.flower_patches.secagg_masks import quantize_flat
 
 
 def fit_result(weights: list[np.ndarray], examples: int) -> tuple[None, FitRes]:

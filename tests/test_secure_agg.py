@@ -8,17 +8,17 @@ import numpy as np
 import pytest
 from fault_tasks import bad_site_index
 
-from client.data import load_site_data
-from client.flower_app import TaskClient
-from client.task import load_task
-from client.training import TrainConfig
-from client.weights import load_weights_npz
-from coordinator.recording import HistoryRecorder
-from coordinator.secure_agg import SecAggSettings, derive_shares
-from coordinator.server_app import initial_weights
+from fedweave.client.site_app import TaskClient
+from fedweave.coordinator.history_recorder import HistoryRecorder
+from fedweave.coordinator.secure_agg import SecAggSettings, derive_shares
+from fedweave.coordinator.server_app import initial_weights
 from fedweave.errors import UserError
 from fedweave.history import open_store
-from simulations.federated import FederatedSimulation, run_federated_simulation
+from fedweave.learning.data import load_site_data
+from fedweave.learning.task import load_task
+from fedweave.learning.training import TrainConfig
+from fedweave.learning.weights import load_weights_npz
+from fedweave.simulations.federated import FederatedSimulation, run_federated_simulation
 
 pytestmark = pytest.mark.slow
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from simulations.federated import FederatedSimulation, run_federated_simulation
+from fedweave.simulations.federated import FederatedSimulation, run_federated_simulation
 
 pytestmark = pytest.mark.slow
 

@@ -5,8 +5,8 @@ import textwrap
 
 import pytest
 
-from client.task import Task, load_task
 from fedweave.errors import UserError
+from fedweave.learning.task import Task, load_task
 
 
 def test_builtin_tasks_have_real_data():
@@ -22,7 +22,7 @@ def test_builtin_tasks_have_real_data():
 def test_user_task_from_module(tmp_path, monkeypatch):
     (tmp_path / "my_tasks.py").write_text(
         textwrap.dedent("""
-        from client.tasks.digits import DigitsTask
+        from fedweave.learning.tasks.digits import DigitsTask
         class Wide(DigitsTask):
             name = "wide-digits"
             def __init__(self):
@@ -41,8 +41,8 @@ def test_user_task_from_module(tmp_path, monkeypatch):
     [
         ("nope", "unknown task 'nope'"),
         ("no_such_module_xyz:task", "cannot import module"),
-        ("client.task:missing", "has no attribute"),
-        ("client.task:ArrayData", "is not a Task"),
+        ("fedweave.learning.task:missing", "has no attribute"),
+        ("fedweave.learning.task:ArrayData", "is not a Task"),
     ],
 )
 def test_bad_task_specs(spec, message):

@@ -4,10 +4,15 @@ import numpy as np
 import pytest
 import torch
 
-from client.task import load_task
-from client.training import TrainConfig, pick_device, seed_everything
-from client.weights import get_weights, load_weights_npz, save_weights_npz, weights_sha256
 from fedweave.errors import UserError
+from fedweave.learning.task import load_task
+from fedweave.learning.training import TrainConfig, pick_device, seed_everything
+from fedweave.learning.weights import (
+    get_weights,
+    load_weights_npz,
+    save_weights_npz,
+    weights_sha256,
+)
 
 
 def train_once(config: TrainConfig):

@@ -108,7 +108,7 @@ def runs_command(
         with _open(db) as store:
             runs = store.list_runs()
         if fmt is ListFormat.json:
-            from fedweave.history.tables import run_dict
+            from fedweave.history.csv_export import run_dict
 
             typer.echo(json.dumps([run_dict(run) for run in runs], indent=2))
             return
@@ -143,7 +143,7 @@ def show_command(
     """
     import json
 
-    from fedweave.history.tables import plain, rounds_table, run_dict, sites_table, write_csv
+    from fedweave.history.csv_export import plain, rounds_table, run_dict, sites_table, write_csv
 
     with _user_errors():
         with _open(db) as store:
@@ -249,7 +249,7 @@ def export_command(
     Writes rounds.csv, sites.csv, run.json and model.npz (the final checkpoint, verified
     against its recorded sha256). RUN_ID is a run id, a unique prefix, or 'latest'.
     """
-    from fedweave.history.tables import export_run
+    from fedweave.history.csv_export import export_run
 
     with _user_errors():
         with _open(db) as store:

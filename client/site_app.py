@@ -16,11 +16,21 @@ import torch
 from flwr.client import ClientApp, NumPyClient
 from flwr.common import Context
 
-from client.data import load_site_data
-from client.mods import SITE_MODS
-from client.task import ArrayData, Task, load_task
-from client.training import TrainConfig
-from client.weights import get_weights, set_weights
+from fedweave.client.mods import SITE_MODS
+from fedweave.contract import (
+    BATCH_SIZE_KEY,
+    LOCAL_EPOCHS_KEY,
+    LR_KEY,
+    NODE_DATA_PATH_KEY,
+    NODE_PARTITION_KEY,
+    PROXIMAL_MU_KEY,
+    ROUND_KEY,
+    SEED_KEY,
+)
+from fedweave.learning.data import load_site_data
+from fedweave.learning.task import ArrayData, Task, load_task
+from fedweave.learning.training import TrainConfig
+from fedweave.learning.weights import get_weights, set_weights
 
 
 @dataclass(frozen=True)
@@ -45,25 +55,25 @@ class ClientSettings:
 
 
 @lru_cache(maxsize=4)
-def _cached_task(spec: str) -> Task:
+def cached_task(spec: str) -> Task:
     return load_task(spec)
 
 
 @lru_cache(maxsize=8)
-def _cached_data(path: str, task_spec: str, label_column: str | None) -> ArrayData:
-    return load_site_data(path, _cached_task(task_spec), label_column)
+def cached_site_data(path: str, task_spec: str, label_column: str | None) -> ArrayData:
+    return load_site_data(path, cached_task(task_spec), label_column)
 
 
 def resolve_data_path(settings: ClientSettings, context: Context) -> str:
     """Which file this site trains on (see the module docstring for the order)."""
-    configured = context.node_config.get("data-path")
+    configured = context.node_config.get(NODE_DATA_PATH_KEY)
     if configured:
         return str(configured)
     if settings.data_path:
         return settings.data_path
     if settings.split_dir is None:
         raise ValueError("no data: give the site a data file (--data)")
-    partition = int(context.node_config["partition-id"])
+    partition = int(context.node_config[NODE_PARTITION_KEY])
     return str(Path(settings.split_dir) / f"site-{partition}.npz")
 
 
@@ -82,14 +92,14 @@ class TaskClient(NumPyClient):
 
     def fit(self, parameters: list[np.ndarray], config: dict) -> tuple[list[np.ndarray], int, dict]:
         set_weights(self.model, parameters)
-        round_seed = int(config.get("seed", 0)) * 1_000_003 + int(config.get("round", 0)) * 1009
+        round_seed = int(config.get(SEED_KEY, 0)) * 1_000_003 + int(config.get(ROUND_KEY, 0)) * 1009
         train_config = replace(
             self.config,
-            epochs=int(config.get("local_epochs", self.config.epochs)),
-            lr=float(config.get("lr", self.config.lr)),
-            batch_size=int(config.get("batch_size", self.config.batch_size)),
+            epochs=int(config.get(LOCAL_EPOCHS_KEY, self.config.epochs)),
+            lr=float(config.get(LR_KEY, self.config.lr)),
+            batch_size=int(config.get(BATCH_SIZE_KEY, self.config.batch_size)),
             seed=round_seed + self.site_index,
-            proximal_mu=float(config.get("proximal_mu", 0.0)),
+            proximal_mu=float(config.get(PROXIMAL_MU_KEY, 0.0)),
         )
         metrics = self.task.train(self.model, self.data, train_config)
         return get_weights(self.model), len(self.data), metrics
@@ -110,10 +120,10 @@ def make_client_app(settings: ClientSettings) -> ClientApp:
         if settings.torch_threads:
             torch.set_num_threads(settings.torch_threads)
         path = resolve_data_path(settings, context)
-        data = _cached_data(path, settings.task, settings.label_column)
-        site_index = int(context.node_config.get("partition-id", 0))
+        data = cached_site_data(path, settings.task, settings.label_column)
+        site_index = int(context.node_config.get(NODE_PARTITION_KEY, 0))
         client = TaskClient(
-            _cached_task(settings.task), data, TrainConfig(device=settings.device), site_index
+            cached_task(settings.task), data, TrainConfig(device=settings.device), site_index
         )
         return client.to_client()
 

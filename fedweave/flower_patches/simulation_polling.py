@@ -1,4 +1,4 @@
-"""Shorter polling in Flower's simulation engine (flwr 1.41.0 only).
+"""Shorter polling in Flower's simulation engine (applied by ``fedweave.flower_patches``).
 
 Every message round trip in the simulation engine waits on two fixed 100 ms polls: the
 grid pulls replies every ``pull_interval`` (0.1 s) and the engine's dispatcher looks for new
@@ -14,7 +14,6 @@ import functools
 import threading
 
 POLL_SECONDS = 0.005
-TUNED_FLOWER_VERSION = "1.41.0"
 
 
 def _add_messages_to_queue(state, queue, nodes_mapping, f_stop: threading.Event) -> None:
@@ -26,21 +25,17 @@ def _add_messages_to_queue(state, queue, nodes_mapping, f_stop: threading.Event)
         f_stop.wait(POLL_SECONDS)
 
 
-def tune_simulation_engine() -> bool:
-    """Apply the shorter polls; returns False (and changes nothing) on another Flower."""
+def install() -> None:
+    """Apply the shorter polls (the version guard is the caller's: ``fedweave.flower_patches``)."""
     import importlib
 
-    import flwr
     from flwr.server.superlink.fleet.vce import vce_api
 
     # flwr.simulation re-exports the function under the module's name: take the module
     run_simulation_module = importlib.import_module("flwr.simulation.run_simulation")
 
-    if flwr.__version__ != TUNED_FLOWER_VERSION:
-        return False
     if not isinstance(run_simulation_module.InMemoryGrid, functools.partial):
         run_simulation_module.InMemoryGrid = functools.partial(
             run_simulation_module.InMemoryGrid, pull_interval=POLL_SECONDS
         )
     vce_api.add_messages_to_queue = _add_messages_to_queue
-    return True

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from client.weights import load_weights_npz, save_weights_npz, weights_sha256
-from coordinator.rounds import RoundSummary
+from fedweave.coordinator.rounds import RoundSummary
 from fedweave.errors import UserError
 from fedweave.history.records import COORDINATOR_ACTOR, CheckpointRef, RoundRecord
+from fedweave.learning.weights import load_weights_npz, save_weights_npz, weights_sha256
 
 
 def checkpoint_path(checkpoint_dir: Path, run_id: str, round_number: int) -> Path:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 from torch import nn
 
-from client.task import ArrayData
-from client.tasks.classification import ClassificationTask, held_out_split
+from fedweave.learning.task import ArrayData
+from fedweave.learning.tasks.classification import ClassificationTask, held_out_split
 
 
 class DigitsTask(ClassificationTask):

@@ -54,15 +54,15 @@ class Task(Protocol):
         """The task's own (train pool, held-out test) data, used by simulations and splits."""
 
     def train(self, model: Any, data: ArrayData, config: Any) -> dict[str, float]:
-        """Train ``model`` in place on ``data``; ``config`` is a ``client.training.TrainConfig``."""
+        """Train ``model`` in place on ``data`` with a ``fedweave.learning.TrainConfig``."""
 
     def evaluate(self, model: Any, data: ArrayData, config: Any) -> dict[str, float]:
         """Return at least ``{"loss": ..., "accuracy": ...}`` of ``model`` on ``data``."""
 
 
 BUILTIN_TASKS = {
-    "digits": "client.tasks.digits:DigitsTask",
-    "mnist5k": "client.tasks.mnist5k:Mnist5kTask",
+    "digits": "fedweave.learning.tasks.digits:DigitsTask",
+    "mnist5k": "fedweave.learning.tasks.mnist5k:Mnist5kTask",
 }
 
 

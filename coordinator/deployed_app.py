@@ -1,6 +1,6 @@
-"""``coordinator.deploy_apps:server_app``: the ServerApp the coordinator's Flower App Bundle
-names. Flower's ``flwr-serverapp`` imports it from the installed package and calls it with
-the run's config; all settings come from there (see ``coordinator.deploy_run.DeployPlan``).
+"""``fedweave.coordinator.deployed_app:server_app``: the ServerApp the coordinator's Flower
+App Bundle names. Flower's ``flwr-serverapp`` imports it from the installed package and calls
+it with the run's config; all settings come from there (``deployed_run.DeployPlan``).
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from flwr.common import Context
 from flwr.server import Grid, ServerApp
 
-from coordinator.deploy_run import DeployPlan, run_plan
+from fedweave.coordinator.deployed_run import DeployPlan, run_plan
 
 server_app = ServerApp()
 

@@ -1,5 +1,6 @@
-"""The ClientApp a deployed site runs: ``client.deploy_app:app`` (named in the coordinator's
-Flower App Bundle; the SuperNode's ``flwr-clientapp`` imports it from the installed package).
+"""The ClientApp a deployed site runs: ``fedweave.client.deployed_app:app`` (named in the
+coordinator's Flower App Bundle; the SuperNode's ``flwr-clientapp`` imports it from the
+installed package).
 
 Settings come from Flower, not from Python arguments, because Flower builds this object:
 
@@ -18,10 +19,15 @@ from __future__ import annotations
 from flwr.client import ClientApp
 from flwr.common import Context
 
-from client.mods import SITE_MODS
-
-REFUSED_PREFIX = "fedweave-refused"
-"""Starts the error text of a site that refuses a run (wrong task or data shape)."""
+from fedweave.client.mods import SITE_MODS
+from fedweave.contract import (
+    NODE_DATA_PATH_KEY,
+    NODE_DEVICE_KEY,
+    NODE_LABEL_COLUMN_KEY,
+    NODE_TASK_KEY,
+    RUN_TASK_KEY,
+    refusal,
+)
 
 
 class SiteRefused(RuntimeError):
@@ -40,28 +46,31 @@ def site_client(context: Context):
     ``flwr-clientapp`` process per message, and three of SecAgg+'s four stages per round
     never reach the client, so they skip the ~1.5 s torch import.
     """
-    from client.flower_app import TaskClient, _cached_data, _cached_task
-    from client.training import TrainConfig
+    from fedweave.client.site_app import TaskClient, cached_site_data, cached_task
+    from fedweave.learning.training import TrainConfig
 
-    run_task = _config_str(context.run_config, "task")
-    site_task = _config_str(context.node_config, "task")
-    data_path = _config_str(context.node_config, "data-path")
+    run_task = _config_str(context.run_config, RUN_TASK_KEY)
+    site_task = _config_str(context.node_config, NODE_TASK_KEY)
+    data_path = _config_str(context.node_config, NODE_DATA_PATH_KEY)
     if run_task is None:
-        raise SiteRefused(f"{REFUSED_PREFIX}: the run does not name a task")
+        raise SiteRefused(refusal("the run does not name a task"))
     if site_task is not None and site_task != run_task:
         raise SiteRefused(
-            f"{REFUSED_PREFIX}: site holds task '{site_task}' but the run trains '{run_task}'; "
-            f"restart the site with --task {run_task} and matching data"
+            refusal(
+                f"site holds task '{site_task}' but the run trains '{run_task}'; "
+                f"restart the site with --task {run_task} and matching data"
+            )
         )
     if data_path is None:
-        raise SiteRefused(f"{REFUSED_PREFIX}: the site has no data file (fedweave client --data)")
+        raise SiteRefused(refusal("the site has no data file (fedweave client --data)"))
     try:
-        data = _cached_data(data_path, run_task, _config_str(context.node_config, "label-column"))
+        label_column = _config_str(context.node_config, NODE_LABEL_COLUMN_KEY)
+        data = cached_site_data(data_path, run_task, label_column)
     except Exception as exc:  # a UserError from the reader: wrong shape, classes, file
-        raise SiteRefused(f"{REFUSED_PREFIX}: {str(exc).splitlines()[0]}") from None
-    config = TrainConfig(device=_config_str(context.node_config, "device"))
+        raise SiteRefused(refusal(str(exc).splitlines()[0])) from None
+    config = TrainConfig(device=_config_str(context.node_config, NODE_DEVICE_KEY))
     return TaskClient(
-        _cached_task(run_task), data, config, site_index=context.node_id % 1_000_003
+        cached_task(run_task), data, config, site_index=context.node_id % 1_000_003
     ).to_client()
 
 

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from fedweave.contract import RUN_ID_KEY as RUN_CONFIG_ID_KEY
 from fedweave.errors import UserError
 
 COORDINATOR_PID_ENV = "FEDWEAVE_COORDINATOR_PID"
@@ -25,7 +26,6 @@ COORDINATOR_PID_ENV = "FEDWEAVE_COORDINATOR_PID"
 DB_ENV = "FEDWEAVE_DEPLOY_DB"
 """Environment variable the ServerApp reads the history URL from (set by the coordinator)."""
 
-RUN_CONFIG_ID_KEY = "fw-run-id"
 
 
 @dataclass(frozen=True)
@@ -127,8 +127,8 @@ def check_resumable(run, plan: DeployPlan, explicit: set[str]) -> DeployPlan:
 
 
 def _test_data(plan: DeployPlan):
-    from client.data import load_site_data
-    from client.task import load_task
+    from fedweave.learning.data import load_site_data
+    from fedweave.learning.task import load_task
 
     task = load_task(plan.task)
     if plan.test_data:
@@ -167,15 +167,17 @@ def run_plan(plan: DeployPlan, grid, context) -> None:
     simulation uses; the CLI watches the history to print progress. A failure marks the run
     failed with its reason; completion marks it completed.
     """
-    from coordinator.recording import BackgroundRecorder, HistoryRecorder
-    from coordinator.server_app import ServerSettings, initial_weights, make_server_app
+    from fedweave.coordinator.history_recorder import BackgroundRecorder, HistoryRecorder
+    from fedweave.coordinator.server_app import ServerSettings, initial_weights, make_server_app
     from fedweave.history import open_store
 
     exit_with_coordinator()
     store = open_store(os.environ.get(DB_ENV) or None)
     recorder = None
     try:
-        from coordinator.recording import resume_point  # torch: only once a run starts
+        from fedweave.coordinator.history_recorder import (
+            resume_point,  # torch: only once a run starts
+        )
 
         weights, offset = resume_point(store, plan.run_id)
         remaining = plan.rounds - offset

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from client.task import ArrayData, Task
 from fedweave.errors import UserError
+from fedweave.learning.task import ArrayData, Task
 
 
 def _check_against_task(data: ArrayData, task: Task, source: Path) -> ArrayData:

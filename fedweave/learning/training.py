@@ -17,8 +17,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from client.task import ArrayData
 from fedweave.errors import UserError
+from fedweave.learning.task import ArrayData
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 from torch import nn
 
-from client.task import ArrayData
-from client.tasks.classification import ClassificationTask, held_out_split
 from fedweave.errors import UserError
+from fedweave.learning.task import ArrayData
+from fedweave.learning.tasks.classification import ClassificationTask, held_out_split
 
 
 class Mnist5kTask(ClassificationTask):

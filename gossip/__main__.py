@@ -1,4 +1,4 @@
-"""``python -m gossip.peer_main ...``: the ``fedweave peer`` command without the top-level CLI.
+"""``python -m fedweave.gossip ...``: the ``fedweave peer`` command without the top-level CLI.
 
 Simulations and tests launch peers this way so they do not depend on the full ``fedweave``
 CLI; user errors print one line and exit 2, like ``fedweave``.
@@ -13,7 +13,7 @@ import typer
 
 def main(argv: list[str] | None = None) -> int:
     from fedweave.errors import USER_ERROR_EXIT_CODE, UserError
-    from gossip.cli import keys_app, peer
+    from fedweave.gossip.cli import keys_app, peer
 
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     app.command("peer")(peer)

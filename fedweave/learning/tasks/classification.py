@@ -1,4 +1,4 @@
-"""Shared base for built-in image classification tasks: train/evaluate via client.training."""
+"""Shared base for built-in classification tasks: they train with fedweave's own loop."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from client.task import ArrayData
-from client.training import TrainConfig, evaluate_model, train_epochs
+from fedweave.learning.task import ArrayData
+from fedweave.learning.training import TrainConfig, evaluate_model, train_epochs
 
 HELD_OUT_SEED = 20261121
 """The held-out test split never depends on the run seed, so runs compare on one test set."""

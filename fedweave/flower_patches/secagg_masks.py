@@ -25,7 +25,6 @@ import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 FAST_MODULUS = 2**32
-_installed = False
 
 
 def keystream_uint32(seed: bytes, count: int) -> np.ndarray:
@@ -72,10 +71,8 @@ def _make_prg(original):
 
 
 def install() -> None:
-    """Swap the helpers into Flower's SecAgg+ modules (site and coordinator); idempotent."""
-    global _installed
-    if _installed:
-        return
+    """Swap the helpers into Flower's SecAgg+ modules (the version guard and idempotence are
+    the caller's: ``fedweave.flower_patches.use_fedweave_secagg_masks``)."""
     import importlib
 
     # the packages re-export functions under the modules' names: import the modules themselves
@@ -87,7 +84,6 @@ def install() -> None:
     secaggplus_mod.quantize = quantize_flat
     secaggplus_mod.pseudo_rand_gen = _make_prg(secaggplus_mod.pseudo_rand_gen)
     secaggplus_workflow.pseudo_rand_gen = _make_prg(secaggplus_workflow.pseudo_rand_gen)
-    _installed = True
 
 
 def unflatten(aggregate: list[np.ndarray], like: list[np.ndarray]) -> list[np.ndarray]:

@@ -19,7 +19,15 @@ from pathlib import Path
 
 import typer
 
-from coordinator.deploy import (
+from fedweave.certs import TlsFiles, registered_site_keys
+from fedweave.contract import readable_failure
+from fedweave.coordinator.deployed_run import (
+    COORDINATOR_PID_ENV,
+    DB_ENV,
+    DeployPlan,
+    check_resumable,
+)
+from fedweave.coordinator.superlink import (
     SuperLinkOptions,
     build_fab,
     check_port_free,
@@ -28,8 +36,6 @@ from coordinator.deploy import (
     start_superlink,
     stop_process_group,
 )
-from coordinator.deploy_run import COORDINATOR_PID_ENV, DB_ENV, DeployPlan, check_resumable
-from fedweave.certs import TlsFiles, registered_site_keys
 from fedweave.errors import UserError
 
 POLL_S = 0.5
@@ -37,7 +43,7 @@ POLL_S = 0.5
 
 @dataclass(frozen=True)
 class CoordinatorOptions:
-    """``fedweave coordinator`` flags (see ``coordinator.cli`` for their help and defaults)."""
+    """``fedweave coordinator`` flags (help and defaults: ``fedweave.coordinator.cli``)."""
 
     address: str
     plan: DeployPlan
@@ -93,9 +99,9 @@ def _tls(options: CoordinatorOptions) -> TlsFiles | None:
 
 
 def _check_plan(plan: DeployPlan) -> None:
-    from client.data import load_site_data
-    from client.task import load_task
-    from coordinator.server_app import ServerSettings
+    from fedweave.coordinator.server_app import ServerSettings
+    from fedweave.learning.data import load_site_data
+    from fedweave.learning.task import load_task
 
     task = load_task(plan.task)
     if plan.test_data:
@@ -127,18 +133,6 @@ def _prepare_run(store, options: CoordinatorOptions) -> DeployPlan:
     return plan
 
 
-def _reason(text: str | None) -> str:
-    """A site's failure reason without Flower's ``Error(code=.., reason="<class ..>:<'..'>")``."""
-    text = text or "no reason given"
-    marker = "fedweave-refused: "
-    if marker in text:
-        inner = text.split(marker, 1)[1]
-        for tail in ("'>\")", "'>"):
-            inner = inner.removesuffix(tail)
-        return "refused: " + inner
-    return text
-
-
 class _Watcher:
     """Prints each newly recorded round (and its failed sites) exactly once."""
 
@@ -159,9 +153,8 @@ class _Watcher:
             )
             for site in self.store.site_results(self.plan.run_id, row["round"]):
                 if site["status"] != "ok":
-                    _echo(
-                        f"  site {site['site_id']} {site['status']}: {_reason(site.get('reason'))}"
-                    )
+                    reason = readable_failure(site.get("reason"))
+                    _echo(f"  site {site['site_id']} {site['status']}: {reason}")
 
 
 def _sync_site_keys(client, tls_dir: Path | None, known: set[Path]) -> None:

@@ -1,0 +1,1 @@
+"""One config for every command (filled in below)."""

@@ -1,0 +1,88 @@
+"""What a fedweave site and a fedweave coordinator agree on, written once for both sides.
+
+The coordinator (``fedweave.coordinator``) writes these keys and the site
+(``fedweave.client``) reads them, or the other way round; neither imports the other.
+
+- App references: the apps the coordinator's Flower App Bundle names; every site runs the
+  fedweave it installed, so no code travels.
+- Run config (coordinator → every Flower process of the run).
+- Node config (``fedweave client`` → its own SuperNode).
+- Fit config (coordinator → each sampled site, every round).
+- Error prefixes (site → coordinator): a refused run or a rejected update, with the reason.
+"""
+
+from __future__ import annotations
+
+import re
+
+SERVER_APP_REF = "fedweave.coordinator.deployed_app:server_app"
+CLIENT_APP_REF = "fedweave.client.deployed_app:app"
+
+RUN_ID_KEY = "fw-run-id"
+"""Run config: the history run the deployed ServerApp records into."""
+RUN_TASK_KEY = "task"
+"""Run config: the task every site of the run must hold."""
+
+NODE_DATA_PATH_KEY = "data-path"
+NODE_TASK_KEY = "task"
+NODE_LABEL_COLUMN_KEY = "label-column"
+NODE_DEVICE_KEY = "device"
+NODE_PARTITION_KEY = "partition-id"
+"""Node config (simulation only): which ``site-<i>.npz`` of the split a simulated site holds."""
+
+ROUND_KEY = "round"
+LOCAL_EPOCHS_KEY = "local_epochs"
+LR_KEY = "lr"
+BATCH_SIZE_KEY = "batch_size"
+SEED_KEY = "seed"
+PROXIMAL_MU_KEY = "proximal_mu"
+"""Fit config: FedProx's mu; Flower's ``FedProx`` strategy sets this key itself."""
+MAX_NORM_KEY = "fw-max-update-norm"
+SECAGG_CLIP_KEY = "fw-secagg-clipping-range"
+SECAGG_MAX_WEIGHT_KEY = "fw-secagg-max-weight"
+LOCAL_DP_KEYS = (
+    "fw-local-dp-clipping-norm",
+    "fw-local-dp-sensitivity",
+    "fw-local-dp-epsilon",
+    "fw-local-dp-delta",
+)
+
+CLIPPED_FRACTION_METRIC = "secagg_clipped_fraction"
+"""Fit metric: share of a site's weights SecAgg+ will clip (reported, never silent)."""
+SECONDS_METRIC = "seconds"
+
+REJECTED_PREFIX = "fedweave-rejected"
+"""Starts a site's error when it refuses to send its own (invalid) update."""
+REFUSED_PREFIX = "fedweave-refused"
+"""Starts a site's error when it cannot take part in a run (wrong task or data)."""
+
+_REJECTION = re.compile(re.escape(REJECTED_PREFIX) + r" site (\d+): ([^'\"\n>]*)")
+
+
+def rejection(site_id: int, problem: str) -> str:
+    """The error text of a site that refuses to send its update."""
+    return f"{REJECTED_PREFIX} site {site_id}: {problem}"
+
+
+def parse_rejection(text: str) -> tuple[str, str] | None:
+    """(site id, problem) out of an error that carries a site's rejection, else None."""
+    match = _REJECTION.search(text)
+    return (match.group(1), match.group(2).strip()) if match else None
+
+
+def refusal(reason: str) -> str:
+    """The error text of a site that refuses a run."""
+    return f"{REFUSED_PREFIX}: {reason}"
+
+
+def readable_failure(text: str | None) -> str:
+    """A site's failure reason without Flower's ``Error(code=.., reason="<class ..>:<'..'>")``
+    wrapping: a refusal reads ``refused: <reason>``."""
+    text = text or "no reason given"
+    marker = f"{REFUSED_PREFIX}: "
+    if marker in text:
+        inner = text.split(marker, 1)[1]
+        for tail in ("'>\")", "'>"):
+            inner = inner.removesuffix(tail)
+        return "refused: " + inner
+    return text

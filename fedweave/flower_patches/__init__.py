@@ -1,0 +1,91 @@
+"""Every change fedweave makes to Flower's internals, behind one version guard.
+
+Each patch replaces a module attribute of Flower with fedweave's own function, and only for the
+exact Flower version it was written and tested against (``PATCHED_FLOWER_VERSION``, the one
+``pyproject.toml`` pins). On any other version:
+
+- a patch that only makes things faster is skipped with one warning, and Flower's stock code
+  runs (``tune_simulation_polling``);
+- a patch that the other side of a connection relies on refuses to run with the reason
+  (``use_fedweave_secagg_masks``: a site and a coordinator must draw the same SecAgg+ masks,
+  so silently falling back to Flower's generator would corrupt every sum).
+
+The patches, and why each exists:
+
+``simulation_polling``
+    Flower's simulation engine waits on two fixed 100 ms polls per message round trip; at
+    5 ms a small-model FedAvg round takes a fraction of the time (docs/benchmarks.md).
+``secagg_masks``
+    SecAgg+'s mask generator seeds NumPy's Mersenne Twister with a 32-bit fold of a 256-bit
+    seed (slow, and brute-forceable); fedweave uses AES-256-CTR keyed by the whole seed, and
+    quantizes into one flat uint32 vector with rounding seeded by the update (a seeded run
+    repeats exactly).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fedweave.errors import UserError
+
+PATCHED_FLOWER_VERSION = "1.41.0"
+
+log = logging.getLogger("fedweave.flower_patches")
+_warned: set[str] = set()
+_applied: set[str] = set()
+
+
+def installed_flower_version() -> str:
+    import flwr
+
+    return str(flwr.__version__)
+
+
+def flower_is_patchable() -> bool:
+    """Whether the installed Flower is the version every patch here was written for."""
+    return installed_flower_version() == PATCHED_FLOWER_VERSION
+
+
+def _warn_once(patch: str, consequence: str) -> None:
+    if patch in _warned:
+        return
+    _warned.add(patch)
+    log.warning(
+        "flwr %s installed, fedweave's '%s' patch is for %s only: %s",
+        installed_flower_version(),
+        patch,
+        PATCHED_FLOWER_VERSION,
+        consequence,
+    )
+
+
+def tune_simulation_polling() -> bool:
+    """Shorter polls in Flower's in-process simulation engine; False (stock code) elsewhere."""
+    if not flower_is_patchable():
+        _warn_once("simulation_polling", "simulations run with Flower's stock 100 ms polls")
+        return False
+    if "simulation_polling" not in _applied:
+        from fedweave.flower_patches import simulation_polling
+
+        simulation_polling.install()
+        _applied.add("simulation_polling")
+    return True
+
+
+def use_fedweave_secagg_masks() -> None:
+    """fedweave's SecAgg+ masks and quantization at the site and the coordinator (idempotent).
+
+    Refuses on another Flower version: both sides must use the same mask generator.
+    """
+    if not flower_is_patchable():
+        raise UserError(
+            f"SecAgg+ needs flwr {PATCHED_FLOWER_VERSION} (installed: {installed_flower_version()})"
+            ": fedweave replaces its mask generator on every side, and another version would "
+            f"mix masks that do not cancel; install flwr=={PATCHED_FLOWER_VERSION} or pass "
+            "--no-secure-agg"
+        )
+    if "secagg_masks" not in _applied:
+        from fedweave.flower_patches import secagg_masks
+
+        secagg_masks.install()
+        _applied.add("secagg_masks")
