@@ -16,27 +16,32 @@ from pathlib import Path
 
 import numpy as np
 
+from fedweave.config import SETTINGS, RunConfig
 from fedweave.coordinator.server_app import initial_weights
 from fedweave.learning.data import load_site_data
 from fedweave.learning.task import ArrayData, load_task
 from fedweave.learning.training import TrainConfig
 from fedweave.learning.weights import set_weights
-from fedweave.simulations.federated import FederatedSimulation, run_federated_simulation
+from fedweave.simulations.federated import run_federated_simulation
 from fedweave.simulations.split import test_file
 
 
-def centralized_accuracy(sim: FederatedSimulation, split_dir: Path) -> float:
-    task = load_task(sim.task)
-    sites = [load_site_data(split_dir / f"site-{i}.npz", task) for i in range(sim.clients)]
+def centralized_accuracy(config: RunConfig, split_dir: Path) -> float:
+    data, training = config.data, config.training
+    task = load_task(data.task)
+    sites = [load_site_data(split_dir / f"site-{i}.npz", task) for i in range(data.clients)]
     union = ArrayData(np.concatenate([s.x for s in sites]), np.concatenate([s.y for s in sites]))
     test = load_site_data(test_file(split_dir), task)
     model = task.build_model()
-    set_weights(model, initial_weights(sim.task, sim.seed))
-    config = TrainConfig(
-        epochs=sim.rounds * sim.local_epochs, lr=sim.lr, batch_size=sim.batch_size, seed=sim.seed
+    set_weights(model, initial_weights(data.task, training.seed))
+    train_config = TrainConfig(
+        epochs=training.rounds * training.local_epochs,
+        lr=training.lr,
+        batch_size=training.batch_size,
+        seed=training.seed,
     )
-    task.train(model, union, config)
-    return task.evaluate(model, test, config)["accuracy"]
+    task.train(model, union, train_config)
+    return task.evaluate(model, test, train_config)["accuracy"]
 
 
 def main() -> None:
@@ -46,9 +51,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--alpha", type=float, default=0.5)
     parser.add_argument("--partition", default="dirichlet")
-    parser.add_argument("--local-epochs", type=int, default=FederatedSimulation.local_epochs)
-    parser.add_argument("--lr", type=float, default=FederatedSimulation.lr)
-    parser.add_argument("--batch-size", type=int, default=FederatedSimulation.batch_size)
+    parser.add_argument("--local-epochs", type=int, default=SETTINGS["local_epochs"].default)
+    parser.add_argument("--lr", type=float, default=SETTINGS["lr"].default)
+    parser.add_argument("--batch-size", type=int, default=SETTINGS["batch_size"].default)
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated; the mean is the figure")
     args = parser.parse_args()
     differences = []
@@ -61,7 +66,7 @@ def main() -> None:
 
 
 def run_one(args: argparse.Namespace, seed: int) -> float:
-    sim = FederatedSimulation(
+    config = RunConfig.of(
         task=args.task,
         clients=args.clients,
         rounds=args.rounds,
@@ -73,16 +78,18 @@ def run_one(args: argparse.Namespace, seed: int) -> float:
         seed=seed,
     )
     with tempfile.TemporaryDirectory() as tmp:
-        rows = run_federated_simulation(sim, split_dir=Path(tmp))
-        central = centralized_accuracy(sim, Path(tmp))
+        rows = run_federated_simulation(config, split_dir=Path(tmp))
+        central = centralized_accuracy(config, Path(tmp))
     federated = rows[-1]["accuracy"]
+    data, training = config.data, config.training
     print(
-        f"seed={seed} task={sim.task} clients={sim.clients} rounds={sim.rounds} "
-        f"partition={sim.partition} "
-        f"alpha={sim.alpha} local_epochs={sim.local_epochs} lr={sim.lr} batch={sim.batch_size}"
+        f"seed={seed} task={data.task} clients={data.clients} rounds={training.rounds} "
+        f"partition={data.partition} alpha={data.alpha} local_epochs={training.local_epochs} "
+        f"lr={training.lr} batch={training.batch_size}"
     )
     print(f"federated final accuracy   {federated:.4f}")
-    print(f"centralized accuracy       {central:.4f}  ({sim.rounds * sim.local_epochs} epochs)")
+    epochs = training.rounds * training.local_epochs
+    print(f"centralized accuracy       {central:.4f}  ({epochs} epochs)")
     difference = 100 * (central - federated)
     print(f"difference (central - fed) {difference:+.2f} points")
     return difference

@@ -22,45 +22,46 @@ import statistics
 import time
 from pathlib import Path
 
+from fedweave.config import SETTINGS, RunConfig
 
-def run_fedavg(args: argparse.Namespace) -> list[dict]:
-    from fedweave.simulations.federated import FederatedSimulation, run_federated_simulation
 
-    sim = FederatedSimulation(
+def shared_config(args: argparse.Namespace) -> RunConfig:
+    """The split and local training both modes run with."""
+    return RunConfig.of(
         task="digits",
         clients=args.clients,
-        rounds=args.fed_rounds,
         partition=args.partition,
         alpha=args.alpha,
         seed=args.seed,
         local_epochs=1,
         lr=args.lr,
         batch_size=args.batch_size,
+    )
+
+
+def run_fedavg(args: argparse.Namespace) -> list[dict]:
+    from fedweave.simulations.federated import run_federated_simulation
+
+    config = shared_config(args).replace(
+        rounds=args.fed_rounds,
         device="cpu",
         secure_agg=False,  # the same local training and plain averaging, as gossip does
     )
-    return run_federated_simulation(sim)
+    return run_federated_simulation(config)
 
 
 def run_gossip(args: argparse.Namespace) -> dict:
     from fedweave.simulations.gossip import GossipSimulation, run_gossip_simulation
 
-    sim = GossipSimulation(
-        task="digits",
-        clients=args.clients,
+    config = shared_config(args).replace(
         rounds=args.gossip_rounds,
-        partition=args.partition,
-        alpha=args.alpha,
-        seed=args.seed,
-        local_epochs=1,
-        lr=args.lr,
-        batch_size=args.batch_size,
         fanout=args.fanout,
         mix=args.mix,
         group_exchange=args.group_exchange,
         round_interval=args.round_interval,
+        db="none",
     )
-    return run_gossip_simulation(sim)
+    return run_gossip_simulation(GossipSimulation(config))
 
 
 def compare(args: argparse.Namespace) -> dict:
@@ -132,12 +133,12 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, default=None, help="also write both curves as JSON")
     args = parser.parse_args()
-    from fedweave.simulations.gossip import GossipSimulation
+    from fedweave.simulations.gossip import SIMULATION_SLOT_SECONDS
 
     if args.fanout is None:
-        args.fanout = GossipSimulation.fanout
+        args.fanout = SETTINGS["fanout"].default
     if args.round_interval is None:
-        args.round_interval = GossipSimulation.round_interval
+        args.round_interval = SIMULATION_SLOT_SECONDS
 
     print(
         f"digits, {args.clients} sites, {args.partition} alpha={args.alpha}, lr {args.lr}, "

@@ -19,10 +19,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from fedweave.config import RunConfig
 from fedweave.coordinator.history_recorder import BackgroundRecorder, HistoryRecorder
 from fedweave.coordinator.rounds import RoundSummary
 from fedweave.history import open_store
-from fedweave.simulations.federated import FederatedSimulation, run_federated_simulation
+from fedweave.simulations.federated import run_federated_simulation
 
 
 class RoundClock:
@@ -55,18 +56,18 @@ def sqlite_bytes(path: Path) -> int:
     return path.stat().st_size
 
 
-def one_run(sim: FederatedSimulation, record: bool, tmp: Path) -> tuple[list[float], dict]:
+def one_run(config: RunConfig, record: bool, tmp: Path) -> tuple[list[float], dict]:
     clock = RoundClock()
     if not record:
-        run_federated_simulation(sim, listeners=[clock])
+        run_federated_simulation(config, listeners=[clock])
         return clock.steady_round_seconds(), {}
     db_file = tmp / f"history-{time.monotonic_ns()}.db"
     store = open_store(f"sqlite:///{db_file}")
     before = sqlite_bytes(db_file)
-    run_id = store.start_run("federated", sim.task, {"bench": True}, sim.seed)
+    run_id = store.start_run("federated", config.data.task, {"bench": True}, config.training.seed)
     timed = TimedRecorder(store, run_id, tmp / "ckpt")
     writer = BackgroundRecorder(timed)
-    run_federated_simulation(sim, listeners=[writer, clock])
+    run_federated_simulation(config, listeners=[writer, clock])
     writer.flush()
     writer.close()
     store.finish_run(run_id, "completed")
@@ -85,14 +86,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--trials", type=int, default=2)
     args = parser.parse_args()
-    sim = FederatedSimulation(clients=args.clients, rounds=args.rounds, partition="dirichlet")
+    config = RunConfig.of(clients=args.clients, rounds=args.rounds, partition="dirichlet")
     plain: list[float] = []
     recorded: list[float] = []
     facts: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
         for trial in range(args.trials):
             for record in (False, True) if trial % 2 == 0 else (True, False):
-                seconds, info = one_run(sim, record, Path(tmp))
+                seconds, info = one_run(config, record, Path(tmp))
                 (recorded if record else plain).extend(seconds)
                 facts = info or facts
                 print(

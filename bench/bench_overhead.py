@@ -113,8 +113,8 @@ def one_trial(kind: str, clients: int, rounds: int) -> tuple[float, float]:
 
     from flwr.simulation import run_simulation
 
+    from fedweave.config import RunConfig
     from fedweave.simulations.federated import (
-        FederatedSimulation,
         backend_config,
         quiet_flower,
         run_federated_simulation,
@@ -123,7 +123,7 @@ def one_trial(kind: str, clients: int, rounds: int) -> tuple[float, float]:
 
     # Plain FedAvg on both sides (the hand-written app has no SecAgg+), and the same engine
     # polling (fedweave's run tunes it; the raw run gets the same tuning below).
-    sim = FederatedSimulation(
+    config = RunConfig.of(
         task="digits", clients=clients, rounds=rounds, partition="dirichlet", secure_agg=False
     )
     quiet_flower(False)
@@ -132,7 +132,7 @@ def one_trial(kind: str, clients: int, rounds: int) -> tuple[float, float]:
         split = Path(tmp)
         if kind == "fedweave":
             started = time.perf_counter()
-            rows = run_federated_simulation(sim, split_dir=split)
+            rows = run_federated_simulation(config, split_dir=split)
             return time.perf_counter() - started, rows[-1]["accuracy"]
         from fedweave.flower_patches import tune_simulation_polling
         from fedweave.learning.task import load_task
@@ -143,7 +143,7 @@ def one_trial(kind: str, clients: int, rounds: int) -> tuple[float, float]:
         accuracies: list[float] = []
         server_app, client_app = raw_flower_apps(split, clients, rounds, accuracies)
         run_simulation(
-            server_app, client_app, num_supernodes=clients, backend_config=backend_config(sim)
+            server_app, client_app, num_supernodes=clients, backend_config=backend_config(config)
         )
         return time.perf_counter() - started, accuracies[-1]
 

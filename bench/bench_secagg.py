@@ -27,9 +27,10 @@ class WideDigits(DigitsTask):
 
 
 def round_seconds(secure: bool, clients: int, rounds: int) -> list[float]:
-    from fedweave.simulations.federated import FederatedSimulation, run_federated_simulation
+    from fedweave.config import RunConfig
+    from fedweave.simulations.federated import run_federated_simulation
 
-    sim = FederatedSimulation(
+    config = RunConfig.of(
         task="bench_secagg:WideDigits",
         clients=clients,
         rounds=rounds,
@@ -37,7 +38,7 @@ def round_seconds(secure: bool, clients: int, rounds: int) -> list[float]:
         secure_agg=secure,
         lr=0.02,
     )
-    rows = run_federated_simulation(sim)
+    rows = run_federated_simulation(config)
     return [row["seconds"] for row in rows[1:]]
 
 

@@ -11,18 +11,19 @@ Ctrl-C or SIGTERM stops the whole group.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Annotated
 
 import typer
+
+from fedweave.addresses import free_port, parse_host_port
+from fedweave.config import Resolved, RunConfig, config_command
+from fedweave.processes import raise_interrupt, stop_process_group, tied_to_us
 
 OFFLINE_ENV = {
     "FLWR_TELEMETRY_ENABLED": "0",
@@ -35,19 +36,6 @@ RETRY_MARK = "Connection attempt failed, retrying in"
 
 def _echo(message: str) -> None:
     typer.echo(message, err=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _die_with_parent() -> None:
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def _check_inputs(
@@ -64,11 +52,7 @@ def _check_inputs(
     from fedweave.learning.data import load_site_data
     from fedweave.learning.task import load_task
 
-    host, sep, port = coordinator.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise UserError(
-            f"--coordinator {coordinator!r} is not HOST:PORT (e.g. coord.example.org:9092)"
-        )
+    parse_host_port(coordinator, "--coordinator", "coord.example.org:9092")
     if "'" in str(data):
         raise UserError(f"--data path {data} contains a single quote; rename or move the file")
     load_site_data(data, load_task(task), label_column)  # missing/bad file: clear error here
@@ -195,8 +179,7 @@ def _start_supernode(command: list[str], env: dict[str, str]) -> subprocess.Pope
         env=env,
         text=True,
         errors="replace",
-        start_new_session=True,
-        preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+        **tied_to_us(),
     )
 
 
@@ -219,7 +202,7 @@ def run_site(
     for key, value in OFFLINE_ENV.items():
         env.setdefault(key, value)
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    previous = signal.signal(signal.SIGTERM, raise_interrupt)
     _echo(f"site starting: connecting to {coordinator} (log: {log_path})")
     started, wait = time.monotonic(), 2.0
     proc: subprocess.Popen | None = None
@@ -228,7 +211,7 @@ def run_site(
             proc = _start_supernode(command, env)
             follower = _LogFollower(proc.stdout, log_path, coordinator, verbose)
             code = proc.wait()
-            _stop_group(proc)
+            stop_process_group(proc)
             follower.thread.join(5)
             left = connect_timeout - (time.monotonic() - started)
             if not follower.refused or left <= 0:
@@ -242,13 +225,13 @@ def run_site(
     except KeyboardInterrupt:
         _echo("stopping the site")
         if proc is not None:
-            _stop_group(proc)
+            stop_process_group(proc)
         _echo("site stopped")
         return 0
     finally:
         signal.signal(signal.SIGTERM, previous)
         if proc is not None:
-            _stop_group(proc)
+            stop_process_group(proc)
     if follower.refused:
         raise UserError(
             f"coordinator {coordinator} refused this site: its key is not registered there; "
@@ -268,85 +251,41 @@ def run_site(
     return 0
 
 
-def _raise_interrupt(signum: int, _frame) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
+def _client(config: RunConfig, _resolved: Resolved) -> None:
+    from fedweave.errors import UserError
 
-
-def _stop_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(grace)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # SuperExec and flwr-clientapp stragglers
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
-
-
-def client(
-    coordinator: Annotated[str, typer.Option(help="The coordinator's HOST:PORT.")],
-    data: Annotated[
-        Path,
-        typer.Option(
-            help="This site's data (.npz with x, y; or .csv with --label-column). "
-            "Never leaves the site."
-        ),
-    ],
-    task: Annotated[
-        str, typer.Option(help="The task this site's data is for; must match the coordinator's.")
-    ] = "digits",
-    ca_cert: Annotated[
-        Path | None, typer.Option(help="The coordinator's ca.pem (TLS is on by default).")
-    ] = None,
-    site_key: Annotated[
-        Path | None,
-        typer.Option(
-            help="This site's private key (`fedweave sites new-key`), when the coordinator "
-            "requires registered sites."
-        ),
-    ] = None,
-    insecure: Annotated[
-        bool, typer.Option("--insecure", help="Connect without TLS (testing only).")
-    ] = False,
-    connect_timeout: Annotated[
-        float,
-        typer.Option(
-            help="Give up after this many seconds without reaching the coordinator "
-            "(also when it goes away)."
-        ),
-    ] = 300.0,
-    label_column: Annotated[str | None, typer.Option(help="Label column of a CSV --data.")] = None,
-    device: Annotated[
-        str | None, typer.Option(help="cpu, cuda or cuda:N (default: CUDA when present).")
-    ] = None,
-    runtime_port: Annotated[
-        int, typer.Option(help="Local port of the SuperNode's runtime API (0: any free port).")
-    ] = 0,
-    log_file: Annotated[Path, typer.Option(help="Where the SuperNode's full log goes.")] = Path(
-        "site.log"
-    ),
-    verbose: Annotated[
-        bool, typer.Option("--verbose", help="Echo the SuperNode's whole log.")
-    ] = False,
-) -> None:
-    """Run a site: connect to the coordinator and train on --data when asked."""
-    _check_inputs(coordinator, task, data, label_column, ca_cert, insecure, site_key)
-    if connect_timeout <= 0:
-        from fedweave.errors import UserError
-
-        raise UserError("--connect-timeout must be positive")
+    data, connection, site = config.data, config.connection, config.site
+    if data.data is None:
+        raise UserError("--data is required: this site's .npz or .csv file")
+    coordinator = site.coordinator or ""
+    _check_inputs(
+        coordinator, data.task, data.data, data.label_column, connection.ca_cert,
+        connection.insecure, connection.site_key,
+    )
     command = supernode_command(
         coordinator,
-        task,
-        data,
-        None if insecure else ca_cert,
-        site_key,
-        connect_timeout,
-        runtime_port or _free_port(),
-        label_column,
-        device,
+        data.task,
+        data.data,
+        None if connection.insecure else connection.ca_cert,
+        connection.site_key,
+        connection.connect_timeout,
+        site.runtime_port or free_port(),
+        data.label_column,
+        config.training.device,
     )
-    raise typer.Exit(run_site(command, coordinator, log_file, connect_timeout, verbose))
+    code = run_site(
+        command, coordinator, site.log_file, connection.connect_timeout, config.output.verbose
+    )
+    raise typer.Exit(code)
+
+
+client = config_command(
+    "client",
+    _client,
+    """Run a site: connect to the coordinator and train on --data when asked.
+
+    Example:
+
+        fedweave client --coordinator coord.example.org:9092 --data site.npz --ca-cert ca.pem
+    """,
+)

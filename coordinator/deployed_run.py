@@ -1,5 +1,5 @@
-"""One deployed federated run: its plan (what Flower's run config carries), where it resumes
-from, and the ServerApp body that records every round in the SQL history.
+"""One deployed federated run: its plan (what Flower's run config carries) and the
+ServerApp body that records every round in the SQL history.
 
 Two processes share this module. ``fedweave coordinator`` (the CLI) creates or resumes the
 history run and writes the plan into the Flower App Bundle's run config; Flower's
@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedweave.config import SETTINGS, RunConfig
+from fedweave.config.run_config import coerce
 from fedweave.contract import RUN_ID_KEY as RUN_CONFIG_ID_KEY
-from fedweave.errors import UserError
 
 COORDINATOR_PID_ENV = "FEDWEAVE_COORDINATOR_PID"
 """The ``fedweave coordinator`` process the ServerApp must not outlive (set by the coordinator)."""
@@ -28,111 +29,58 @@ DB_ENV = "FEDWEAVE_DEPLOY_DB"
 
 
 
+PLAN_SETTINGS = (
+    "task", "test_data", "rounds", "local_epochs", "lr", "batch_size", "seed", "device",
+    "min_clients", "clients_per_round", "strategy", "proximal_mu", "max_update_norm",
+    "secure_agg", "secagg_timeout", "dp", "noise_multiplier", "clipping_norm", "dp_epsilon",
+    "dp_delta", "checkpoint_dir",
+)  # fmt: skip
+"""The settings the ServerApp runs with; the rest (address, TLS, database) stay with the CLI."""
+
+
 @dataclass(frozen=True)
 class DeployPlan:
-    """Everything the ServerApp needs, as TOML-safe values (Flower's run config types).
+    """What the ServerApp needs: the history run to record into and the run's settings.
 
     Attributes:
         run_id: the history run to record into.
-        task: task name or ``module:attr``.
-        rounds: total rounds of the run (a resumed run does the remaining ones).
-        min_clients: connected sites needed before a round starts.
-        clients_per_round: sites sampled per round (0: all ``min_clients``).
-        local_epochs / lr / batch_size / seed: local training, as in simulation.
-        secure_agg: SecAgg+ on (default True).
-        checkpoint_dir: where per-round model files go (absolute path on the coordinator).
-        test_data: held-out file for central evaluation ("": the task's own test split).
+        config: the run's settings; paths are absolute on the coordinator's machine.
     """
 
     run_id: str
-    task: str
-    rounds: int
-    min_clients: int
-    clients_per_round: int = 0
-    local_epochs: int = 1
-    lr: float = 0.1
-    batch_size: int = 16
-    seed: int = 0
-    secure_agg: bool = True
-    checkpoint_dir: str = "checkpoints"
-    test_data: str = ""
+    config: RunConfig
 
     def to_run_config(self) -> dict[str, Any]:
-        """Run-config keys: ``fw-run-id`` plus the other fields with ``-`` for ``_``."""
-        values = asdict(self)
-        out: dict[str, Any] = {RUN_CONFIG_ID_KEY: values.pop("run_id")}
-        out.update({k.replace("_", "-"): v for k, v in values.items()})
+        """Flower run-config keys: ``fw-run-id`` plus each plan setting with ``-`` for ``_``
+        (unset optional settings are left out: run configs hold no nulls)."""
+        out: dict[str, Any] = {RUN_CONFIG_ID_KEY: self.run_id}
+        for name in PLAN_SETTINGS:
+            value = self.config.value(name)
+            if value is not None:
+                out[name.replace("_", "-")] = str(value) if isinstance(value, Path) else value
         return out
 
     @classmethod
-    def from_run_config(cls, config: dict[str, Any]) -> DeployPlan:
-        if RUN_CONFIG_ID_KEY not in config:
+    def from_run_config(cls, run_config: dict[str, Any]) -> DeployPlan:
+        if RUN_CONFIG_ID_KEY not in run_config:
             raise ValueError(
                 "run config has no fw-run-id: this run was not started by `fedweave coordinator`"
             )
-        kwargs: dict[str, Any] = {"run_id": str(config[RUN_CONFIG_ID_KEY])}
-        for f in fields(cls):
-            key = f.name.replace("_", "-")
-            if f.name != "run_id" and key in config:
-                kwargs[f.name] = config[key]
-        return cls(**kwargs)
-
-    def history_config(self) -> dict[str, Any]:
-        """What the history stores as the run's config (compared on ``--resume``)."""
-        values = asdict(self)
-        for name in ("run_id", "checkpoint_dir"):
-            values.pop(name)
-        values["mode"] = "deployment"
-        return values
+        values = {}
+        for name in PLAN_SETTINGS:
+            key = name.replace("_", "-")
+            if key in run_config:
+                values[name] = coerce(SETTINGS[name], run_config[key], f"run config {key}")
+        return cls(str(run_config[RUN_CONFIG_ID_KEY]), RunConfig().replace(**values))
 
 
-IDENTITY_KEYS = (
-    "task",
-    "rounds",
-    "min_clients",
-    "clients_per_round",
-    "local_epochs",
-    "lr",
-    "batch_size",
-    "seed",
-    "secure_agg",
-)
-"""Settings a resumed run must keep: they decide what the run computes."""
-
-
-def check_resumable(run, plan: DeployPlan, explicit: set[str]) -> DeployPlan:
-    """The plan to continue ``run`` with: its stored settings, refusing contradicting flags."""
-    if run.status == "completed":
-        raise UserError(
-            f"run {run.run_id} already completed {run.rounds_completed} rounds; nothing to resume"
-        )
-    stored = run.config or {}
-    if stored.get("mode") != "deployment":
-        raise UserError(
-            f"run {run.run_id} is not a deployment run; resume it with `fedweave simulate --resume`"
-        )
-    conflicts = [
-        f"--{name.replace('_', '-')} {getattr(plan, name)} (run has {stored.get(name)})"
-        for name in IDENTITY_KEYS
-        if name in explicit and name in stored and stored[name] != getattr(plan, name)
-    ]
-    if conflicts:
-        raise UserError(
-            f"cannot resume run {run.run_id} with a different config: {'; '.join(conflicts)}; "
-            "drop those flags to continue it as it was"
-        )
-    kept = {name: stored[name] for name in IDENTITY_KEYS if name in stored}
-    values = {**asdict(plan), **kept, "run_id": run.run_id}
-    return DeployPlan(**values)
-
-
-def _test_data(plan: DeployPlan):
+def _test_data(config: RunConfig):
     from fedweave.learning.data import load_site_data
     from fedweave.learning.task import load_task
 
-    task = load_task(plan.task)
-    if plan.test_data:
-        return load_site_data(plan.test_data, task)
+    task = load_task(config.data.task)
+    if config.data.test_data:
+        return load_site_data(config.data.test_data, task)
     return task.load_data()[1]
 
 
@@ -179,26 +127,25 @@ def run_plan(plan: DeployPlan, grid, context) -> None:
             resume_point,  # torch: only once a run starts
         )
 
+        config = plan.config
         weights, offset = resume_point(store, plan.run_id)
-        remaining = plan.rounds - offset
+        remaining = config.training.rounds - offset
         if remaining > 0:
             settings = ServerSettings(
-                task=plan.task,
+                config=config,
+                min_clients=config.federation.min_clients,
                 rounds=remaining,
-                min_clients=plan.min_clients,
-                clients_per_round=plan.clients_per_round or None,
-                local_epochs=plan.local_epochs,
-                lr=plan.lr,
-                batch_size=plan.batch_size,
-                seed=plan.seed,
                 round_offset=offset,
-                secure_agg=plan.secure_agg,
             )
-            start = weights if weights is not None else initial_weights(plan.task, plan.seed)
+            start = (
+                weights
+                if weights is not None
+                else initial_weights(config.data.task, config.training.seed)
+            )
             recorder = BackgroundRecorder(
-                HistoryRecorder(store, plan.run_id, Path(plan.checkpoint_dir))
+                HistoryRecorder(store, plan.run_id, config.history.checkpoint_dir)
             )
-            app = make_server_app(settings, _test_data(plan), start, [recorder])
+            app = make_server_app(settings, _test_data(config), start, [recorder])
             app(grid=grid, context=context)
             recorder.flush()
         store.finish_run(plan.run_id, "completed")

@@ -10,44 +10,23 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from fedweave.config.sections import PrivacySection
 from fedweave.contract import LOCAL_DP_KEYS
 from fedweave.errors import UserError
 
-DP_MODES = ("none", "central", "local")
+LOCAL_DP_SENSITIVITY = 1.0
+"""Local DP: L2 sensitivity of one clipped update (``LocalDpMod``'s parameter)."""
 
 
-@dataclass(frozen=True)
-class DpSettings:
-    """Differential privacy choice.
-
-    Attributes:
-        mode: ``none`` (default), ``central`` or ``local``.
-        noise_multiplier: Gaussian noise std / clipping norm (central; default 1.0).
-        clipping_norm: L2 bound on each update (default 1.0).
-        epsilon / delta / sensitivity: local DP budget per round (defaults 10, 1e-5, 1.0).
-    """
-
-    mode: str = "none"
-    noise_multiplier: float = 1.0
-    clipping_norm: float = 1.0
-    epsilon: float = 10.0
-    delta: float = 1e-5
-    sensitivity: float = 1.0
-
-    def check(self) -> None:
-        if self.mode not in DP_MODES:
-            raise UserError(f"unknown --dp '{self.mode}': use one of {', '.join(DP_MODES)}")
-        if self.mode != "none" and not self.clipping_norm > 0:
-            raise UserError("--clipping-norm must be > 0 for differential privacy")
-        if self.noise_multiplier < 0:
-            raise UserError("--noise-multiplier must be >= 0")
+def check_privacy(settings: PrivacySection) -> None:
+    """Refuse settings Flower's DP wrappers cannot work with (one-line UserErrors)."""
+    if settings.dp != "none" and not settings.clipping_norm > 0:
+        raise UserError("--clipping-norm must be > 0 for differential privacy")
 
 
-def wrap_for_central_dp(strategy, settings: DpSettings, secure_agg: bool, sampled: int):
-    """``strategy`` with central DP around it (or unchanged when mode is not central)."""
-    if settings.mode != "central":
+def wrap_for_central_dp(strategy, settings: PrivacySection, secure_agg: bool, sampled: int):
+    """``strategy`` with central DP around it (or unchanged when ``--dp`` is not central)."""
+    if settings.dp != "central":
         return strategy
     from flwr.server.strategy import (
         DifferentialPrivacyClientSideFixedClipping,
@@ -62,9 +41,9 @@ def wrap_for_central_dp(strategy, settings: DpSettings, secure_agg: bool, sample
     return wrapper(strategy, settings.noise_multiplier, settings.clipping_norm, sampled)
 
 
-def local_dp_config(settings: DpSettings) -> dict[str, float]:
+def local_dp_config(settings: PrivacySection) -> dict[str, float]:
     """Fit-config entries that switch on ``LocalDpMod`` at the sites."""
-    if settings.mode != "local":
+    if settings.dp != "local":
         return {}
-    values = (settings.clipping_norm, settings.sensitivity, settings.epsilon, settings.delta)
+    values = (settings.clipping_norm, LOCAL_DP_SENSITIVITY, settings.dp_epsilon, settings.dp_delta)
     return dict(zip(LOCAL_DP_KEYS, values))

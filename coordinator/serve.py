@@ -14,18 +14,18 @@ import os
 import signal
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import typer
 
 from fedweave.certs import TlsFiles, registered_site_keys
+from fedweave.config import Resolved, RunConfig
+from fedweave.config.sections import ConnectionSection
 from fedweave.contract import readable_failure
 from fedweave.coordinator.deployed_run import (
     COORDINATOR_PID_ENV,
     DB_ENV,
     DeployPlan,
-    check_resumable,
 )
 from fedweave.coordinator.superlink import (
     SuperLinkOptions,
@@ -34,28 +34,11 @@ from fedweave.coordinator.superlink import (
     child_env,
     parse_address,
     start_superlink,
-    stop_process_group,
 )
 from fedweave.errors import UserError
+from fedweave.processes import raise_interrupt, stop_process_group
 
 POLL_S = 0.5
-
-
-@dataclass(frozen=True)
-class CoordinatorOptions:
-    """``fedweave coordinator`` flags (help and defaults: ``fedweave.coordinator.cli``)."""
-
-    address: str
-    plan: DeployPlan
-    db_url: str | None = None
-    tls_dir: Path | None = None
-    insecure: bool = False
-    require_registered_sites: bool = False
-    resume: str | None = None
-    once: bool = False
-    state_dir: Path = Path("coordinator-state")
-    site_timeout: float | None = None
-    explicit: frozenset[str] = field(default_factory=frozenset)
 
 
 def _echo(message: str) -> None:
@@ -73,7 +56,7 @@ def _absolute_db_url(url: str | None) -> str:
     return url
 
 
-def _tls(options: CoordinatorOptions) -> TlsFiles | None:
+def _tls(options: ConnectionSection) -> TlsFiles | None:
     if options.insecure and options.tls_dir is not None:
         raise UserError("--insecure and --tls-dir contradict each other; give one")
     if options.insecure:
@@ -98,39 +81,49 @@ def _tls(options: CoordinatorOptions) -> TlsFiles | None:
     return files
 
 
-def _check_plan(plan: DeployPlan) -> None:
+def _check_config(config: RunConfig) -> None:
     from fedweave.coordinator.server_app import ServerSettings
     from fedweave.learning.data import load_site_data
     from fedweave.learning.task import load_task
 
-    task = load_task(plan.task)
-    if plan.test_data:
-        load_site_data(plan.test_data, task)
-    if plan.rounds < 1 or plan.min_clients < 1:
-        raise UserError("--rounds and --min-clients must be at least 1")
-    ServerSettings(
-        task=plan.task,
-        rounds=plan.rounds,
-        min_clients=plan.min_clients,
-        clients_per_round=plan.clients_per_round or None,
-        secure_agg=plan.secure_agg,
-    ).check()
+    task = load_task(config.data.task)
+    if config.data.test_data:
+        load_site_data(config.data.test_data, task)
+    if config.training.rounds < 1:
+        raise UserError(f"--rounds must be at least 1, got {config.training.rounds}")
+    ServerSettings(config, config.federation.min_clients, config.training.rounds).check()
 
 
-def _prepare_run(store, options: CoordinatorOptions) -> DeployPlan:
+def _absolute_paths(config: RunConfig) -> RunConfig:
+    """Paths the ServerApp reads, made absolute: Flower may run it in another directory."""
+    test_data = config.data.test_data
+    return config.replace(
+        checkpoint_dir=config.history.checkpoint_dir.resolve(),
+        test_data=test_data.resolve() if test_data else None,
+    )
+
+
+def _prepare_run(store, config: RunConfig, resolved: Resolved) -> DeployPlan:
     """Create the history run, or resume one (same settings, after its last round)."""
-    plan = options.plan
-    if options.resume:
-        run = store.get_run(options.resume)
-        plan = check_resumable(run, plan, set(options.explicit))
+    from fedweave.config.resume import merge_for_resume, stored_run_config
+
+    if config.history.resume:
+        run = store.get_run(config.history.resume)
+        config = _absolute_paths(merge_for_resume(run, config, resolved))
         store.mark_running(run.run_id)
-        _echo(f"resuming run {run.run_id} after round {run.rounds_completed} of {plan.rounds}")
-        return plan
+        _echo(
+            f"resuming run {run.run_id} after round {run.rounds_completed} of "
+            f"{config.training.rounds}"
+        )
+        return DeployPlan(run.run_id, config)
+    config = _absolute_paths(config)
     run_id = uuid.uuid4().hex[:12]
-    plan = DeployPlan(**{**plan.__dict__, "run_id": run_id})
-    store.start_run("federated", plan.task, plan.history_config(), plan.seed, run_id=run_id)
+    store.start_run(
+        "federated", config.data.task, stored_run_config(config, resolved),
+        config.training.seed, run_id=run_id,
+    )
     _echo(f"run {run_id} recorded in the history")
-    return plan
+    return DeployPlan(run_id, config)
 
 
 class _Watcher:
@@ -138,6 +131,7 @@ class _Watcher:
 
     def __init__(self, store, plan: DeployPlan) -> None:
         self.store, self.plan = store, plan
+        self.rounds = plan.config.training.rounds
         self.printed = {r["round"] for r in store.rounds(plan.run_id)}
 
     def poll(self) -> None:
@@ -147,7 +141,7 @@ class _Watcher:
             self.printed.add(row["round"])
             seconds = (row.get("extra") or {}).get("seconds")
             _echo(
-                f"round {row['round']}/{self.plan.rounds}: accuracy {row['eval_accuracy']:.4f} "
+                f"round {row['round']}/{self.rounds}: accuracy {row['eval_accuracy']:.4f} "
                 f"loss {row['eval_loss']:.4f}, sites {row['replied']}/{row['sampled']} ok"
                 + (f", {seconds:.1f} s" if seconds is not None else "")
             )
@@ -194,27 +188,23 @@ def _wait_for_sites(client, proc, needed: int, timeout: float | None, keys) -> N
         time.sleep(POLL_S)
 
 
-def _raise_interrupt(signum: int, _frame) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
-def serve(options: CoordinatorOptions) -> int:
+def serve(config: RunConfig, resolved: Resolved) -> int:
     """Run the coordinator; returns the exit code (0: run completed)."""
     from fedweave.history import open_store
 
-    host, port = parse_address(options.address)
-    tls = _tls(options)
-    _check_plan(options.plan)
+    connection, deployment = config.connection, config.deployment
+    host, port = parse_address(deployment.address)
+    tls = _tls(connection)
+    _check_config(config)
     check_port_free(host, port)
-    db_url = _absolute_db_url(options.db_url)
+    db_url = _absolute_db_url(config.history.db)
     store = open_store(db_url)  # unreachable or wrong DB: one line, before anything starts
-    plan = _prepare_run(store, options)
-    plan = DeployPlan(
-        **{**plan.__dict__, "checkpoint_dir": str(Path(plan.checkpoint_dir).resolve())}
-    )
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    plan = _prepare_run(store, config, resolved)
+    min_clients = plan.config.federation.min_clients
+    previous = signal.signal(signal.SIGTERM, raise_interrupt)
     link_options = SuperLinkOptions(
-        host, port, options.state_dir.resolve(), tls, node_auth=options.require_registered_sites
+        host, port, deployment.state_dir.resolve(), tls,
+        node_auth=connection.require_registered_sites,
     )
     proc = client = None
     finished = False
@@ -231,13 +221,16 @@ def serve(options: CoordinatorOptions) -> int:
         if stale:
             _echo(f"stopped {len(stale)} Flower run(s) left by the previous coordinator")
         known: set[Path] = set()
-        keys = lambda: _sync_site_keys(client, options.tls_dir, known)  # noqa: E731
+        keys = lambda: _sync_site_keys(client, connection.tls_dir, known)  # noqa: E731
         keys()
-        _wait_for_sites(client, proc, plan.min_clients, options.site_timeout, keys)
+        _wait_for_sites(client, proc, min_clients, deployment.site_timeout or None, keys)
         flower_run = client.start_run(build_fab(plan.to_run_config()))
+        secure_agg = plan.config.secure_aggregation.secure_agg
         _echo(
-            f"run {plan.run_id} started (Flower run {flower_run}): {plan.rounds} rounds, "
-            f"{plan.min_clients} sites, SecAgg+ {'on' if plan.secure_agg else 'off'}"
+            f"run {plan.run_id} started (Flower run {flower_run}): "
+            f"{plan.config.training.rounds} rounds, {min_clients} sites, "
+            f"strategy {plan.config.federation.strategy}, SecAgg+ {'on' if secure_agg else 'off'}"
+            f", DP {plan.config.privacy.dp}"
         )
         watcher = _Watcher(store, plan)
         while True:
@@ -269,7 +262,7 @@ def serve(options: CoordinatorOptions) -> int:
         rows = store.rounds(plan.run_id)
         final = rows[-1]["eval_accuracy"] if rows else float("nan")
         _echo(f"run {plan.run_id} completed: {len(rows)} rounds, final accuracy {final:.4f}")
-        if options.once:
+        if deployment.once:
             return 0
         _echo("serving: sites stay connected for the next run; Ctrl-C to stop")
         while proc.poll() is None:

@@ -8,13 +8,14 @@ SecAgg+ (``SecAggPlusWorkflow``) only plugs into that API.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from flwr.common import Context, ndarrays_to_parameters
 from flwr.server import Grid, LegacyContext, ServerApp, ServerConfig
 from flwr.server.workflow import DefaultWorkflow
 
+from fedweave.config import RunConfig
 from fedweave.contract import (
     BATCH_SIZE_KEY,
     LOCAL_EPOCHS_KEY,
@@ -25,7 +26,7 @@ from fedweave.contract import (
     SECAGG_MAX_WEIGHT_KEY,
     SEED_KEY,
 )
-from fedweave.coordinator.privacy import DpSettings, local_dp_config, wrap_for_central_dp
+from fedweave.coordinator.privacy import check_privacy, local_dp_config, wrap_for_central_dp
 from fedweave.coordinator.rounds import RoundListener
 from fedweave.coordinator.secure_agg import SecAggSettings, derive_shares, make_secagg_workflow
 from fedweave.coordinator.strategies import check_strategy_choice, make_strategy
@@ -36,67 +37,57 @@ from fedweave.learning.weights import get_weights, set_weights
 
 @dataclass(frozen=True)
 class ServerSettings:
-    """What the coordinator runs.
+    """What one coordinator process runs.
 
     Attributes:
-        task: task name or ``module:attr``.
-        rounds: rounds to run in this process (after a resume: the remaining ones).
+        config: the run's settings (task, training, federation, secure aggregation, privacy;
+            ``fedweave/config/sections.py``).
         min_clients: sites that must be connected before round 1 (all sites in simulation).
-        clients_per_round: sites sampled each round (default: all ``min_clients``).
-        local_epochs / lr / batch_size: sent to every site each round.
-        seed: seeds the initial model and each site's shuffling.
-        device: where central evaluation runs (``None``: CUDA when present).
-        round_offset: rounds already completed before this process (resume).
-        strategy: ``fedavg`` (default), ``fedprox``, ``fedadam``, ``fedyogi``, ``fedmedian``,
-            ``trimmedavg``, ``krum`` or ``multikrum``.
-        secure_agg: SecAgg+ on (default): the coordinator only ever sees the sum.
-        secagg: SecAgg+ parameters (see ``fedweave.coordinator.secure_agg``).
-        max_update_norm: reject updates farther than this from the global model (L2).
-        dp: differential privacy (see ``fedweave.coordinator.privacy``; default off).
+        rounds: rounds to run in this process (after a resume: the remaining ones).
+        round_offset: rounds already completed before this process (resume; default 0).
     """
 
-    task: str
-    rounds: int
+    config: RunConfig
     min_clients: int
-    clients_per_round: int | None = None
-    local_epochs: int = 1
-    lr: float = 0.1
-    batch_size: int = 16
-    seed: int = 0
-    device: str | None = None
+    rounds: int
     round_offset: int = 0
-    strategy: str = "fedavg"
-    secure_agg: bool = True
-    secagg: SecAggSettings = field(default_factory=SecAggSettings)
-    max_update_norm: float | None = None
-    dp: DpSettings = field(default_factory=DpSettings)
 
     @property
     def cohort(self) -> int:
-        return self.clients_per_round or self.min_clients
+        return self.config.federation.clients_per_round or self.min_clients
+
+    @property
+    def secure_agg(self) -> bool:
+        return self.config.secure_aggregation.secure_agg
+
+    @property
+    def secagg(self) -> SecAggSettings:
+        return SecAggSettings(timeout=self.config.secure_aggregation.secagg_timeout)
 
     def check(self) -> None:
         """Refuse impossible combinations before anything starts (one-line UserErrors)."""
-        check_strategy_choice(self.strategy, self.secure_agg)
-        self.dp.check()
+        check_strategy_choice(self.config.federation.strategy, self.secure_agg)
+        check_privacy(self.config.privacy)
         if self.secure_agg:
             derive_shares(self.cohort)
 
     def fit_config(self, server_round: int) -> dict[str, int | float]:
         """What every sampled site is told for ``server_round`` (Flower's numbering)."""
+        training = self.config.training
         config: dict[str, int | float] = {
             ROUND_KEY: server_round + self.round_offset,
-            LOCAL_EPOCHS_KEY: self.local_epochs,
-            LR_KEY: self.lr,
-            BATCH_SIZE_KEY: self.batch_size,
-            SEED_KEY: self.seed,
+            LOCAL_EPOCHS_KEY: training.local_epochs,
+            LR_KEY: training.lr,
+            BATCH_SIZE_KEY: training.batch_size,
+            SEED_KEY: training.seed,
         }
-        if self.max_update_norm is not None:
-            config[MAX_NORM_KEY] = self.max_update_norm
+        max_update_norm = self.config.federation.max_update_norm
+        if max_update_norm is not None:
+            config[MAX_NORM_KEY] = max_update_norm
         if self.secure_agg:
             config[SECAGG_CLIP_KEY] = self.secagg.clipping_range
             config[SECAGG_MAX_WEIGHT_KEY] = self.secagg.max_weight
-        config.update(local_dp_config(self.dp))
+        config.update(local_dp_config(self.config.privacy))
         return config
 
 
@@ -127,17 +118,20 @@ def make_server_app(
 ) -> ServerApp:
     """A ServerApp that runs ``settings.rounds`` rounds from ``start_weights``."""
     settings.check()
+    config = settings.config
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         strategy = make_strategy(
-            settings.strategy,
+            config.federation.strategy,
             settings.secure_agg,
-            evaluator=make_central_evaluator(settings.task, test_data, settings.device),
+            evaluator=make_central_evaluator(
+                config.data.task, test_data, config.training.device
+            ),
             listeners=listeners,
             round_offset=settings.round_offset,
-            max_update_norm=settings.max_update_norm,
+            max_update_norm=config.federation.max_update_norm,
             fraction_fit=settings.cohort / settings.min_clients,
             min_fit_clients=settings.cohort,
             min_available_clients=settings.min_clients,
@@ -146,7 +140,9 @@ def make_server_app(
             initial_parameters=ndarrays_to_parameters(start_weights),
             on_fit_config_fn=settings.fit_config,
         )
-        strategy = wrap_for_central_dp(strategy, settings.dp, settings.secure_agg, settings.cohort)
+        strategy = wrap_for_central_dp(
+            strategy, config.privacy, settings.secure_agg, settings.cohort
+        )
         legacy = LegacyContext(
             context=context,
             config=ServerConfig(num_rounds=settings.rounds),

@@ -17,9 +17,7 @@ The SuperLink runs under ``fedweave.procguard`` so that its whole process tree
 
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -27,10 +25,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from fedweave.addresses import parse_host_port
 from fedweave.certs import TlsFiles
 from fedweave.contract import CLIENT_APP_REF, SERVER_APP_REF
 from fedweave.errors import UserError
 from fedweave.offline import FLOWER_OFFLINE_ENV
+from fedweave.processes import stop_process_group, tied_to_us
 
 FAB_PUBLISHER = "fedweave"
 FAB_NAME = "fedweave-deploy"
@@ -54,14 +54,6 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: get SIGTERM when the parent dies, even by kill -9 (Linux)."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def spawn(command: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen:
     """Start a Flower process in its own session, output to ``log_path``, tied to our life."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -72,27 +64,8 @@ def spawn(command: list[str], log_path: Path, env: dict[str, str]) -> subprocess
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
         env=env,
-        start_new_session=True,
-        preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+        **tied_to_us(),
     )
-
-
-def stop_process_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
-    """SIGTERM the child's process group, wait ``grace`` s, then SIGKILL what is left."""
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # stragglers (SuperExec, flwr-serverapp) included
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
 
 
 def log_tail(path: Path, lines: int = 1, needle: str | None = None) -> str:
@@ -108,11 +81,8 @@ def log_tail(path: Path, lines: int = 1, needle: str | None = None) -> str:
 
 
 def parse_address(address: str) -> tuple[str, int]:
-    """``HOST:PORT`` → (host, port), refusing anything else in one line."""
-    host, sep, port_text = address.rpartition(":")
-    if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise UserError(f"--address {address!r} is not HOST:PORT (e.g. 0.0.0.0:9092)")
-    return host.strip("[]"), int(port_text)
+    """``--address HOST:PORT`` → (host, port), refusing anything else in one line."""
+    return parse_host_port(address, "--address")
 
 
 def check_port_free(host: str, port: int) -> None:

@@ -42,10 +42,13 @@ def version() -> None:
     typer.echo(__version__)
 
 
-def main() -> None:
-    """Console-script entry: user errors become one line and exit code 2, never a traceback."""
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry: user errors become one line and exit code 2, never a traceback.
+
+    ``argv`` defaults to the process's arguments (``python -m fedweave.gossip`` passes its own).
+    """
     try:
-        code = app(standalone_mode=False)
+        code = app(args=argv, standalone_mode=False)
     except UserError as exc:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(USER_ERROR_EXIT_CODE)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from fedweave.offline import make_flower_offline
@@ -17,87 +16,27 @@ from fedweave.offline import make_flower_offline
 make_flower_offline()
 
 from fedweave.client.site_app import ClientSettings, make_client_app  # noqa: E402
-from fedweave.coordinator.privacy import DpSettings  # noqa: E402
+from fedweave.config import RunConfig  # noqa: E402
 from fedweave.coordinator.rounds import RoundListener, RoundSummary  # noqa: E402
-from fedweave.coordinator.secure_agg import SecAggSettings  # noqa: E402
 from fedweave.coordinator.server_app import ServerSettings, initial_weights, make_server_app  # noqa: E402
 from fedweave.learning.data import load_site_data  # noqa: E402
 from fedweave.learning.task import load_task  # noqa: E402
 from fedweave.simulations.split import test_file, write_split  # noqa: E402
 
 
-@dataclass(frozen=True)
-class FederatedSimulation:
-    """One federated simulation.
+def server_settings(config: RunConfig, round_offset: int = 0) -> ServerSettings:
+    """The coordinator's settings for a simulation of ``config`` after ``round_offset`` rounds
+    (every simulated site is connected, so the cohort is drawn from all of them)."""
+    return ServerSettings(
+        config=config,
+        min_clients=config.data.clients,
+        rounds=config.training.rounds - round_offset,
+        round_offset=round_offset,
+    )
 
-    Attributes:
-        task: task name or ``module:attr``.
-        clients: simulated sites (default 10).
-        rounds: FedAvg rounds (default 20).
-        clients_per_round: sites sampled per round (default all).
-        partition / alpha / shards_per_client: how the data is split
-            (see ``fedweave.simulations.partition``).
-        local_epochs / lr / batch_size: local training per round.
-        seed: split, initial model and shuffling.
-        device: ``cuda``/``cpu``/None (auto) for sites and central evaluation.
-        gpus_per_client: fraction of a GPU each simulated site reserves (0.25: four per GPU).
-        cpus_per_client: CPU cores each simulated site reserves (default 1).
-        strategy: aggregation strategy name (``fedweave.coordinator.strategies``; default
-            fedavg).
-        secure_agg: SecAgg+ on (default True).
-        secagg_timeout: seconds each SecAgg+ stage waits for sites (default 600).
-        max_update_norm: reject updates farther than this from the global model (default none).
-        dp / noise_multiplier / clipping_norm / dp_epsilon / dp_delta: differential privacy
-            (see ``fedweave.coordinator.privacy``; default none).
-        verbose: show Flower's and Ray's own logs.
-    """
 
-    task: str = "digits"
-    clients: int = 10
-    rounds: int = 20
-    clients_per_round: int | None = None
-    partition: str = "iid"
-    alpha: float = 0.5
-    shards_per_client: int = 2
-    local_epochs: int = 1
-    lr: float = 0.1
-    batch_size: int = 16
-    seed: int = 0
-    device: str | None = None
-    gpus_per_client: float = 0.0
-    cpus_per_client: float = 1.0
-    strategy: str = "fedavg"
-    secure_agg: bool = True
-    secagg_timeout: float = 600.0
-    max_update_norm: float | None = None
-    dp: str = "none"
-    noise_multiplier: float = 1.0
-    clipping_norm: float = 1.0
-    dp_epsilon: float = 10.0
-    dp_delta: float = 1e-5
-    verbose: bool = False
-
-    def server_settings(self, round_offset: int = 0) -> ServerSettings:
-        """The coordinator's settings for this simulation (after ``round_offset`` rounds)."""
-        return ServerSettings(
-            task=self.task,
-            rounds=self.rounds - round_offset,
-            min_clients=self.clients,
-            clients_per_round=self.clients_per_round,
-            local_epochs=self.local_epochs,
-            lr=self.lr,
-            batch_size=self.batch_size,
-            seed=self.seed,
-            device=self.device,
-            round_offset=round_offset,
-            strategy=self.strategy,
-            secure_agg=self.secure_agg,
-            secagg=SecAggSettings(timeout=self.secagg_timeout),
-            max_update_norm=self.max_update_norm,
-            dp=DpSettings(
-                self.dp, self.noise_multiplier, self.clipping_norm, self.dp_epsilon, self.dp_delta
-            ),
-        )
+CPUS_PER_CLIENT = 1.0
+"""CPU cores Ray reserves for each simulated site."""
 
 
 class _Collector:
@@ -117,13 +56,17 @@ class _Collector:
         )
 
 
-def backend_config(sim: FederatedSimulation) -> dict:
+def backend_config(config: RunConfig) -> dict:
     """Ray settings: per-client resources, quiet unless verbose, no dashboard."""
+    verbose = config.output.verbose
     return {
-        "client_resources": {"num_cpus": sim.cpus_per_client, "num_gpus": sim.gpus_per_client},
+        "client_resources": {
+            "num_cpus": CPUS_PER_CLIENT,
+            "num_gpus": config.simulation.gpus_per_client,
+        },
         "init_args": {
-            "logging_level": logging.INFO if sim.verbose else logging.ERROR,
-            "log_to_driver": sim.verbose,
+            "logging_level": logging.INFO if verbose else logging.ERROR,
+            "log_to_driver": verbose,
             "include_dashboard": False,
         },
     }
@@ -134,13 +77,13 @@ def quiet_flower(verbose: bool) -> None:
 
 
 def run_federated_simulation(
-    sim: FederatedSimulation,
+    config: RunConfig,
     listeners: Sequence[RoundListener] = (),
     split_dir: Path | None = None,
     start_weights: list | None = None,
     round_offset: int = 0,
 ) -> list[dict]:
-    """Split the data, run ``sim.rounds - round_offset`` rounds, return the report rows.
+    """Split the data, run ``rounds - round_offset`` rounds, return the report rows.
 
     Args:
         listeners: told about every round as it completes (progress, history).
@@ -153,31 +96,37 @@ def run_federated_simulation(
     from fedweave.flower_patches import tune_simulation_polling
 
     tune_simulation_polling()
-    quiet_flower(sim.verbose)
-    sim.server_settings(round_offset).check()
-    task = load_task(sim.task)
+    verbose = config.output.verbose
+    quiet_flower(verbose)
+    settings = server_settings(config, round_offset)
+    settings.check()
+    data = config.data
+    task = load_task(data.task)
     with tempfile.TemporaryDirectory(prefix="fedweave-split-") as tmp:
         out_dir = split_dir or Path(tmp)
         write_split(
-            task, out_dir, sim.clients, sim.partition, sim.alpha, sim.shards_per_client, sim.seed
+            task, out_dir, data.clients, data.partition, data.alpha, data.shards_per_client,
+            config.training.seed,
         )
         test_data = load_site_data(test_file(out_dir), task)
         collector = _Collector()
-        server_settings = sim.server_settings(round_offset)
         weights = (
-            start_weights if start_weights is not None else initial_weights(sim.task, sim.seed)
+            start_weights
+            if start_weights is not None
+            else initial_weights(data.task, config.training.seed)
         )
-        server_app = make_server_app(server_settings, test_data, weights, [collector, *listeners])
+        server_app = make_server_app(settings, test_data, weights, [collector, *listeners])
         client_app = make_client_app(
             ClientSettings(
-                task=sim.task, split_dir=str(out_dir), device=sim.device, torch_threads=1
+                task=data.task, split_dir=str(out_dir), device=config.training.device,
+                torch_threads=1,
             )
         )
         run_simulation(
             server_app=server_app,
             client_app=client_app,
-            num_supernodes=sim.clients,
-            backend_config=backend_config(sim),
-            verbose_logging=sim.verbose,
+            num_supernodes=data.clients,
+            backend_config=backend_config(config),
+            verbose_logging=verbose,
         )
     return collector.rows

@@ -17,66 +17,55 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from fedweave.addresses import free_ports
+from fedweave.config import Resolved, RunConfig
 from fedweave.errors import UserError
 
 LINGER_SECONDS = 3600.0
 
 
+SIMULATION_SLOT_SECONDS = 0.1
+"""Slot length when ``--round-interval`` is left to its default: the peers share one clock."""
+
+
 @dataclass(frozen=True)
 class GossipSimulation:
-    """One gossip simulation. Local training defaults match the federated simulation's.
+    """One gossip simulation: the run's settings plus what only the launcher does.
 
     Attributes:
-        task / clients / rounds: what, how many peers (10), how many rounds each (30).
-        partition / alpha / shards_per_client / seed: the split, identical to federated mode's
-            for the same values, so the two modes compare on the same data.
-        local_epochs / lr / batch_size: local training per round (1, 0.1, 16).
-        fanout / mix: neighbours per round (4) and mixing rule (``pairwise``).
-        group_exchange: ``pairwise`` averages with all of a round's neighbours at once (False).
-        kill: ``"FRACTION@ROUND"`` fault injection, e.g. ``"0.3@10"`` (default none).
+        config: the run's settings (task, split, training, gossip; ``--db none`` records
+            nothing). Local training defaults are the same as in every other mode.
         late: ``"COUNT@ROUND"``: hold back COUNT peers and start them once a peer has reached
             ROUND (late joiners; default none).
-        gpus_per_peer: GPU share per peer (0.5 = two peers per GPU); 0 trains on CPU.
-        exchange_timeout: seconds a peer waits for a neighbour (5).
-        round_interval: slot length in seconds (0.1; ``fedweave.gossip.schedule``); 0: back to back.
-        secure: give every peer a CURVE key pair and a shared allow-list.
-        db: history URL; the launcher creates the run and every peer records into it.
+        secure: give every peer a CURVE key pair and a shared allow-list (default False).
         timeout_s: give up (and kill every peer) after this long (default: scaled by rounds).
     """
 
-    task: str = "digits"
-    clients: int = 10
-    rounds: int = 30
-    partition: str = "iid"
-    alpha: float = 0.5
-    shards_per_client: int = 2
-    seed: int = 0
-    local_epochs: int = 1
-    lr: float = 0.1
-    batch_size: int = 16
-    fanout: int = 4
-    mix: str = "pairwise"
-    group_exchange: bool = False
-    kill: str | None = None
+    config: RunConfig
     late: str | None = None
-    gpus_per_peer: float = 0.0
-    exchange_timeout: float = 5.0
-    round_interval: float = 0.1
     secure: bool = False
-    db: str | None = None
     timeout_s: float | None = None
+
+    @property
+    def round_interval(self) -> float:
+        interval = self.config.gossip.round_interval
+        return SIMULATION_SLOT_SECONDS if interval is None else interval
+
+    @property
+    def db(self) -> str | None:
+        db = self.config.history.db
+        return None if db.lower() == "none" else db
 
 
 def parse_at(spec: str | None, flag: str, fraction: bool) -> tuple[float, int] | None:
@@ -93,20 +82,6 @@ def parse_at(spec: str | None, flag: str, fraction: bool) -> tuple[float, int] |
         form = "FRACTION@ROUND, e.g. 0.3@10" if fraction else "COUNT@ROUND, e.g. 1@10"
         raise UserError(f"bad {flag} '{spec}': use {form}")
     return value, at
-
-
-def free_ports(count: int) -> list[int]:
-    """Ports the OS just handed out (bound together so they differ, then released)."""
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 class _PeerProc:
@@ -196,14 +171,17 @@ def _launch_plan(
     from fedweave.learning.task import load_task
     from fedweave.simulations.split import test_file, write_split
 
-    task = load_task(sim.task)
+    data, training, gossip = sim.config.data, sim.config.training, sim.config.gossip
+    gpus_per_peer = sim.config.simulation.gpus_per_peer
+    task = load_task(data.task)
     sites = write_split(
-        task, work / "data", sim.clients, sim.partition, sim.alpha, sim.shards_per_client, sim.seed
+        task, work / "data", data.clients, data.partition, data.alpha, data.shards_per_client,
+        training.seed,
     )
-    ports = free_ports(sim.clients)
-    keys = _make_keys(work, sim.clients) if sim.secure else None
-    gpus = _gpu_count() if sim.gpus_per_peer > 0 else 0
-    if sim.gpus_per_peer > 0 and gpus == 0:
+    ports = free_ports(data.clients)
+    keys = _make_keys(work, data.clients) if sim.secure else None
+    gpus = _gpu_count() if gpus_per_peer > 0 else 0
+    if gpus_per_peer > 0 and gpus == 0:
         raise UserError("--gpus-per-peer needs a visible CUDA GPU; drop the flag to train on CPU")
     peers = []
     for i, site in enumerate(sites):
@@ -215,27 +193,27 @@ def _launch_plan(
             "--listen",
             f"tcp://127.0.0.1:{ports[i]}",
             "--task",
-            sim.task,
+            data.task,
             "--data",
             str(site),
-            "--test",
+            "--test-data",
             str(test_file(work / "data")),
             "--rounds",
-            str(sim.rounds),
+            str(training.rounds),
             "--fanout",
-            str(sim.fanout),
+            str(gossip.fanout),
             "--mix",
-            sim.mix,
-            "--epochs",
-            str(sim.local_epochs),
+            gossip.mix,
+            "--local-epochs",
+            str(training.local_epochs),
             "--lr",
-            str(sim.lr),
+            str(training.lr),
             "--batch-size",
-            str(sim.batch_size),
+            str(training.batch_size),
             "--seed",
-            str(sim.seed),
+            str(training.seed),
             "--exchange-timeout",
-            str(sim.exchange_timeout),
+            str(gossip.exchange_timeout),
             "--connect-timeout",
             "120",
             "--round-interval",
@@ -255,7 +233,7 @@ def _launch_plan(
             "--dump-models",
             str(work / f"models-{i}"),
         ]
-        if sim.group_exchange:
+        if gossip.group_exchange:
             argv.append("--group-exchange")
         if i > 0:
             argv += ["--seeds", f"tcp://127.0.0.1:{ports[0]}"]
@@ -267,7 +245,7 @@ def _launch_plan(
             argv += ["--db", "none"]
         env = dict(os.environ, OMP_NUM_THREADS="1")
         if gpus:
-            env["CUDA_VISIBLE_DEVICES"] = str(int(i * sim.gpus_per_peer) % gpus)
+            env["CUDA_VISIBLE_DEVICES"] = str(int(i * gpus_per_peer) % gpus)
             argv += ["--device", "cuda"]
         else:
             argv += ["--device", "cpu"]
@@ -279,18 +257,30 @@ def run_gossip_simulation(
     sim: GossipSimulation,
     work_dir: Path | None = None,
     on_round: Callable[[int], None] | None = None,
+    stored_config: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run the peers to completion and return the report (``fedweave.simulations.report`` shape).
 
     Args:
         work_dir: where split, keys, logs and dumps go (default: a temporary directory).
         on_round: called with the highest round any peer has finished, as it grows.
+        stored_config: the run config the history keeps (default: the simulation's own
+            settings, as ``fedweave simulate --mode gossip`` would store them).
     """
-    if sim.clients < 2:
+    if stored_config is None:
+        from fedweave.config.commands import COMMAND_SETTINGS
+
+        stored_config = {
+            "command": "simulate",
+            "settings": sim.config.stored(COMMAND_SETTINGS["simulate"]),
+        }
+    data, training, gossip = sim.config.data, sim.config.training, sim.config.gossip
+    clients, rounds = data.clients, training.rounds
+    if clients < 2:
         raise UserError("a gossip simulation needs --clients 2 or more")
-    kill = parse_at(sim.kill, "--kill", fraction=True)
+    kill = parse_at(sim.config.simulation.kill, "--kill", fraction=True)
     late = parse_at(sim.late, "--late", fraction=False)
-    if late and late[0] >= sim.clients:
+    if late and late[0] >= clients:
         raise UserError("--late must leave at least one peer starting on time")
     with tempfile.TemporaryDirectory(prefix="fedweave-gossip-") as tmp:
         work = Path(work_dir) if work_dir is not None else Path(tmp)
@@ -301,17 +291,17 @@ def run_gossip_simulation(
 
             store = open_store(sim.db)
             run_id = store.start_run(
-                mode="gossip", task=sim.task, config=asdict(sim), seed=sim.seed
+                mode="gossip", task=data.task, config=stored_config, seed=training.seed
             )
-        on_time = sim.clients - (int(late[0]) if late else 0)
+        on_time = clients - (int(late[0]) if late else 0)
         peers = _launch_plan(sim, work, run_id, on_time)
-        rng = random.Random(sim.seed)
-        held = set(range(sim.clients - int(late[0]), sim.clients)) if late else set()
+        rng = random.Random(training.seed)
+        held = set(range(clients - int(late[0]), clients)) if late else set()
         victims: set[int] = set()
         if kill:
             candidates = [p.index for p in peers if p.index not in held]
-            victims = set(rng.sample(candidates, max(1, round(kill[0] * sim.clients))))
-        limit = sim.timeout_s or 60 + sim.rounds * (2 + sim.fanout * sim.exchange_timeout)
+            victims = set(rng.sample(candidates, max(1, round(kill[0] * clients))))
+        limit = sim.timeout_s or 60 + rounds * (2 + gossip.fanout * gossip.exchange_timeout)
         started = time.monotonic()
         status, reason = "completed", None
         try:
@@ -333,7 +323,7 @@ def run_gossip_simulation(
                             p.killed = True
                     killed_at = top
                 if not held and all(
-                    p.killed or not p.running or max(p.rounds, default=0) >= sim.rounds
+                    p.killed or not p.running or max(p.rounds, default=0) >= rounds
                     for p in peers
                 ):
                     for p in peers:
@@ -374,19 +364,19 @@ def run_gossip_simulation(
         rows = round_rows(
             {p.index: p.rounds for p in peers},
             {p.index: p.dumps for p in peers},
-            sim.rounds,
-            MeanModelScorer(sim.task, test_file(work / "data")),
+            rounds,
+            MeanModelScorer(data.task, test_file(work / "data")),
         )
         survivors = [p for p in peers if not p.killed]
         finals = [p.rounds[max(p.rounds)] for p in survivors if p.rounds]
         final_accs = [e["accuracy"] for e in finals if e.get("accuracy") is not None]
         return {
             "mode": "gossip",
-            "task": sim.task,
-            "clients": sim.clients,
+            "task": data.task,
+            "clients": clients,
             "rounds": rows,
             "final_accuracy": float(np.mean(final_accs)) if final_accs else None,
-            "config": asdict(sim),
+            "config": stored_config.get("settings", {}),
             "run_id": run_id,
             "wall_seconds": time.monotonic() - started,
             "killed": sorted(p.index for p in peers if p.killed),
@@ -404,17 +394,23 @@ def run_gossip_simulation(
         }
 
 
-def run_gossip_and_report(sim: GossipSimulation, out: Path) -> dict[str, Any]:
+def run_gossip_and_report(sim: GossipSimulation, resolved: Resolved) -> dict[str, Any]:
     """``fedweave simulate --mode gossip``: run with a progress bar, print the table, write
-    the report to ``out``."""
+    the report to ``--out``."""
     from rich.console import Console
 
+    from fedweave.config.resume import stored_run_config
     from fedweave.simulations.report import rounds_table, write_report
 
     console = Console(stderr=True)
-    with console.status(f"gossip {sim.task}: starting {sim.clients} peers") as status:
+    task, clients = sim.config.data.task, sim.config.data.clients
+    rounds = sim.config.training.rounds
+    out = sim.config.simulation.out
+    with console.status(f"gossip {task}: starting {clients} peers") as status:
         report = run_gossip_simulation(
-            sim, on_round=lambda r: status.update(f"gossip {sim.task}: round {r}/{sim.rounds}")
+            sim,
+            on_round=lambda r: status.update(f"gossip {task}: round {r}/{rounds}"),
+            stored_config=stored_run_config(sim.config, resolved),
         )
     write_report(out, report)
     table_rows = [
@@ -431,10 +427,11 @@ def run_gossip_and_report(sim: GossipSimulation, out: Path) -> dict[str, Any]:
         }
         for row in report["rounds"]
     ]
-    console.print(rounds_table(table_rows, title=f"gossip {sim.task}: {sim.clients} peers"))
+    console.print(rounds_table(table_rows, title=f"gossip {task}: {clients} peers"))
     if report["killed"]:
         console.print(
-            f"killed peers {report['killed']} (--kill {sim.kill}) once a peer had finished "
+            f"killed peers {report['killed']} (--kill {sim.config.simulation.kill}) once a peer "
+            "had finished "
             f"round {report['killed_at_round']}"
         )
     final = report["final_accuracy"]

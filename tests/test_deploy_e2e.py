@@ -163,3 +163,47 @@ def test_a_site_holding_another_task_is_refused_with_its_reason_and_the_run_goes
         assert "site holds task 'mnist5k' but the run trains 'digits'" in failed["reason"], failed
     assert rounds[-1]["eval_accuracy"] > 0.5
     assert "refused: site holds task 'mnist5k'" in out
+
+
+def _deployed_run(tmp_path, name: str, *extra: str) -> tuple[list[dict], object, str]:
+    """One coordinator and three registered sites; ``extra`` goes to the coordinator."""
+    db = f"sqlite:///{tmp_path / (name + '.db')}"
+    port = free_port()
+    procs = Processes(tmp_path)
+    try:
+        coord = procs.start(name, *coordinator_args(port, db, 2, SITES, "--once", *extra))
+        for i in range(SITES):
+            procs.start(f"{name}-site{i}", *site_args(port, i))
+        out = wait_for_success(procs, coord, f"the {name} run to complete")
+    finally:
+        procs.close()
+    rounds, _, run = recorded(db)
+    return rounds, run, out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_deployed_coordinator_runs_robust_strategies_and_central_dp(tmp_path):
+    """Options that only `fedweave simulate` had before the one-config redesign: Krum from a
+    config file, and central DP that freezes the model when its clipping norm is tiny."""
+    make_deployment(tmp_path, SITES)
+    (tmp_path / "krum.toml").write_text(
+        '[federation]\nstrategy = "krum"\n\n[secure_aggregation]\nsecure_agg = false\n'
+    )
+    rounds, run, out = _deployed_run(tmp_path, "krum", "--config", "krum.toml")
+    assert [r["round"] for r in rounds] == [1, 2] and run.status == "completed"
+    assert run.config["settings"]["federation"]["strategy"] == "krum"
+    assert "strategy krum, SecAgg+ off" in out
+    assert rounds[-1]["eval_accuracy"] > 0.5
+
+    rounds, run, out = _deployed_run(
+        tmp_path, "dp", "--dp", "central", "--clipping-norm", "1e-4", "--noise-multiplier", "0"
+    )
+    assert [r["round"] for r in rounds] == [1, 2] and run.status == "completed"
+    assert run.config["settings"]["privacy"] == {
+        "dp": "central", "noise_multiplier": 0.0, "clipping_norm": 1e-4, "dp_epsilon": 10.0,
+        "dp_delta": 1e-5,
+    }
+    assert "DP central" in out
+    # the sites' updates were clipped to 1e-4 (under SecAgg+ the sites clip): nothing learned
+    assert rounds[-1]["eval_accuracy"] < 0.3

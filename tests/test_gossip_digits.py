@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from fedweave.config import RunConfig
 from fedweave.simulations.gossip import GossipSimulation, run_gossip_simulation
 
 pytestmark = pytest.mark.slow
@@ -14,7 +15,9 @@ pytestmark = pytest.mark.slow
 
 def test_five_peers_on_digits_beat_chance_clearly(tmp_path: Path) -> None:
     report = run_gossip_simulation(
-        GossipSimulation(clients=5, rounds=12, partition="iid", seed=1, timeout_s=240),
+        GossipSimulation(
+            RunConfig.of(clients=5, rounds=12, partition="iid", seed=1, db="none"), timeout_s=240
+        ),
         work_dir=tmp_path,
     )
     assert report["mode"] == "gossip" and len(report["rounds"]) == 12
@@ -30,12 +33,15 @@ def test_killing_two_of_six_peers_does_not_stall_the_rest(tmp_path: Path) -> Non
     timeout = 1.0
     report = run_gossip_simulation(
         GossipSimulation(
-            clients=6,
-            rounds=16,
-            partition="iid",
-            seed=2,
-            kill="0.34@4",
-            exchange_timeout=timeout,
+            RunConfig.of(
+                clients=6,
+                rounds=16,
+                partition="iid",
+                seed=2,
+                kill="0.34@4",
+                exchange_timeout=timeout,
+                db="none",
+            ),
             timeout_s=240,
         ),
         work_dir=tmp_path,
@@ -57,12 +63,10 @@ def test_a_late_joiner_catches_up_instead_of_starting_from_scratch(tmp_path: Pat
     report = run_gossip_simulation(
         GossipSimulation(
             # 60 paced rounds (~15 s) leave a loaded machine time to start the joiner's process
-            clients=5,
-            rounds=60,
-            partition="iid",
-            seed=3,
+            RunConfig.of(
+                clients=5, rounds=60, partition="iid", seed=3, round_interval=0.25, db="none"
+            ),
             late="1@4",
-            round_interval=0.25,
             timeout_s=240,
         ),
         work_dir=tmp_path,
@@ -85,7 +89,7 @@ def test_every_peer_records_its_rounds_in_the_launchers_history_run(tmp_path: Pa
 
     url = f"sqlite:///{tmp_path / 'history.db'}"
     report = run_gossip_simulation(
-        GossipSimulation(clients=3, rounds=3, seed=4, db=url, timeout_s=180),
+        GossipSimulation(RunConfig.of(clients=3, rounds=3, seed=4, db=url), timeout_s=180),
         work_dir=tmp_path / "work",
     )
     store = open_store(url)
@@ -131,7 +135,7 @@ def test_simulate_command_runs_gossip_in_slotted_rounds(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(out.read_text())
-    assert report["mode"] == "gossip" and report["config"]["round_interval"] == 0.3
+    assert report["mode"] == "gossip" and report["config"]["gossip"]["round_interval"] == 0.3
     assert [r["round"] for r in report["rounds"]] == [1, 2, 3]
     # slotted rounds: each peer's rounds start 0.3 s apart, every peer's round r in the same
     # slot (back to back, a 3-peer digits round takes a few hundredths of a second)

@@ -18,15 +18,16 @@ from fedweave.learning.data import load_site_data
 from fedweave.learning.task import load_task
 from fedweave.learning.training import TrainConfig
 from fedweave.learning.weights import load_weights_npz
-from fedweave.simulations.federated import FederatedSimulation, run_federated_simulation
+from fedweave.config import RunConfig
+from fedweave.simulations.federated import run_federated_simulation, server_settings
 
 pytestmark = pytest.mark.slow
 
 
-def run_recorded(sim: FederatedSimulation, tmp_path: Path, name: str):
+def run_recorded(sim: RunConfig, tmp_path: Path, name: str):
     """Run ``sim`` recorded; return (report rows, round dicts, site dicts, split dir)."""
     store = open_store(f"sqlite:///{tmp_path / (name + '.db')}")
-    run_id = store.start_run("federated", sim.task, {}, sim.seed)
+    run_id = store.start_run("federated", sim.data.task, {}, sim.training.seed)
     split = tmp_path / f"split-{name}"
     rows = run_federated_simulation(
         sim, listeners=[HistoryRecorder(store, run_id, tmp_path / f"ckpt-{name}")], split_dir=split
@@ -39,10 +40,10 @@ def run_recorded(sim: FederatedSimulation, tmp_path: Path, name: str):
 def test_secagg_aggregate_equals_fedavg_within_quantization_error(tmp_path):
     common = {"clients": 3, "rounds": 1, "partition": "iid", "seed": 3}
     _, plain_rounds, _, _ = run_recorded(
-        FederatedSimulation(secure_agg=False, **common), tmp_path, "plain"
+        RunConfig.of(secure_agg=False, **common), tmp_path, "plain"
     )
     _, secure_rounds, _, split = run_recorded(
-        FederatedSimulation(secure_agg=True, **common), tmp_path, "secure"
+        RunConfig.of(secure_agg=True, **common), tmp_path, "secure"
     )
     plain = load_weights_npz(plain_rounds[0]["checkpoint_path"])
     secure = load_weights_npz(secure_rounds[0]["checkpoint_path"])
@@ -70,17 +71,17 @@ def test_server_never_sees_a_site_plaintext(tmp_path, monkeypatch):
         return array
 
     monkeypatch.setattr(workflow, "bytes_to_ndarray", capture)
-    sim = FederatedSimulation(clients=3, rounds=1, partition="iid", seed=5, secure_agg=True)
+    sim = RunConfig.of(clients=3, rounds=1, partition="iid", seed=5, secure_agg=True)
     split = tmp_path / "split"
     run_federated_simulation(sim, split_dir=split)
     task = load_task("digits")
-    start = initial_weights("digits", sim.seed)
+    start = initial_weights("digits", sim.training.seed)
     plaintexts = []
     for index in range(3):
         client = TaskClient(
             task, load_site_data(split / f"site-{index}.npz", task), TrainConfig(), index
         )
-        weights, _, _ = client.fit(start, {"round": 1, "seed": sim.seed, "local_epochs": 1})
+        weights, _, _ = client.fit(start, {"round": 1, "seed": sim.training.seed, "local_epochs": 1})
         plaintexts.append(np.concatenate([w.ravel() for w in weights]))
     # each site sends its masked weight factor, then its whole model as one masked vector
     assert len(captured) == 3 * 2
@@ -93,7 +94,7 @@ def test_server_never_sees_a_site_plaintext(tmp_path, monkeypatch):
 
 
 def test_a_site_crashing_in_the_masked_stage_does_not_stop_the_round(tmp_path):
-    sim = FederatedSimulation(
+    sim = RunConfig.of(
         task="fault_tasks:RaisingDigits", clients=5, rounds=2, partition="iid", secure_agg=True
     )
     rows, rounds, sites, _ = run_recorded(sim, tmp_path, "crash")
@@ -115,7 +116,7 @@ def test_a_site_crashing_in_the_masked_stage_does_not_stop_the_round(tmp_path):
     ],
 )
 def test_bad_updates_are_rejected_with_reasons_and_the_run_goes_on(tmp_path, task, secure, reason):
-    sim = FederatedSimulation(task=task, clients=4, rounds=2, partition="iid", secure_agg=secure)
+    sim = RunConfig.of(task=task, clients=4, rounds=2, partition="iid", secure_agg=secure)
     rows, rounds, sites, _ = run_recorded(sim, tmp_path, "bad")
     assert [r["round"] for r in rounds] == [1, 2]
     rejected = [s for s in sites if s["status"] == "rejected"]
@@ -132,9 +133,9 @@ def test_krum_survives_a_noisy_site_and_fedavg_does_not(tmp_path):
         "partition": "iid",
         "secure_agg": False,
     }
-    krum, _, _, _ = run_recorded(FederatedSimulation(strategy="krum", **common), tmp_path, "krum")
+    krum, _, _, _ = run_recorded(RunConfig.of(strategy="krum", **common), tmp_path, "krum")
     fedavg, _, _, split = run_recorded(
-        FederatedSimulation(strategy="fedavg", **common), tmp_path, "avg"
+        RunConfig.of(strategy="fedavg", **common), tmp_path, "avg"
     )
     assert bad_site_index(split) in range(5)
     assert krum[-1]["accuracy"] > 0.7
@@ -149,4 +150,4 @@ def test_share_derivation_and_refusals():
     with pytest.raises(UserError, match="at least 3 sites"):
         derive_shares(2)
     with pytest.raises(UserError, match="only reveals"):
-        FederatedSimulation(strategy="krum", secure_agg=True).server_settings().check()
+        server_settings(RunConfig.of(strategy="krum", secure_agg=True)).check()

@@ -2,14 +2,15 @@
 
 import pytest
 
-from fedweave.simulations.federated import FederatedSimulation, run_federated_simulation
+from fedweave.config import RunConfig
+from fedweave.simulations.federated import run_federated_simulation
 
 pytestmark = pytest.mark.slow
 
 
 def final_accuracy(**kwargs) -> float:
     args = {"clients": 3, "rounds": 2, "partition": "iid", "seed": 1} | kwargs
-    return run_federated_simulation(FederatedSimulation(**args))[-1]["accuracy"]
+    return run_federated_simulation(RunConfig.of(**args))[-1]["accuracy"]
 
 
 def test_fedprox_learns_with_secure_aggregation():

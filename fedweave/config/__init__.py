@@ -1,1 +1,8 @@
-"""One config for every command (filled in below)."""
+"""One config for every command: each option declared once (``sections.py``), read from flags
+or a TOML file (``commands.py``, ``files.py``), stored with the run and merged on resume by one
+policy (``resume.py``)."""
+
+from fedweave.config.commands import COMMAND_SETTINGS, Resolved, config_command
+from fedweave.config.run_config import SETTINGS, RunConfig
+
+__all__ = ["COMMAND_SETTINGS", "SETTINGS", "Resolved", "RunConfig", "config_command"]

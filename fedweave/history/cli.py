@@ -136,6 +136,10 @@ def show_command(
     sites: Annotated[bool, typer.Option(
         "--sites", help="Also show each site's (gossip: each neighbour's) result per round.",
     )] = False,
+    config: Annotated[bool, typer.Option(
+        "--config", help="Print only the run's config, as TOML that `fedweave <command> "
+        "--config FILE` runs again.",
+    )] = False,
 ) -> None:
     """Show one run: its config and status, then one line per round (and per site).
 
@@ -148,6 +152,11 @@ def show_command(
     with _user_errors():
         with _open(db) as store:
             info = store.get_run(run_id)
+            if config:
+                from fedweave.config.resume import config_as_toml
+
+                typer.echo(config_as_toml(info), nl=False)
+                return
             rounds = store.rounds(info.run_id)
             site_rows = store.site_results(info.run_id) if sites else []
         if fmt is ShowFormat.json:

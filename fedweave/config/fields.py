@@ -1,0 +1,59 @@
+"""How one option is declared: a dataclass field whose metadata carries its help and limits.
+
+Every option of every command is one ``setting(...)`` in ``fedweave/config/sections.py``; the
+command-line flags, the config-file keys, validation and the stored run config all read it
+from there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Meta:
+    """What a setting's metadata says.
+
+    Attributes:
+        help: one line for ``--help`` (choices and limits are appended automatically).
+        choices: the only accepted values (strings), or None.
+        minimum / maximum: inclusive bounds for numbers, or None.
+        above: exclusive lower bound for numbers (``alpha > 0``), or None.
+        identity: part of what a run computes; ``--resume`` keeps the stored value and refuses
+            a contradicting one (False: where or how it runs, taken from the resuming command).
+        stored: kept in the history with the run (False for secrets and one-off switches).
+        required: a command that takes it needs a value (from a flag or the config file).
+        envvar: environment variable read when the flag is absent.
+        hidden: left out of ``--help`` (test and launcher plumbing).
+        flag: the flag when it is not ``--field-name``; for booleans ``--on/--off``.
+    """
+
+    help: str
+    choices: tuple[str, ...] | None = None
+    minimum: float | None = None
+    maximum: float | None = None
+    above: float | None = None
+    identity: bool = True
+    stored: bool = True
+    required: bool = False
+    envvar: str | None = None
+    hidden: bool = False
+    flag: str | None = None
+
+
+def setting(default: Any, help: str, **meta: Any) -> Any:
+    """A config field: ``default`` plus its ``Meta`` (see there for the keywords)."""
+    info = Meta(help=help, **meta)
+    if isinstance(default, (list, dict)):
+        raise TypeError("settings take immutable defaults")
+    return dataclasses.field(default=default, metadata={"fedweave": info})
+
+
+def meta_of(field: dataclasses.Field) -> Meta:
+    return field.metadata["fedweave"]
+
+
+def flag_name(name: str) -> str:
+    return "--" + name.replace("_", "-")

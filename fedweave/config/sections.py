@@ -1,0 +1,335 @@
+"""Every option of every fedweave command, declared once, in sections.
+
+A section is a frozen dataclass of ``setting(...)`` fields (``fedweave/config/fields.py``). The
+flag is the field name with dashes (``local_epochs`` → ``--local-epochs``), the config-file key
+is ``[section] field``, and field names are unique across sections, so a flag means one thing
+in every command that takes it. Which command takes which fields: ``fedweave/config/commands.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from fedweave.config.fields import setting
+
+TASKS_HELP = "Task to train: a built-in name (digits, mnist5k) or 'my_module:my_task'."
+STRATEGIES = (
+    "fedavg", "fedprox", "fedadam", "fedyogi", "fedmedian", "trimmedavg", "krum", "multikrum",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class DataSection:
+    """What is learned, from which data, split how (simulations)."""
+
+    task: str = setting("digits", TASKS_HELP + " Every site must hold the same task.")
+    data: Path | None = setting(
+        None,
+        "This site's data: .npz with x and y, or .csv with --label-column; it never leaves "
+        "the site.",
+        identity=False,
+    )
+    label_column: str | None = setting(None, "Label column of a CSV --data file.", identity=False)
+    test_data: Path | None = setting(
+        None, "Held-out .npz to evaluate on (default: the task's own test split)."
+    )
+    clients: int = setting(10, "Sites (federated) or peers (gossip) to simulate.", minimum=1)
+    partition: str = setting(
+        "iid",
+        "How data is split across simulated sites: iid (uniform), dirichlet (label skew set by "
+        "--alpha), shards (each site holds --shards-per-client classes).",
+        choices=("iid", "dirichlet", "shards"),
+    )
+    alpha: float = setting(
+        0.5, "Dirichlet concentration: smaller means more label skew between sites.", above=0
+    )
+    shards_per_client: int = setting(2, "Classes per site for --partition shards.", minimum=1)
+
+
+@dataclass(frozen=True)
+class TrainingSection:
+    """How every site (or peer) trains locally, identical in every mode."""
+
+    rounds: int = setting(
+        20, "Rounds of training to run (a gossip peer given 0 runs until stopped).", minimum=0
+    )
+    local_epochs: int = setting(1, "Local epochs each site trains per round.", minimum=1)
+    lr: float = setting(0.1, "Local SGD learning rate (momentum 0.9).", minimum=0)
+    batch_size: int = setting(16, "Local batch size.", minimum=1)
+    seed: int = setting(0, "Seeds the split, the initial model and local shuffling.")
+    device: str | None = setting(
+        None, "cuda, cuda:N or cpu (default: CUDA when present).", identity=False
+    )
+
+
+@dataclass(frozen=True)
+class FederationSection:
+    """Which sites take part in a federated round and how their updates are combined."""
+
+    min_clients: int = setting(
+        3, "Deployment: sites that must be connected before a round starts.", minimum=1
+    )
+    clients_per_round: int | None = setting(
+        None, "Sites sampled each round (default: all).", minimum=1
+    )
+    strategy: str = setting(
+        "fedavg",
+        "Aggregation (Flower's implementations); fedmedian, trimmedavg, krum and multikrum "
+        "compare single updates and need --no-secure-agg.",
+        choices=STRATEGIES,
+    )
+    proximal_mu: float = setting(
+        0.01, "FedProx: weight of the proximal term that keeps sites near the global model.",
+        minimum=0,
+    )
+    max_update_norm: float | None = setting(
+        None, "Reject site updates farther than this (L2) from the global model.", minimum=0
+    )
+
+
+@dataclass(frozen=True)
+class SecureAggregationSection:
+    """SecAgg+: the coordinator only ever sees the sum of the sites' updates."""
+
+    secure_agg: bool = setting(
+        True, "SecAgg+ so the coordinator only sees the sum of the sites' models (3+ sites a "
+        "round).",
+        flag="--secure-agg/--no-secure-agg",
+    )
+    secagg_timeout: float = setting(
+        600.0, "Seconds each SecAgg+ stage waits for sites; slower sites count as dropped.",
+        above=0, identity=False,
+    )
+
+
+@dataclass(frozen=True)
+class PrivacySection:
+    """Differential privacy through Flower's wrappers and mods (see docs)."""
+
+    dp: str = setting(
+        "none", "Differential privacy: none, central (coordinator adds noise) or local "
+        "(every site clips and noises).",
+        choices=("none", "central", "local"),
+    )
+    noise_multiplier: float = setting(1.0, "Central DP: noise std / clipping norm.", minimum=0)
+    clipping_norm: float = setting(1.0, "DP: L2 bound on each site's update.", minimum=0)
+    dp_epsilon: float = setting(10.0, "Local DP: epsilon per round.", minimum=0)
+    dp_delta: float = setting(1e-5, "Local DP: delta per round.", minimum=0)
+
+
+@dataclass(frozen=True)
+class GossipSection:
+    """How gossip peers pick neighbours, exchange and mix."""
+
+    fanout: int = setting(4, "Gossip: neighbours each peer offers its model to per round.",
+                          minimum=1)
+    mix: str = setting(
+        "pairwise", "Gossip mixing: pairwise (example-weighted), clipped or trimmed (robust).",
+        choices=("pairwise", "clipped", "trimmed"),
+    )
+    clip_tau: float | None = setting(
+        None, "Gossip --mix clipped: clipping radius (default: adaptive).", above=0
+    )
+    trim_fraction: float = setting(
+        0.2, "Gossip --mix trimmed: share trimmed at each end.", minimum=0, maximum=0.49
+    )
+    group_exchange: bool = setting(
+        False, "Gossip pairwise: average with all of a round's neighbours at once."
+    )
+    round_interval: float | None = setting(
+        None,
+        "Gossip slotted rounds: every round starts on a wall-clock multiple of this many "
+        "seconds, so peers train together and mix after; 0: back to back. Default: 0.1 s slots "
+        "in simulation (one clock), back to back for a deployed peer.",
+        minimum=0, identity=False,
+    )
+    exchange_timeout: float = setting(
+        5.0, "Gossip: seconds to wait for a neighbour's reply.", above=0, identity=False
+    )
+    drop_after: int = setting(
+        3, "Gossip: missed deadlines before a neighbour is dropped.", minimum=1, identity=False
+    )
+    max_message_mb: int = setting(
+        1024, "Gossip: largest accepted message, MiB.", minimum=1, identity=False
+    )
+    wait_for_peers: int = setting(
+        0, "Gossip: before round 1, wait until this many peers are known.", minimum=0,
+        identity=False,
+    )
+    linger: float = setting(
+        0.0, "Gossip: after the last round, keep answering offers this many seconds.",
+        minimum=0, identity=False,
+    )
+
+
+@dataclass(frozen=True)
+class HistoryConfigSection:
+    """Where runs, rounds and checkpoints are recorded."""
+
+    db: str = setting(
+        "sqlite:///fedweave.db",
+        "History database URL: sqlite:///FILE or postgresql+psycopg://USER:PASS@HOST/DB "
+        "('none': record nothing, gossip peers only).",
+        envvar="FEDWEAVE_DB", identity=False, stored=False,
+    )
+    checkpoint_dir: Path = setting(
+        Path("checkpoints"), "Where each round's global model file is kept.", identity=False
+    )
+    resume: str | None = setting(
+        None,
+        "Continue run RUN_ID (or 'latest') after its last recorded round, with its recorded "
+        "config.",
+        identity=False, stored=False,
+    )
+    track: str | None = setting(
+        None, "Also log round metrics to mlflow or tensorboard (needs that package).",
+        choices=("mlflow", "tensorboard"), identity=False,
+    )
+
+
+@dataclass(frozen=True)
+class SimulationSection:
+    """Many sites on this machine."""
+
+    mode: str = setting(
+        "federated", "federated (Flower + FedAvg) or gossip (ZeroMQ peers).",
+        choices=("federated", "gossip"),
+    )
+    gpus_per_client: float = setting(
+        0.0, "Federated: GPU share per simulated site (0.25 = four sites per GPU).", minimum=0,
+        identity=False,
+    )
+    gpus_per_peer: float = setting(
+        0.0, "Gossip: GPU share per peer (0.5 = two per GPU).", minimum=0, identity=False
+    )
+    kill: str | None = setting(
+        None, "Gossip fault injection: FRACTION@ROUND, e.g. 0.3@10 kills 30% of peers at "
+        "round 10.",
+    )
+    out: Path = setting(Path("report.json"), "Where the JSON report is written.",
+                        identity=False)
+
+
+@dataclass(frozen=True)
+class ConnectionSection:
+    """TLS and site authentication between sites and the coordinator."""
+
+    insecure: bool = setting(
+        False, "No TLS (testing only; TLS is on by default).", identity=False
+    )
+    tls_dir: Path | None = setting(
+        None, "Coordinator: directory from `fedweave certs init` (ca.pem, server.pem, "
+        "server.key, sites/).", identity=False,
+    )
+    ca_cert: Path | None = setting(
+        None, "Site: the coordinator's ca.pem (TLS is on by default).", identity=False
+    )
+    site_key: Path | None = setting(
+        None, "Site: its private key (`fedweave sites new-key`), when the coordinator "
+        "requires registered sites.", identity=False, stored=False,
+    )
+    require_registered_sites: bool = setting(
+        False, "Coordinator: refuse sites whose key was not added with `fedweave sites "
+        "add-key`.", identity=False,
+    )
+    connect_timeout: float = setting(
+        300.0, "Give up after this many seconds without reaching the coordinator (a site) or "
+        "any seed (a gossip peer).", above=0, identity=False,
+    )
+
+
+@dataclass(frozen=True)
+class DeploymentSection:
+    """The coordinator as a server."""
+
+    address: str = setting(
+        "0.0.0.0:9092", "HOST:PORT sites connect to (0.0.0.0 for all interfaces).",
+        identity=False,
+    )
+    state_dir: Path = setting(
+        Path("coordinator-state"), "Flower's persistent state (superlink.db) and its log.",
+        identity=False,
+    )
+    site_timeout: float = setting(
+        0.0, "Give up if --min-clients sites are not connected after this many seconds "
+        "(0: wait forever).", minimum=0, identity=False,
+    )
+    once: bool = setting(
+        False, "Exit (0) when the run completes instead of serving on.", identity=False,
+        stored=False,
+    )
+
+
+@dataclass(frozen=True)
+class SiteSection:
+    """One data-holding site of a deployment."""
+
+    coordinator: str | None = setting(
+        None, "The coordinator's HOST:PORT (required).", required=True, identity=False
+    )
+    runtime_port: int = setting(
+        0, "Local port of the SuperNode's runtime API (0: any free port).", minimum=0,
+        maximum=65535, identity=False,
+    )
+    log_file: Path = setting(Path("site.log"), "Where the SuperNode's full log goes.",
+                             identity=False)
+
+
+@dataclass(frozen=True)
+class PeerSection:
+    """One gossip peer."""
+
+    listen: str | None = setting(
+        None, "Endpoint to listen on, tcp://HOST:PORT (required).", required=True,
+        identity=False,
+    )
+    seeds: str = setting(
+        "", "Comma-separated seeds: tcp://A:P or PEERID@tcp://A:P.", identity=False
+    )
+    keys: Path | None = setting(
+        None, "CURVE key directory (`fedweave keys new`); default plaintext.", identity=False
+    )
+    threads: int = setting(1, "torch CPU threads (0 keeps torch's default).", minimum=0,
+                           identity=False)
+    log_level: str = setting(
+        "info", "Log level.", choices=("debug", "info", "warning"), identity=False
+    )
+    run_id: str | None = setting(None, "Write into this history run.", hidden=True,
+                                 identity=False, stored=False)
+    results: Path | None = setting(None, "JSON-lines results (simulation).", hidden=True,
+                                   identity=False, stored=False)
+    dump_models: Path | None = setting(None, "Per-round model dumps.", hidden=True,
+                                       identity=False, stored=False)
+    vector: Path | None = setting(None, "Gossip a .npy vector (tests).", hidden=True,
+                                  identity=False, stored=False)
+    vector_examples: int = setting(1, "Weight of --vector.", hidden=True, identity=False,
+                                   stored=False)
+
+
+@dataclass(frozen=True)
+class OutputSection:
+    """What the command shows."""
+
+    verbose: bool = setting(
+        False, "Show Flower's own logs (and Ray's, in simulation).", identity=False,
+        stored=False,
+    )
+
+
+SECTIONS: dict[str, type] = {
+    "data": DataSection,
+    "training": TrainingSection,
+    "federation": FederationSection,
+    "secure_aggregation": SecureAggregationSection,
+    "privacy": PrivacySection,
+    "gossip": GossipSection,
+    "history": HistoryConfigSection,
+    "simulation": SimulationSection,
+    "connection": ConnectionSection,
+    "deployment": DeploymentSection,
+    "site": SiteSection,
+    "peer": PeerSection,
+    "output": OutputSection,
+}
+"""Config-file section name → its dataclass, in the order ``--help`` and TOML show them."""

@@ -1,0 +1,50 @@
+"""The distribution installs one import name, ``fedweave``; the repository's mode folders
+(client/, coordinator/, gossip/, simulations/) land inside it."""
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_the_wheel_provides_only_the_fedweave_import_name(tmp_path):
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps", "--no-build-isolation",
+         "-w", str(tmp_path), "-q"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert built.returncode == 0, built.stderr[-2000:]
+    (wheel,) = tmp_path.glob("fedweave-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    info = next(n.split("/")[0] for n in names if n.endswith(".dist-info/RECORD"))
+    assert zipfile.ZipFile(wheel).read(f"{info}/top_level.txt").split() == [b"fedweave"]
+    assert {n.split("/")[0] for n in names} == {"fedweave", info}
+    for module in ("fedweave/client/site_app.py", "fedweave/coordinator/serve.py",
+                   "fedweave/gossip/peer.py", "fedweave/gossip/PROTOCOL.md",
+                   "fedweave/simulations/partition.py", "fedweave/learning/training.py",
+                   "fedweave/history/migrations/versions/0001_initial_schema.py"):
+        assert module in names, module
+
+
+def test_public_task_api_and_module_entry_points():
+    probe = (
+        "import sys; from fedweave import ArrayData, ClassificationTask, Task, TrainConfig; "
+        "import fedweave.gossip, fedweave.client, fedweave.coordinator, fedweave.simulations; "
+        "print(ClassificationTask.__module__)"
+    )
+    shown = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                           timeout=120, cwd="/")
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.strip() == "fedweave.learning.tasks.classification"
+    peer_help = subprocess.run([sys.executable, "-m", "fedweave.gossip", "--help"],
+                               capture_output=True, text=True, timeout=120, cwd="/")
+    assert peer_help.returncode == 0 and "--listen" in peer_help.stdout
+
+
+def test_import_fedweave_stays_light():
+    probe = "import sys, fedweave, fedweave.cli; print('torch' in sys.modules, 'flwr' in sys.modules)"
+    shown = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                           timeout=120)
+    assert shown.stdout.split() == ["False", "False"], shown.stderr
