@@ -1,8 +1,9 @@
 """The reporting layer every fedweave strategy gets: update validation, per-site results,
 central evaluation and a round summary for the listeners (history, progress, report).
 
-It is a mixin placed in front of one of Flower's legacy strategies (FedAvg, FedProx, FedAdam,
-Krum, ...), so the aggregation itself stays Flower's.
+``ReportingStrategy`` wraps one of Flower's legacy strategies (FedAvg, FedProx, FedAdam,
+Krum, ...) and delegates to it, the way Flower's differential privacy wrappers do, so the
+sampling and the aggregation themselves stay Flower's.
 """
 
 from __future__ import annotations
@@ -16,9 +17,19 @@ from datetime import datetime, timezone
 from typing import Any
 
 import numpy as np
-from flwr.common import FitRes, Parameters, Scalar, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common import (
+    EvaluateIns,
+    EvaluateRes,
+    FitIns,
+    FitRes,
+    Parameters,
+    Scalar,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
+from flwr.server.strategy import Strategy
 
 from fedweave.contract import CLIPPED_FRACTION_METRIC, parse_rejection
 from fedweave.coordinator.rounds import RoundListener, RoundSummary
@@ -88,31 +99,44 @@ def _site_ok(proxy: ClientProxy, res: FitRes) -> SiteResult:
     )
 
 
-class ReportingMixin:
-    """Validation + reporting around a Flower strategy (put it first in the bases).
+class ReportingStrategy(Strategy):
+    """Validation and reporting around a Flower strategy, which keeps sampling and aggregating.
 
-    Args:
-        evaluator: scores weights on the held-out set → ``{"loss", "accuracy"}``.
-        listeners: told about every completed round (history, progress, report).
-        round_offset: added to Flower's round number, so a resumed run keeps counting.
-        secure_agg: results carry SecAgg+'s unmasked aggregate, not per-site updates; only
-            the aggregate can be checked here (sites check their own update first).
-        max_update_norm: reject updates farther than this (L2) from the global model
-            (default ``None``: no bound).
-        **strategy_kwargs: passed on to the Flower strategy.
+    Every method of ``Strategy`` is implemented: ``configure_fit`` and ``aggregate_fit`` add
+    the checks and the per-site records around the wrapped strategy's own; ``evaluate`` scores
+    the new global model with ``evaluator`` (not the wrapped strategy's) and tells the
+    listeners; the rest is delegated unchanged.
+
+    Parameters
+    ----------
+    strategy : Strategy
+        The Flower strategy that samples the sites, aggregates the accepted updates and runs
+        federated evaluation (FedAvg, FedProx, FedAdam, Krum, ...).
+    evaluator : CentralEvaluator
+        Scores weights on the held-out set and returns ``{"loss": ..., "accuracy": ...}``.
+    listeners : Sequence[RoundListener] (default: ())
+        Told about every completed round (history, progress, report), in order.
+    round_offset : int (default: 0)
+        Added to Flower's round number, so a resumed run keeps counting.
+    secure_agg : bool (default: False)
+        Whether fit results carry SecAgg+'s unmasked aggregate instead of per-site updates;
+        only the aggregate can be checked here then (sites check their own update first).
+    max_update_norm : float | None (default: None)
+        Reject updates farther than this (L2) from the global model; ``None``: no bound.
     """
 
     def __init__(
         self,
+        strategy: Strategy,
         *,
         evaluator: CentralEvaluator,
         listeners: Sequence[RoundListener] = (),
         round_offset: int = 0,
         secure_agg: bool = False,
         max_update_norm: float | None = None,
-        **strategy_kwargs: Any,
     ) -> None:
-        super().__init__(**strategy_kwargs)
+        super().__init__()
+        self.strategy = strategy
         self.evaluator = evaluator
         self.listeners = list(listeners)
         self.round_offset = round_offset
@@ -126,14 +150,23 @@ class ReportingMixin:
         self._train_metrics: dict[str, Any] = {}
         self._aggregated = False
 
+    def __repr__(self) -> str:
+        """Compute a string representation of the strategy."""
+        return f"ReportingStrategy({self.strategy!r})"
+
+    def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
+        """Initialize the global model parameters using the wrapped strategy."""
+        return self.strategy.initialize_parameters(client_manager)
+
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
-    ) -> list:
+    ) -> list[tuple[ClientProxy, FitIns]]:
+        """Start the round's clock and records, then let the wrapped strategy sample sites."""
         self._round_started = (time.perf_counter(), datetime.now(timezone.utc))
         self._global = parameters_to_ndarrays(parameters)
         self._sites, self._warnings, self._train_metrics = [], [], {}
         self._aggregated = False
-        instructions = super().configure_fit(server_round, parameters, client_manager)
+        instructions = self.strategy.configure_fit(server_round, parameters, client_manager)
         self._sampled = [proxy.node_id for proxy, _ in instructions]
         return instructions
 
@@ -227,6 +260,8 @@ class ReportingMixin:
         results: list[tuple[ClientProxy, FitRes]],
         failures: list[tuple[ClientProxy, FitRes] | BaseException],
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
+        """Check the updates (or SecAgg+'s aggregate), record every sampled site, and pass
+        the accepted results, in an arrival-independent order, to the wrapped strategy."""
         self._sites, self._warnings = [], []
         self._aggregated = True
         if self.secure_agg:  # metrics are not masked: all sites that replied count
@@ -238,11 +273,30 @@ class ReportingMixin:
         self._record_failures(failures)
         if not accepted:
             return None, {}
-        return super().aggregate_fit(server_round, arrival_independent_order(accepted), failures)
+        return self.strategy.aggregate_fit(
+            server_round, arrival_independent_order(accepted), failures
+        )
+
+    def configure_evaluate(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, EvaluateIns]]:
+        """Configure federated evaluation using the wrapped strategy."""
+        return self.strategy.configure_evaluate(server_round, parameters, client_manager)
+
+    def aggregate_evaluate(
+        self,
+        server_round: int,
+        results: list[tuple[ClientProxy, EvaluateRes]],
+        failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
+    ) -> tuple[float | None, dict[str, Scalar]]:
+        """Aggregate federated evaluation results using the wrapped strategy."""
+        return self.strategy.aggregate_evaluate(server_round, results, failures)
 
     def evaluate(
         self, server_round: int, parameters: Parameters
     ) -> tuple[float, dict[str, Scalar]] | None:
+        """Score the new global model with ``evaluator`` and send the round's summary to the
+        listeners; ``None`` at round 0 (the initial model is not evaluated)."""
         if server_round == 0 or self._round_started is None:
             return None  # the initial model is a checkpoint or a fresh init: not worth a pass
         if not self._aggregated:

@@ -71,6 +71,12 @@ class ServerSettings:
         if self.secure_agg:
             derive_shares(self.cohort)
 
+    def strategy_options(self) -> dict[str, float]:
+        """Settings of the chosen Flower strategy itself (FedProx's mu)."""
+        if self.config.federation.strategy == "fedprox":
+            return {"proximal_mu": self.config.federation.proximal_mu}
+        return {}
+
     def fit_config(self, server_round: int) -> dict[str, int | float]:
         """What every sampled site is told for ``server_round`` (Flower's numbering)."""
         training = self.config.training
@@ -139,6 +145,7 @@ def make_server_app(
             min_evaluate_clients=0,
             initial_parameters=ndarrays_to_parameters(start_weights),
             on_fit_config_fn=settings.fit_config,
+            **settings.strategy_options(),
         )
         strategy = wrap_for_central_dp(
             strategy, config.privacy, settings.secure_agg, settings.cohort

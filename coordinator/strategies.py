@@ -6,12 +6,12 @@ from typing import Any
 
 from flwr.server import strategy as flwr_strategies
 
-from fedweave.coordinator.reporting import ReportingMixin
+from fedweave.coordinator.reporting import ReportingStrategy
 from fedweave.errors import UserError
 
 STRATEGIES: dict[str, tuple[type, dict[str, Any]]] = {
     "fedavg": (flwr_strategies.FedAvg, {}),
-    "fedprox": (flwr_strategies.FedProx, {"proximal_mu": 0.01}),
+    "fedprox": (flwr_strategies.FedProx, {}),  # proximal_mu: the --proximal-mu setting
     "fedadam": (flwr_strategies.FedAdam, {"eta": 0.01, "eta_l": 0.1, "tau": 1e-3}),
     "fedyogi": (flwr_strategies.FedYogi, {"eta": 0.01, "eta_l": 0.1, "tau": 1e-3}),
     "fedmedian": (flwr_strategies.FedMedian, {}),
@@ -20,6 +20,9 @@ STRATEGIES: dict[str, tuple[type, dict[str, Any]]] = {
     "multikrum": (flwr_strategies.Krum, {"num_malicious_clients": 1, "num_clients_to_keep": 3}),
 }
 """name → (Flower strategy class, fedweave's defaults for its own knobs)."""
+
+REPORTING_KWARGS = frozenset({"evaluator", "listeners", "round_offset", "max_update_norm"})
+"""``make_strategy`` keywords meant for ``ReportingStrategy``; the rest go to Flower's strategy."""
 
 ROBUST_STRATEGIES = frozenset({"fedmedian", "trimmedavg", "krum", "multikrum"})
 """These look at each site's update, which SecAgg+ exists to hide."""
@@ -37,20 +40,37 @@ def check_strategy_choice(name: str, secure_agg: bool) -> None:
         )
 
 
-def make_strategy(name: str, secure_agg: bool, **kwargs: Any) -> ReportingMixin:
-    """A reporting strategy wrapping Flower's ``name`` strategy.
+def make_strategy(name: str, secure_agg: bool, **kwargs: Any) -> ReportingStrategy:
+    """Flower's ``name`` strategy, built with its own keyword arguments, wrapped for reporting.
 
-    ``kwargs`` are the reporting layer's (evaluator, listeners, round_offset,
-    max_update_norm) and the Flower strategy's (fraction_fit, min_fit_clients,
-    initial_parameters, on_fit_config_fn, ...).
+    Parameters
+    ----------
+    name : str
+        A key of ``STRATEGIES``: ``fedavg``, ``fedprox``, ``fedadam``, ``fedyogi``,
+        ``fedmedian``, ``trimmedavg``, ``krum`` or ``multikrum``.
+    secure_agg : bool
+        Whether SecAgg+ aggregates the fit results (the robust strategies are refused then).
+    **kwargs : Any
+        ``evaluator`` (required), ``listeners``, ``round_offset`` and ``max_update_norm`` go
+        to ``ReportingStrategy`` (see there for their meaning and defaults); every other
+        keyword (``fraction_fit``, ``min_fit_clients``, ``initial_parameters``,
+        ``on_fit_config_fn``, ...) goes to the Flower strategy, beside fedweave's defaults
+        for it in ``STRATEGIES``.
+
+    Returns
+    -------
+    ReportingStrategy
+        The reporting wrapper; the Flower strategy is its ``strategy`` attribute.
     """
     check_strategy_choice(name, secure_agg)
+    reporting_kwargs = {key: value for key, value in kwargs.items() if key in REPORTING_KWARGS}
+    flower_kwargs = {key: value for key, value in kwargs.items() if key not in REPORTING_KWARGS}
     base, defaults = STRATEGIES[name]
     if name in ("krum", "multikrum"):
-        per_round = kwargs.get("min_fit_clients", 0)
+        per_round = flower_kwargs.get("min_fit_clients", 0)
         defaults = dict(defaults)
         defaults["num_clients_to_keep"] = min(
             defaults["num_clients_to_keep"], max(per_round - 2, 0)
         )
-    cls = type(f"Reporting{base.__name__}", (ReportingMixin, base), {})
-    return cls(secure_agg=secure_agg, **defaults, **kwargs)
+    inner = base(**{**defaults, **flower_kwargs})
+    return ReportingStrategy(inner, secure_agg=secure_agg, **reporting_kwargs)

@@ -9,4 +9,4 @@ from fedweave.cli import main
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    main(args if args and args[0] in ("peer", "keys", "--help") else ["peer", *args])
+    main(args if args and args[0] in ("peer", "keys") else ["peer", *args])

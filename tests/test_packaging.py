@@ -44,7 +44,8 @@ def test_public_task_api_and_module_entry_points():
 
 
 def test_import_fedweave_stays_light():
-    probe = "import sys, fedweave, fedweave.cli; print('torch' in sys.modules, 'flwr' in sys.modules)"
+    probe = ("import sys, fedweave, fedweave.cli; "
+             "print('torch' in sys.modules, 'flwr' in sys.modules)")
     shown = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                            timeout=120)
     assert shown.stdout.split() == ["False", "False"], shown.stderr

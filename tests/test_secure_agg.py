@@ -9,6 +9,7 @@ import pytest
 from fault_tasks import bad_site_index
 
 from fedweave.client.site_app import TaskClient
+from fedweave.config import RunConfig
 from fedweave.coordinator.history_recorder import HistoryRecorder
 from fedweave.coordinator.secure_agg import SecAggSettings, derive_shares
 from fedweave.coordinator.server_app import initial_weights
@@ -18,7 +19,6 @@ from fedweave.learning.data import load_site_data
 from fedweave.learning.task import load_task
 from fedweave.learning.training import TrainConfig
 from fedweave.learning.weights import load_weights_npz
-from fedweave.config import RunConfig
 from fedweave.simulations.federated import run_federated_simulation, server_settings
 
 pytestmark = pytest.mark.slow
@@ -81,7 +81,8 @@ def test_server_never_sees_a_site_plaintext(tmp_path, monkeypatch):
         client = TaskClient(
             task, load_site_data(split / f"site-{index}.npz", task), TrainConfig(), index
         )
-        weights, _, _ = client.fit(start, {"round": 1, "seed": sim.training.seed, "local_epochs": 1})
+        fit_config = {"round": 1, "seed": sim.training.seed, "local_epochs": 1}
+        weights, _, _ = client.fit(start, fit_config)
         plaintexts.append(np.concatenate([w.ravel() for w in weights]))
     # each site sends its masked weight factor, then its whole model as one masked vector
     assert len(captured) == 3 * 2

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedweave.config.fields import setting
+from fedweave.history import DB_URL_ENVVAR, DEFAULT_DB_URL
 
 TASKS_HELP = "Task to train: a built-in name (digits, mnist5k) or 'my_module:my_task'."
 STRATEGIES = (
@@ -168,10 +169,10 @@ class HistoryConfigSection:
     """Where runs, rounds and checkpoints are recorded."""
 
     db: str = setting(
-        "sqlite:///fedweave.db",
+        DEFAULT_DB_URL,
         "History database URL: sqlite:///FILE or postgresql+psycopg://USER:PASS@HOST/DB "
         "('none': record nothing, gossip peers only).",
-        envvar="FEDWEAVE_DB", identity=False, stored=False,
+        envvar=DB_URL_ENVVAR, identity=False, stored=False,
     )
     checkpoint_dir: Path = setting(
         Path("checkpoints"), "Where each round's global model file is kept.", identity=False

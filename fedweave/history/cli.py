@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from fedweave.config.run_config import SETTINGS
 from fedweave.errors import USER_ERROR_EXIT_CODE, UserError
 from fedweave.history import DB_URL_ENVVAR, DEFAULT_DB_URL
 
@@ -38,8 +39,7 @@ DbOption = Annotated[
     typer.Option(
         "--db",
         envvar=DB_URL_ENVVAR,
-        help="History database URL: sqlite:///path/file.db (a file, created on first run) "
-        "or postgresql+psycopg://user:password@host:5432/dbname.",
+        help=SETTINGS["db"].meta.help,  # the one declaration every command shares
         show_default=True,
     ),
 ]
