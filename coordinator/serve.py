@@ -107,16 +107,16 @@ def _prepare_run(store, config: RunConfig, resolved: Resolved) -> DeployPlan:
     """Create the history run, or resume one (same settings, after its last round)."""
     from fedweave.config.resume import merge_for_resume, stored_run_config
 
+    config = _absolute_paths(config)  # stored paths are absolute: compare like with like
     if config.history.resume:
         run = store.get_run(config.history.resume)
-        config = _absolute_paths(merge_for_resume(run, config, resolved))
+        config = merge_for_resume(run, config, resolved)
         store.mark_running(run.run_id)
         _echo(
             f"resuming run {run.run_id} after round {run.rounds_completed} of "
             f"{config.training.rounds}"
         )
         return DeployPlan(run.run_id, config)
-    config = _absolute_paths(config)
     run_id = uuid.uuid4().hex[:12]
     store.start_run(
         "federated", config.data.task, stored_run_config(config, resolved),

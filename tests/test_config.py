@@ -175,6 +175,7 @@ def test_stored_config_prints_back_as_toml_that_reruns_the_same_run(tmp_path):
 @dataclass
 class _Run:
     run_id: str = "r1"
+    mode: str = "federated"
     status: str = "interrupted"
     rounds_completed: int = 3
     config: dict | None = None

@@ -60,6 +60,11 @@ def config_as_toml(run) -> str:
 
 def merge_for_resume(run, given: RunConfig, resolved: Resolved) -> RunConfig:
     """The config to continue ``run`` with (see the module docstring for the policy)."""
+    if run.mode != "federated":
+        raise UserError(
+            f"run {run.run_id} is a {run.mode} run; only federated runs resume (a gossip peer "
+            "rejoins by starting again)"
+        )
     if run.status == "completed":
         raise UserError(
             f"run {run.run_id} already completed {run.rounds_completed} rounds; nothing to resume"
