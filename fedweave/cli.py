@@ -1,45 +1,64 @@
-"""The `fedweave` command. Subcommands live beside the code they drive and import it lazily,
-so `fedweave client` never loads the coordinator's stack and `--help` stays fast."""
+"""The `fedweave` command: the composition root that mounts each mode's subcommands.
+
+Subcommands live beside the code they drive (``fedweave.<mode>.cli``) and import that code
+lazily, so `fedweave client` never loads the coordinator's stack and `--help` stays fast. The
+modes are imported only when the command table is built (``build_app``), never when
+``fedweave.cli`` is imported: the core does not depend on a mode.
+"""
 
 from __future__ import annotations
 
 import sys
+from functools import cache
+from typing import Any
 
 import click
 import typer
 
-from fedweave.certs_cli import certs_app, sites_app
-from fedweave.client.cli import client
-from fedweave.coordinator.cli import coordinator
-from fedweave.errors import USER_ERROR_EXIT_CODE, UserError
-from fedweave.gossip.cli import keys_app, peer
-from fedweave.history.cli import history_app
-from fedweave.simulations.cli import data_app, simulate
-
-app = typer.Typer(
-    help="fedweave: federated (Flower + SecAgg+) and serverless gossip learning; "
-    "sites keep their data.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-app.command()(simulate)
-app.add_typer(data_app, name="data")
-app.add_typer(history_app, name="history")
-app.command()(coordinator)
-app.command()(client)
-app.add_typer(certs_app, name="certs")
-app.add_typer(sites_app, name="sites")
-app.command()(peer)
-app.add_typer(keys_app, name="keys")
+from fedweave.errors import user_errors_as_one_line
 
 
-@app.command()
 def version() -> None:
     """Print the fedweave version."""
     from fedweave import __version__
 
     typer.echo(__version__)
+
+
+@cache
+def build_app() -> typer.Typer:
+    """Every subcommand, mounted once."""
+    from fedweave.certs_cli import certs_app, sites_app
+    from fedweave.client.cli import client
+    from fedweave.coordinator.cli import coordinator
+    from fedweave.gossip.cli import keys_app, peer
+    from fedweave.history.cli import history_app
+    from fedweave.simulations.cli import data_app, simulate
+
+    app = typer.Typer(
+        help="fedweave: federated (Flower + SecAgg+) and serverless gossip learning; "
+        "sites keep their data.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+    )
+    app.command()(simulate)
+    app.add_typer(data_app, name="data")
+    app.add_typer(history_app, name="history")
+    app.command()(coordinator)
+    app.command()(client)
+    app.add_typer(certs_app, name="certs")
+    app.add_typer(sites_app, name="sites")
+    app.command()(peer)
+    app.add_typer(keys_app, name="keys")
+    app.command()(version)
+    return app
+
+
+def __getattr__(name: str) -> Any:
+    if name == "app":
+        return build_app()
+    raise AttributeError(f"module 'fedweave.cli' has no attribute {name!r}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -48,10 +67,8 @@ def main(argv: list[str] | None = None) -> None:
     ``argv`` defaults to the process's arguments (``python -m fedweave.gossip`` passes its own).
     """
     try:
-        code = app(args=argv, standalone_mode=False)
-    except UserError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        sys.exit(USER_ERROR_EXIT_CODE)
+        with user_errors_as_one_line():
+            code = build_app()(args=argv, standalone_mode=False)
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)

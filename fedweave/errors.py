@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 USER_ERROR_EXIT_CODE = 2
 
@@ -18,3 +20,15 @@ class UserError(Exception):
 def mask_url_password(url: str) -> str:
     """Hide the password of a database URL so it can be printed: ``user:***@host``."""
     return re.sub(r"(?<=://)([^:/@]+):([^@]*)@", r"\1:***@", url)
+
+
+@contextmanager
+def user_errors_as_one_line() -> Iterator[None]:
+    """Around a command: a ``UserError`` becomes ``error: <message>`` on stderr and exit 2."""
+    import click
+
+    try:
+        yield
+    except UserError as exc:
+        click.echo(f"error: {exc}", err=True)
+        raise SystemExit(USER_ERROR_EXIT_CODE) from None

@@ -48,8 +48,9 @@ def pairwise_update(
 
     Both ends apply it (the replier with ``sent == current``), so after the exchange both
     equal the example-weighted average of what they swapped and ``n_a x_a + n_b x_b`` is
-    unchanged: the network average is preserved. ``share`` overrides the fraction (group
-    exchanges, see ``group_shares``).
+    unchanged: the network average is preserved. ``share`` overrides the fraction (a group
+    exchange with ``N`` examples in all: neighbours move ``n_offerer / N``, the offerer moves
+    ``n_j / N`` per reply; PROTOCOL.md §5).
     """
     if share is None:
         share = _share(n_self, n_other)
@@ -62,22 +63,6 @@ def pairwise_update(
         else:
             out[key] = value
     return out
-
-
-def group_shares(n_self: int, n_neighbours: Sequence[int]) -> tuple[list[float], float]:
-    """Fractions for a push-pull exchange with several neighbours at once.
-
-    With ``N = n_self + sum(n_j)``, neighbour ``j`` moves ``n_self / N`` of the way toward our
-    model and we move ``n_j / N`` toward each of theirs: every pair exchanges the same mass (so
-    the weighted sum is exact), all self-weights stay non-negative, and without interleaving
-    we land on the example-weighted average of the whole group. Returns (our shares per
-    neighbour, the share each neighbour applies).
-    """
-    total = n_self + sum(n_neighbours)
-    if total <= 0:
-        k = len(n_neighbours) + 1
-        return [1.0 / k] * len(n_neighbours), 1.0 / k
-    return [n / total for n in n_neighbours], n_self / total
 
 
 def difference_norm(a: Weights, b: Weights) -> float:
@@ -147,22 +132,6 @@ def trimmed_mean(
         if b > 0:
             stack = np.sort(stack, axis=0)[b : m - b]
         out[key] = stack.mean(axis=0).astype(value.dtype)
-    return out
-
-
-def weighted_average(models: Sequence[tuple[Weights, int]]) -> OrderedDict[str, np.ndarray]:
-    """Example-weighted mean of models (FedAvg's rule): the reference gossip should approach."""
-    total = sum(n for _, n in models)
-    first = models[0][0]
-    out: OrderedDict[str, np.ndarray] = OrderedDict()
-    for key, value in first.items():
-        if value.dtype.kind != "f":
-            out[key] = value
-            continue
-        acc = np.zeros(value.shape, dtype=np.float64)
-        for weights, n in models:
-            acc += (n / total if total else 1.0 / len(models)) * weights[key]
-        out[key] = acc.astype(value.dtype)
     return out
 
 

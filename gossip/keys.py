@@ -31,10 +31,6 @@ class Identity:
     public_key: bytes | None = None
     secret_key: bytes | None = None
 
-    @property
-    def secure(self) -> bool:
-        return self.secret_key is not None
-
 
 @dataclass(frozen=True)
 class KeyRing:

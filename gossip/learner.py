@@ -119,29 +119,30 @@ class VectorLearner:
 
 
 def build_learner(config: Any, peer_id: str) -> Learner:
-    """The learner a ``PeerConfig`` asks for: ``--vector FILE.npy`` (tests) or a task."""
-    if config.vector is not None:
+    """The learner a peer's config asks for: ``--vector FILE.npy`` (tests) or a task."""
+    if config.peer.vector is not None:
         try:
-            vector = np.load(config.vector, allow_pickle=False)
+            vector = np.load(config.peer.vector, allow_pickle=False)
         except (OSError, ValueError) as exc:
             raise UserError(
-                f"cannot read vector {config.vector} ({exc}); pass a .npy file"
+                f"cannot read vector {config.peer.vector} ({exc}); pass a .npy file"
             ) from exc
-        return VectorLearner(vector, config.vector_examples)
+        return VectorLearner(vector, config.peer.vector_examples)
     from fedweave.learning.data import load_site_data
     from fedweave.learning.task import load_task
     from fedweave.learning.training import TrainConfig
 
-    task = load_task(config.task)
-    if config.data is None:
+    task = load_task(config.data.task)
+    if config.data.data is None:
         raise UserError("a peer needs its local data: pass --data site.npz (or .csv)")
-    data = load_site_data(Path(config.data), task)
-    test = load_site_data(Path(config.test), task) if config.test is not None else None
+    data = load_site_data(Path(config.data.data), task, config.data.label_column)
+    test_path = config.data.test_data
+    test = load_site_data(Path(test_path), task) if test_path is not None else None
     train_config = TrainConfig(
-        epochs=config.epochs,
-        batch_size=config.batch_size,
-        lr=config.lr,
-        device=config.device,
-        seed=config.seed,
+        epochs=config.training.local_epochs,
+        batch_size=config.training.batch_size,
+        lr=config.training.lr,
+        device=config.training.device,
+        seed=config.training.seed,
     )
     return TaskLearner(task, data, test, train_config, peer_id)

@@ -12,7 +12,6 @@ so it is alive). A peer that said ``bye`` is *left* and comes back only by conta
 from __future__ import annotations
 
 import random
-import time
 from dataclasses import dataclass
 
 from fedweave.gossip.wire import MAX_PEERS_PER_MESSAGE, PeerEntry, valid_addr, valid_peer_id
@@ -29,7 +28,6 @@ class Member:
     round: int = 0
     state: str = ALIVE
     misses: int = 0
-    last_heard: float = 0.0
     dropped_at_round: int = -1
 
 
@@ -72,12 +70,12 @@ class Membership:
         if member is None:
             if len(self.members) >= self.max_members:
                 return False
-            self.members[peer_id] = Member(peer_id, addr, round_, ALIVE, 0, time.monotonic())
+            self.members[peer_id] = Member(peer_id, addr, round_)
             return True
         came_back = member.state in (DEAD, LEFT)
         member.addr = addr or member.addr
         member.round = max(member.round, round_)
-        member.state, member.misses, member.last_heard = ALIVE, 0, time.monotonic()
+        member.state, member.misses = ALIVE, 0
         return came_back
 
     def merge(self, entries: list[PeerEntry]) -> list[str]:
@@ -155,14 +153,6 @@ class Membership:
         entries = [PeerEntry(self.self_id, self.self_addr, own_round)]
         entries += [PeerEntry(m.peer_id, m.addr, m.round) for m in live[: n - 1] if m.addr]
         return entries
-
-    def max_round(self) -> tuple[str | None, int]:
-        """The live member that claims the highest round, and that round."""
-        best: tuple[str | None, int] = (None, 0)
-        for m in self.live():
-            if m.round > best[1]:
-                best = (m.peer_id, m.round)
-        return best
 
     def counts(self) -> dict[str, int]:
         out = {ALIVE: 0, SUSPECT: 0, DEAD: 0, LEFT: 0}

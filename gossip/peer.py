@@ -1,70 +1,137 @@
 """The gossip peer: join → ([slot] → train → exchange → mix → record) per round → bye.
 
+``Peer`` owns the parts and runs the rounds; each part has one concern and gets what it needs
+passed in (no part inherits from another):
+
+- ``Transport`` (``transport.py``): the ZeroMQ sockets.
+- ``Membership`` (``membership.py``): who is out there, suspicion, drop and re-admission.
+- ``Inbox`` (``inbox.py``): receiving: decode, check, count drops, hand to ``_dispatch``.
+- ``Discovery`` (``discovery.py``): connections to members, ``hello``/``peers``, ``bye``.
+- ``Exchange`` (``exchange.py``): offers, replies, held offers, ``busy``, and the mixing.
+- ``Fanout`` (``fanout.py``): one round's waves of exchanges, spares, missed deadlines.
+- ``Joining`` (``joining.py``): seeds and a late joiner's catch-up.
+- ``SlotClock`` (``schedule.py``), ``Recorder`` (``recording.py``), the ``Learner``.
+
 Single-threaded on purpose: one thread owns the sockets and the model, so there are no locks
 and an exchange is atomic with respect to the model. While waiting for a reply the peer keeps
 handling messages (holding or refusing offers, never mixing them in between), so two peers
 offering to each other never deadlock. A round never waits for a global barrier: a slow or
-dead neighbour costs at most ``exchange_timeout``; slotted rounds (``gossip/schedule.py``)
-only wait for the clock.
+dead neighbour costs at most ``exchange_timeout``; slotted rounds only wait for the clock.
+Every network wait takes an explicit timeout.
 """
 
 from __future__ import annotations
 
 import logging
-import math
+import random
 import signal
 import time
-from dataclasses import asdict
 from datetime import datetime, timezone
 from typing import Any
 
+from fedweave.config import RunConfig
 from fedweave.errors import UserError
 from fedweave.gossip import averaging, wire
-from fedweave.gossip.config import PeerConfig
-from fedweave.gossip.history_writer import open_history
-from fedweave.gossip.joining import JoiningNode
-from fedweave.gossip.membership import DEAD
-from fedweave.gossip.node import SEED_PREFIX
-from fedweave.gossip.transport import wait_until
+from fedweave.gossip.discovery import Discovery
+from fedweave.gossip.exchange import Exchange
+from fedweave.gossip.fanout import Fanout
+from fedweave.gossip.inbox import Inbox
+from fedweave.gossip.joining import Joining
+from fedweave.gossip.keys import KeyRing, anonymous_peer_id, load_keyring
+from fedweave.gossip.learner import Learner, build_learner
+from fedweave.gossip.membership import Membership
+from fedweave.gossip.recording import Recorder, RoundReport
+from fedweave.gossip.schedule import SlotClock, slot_seconds
+from fedweave.gossip.state import PeerState
+from fedweave.gossip.transport import Incoming, Transport
 
 log = logging.getLogger("fedweave.gossip")
 
-__all__ = ["Peer", "PeerConfig", "run_peer"]
+__all__ = ["Peer", "run_peer"]
 
 
-class Peer(JoiningNode):
+class Peer:
     """One gossip peer. ``run()`` returns the process exit code."""
+
+    def __init__(self, config: RunConfig) -> None:
+        if config.gossip.mix not in averaging.MIX_RULES:
+            raise UserError(
+                f"unknown --mix '{config.gossip.mix}': use one of {', '.join(averaging.MIX_RULES)}"
+            )
+        if config.gossip.fanout < 1:
+            raise UserError("--fanout must be at least 1")
+        self.config = config
+        self.keyring: KeyRing | None = load_keyring(config.peer.keys) if config.peer.keys else None
+        max_bytes = config.gossip.max_message_mb * (1 << 20)
+        self.transport = Transport(config.peer.listen, self.keyring, max_bytes)
+        addr = self.transport.address
+        peer_id = self.keyring.identity.peer_id if self.keyring else anonymous_peer_id(addr)
+        self.members = Membership(peer_id, addr, config.gossip.drop_after, rng=random.Random())
+        if self.keyring is not None:
+            self.members.allowed_ids = set(self.keyring.allowed)
+        try:
+            self.learner: Learner = build_learner(config, peer_id)
+        except BaseException:
+            self.transport.close()
+            raise
+        weights = self.learner.weights()
+        self.state = PeerState(
+            peer_id, addr, weights, self.learner.num_examples, wire.schema_hash(weights)
+        )
+        slot = slot_seconds(config.gossip.round_interval)
+        self.slots = SlotClock(slot) if slot > 0 else None
+        self.recorder = Recorder(config, peer_id)
+        self._stop_signal = 0
+        stopping = self.stopping
+        self.inbox = Inbox(self.transport, self.state.schema, max_bytes, self._dispatch, stopping)
+        self.discovery = Discovery(self.state, self.members, self.transport, self.keyring)
+        self.exchange = Exchange(
+            config, self.state, self.members, self.transport, self.discovery, self.inbox, stopping
+        )
+        self.fanout = Fanout(config, self.members, self.exchange, self.transport)
+        self.joining = Joining(
+            config,
+            self.state,
+            self.keyring,
+            self.transport,
+            self.members,
+            self.discovery,
+            self.exchange,
+            self.inbox,
+            stopping,
+        )
 
     # -- lifecycle -----------------------------------------------------------------------
 
     def request_stop(self, signum: int = signal.SIGTERM, _frame: Any = None) -> None:
         self._stop_signal = signum
 
+    def stopping(self) -> bool:
+        """A stop signal arrived (``request_stop``): every loop ends at its next check."""
+        return self._stop_signal != 0
+
     def run(self) -> int:
         """Join, run the rounds, linger, leave; always closes sockets and the history run."""
+        config = self.config
         status, reason, completed = "completed", None, False
         try:
-            self.history = open_history(
-                self.config.db,
-                self.config.run_id,
-                self.config.task,
-                {k: str(v) for k, v in asdict(self.config).items()},
-                self.config.seed,
-            )
-            self.results.event("ready", peer=self.peer_id, addr=self.addr)
-            log.info("peer %s listening on %s", self.peer_id, self.addr)
-            self._join()
-            last = self.config.rounds
-            while not self.stopping and (last <= 0 or self.round < last):
-                self._round(self.round + 1)
+            self.recorder.start(self.state.addr)
+            log.info("peer %s listening on %s", self.state.peer_id, self.state.addr)
+            self.joining.join(timeout=config.connection.connect_timeout)
+            self.joining.catch_up(timeout=config.gossip.exchange_timeout)
+            last = config.training.rounds
+            while not self.stopping() and (last <= 0 or self.state.round < last):
+                self._round(self.state.round + 1)
             # all rounds done counts as completed even if a signal came in meanwhile (the
             # simulation launcher ends a finished peer's linger with SIGTERM)
-            completed = 0 < last <= self.round
-            if not self.stopping:
-                self._drain(time.monotonic() + self.config.exchange_timeout)
+            completed = 0 < last <= self.state.round
+            if not self.stopping():
+                self.exchange.drain(timeout=config.gossip.exchange_timeout)
             if completed:
-                self._linger(time.monotonic() + self.config.linger)
-            if self.stopping and not completed:
+                # keep answering offers, so slower peers can still mix with our final model;
+                # short polls: a signal ends it soon
+                self.inbox.serve_for(config.gossip.linger, poll_s=0.2)
+            if self.stopping() and not completed:
                 status, reason = "interrupted", f"signal {self._stop_signal}"
         except UserError as exc:
             status, reason = "failed", str(exc)
@@ -74,138 +141,73 @@ class Peer(JoiningNode):
             raise
         finally:
             self._leave(status, reason)
-        return 128 + self._stop_signal if self.stopping and not completed else 0
-
-    def _linger(self, deadline: float) -> None:
-        """After the last round, keep answering offers until ``deadline`` (or a signal), so
-        slower peers can still mix with this peer's final model."""
-        while time.monotonic() < deadline and not self.stopping:
-            self._serve(min(0.2, wait_until(deadline)))  # short polls: a signal ends it soon
+        return 128 + self._stop_signal if self.stopping() and not completed else 0
 
     def _leave(self, status: str, reason: str | None) -> None:
-        """Say ``bye`` to every peer we know (not only those we have sockets to), so nobody
-        waits out a deadline on us."""
-        bye = wire.encode(wire.Message(wire.BYE, self.peer_id, self.addr, self.round))
-        keys = {k for k in self.transport.neighbour_keys() if not k.startswith(SEED_PREFIX)}
-        keys |= {m.peer_id for m in self.members.live()}
-        for key in sorted(keys):
-            if self._ensure_dealer(key) or self.transport.connected(key):
-                self.transport.send(key, list(bye))
-        self.results.event(
-            "final",
-            round=self.round,
-            status=status,
-            drops=dict(self.drops),
-            members=self.members.counts(),
-        )
-        self.results.close()
+        self.discovery.say_bye()
+        self.recorder.final(self.state.round, status, dict(self.inbox.drops), self.members.counts())
         self.transport.close(linger_ms=200)  # let the byes leave, but never wait longer
-        if self.history is not None:
-            self.history.finish(status, reason)
+        self.recorder.finish(status, reason)
+
+    def _dispatch(self, inc: Incoming, msg: wire.Message) -> None:
+        """Route one checked message to the part it concerns."""
+        if msg.type == wire.BYE:
+            self.exchange.peer_left(msg.sender)
+            self.discovery.left(msg.sender)
+            return
+        self.discovery.learn(msg)
+        if msg.type == wire.HELLO:
+            self.discovery.answer_hello(inc, msg)
+        elif msg.type == wire.PEERS:
+            self.discovery.take_peers(inc, msg)
+        elif msg.type == wire.OFFER:
+            self.exchange.on_offer(inc.route or b"", msg)
+        elif msg.type == wire.REPLY:
+            self.exchange.on_reply(msg)
 
     # -- one round -----------------------------------------------------------------------
 
     def _round(self, r: int) -> None:
+        config = self.config
         slot_end = self._wait_for_slot(r)
         started, started_at = time.monotonic(), datetime.now(timezone.utc)
         bytes_in, bytes_out = self.transport.bytes_in, self.transport.bytes_out
-        self._serve(0)
-        self.learner.load(self.weights)
+        self.inbox.serve(0)
+        self.learner.load(self.state.weights)
         train_metrics = self.learner.train(r)
-        self.weights = self.learner.weights()
+        self.state.weights = self.learner.weights()
         trained = time.monotonic()
-        self.replies = []
-        chosen = [m.peer_id for m in self.members.pick(self.config.fanout)]
-        failed = self._exchange(chosen, slot_end)
+        self.exchange.discard_late_replies()
+        chosen = [m.peer_id for m in self.members.pick(config.gossip.fanout)]
+        contacted, failed = self.fanout.run(chosen, config.gossip.exchange_timeout, slot_end)
         if slot_end is not None:  # mix with whoever still offers, then evaluate
-            self._serve_until(slot_end - 0.1 * self.config.round_interval)
-        self._mix_robust()
-        self._expire_pending()
+            slot = slot_seconds(config.gossip.round_interval)
+            self.inbox.serve_for(slot_end - 0.1 * slot - time.monotonic())
+        self.exchange.mix_collected()
+        self.exchange.expire()
         if r % 5 == 0:
-            self._hello([m.peer_id for m in self.members.probe_candidates(1)])
-        self.round = r
-        self.learner.load(self.weights)
+            self.discovery.probe(1)
+        self.state.round = r
+        self.learner.load(self.state.weights)
         evaluation = self.learner.evaluate() or {}
-        self._record(
-            r,
-            started,
-            trained,
-            started_at,
-            chosen,
-            failed,
-            train_metrics,
-            evaluation,
-            self.transport.bytes_in - bytes_in,
-            self.transport.bytes_out - bytes_out,
+        report = RoundReport(
+            round=r,
+            started=started,
+            trained=trained,
+            started_at=started_at,
+            contacted=contacted,
+            failed=failed,
+            train_metrics=train_metrics,
+            evaluation=evaluation,
+            bytes_in=self.transport.bytes_in - bytes_in,
+            bytes_out=self.transport.bytes_out - bytes_out,
+            live_members=len(self.members.live()),
+            member_counts=self.members.counts(),
+            drops=dict(self.inbox.drops),
+            busy=self.exchange.busy_replies,
+            mixes=self.exchange.mixes,
         )
-
-    def _exchange(self, chosen: list[str], slot_end: float | None = None) -> list[str]:
-        """Offer our model to ``chosen``; return those that missed their deadline.
-
-        ``pairwise`` exchanges with one neighbour at a time; with ``group_exchange`` it offers
-        to all neighbours whose example count it knows at once, with a ``share``
-        (``group_shares``), and lands on the group's weighted average. While its offers are
-        out it holds back offers from peers with a larger id (answered right after, see
-        ``Node._serve_offer``) and answers ``busy`` to the others, so pairwise exchanges never
-        interleave and two peers offering to each other at once complete exactly one
-        exchange. Both sides of an exchange apply the same mass (delta against the sent
-        snapshot), so the weighted sum is exact. The robust rules offer to all at once and
-        mix once at the end of the round. ``slot_end`` (slotted rounds) bounds the retries.
-        """
-        timeout = self.config.exchange_timeout
-        waves: list[tuple[list[str], int | None]]
-        if self.config.mix != "pairwise":
-            waves = [(chosen, None)]
-        else:
-            known = [pid for pid in chosen if pid in self.known_n]
-            waves = [([pid], None) for pid in chosen if pid not in self.known_n]
-            if self.config.group_exchange and len(known) > 1:
-                total = self.n + sum(self.known_n[pid] for pid in known)
-                waves.append((known, total))
-            else:
-                waves += [([pid], None) for pid in known]
-        failed: list[str] = []
-        # A neighbour that answers busy is replaced: peers finish training at about the same
-        # time, so collisions are common. Unslotted: at most ``fanout`` replacements.
-        # Slotted: until half the slot is over, going round the others (busy ones included:
-        # they are usually free a moment later) at most twice.
-        spares = [m.peer_id for m in self.members.pick(len(self.members.members))]
-        spares = [pid for pid in spares if pid not in chosen]
-        retry_until = math.inf
-        half_slot = None if slot_end is None else slot_end - 0.5 * self.config.round_interval
-        if half_slot is None or half_slot <= time.monotonic():  # unslotted, or overran
-            spares = spares[: self.config.fanout]
-        else:
-            spares, retry_until = (spares + chosen) * 2, half_slot
-        for wave, group_total in waves:
-            xids = {pid: self._offer(pid, group_total=group_total) for pid in wave}
-            self.awaiting = {x for x in xids.values() if x}
-            deadline = time.monotonic() + timeout
-            while self.awaiting & self.pending.keys() and not self.stopping:
-                if time.monotonic() >= deadline:
-                    break
-                self._serve(wait_until(deadline))
-            self.awaiting = set()
-            self._serve_deferred()
-            for pid, xid in xids.items():
-                outcome = self.outcomes.pop(xid, None) if xid else "unsent"
-                retry = group_total is None and spares and time.monotonic() < retry_until
-                if outcome == "busy" and retry:
-                    spare = spares.pop(0)
-                    if spare not in chosen:
-                        chosen.append(spare)
-                    waves.append(([spare], None))
-                if outcome in ("ok", "busy"):
-                    continue
-                failed.append(pid)
-                if outcome != "left" and self.members.missed(pid) == DEAD:
-                    log.warning(
-                        "dropped neighbour %s after %d missed deadlines",
-                        pid,
-                        self.config.drop_after,
-                    )
-                    self.transport.disconnect(pid)
-        return failed
+        self.recorder.round(report, self.state.weights)
 
     def _wait_for_slot(self, r: int) -> float | None:
         """With ``round_interval``, serve others until round ``r``'s slot starts (at once if
@@ -215,88 +217,11 @@ class Peer(JoiningNode):
         start, end = self.slots.slot(r, time.time())
         wait = start - time.time()
         if wait > 0:
-            self._serve_until(time.monotonic() + wait)
+            self.inbox.serve_for(wait)
         return time.monotonic() + (end - time.time())
 
-    def _serve_until(self, end: float) -> None:
-        while time.monotonic() < end and not self.stopping:
-            self._serve(wait_until(end))
 
-    def _record(
-        self,
-        r: int,
-        started: float,
-        trained: float,
-        started_at: datetime,
-        chosen: list[str],
-        failed: list[str],
-        train_metrics: dict[str, float],
-        evaluation: dict[str, float],
-        bytes_in: int,
-        bytes_out: int,
-    ) -> None:
-        seconds = time.monotonic() - started
-        flat = averaging.flatten(self.weights)
-        self.results.dump(r, flat)
-        self.results.event(
-            "round",
-            round=r,
-            peer=self.peer_id,
-            accuracy=evaluation.get("accuracy"),
-            loss=evaluation.get("loss"),
-            seconds=seconds,
-            train_seconds=trained - started,
-            neighbours=len(chosen),
-            replied=len(chosen) - len(failed),
-            failed=len(failed),
-            members=len(self.members.live()),
-            drops=sum(self.drops.values()),
-            busy=self.busy_replies,
-            mixes=self.mixes,
-        )
-        if self.history is None:
-            return
-        from fedweave.history.records import RoundRecord, SiteResult
-        from fedweave.learning.weights import weights_sha256
-
-        record = RoundRecord(
-            round=r,
-            actor=self.peer_id,
-            started_at=started_at,
-            ended_at=datetime.now(timezone.utc),
-            sampled=len(chosen),
-            replied=len(chosen) - len(failed),
-            failed=len(failed),
-            train_metrics=train_metrics,
-            eval_loss=evaluation.get("loss"),
-            eval_accuracy=evaluation.get("accuracy"),
-            model_sha256=weights_sha256(list(self.weights.values())),
-            bytes_in=bytes_in,
-            bytes_out=bytes_out,
-            extra={
-                "mix": self.config.mix,
-                "members": self.members.counts(),
-                "drops": dict(self.drops),
-                "seconds": seconds,
-            },
-        )
-        sites = [
-            SiteResult(
-                site_id=pid,
-                status="failed" if pid in failed else "ok",
-                reason="missed its deadline" if pid in failed else None,
-            )
-            for pid in chosen
-        ]
-        self.history.record(record, sites)
-
-    def _drain(self, deadline: float) -> None:
-        """After the last round, apply replies still in flight (keeps the average exact)."""
-        while self.pending and time.monotonic() < deadline and not self.stopping:
-            self._serve(wait_until(deadline))
-
-
-def run_peer(config: PeerConfig) -> int:
+def run_peer(config: RunConfig) -> int:
     """Run one peer to completion with SIGINT/SIGTERM wired to a clean shutdown."""
     peer = Peer(config)
     previous = {s: signal.signal(s, peer.request_stop) for s in (signal.SIGINT, signal.SIGTERM)}

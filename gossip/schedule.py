@@ -14,6 +14,12 @@ import math
 from dataclasses import dataclass
 
 
+def slot_seconds(round_interval: float | None) -> float:
+    """A peer's slot length: ``--round-interval`` when given, else 0 (rounds back to back; a
+    deployment's peers cannot assume their clocks agree). Simulations pass 0.1 s explicitly."""
+    return round_interval or 0.0
+
+
 def next_boundary(now: float, interval: float) -> float:
     """The first wall-clock multiple of ``interval`` strictly after ``now``."""
     return (math.floor(now / interval) + 1) * interval

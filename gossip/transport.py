@@ -287,12 +287,6 @@ class Transport:
             self._auth = None
         self.context.term()
 
-    def __enter__(self) -> Transport:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
 
 def _property(frames: list[Any], name: str) -> str | None:
     """A ZeroMQ message property (``User-Id``, ``Peer-Address``) or ``None``."""

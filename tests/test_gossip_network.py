@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import zmq
 
+from fedweave.addresses import free_ports
 from fedweave.gossip import wire
-from fedweave.simulations.gossip import free_ports
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -438,12 +438,12 @@ def test_an_offer_during_our_own_exchange_waits_and_is_then_mixed_exactly(tmp_pa
     """A peer with its own offer out never mixes another one in between: an offer from a
     larger id is held and answered right after (landing exactly on the pairwise average),
     one from a smaller id hears busy at once."""
-    from fedweave.gossip.config import PeerConfig
+    from fedweave.config import RunConfig
     from fedweave.gossip.peer import Peer
 
     np.save(tmp_path / "v.npy", np.full(4, 10.0))
     (port,) = free_ports(1)
-    peer = Peer(PeerConfig(listen=f"tcp://127.0.0.1:{port}", vector=tmp_path / "v.npy"))
+    peer = Peer(RunConfig.of(listen=f"tcp://127.0.0.1:{port}", vector=tmp_path / "v.npy"))
     ctx = zmq.Context()
     socks = []
     try:
@@ -460,21 +460,21 @@ def test_an_offer_during_our_own_exchange_waits_and_is_then_mixed_exactly(tmp_pa
             socks.append(sock)
             return sock
 
-        assert "aaaa" < peer.peer_id < "zzzz"
-        peer.awaiting = {1}  # as if our own offer were out
+        assert "aaaa" < peer.state.peer_id < "zzzz"
+        peer.exchange.awaiting = {1}  # as if our own offer were out
         larger, smaller = offer_from("zzzz", 2.0), offer_from("aaaa", 6.0)
         for _ in range(20):
-            peer._serve(0.05)
+            peer.inbox.serve(0.05)
         assert not larger.poll(200), "the larger id's offer was answered mid-exchange"
         busy = wire.decode(smaller.recv_multipart())
         assert busy.status == "busy"
-        assert np.array_equal(peer.weights["x"], np.full(4, 10.0))
+        assert np.array_equal(peer.state.weights["x"], np.full(4, 10.0))
 
-        peer.awaiting = set()
-        peer._serve_deferred()
+        peer.exchange.awaiting = set()
+        peer.exchange.answer_held()
         reply = wire.decode(larger.recv_multipart())
         assert reply.status == "ok" and np.array_equal(reply.tensors["x"], np.full(4, 10.0))
-        assert np.allclose(peer.weights["x"], (1 * 10.0 + 3 * 2.0) / 4)  # n_self 1, n_other 3
+        assert np.allclose(peer.state.weights["x"], (1 * 10.0 + 3 * 2.0) / 4)  # n_self 1, n_other 3
     finally:
         for sock in socks:
             sock.close(0)

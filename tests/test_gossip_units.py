@@ -144,23 +144,6 @@ def test_pairwise_exchange_preserves_weighted_sum_even_when_interleaved() -> Non
     assert a_new["steps"] == a["steps"]  # integer buffers are not mixed
 
 
-def test_group_exchange_lands_on_the_group_average_and_preserves_the_sum() -> None:
-    me, others = _model(0), [_model(1), _model(2)]
-    n_me, n_others = 4, [1, 3]
-    ours, theirs = averaging.group_shares(n_me, n_others)
-    mine = me
-    new_others = []
-    for other, n, share in zip(others, n_others, ours, strict=True):
-        new_others.append(averaging.pairwise_update(other, other, me, n, n_me, share=theirs))
-        mine = averaging.pairwise_update(mine, me, other, n_me, n, share=share)
-    models = [(me, n_me), (others[0], 1), (others[1], 3)]
-    expected = averaging.weighted_average(models)
-    np.testing.assert_allclose(mine["w"], expected["w"], atol=1e-6)
-    before = sum(n * m["w"].astype(np.float64) for m, n in models)
-    after = n_me * mine["w"] + sum(n * m["w"] for m, n in zip(new_others, n_others, strict=True))
-    np.testing.assert_allclose(after, before, atol=1e-5)
-
-
 def test_trimmed_mean_ignores_one_poisoned_neighbour() -> None:
     honest = [_model(i) for i in range(4)]
     poisoned = OrderedDict(

@@ -1,6 +1,7 @@
 """The distribution installs one import name, ``fedweave``; the repository's mode folders
 (client/, coordinator/, gossip/, simulations/) land inside it."""
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -10,8 +11,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_the_wheel_provides_only_the_fedweave_import_name(tmp_path):
+    # build from a copy: setuptools' build/ directory keeps files a checkout no longer has
+    source = tmp_path / "source"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "*.egg-info", "__pycache__", "tests", "bench"))
     built = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps", "--no-build-isolation",
+        [sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "--no-build-isolation",
          "-w", str(tmp_path), "-q"],
         capture_output=True, text=True, timeout=300,
     )
@@ -49,3 +54,38 @@ def test_import_fedweave_stays_light():
     shown = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                            timeout=120)
     assert shown.stdout.split() == ["False", "False"], shown.stderr
+
+
+MODES = ("client", "coordinator", "gossip", "simulations")
+
+
+def _imports(path: Path) -> list[tuple[str, bool]]:
+    """(imported module, at module level?) for every import in ``path``."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    top = {id(node) for node in tree.body}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            found.append((node.module, id(node) in top))
+        elif isinstance(node, ast.Import):
+            found += [(alias.name, id(node) in top) for alias in node.names]
+    return found
+
+
+def _mode(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "fedweave" and parts[1] in MODES else None
+
+
+def test_import_arrows():
+    """coordinator → core ← gossip, client → core, simulations → all; the core imports no
+    mode at module level; no mode imports another (only the simulations use them all)."""
+    for path in (REPO / "fedweave").rglob("*.py"):
+        for module, top_level in _imports(path):
+            assert not (top_level and _mode(module)), f"{path} imports {module}"
+    for mode in ("client", "coordinator", "gossip"):
+        for path in (REPO / mode).rglob("*.py"):
+            for module, _ in _imports(path):
+                assert _mode(module) in (None, mode), f"{path} imports {module}"

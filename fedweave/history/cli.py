@@ -8,8 +8,6 @@ as ``error: <one line>`` on stderr with exit code 2.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -17,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from fedweave.config.run_config import SETTINGS
-from fedweave.errors import USER_ERROR_EXIT_CODE, UserError
+from fedweave.errors import UserError, user_errors_as_one_line
 from fedweave.history import DB_URL_ENVVAR, DEFAULT_DB_URL
 
 if TYPE_CHECKING:
@@ -60,16 +58,6 @@ class ShowFormat(str, Enum):
     csv = "csv"
 
 
-@contextmanager
-def _user_errors() -> Iterator[None]:
-    """Turn ``UserError`` into one line on stderr and exit code 2 (never a traceback)."""
-    try:
-        yield
-    except UserError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(USER_ERROR_EXIT_CODE) from None
-
-
 def _open(db: str) -> HistoryStore:
     """Open the store for reading; refuses to create a new SQLite file by accident."""
     from fedweave.errors import mask_url_password
@@ -104,7 +92,7 @@ def runs_command(
     from rich.console import Console
     from rich.table import Table
 
-    with _user_errors():
+    with user_errors_as_one_line():
         with _open(db) as store:
             runs = store.list_runs()
         if fmt is ListFormat.json:
@@ -149,7 +137,7 @@ def show_command(
 
     from fedweave.history.csv_export import plain, rounds_table, run_dict, sites_table, write_csv
 
-    with _user_errors():
+    with user_errors_as_one_line():
         with _open(db) as store:
             info = store.get_run(run_id)
             if config:
@@ -231,7 +219,7 @@ def plot_command(
     """
     from fedweave.history.plotting import plot_runs
 
-    with _user_errors():
+    with user_errors_as_one_line():
         with _open(db) as store:
             series = []
             for ref in run_ids:
@@ -260,7 +248,7 @@ def export_command(
     """
     from fedweave.history.csv_export import export_run
 
-    with _user_errors():
+    with user_errors_as_one_line():
         with _open(db) as store:
             written = export_run(store, run_id, to)
         for path in written:
@@ -282,7 +270,7 @@ def migrate_command(db: DbOption = DEFAULT_DB_URL) -> None:
     from fedweave.history.errors import HistoryUnavailableError
     from fedweave.history.migrate import upgrade
 
-    with _user_errors():
+    with user_errors_as_one_line():
         engine = make_engine(db)
         try:
             before, after = upgrade(engine, db)

@@ -230,10 +230,6 @@ class HistoryStore:
 
         self._write(work)
 
-    def heartbeat(self, run_id: str) -> None:
-        """Refresh the heartbeat between rounds (only needed if a round lasts > stale limit)."""
-        self._write(lambda session, _a: self._touch(session, run_id))
-
     def _touch(self, session: Session, run_id: str) -> None:
         # An "interrupted" run that still writes was a false alarm (its heartbeat lagged).
         run = self._run_row(session, run_id)

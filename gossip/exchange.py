@@ -1,0 +1,302 @@
+"""Exchanging models with neighbours: offers, replies, held offers, ``busy``, and the mixing.
+
+``pairwise`` (push-pull): an offer carries our model; the neighbour answers with its current
+model and both apply ``averaging.pairwise_update`` as a delta against what was sent, so the
+weighted sum ``sum_i n_i x_i`` is exact. With a ``group_total`` the offer is one of several sent
+at once and carries a ``share`` (PROTOCOL.md §5). While our own offers are out (``awaiting``)
+nothing else is mixed in between: an offer from a larger id is held and answered as soon as
+our exchange is done (``answer_held``), a smaller id hears ``busy`` at once, so waits only run
+from larger to smaller ids and never form a cycle. The robust rules (``clipped``, ``trimmed``)
+answer every offer, collect the models of a round and mix them once (``mix_collected``). A
+pull offer (a late joiner's catch-up) asks for a model and mixes nothing. Every wait takes an
+explicit ``timeout`` and ends early when the peer stops.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedweave.config import RunConfig
+from fedweave.gossip import averaging, wire
+from fedweave.gossip.discovery import Discovery
+from fedweave.gossip.inbox import Inbox
+from fedweave.gossip.membership import Membership
+from fedweave.gossip.state import PeerState
+from fedweave.gossip.transport import Transport, wait_until
+
+MAX_DEFERRED = 16
+"""Offers held back while our own offer is out; past that (or a second one from the same
+sender) the answer is ``busy``, so a flood of offers cannot pile up models in memory."""
+
+
+@dataclass
+class _Pending:
+    """An offer of ours still waiting for its reply."""
+
+    peer_id: str
+    snapshot: OrderedDict[str, np.ndarray]
+    expires: float
+    pull: bool = False
+    group_total: int | None = None
+
+
+class Exchange:
+    """Both sides of model exchanges: the offers we send and the offers we answer.
+
+    Args:
+        config: ``mix``, ``exchange_timeout`` (late replies are applied until 3 times it),
+            ``trim_fraction`` and ``clip_tau``.
+        state: this peer's model, mixed in place of ``state.weights``.
+        members: the member table (a sample rides along on every offer and reply).
+        transport: the peer's sockets.
+        discovery: opens the DEALER to a neighbour before the first offer.
+        inbox: where waiting for replies serves everything else that arrives.
+        stopping: true once the peer was asked to stop; waits then return.
+    """
+
+    def __init__(
+        self,
+        config: RunConfig,
+        state: PeerState,
+        members: Membership,
+        transport: Transport,
+        discovery: Discovery,
+        inbox: Inbox,
+        stopping: Callable[[], bool],
+    ) -> None:
+        self.config = config
+        self.state = state
+        self.members = members
+        self.transport = transport
+        self.discovery = discovery
+        self.inbox = inbox
+        self.stopping = stopping
+        self.pending: dict[int, _Pending] = {}
+        self.awaiting: set[int] = set()
+        """Exchange ids of our offers out right now: offers from others are held meanwhile."""
+        self.deferred: list[tuple[bytes, wire.Message]] = []  # held offers: (route, offer)
+        self.outcomes: dict[int, str] = {}
+        self.known_n: dict[str, int] = {}
+        """Example counts neighbours sent with their models (group exchanges need them)."""
+        self.buffered: dict[str, tuple[OrderedDict[str, np.ndarray], int]] = {}
+        self.replies: list[tuple[str, OrderedDict[str, np.ndarray], int]] = []
+        self.pulled: list[tuple[int, OrderedDict[str, np.ndarray]]] = []
+        self.tau_history: list[float] = []
+        self.busy_replies = 0
+        self.mixes = 0
+
+    # -- our offers ----------------------------------------------------------------------
+
+    def knows_size_of(self, peer_id: str) -> bool:
+        """Whether ``peer_id`` has sent us its example count (with a model) yet."""
+        return peer_id in self.known_n
+
+    def group_total(self, peer_ids: list[str]) -> int:
+        """Examples in a group exchange with ``peer_ids``: ours plus their last known counts."""
+        return self.state.num_examples + sum(self.known_n[pid] for pid in peer_ids)
+
+    def exchange(
+        self, peer_ids: list[str], timeout: float, group_total: int | None = None
+    ) -> dict[str, str]:
+        """Offer our model to ``peer_ids`` at once, wait up to ``timeout`` seconds for their
+        replies (holding or refusing other offers meanwhile), then answer the held offers.
+
+        Returns each peer's outcome: ``ok``, ``busy``, ``left`` (said bye meanwhile),
+        ``unsent`` (the offer could not be sent) or ``missed`` (no answer in time).
+        """
+        xids = {pid: self.offer(pid, group_total=group_total) for pid in peer_ids}
+        self.awaiting = {x for x in xids.values() if x}
+        self.wait_for(self.awaiting, timeout)
+        self.awaiting = set()
+        self.answer_held()
+        return {
+            pid: (self.outcomes.pop(xid, None) or "missed") if xid else "unsent"
+            for pid, xid in xids.items()
+        }
+
+    def pull(self, peer_ids: list[str], timeout: float) -> list[tuple[int, OrderedDict]] | None:
+        """Ask ``peer_ids`` for their models without mixing; wait up to ``timeout`` seconds.
+
+        Returns the (round, model) of those that answered in time, ``None`` if the peer was
+        asked to stop meanwhile.
+        """
+        xids = [x for x in (self.offer(pid, pull=True) for pid in peer_ids) if x]
+        self.pulled = []
+        if not self.wait_for(xids, timeout):
+            return None
+        for xid in xids:
+            self.pending.pop(xid, None)
+        pulled, self.pulled = self.pulled, []
+        return pulled
+
+    def drain(self, timeout: float) -> None:
+        """After the last round, apply replies still in flight (keeps the average exact)."""
+        self.wait_for(list(self.pending), timeout)
+
+    def offer(self, peer_id: str, pull: bool = False, group_total: int | None = None) -> int:
+        """Send our model (or a pull request) to ``peer_id``; returns the exchange id, 0 if
+        the send failed (counts as a miss)."""
+        if not self.discovery.connect(peer_id):
+            return 0
+        xid = random.getrandbits(62) + 1
+        state = self.state
+        snapshot = state.weights
+        msg = state.message(
+            wire.OFFER,
+            xid,
+            peers=self.members.sample_entries(state.round, 8),
+            num_examples=state.num_examples,
+            schema=state.schema,
+            pull=pull,
+            tensors=OrderedDict() if pull else snapshot,
+            share=None if group_total is None else state.num_examples / group_total,
+        )
+        if not self.transport.send(peer_id, wire.encode(msg)):
+            return 0
+        expires = time.monotonic() + 3 * self.config.gossip.exchange_timeout
+        self.pending[xid] = _Pending(peer_id, snapshot, expires, pull, group_total)
+        return xid
+
+    def wait_for(self, xids: Iterable[int], timeout: float) -> bool:
+        """Serve until every exchange in ``xids`` is answered (or its peer left), at most
+        ``timeout`` seconds; ``False`` if the peer was asked to stop first."""
+        waiting = set(xids)
+        deadline = time.monotonic() + timeout
+        while waiting & self.pending.keys() and time.monotonic() < deadline:
+            if self.stopping():
+                return False
+            self.inbox.serve(wait_until(deadline))
+        return True
+
+    def expire(self) -> None:
+        """Forget offers whose replies are past 3 times the deadline."""
+        now = time.monotonic()
+        for xid in [x for x, p in self.pending.items() if p.expires < now]:
+            del self.pending[xid]
+
+    def peer_left(self, peer_id: str) -> None:
+        """``peer_id`` said ``bye``: it will never answer, so stop waiting for it now."""
+        for xid in [x for x, p in self.pending.items() if p.peer_id == peer_id]:
+            del self.pending[xid]
+            self.outcomes[xid] = "left"
+
+    # -- messages from neighbours --------------------------------------------------------
+
+    def on_offer(self, route: bytes, msg: wire.Message) -> None:
+        """An offer on the inbox: hold it, refuse it (``busy``) or answer it and mix."""
+        if msg.tensors:
+            self.known_n[msg.sender] = msg.num_examples
+        state = self.state
+        mine = state.weights
+        if self.config.gossip.mix == "pairwise" and self.awaiting and not msg.pull:
+            # Mixing now would interleave with our own exchange. Offers from larger ids wait
+            # until it is done (``answer_held``); smaller ids hear busy.
+            waiting = {m.sender for _, m in self.deferred}
+            if (
+                msg.sender > state.peer_id
+                and msg.sender not in waiting
+                and len(self.deferred) < MAX_DEFERRED
+            ):
+                self.deferred.append((route, msg))
+                return
+            busy = state.message(
+                wire.REPLY,
+                msg.xid,
+                num_examples=state.num_examples,
+                schema=state.schema,
+                status="busy",
+            )
+            self.transport.reply(route, wire.encode(busy))
+            return
+        reply = state.message(
+            wire.REPLY,
+            msg.xid,
+            peers=self.members.sample_entries(state.round, 8),
+            num_examples=state.num_examples,
+            schema=state.schema,
+            tensors=mine,
+        )
+        if not self.transport.reply(route, wire.encode(reply)) or msg.pull:
+            return  # no reply went out: do not mix either, so the sum stays exact
+        self.mixes += 1
+        if self.config.gossip.mix == "pairwise":
+            state.weights = averaging.pairwise_update(
+                mine, mine, msg.tensors, state.num_examples, msg.num_examples, share=msg.share
+            )
+        else:
+            self.buffered[msg.sender] = (msg.tensors, msg.num_examples)
+
+    def answer_held(self) -> None:
+        """Answer the offers held back while our own exchange was out (call with
+        ``awaiting`` empty: they are then served, one atomic exchange each)."""
+        deferred, self.deferred = self.deferred, []
+        for route, msg in deferred:
+            self.on_offer(route, msg)
+
+    def on_reply(self, msg: wire.Message) -> None:
+        """A reply to one of our offers: mix it in (or keep it for the round's robust mix)."""
+        if msg.tensors:
+            self.known_n[msg.sender] = msg.num_examples
+        pending = self.pending.get(msg.xid)
+        if pending is None or pending.peer_id != msg.sender:
+            raise wire.WireError("stale-reply", f"xid {msg.xid}")
+        del self.pending[msg.xid]
+        if msg.xid in self.awaiting:
+            self.outcomes[msg.xid] = "busy" if msg.status == "busy" else "ok"
+        if msg.status == "busy":
+            self.busy_replies += 1  # alive but mid-exchange: skip it this round, no miss
+            return
+        if msg.status != "ok" or not msg.tensors:
+            raise wire.WireError("refused", f"reply status {msg.status}")
+        if pending.pull:
+            self.pulled.append((msg.round, msg.tensors))  # the joiner decides what to adopt
+        elif self.config.gossip.mix == "pairwise":
+            self.mixes += 1
+            share = None
+            if pending.group_total:
+                share = min(1.0, msg.num_examples / pending.group_total)
+            self.state.weights = averaging.pairwise_update(
+                self.state.weights,
+                pending.snapshot,
+                msg.tensors,
+                self.state.num_examples,
+                msg.num_examples,
+                share,
+            )
+        else:
+            self.replies.append((msg.sender, msg.tensors, msg.num_examples))
+
+    # -- the robust rules: one mix per round ---------------------------------------------
+
+    def discard_late_replies(self) -> None:
+        """A new round starts: replies collected since the last mix are too old to use."""
+        self.replies = []
+
+    def mix_collected(self) -> None:
+        """``clipped`` / ``trimmed``: one mix per round over replies and offers received."""
+        if self.config.gossip.mix == "pairwise":
+            return
+        models = {pid: (w, n) for pid, w, n in self.replies}
+        models.update(self.buffered)
+        self.buffered, self.replies = {}, []
+        if not models:
+            return
+        current = self.state.weights
+        if self.config.gossip.mix == "trimmed":
+            self.state.weights = averaging.trimmed_mean(
+                current, [w for w, _ in models.values()], self.config.gossip.trim_fraction
+            )
+            return
+        norms = [averaging.difference_norm(w, current) for w, _ in models.values()]
+        tau = self.config.gossip.clip_tau
+        if tau is None:
+            tau = averaging.adaptive_tau(norms, self.tau_history)
+            self.tau_history = (self.tau_history + norms)[-32:]
+        neighbours = [w for w, _ in models.values()]
+        self.state.weights = averaging.clipped_update(current, neighbours, tau)

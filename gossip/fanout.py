@@ -1,0 +1,96 @@
+"""One round's exchanges: whom to offer to, in which waves, and what a miss costs.
+
+``pairwise`` exchanges with one neighbour at a time; with ``group_exchange`` it offers to all
+neighbours whose example count it knows at once (one wave, each offer with a ``share``) and
+lands on the group's weighted average. The robust rules offer to all at once and mix once at
+the end of the round. A neighbour that answers ``busy`` is replaced by a spare: peers finish
+training at about the same time, so collisions are common. One that misses its deadline
+becomes suspect in the member table and, after ``drop_after`` misses, is dropped and its
+DEALER closed.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+from fedweave.config import RunConfig
+from fedweave.gossip.exchange import Exchange
+from fedweave.gossip.membership import DEAD, Membership
+from fedweave.gossip.schedule import slot_seconds
+from fedweave.gossip.transport import Transport
+
+log = logging.getLogger("fedweave.gossip")
+
+
+class Fanout:
+    """Runs the exchanges of one round over the neighbours picked for it.
+
+    Args:
+        config: ``mix``, ``group_exchange``, ``fanout``, ``round_interval`` and ``drop_after``.
+        members: the member table (spares come from it, misses go into it).
+        exchange: does each wave of offers.
+        transport: closes the DEALER of a dropped neighbour.
+    """
+
+    def __init__(
+        self, config: RunConfig, members: Membership, exchange: Exchange, transport: Transport
+    ) -> None:
+        self.config = config
+        self.members = members
+        self.exchange = exchange
+        self.transport = transport
+
+    def run(
+        self, chosen: list[str], timeout: float, slot_end: float | None = None
+    ) -> tuple[list[str], list[str]]:
+        """Offer our model to ``chosen``, each wave waiting at most ``timeout`` seconds.
+
+        Returns the neighbours contacted (``chosen`` plus the spares that replaced busy
+        ones) and those that missed their deadline. Unslotted, at most ``fanout`` spares are
+        tried; slotted (``slot_end``, monotonic), spares are tried until half the slot is
+        over, going round the others (busy ones included: they are usually free a moment
+        later) at most twice.
+        """
+        contacted = list(chosen)
+        waves: list[tuple[list[str], int | None]]
+        if self.config.gossip.mix != "pairwise":
+            waves = [(contacted, None)]
+        else:
+            known = [pid for pid in contacted if self.exchange.knows_size_of(pid)]
+            waves = [([pid], None) for pid in contacted if pid not in known]
+            if self.config.gossip.group_exchange and len(known) > 1:
+                waves.append((known, self.exchange.group_total(known)))
+            else:
+                waves += [([pid], None) for pid in known]
+        failed: list[str] = []
+        spares = [m.peer_id for m in self.members.pick(len(self.members.members))]
+        spares = [pid for pid in spares if pid not in contacted]
+        retry_until = math.inf
+        slot = slot_seconds(self.config.gossip.round_interval)
+        half_slot = None if slot_end is None else slot_end - 0.5 * slot
+        if half_slot is None or half_slot <= time.monotonic():  # unslotted, or overran
+            spares = spares[: self.config.gossip.fanout]
+        else:
+            spares, retry_until = (spares + contacted) * 2, half_slot
+        for wave, group_total in waves:  # grows while it runs: spares join as single waves
+            outcomes = self.exchange.exchange(wave, timeout, group_total)
+            for pid, outcome in outcomes.items():
+                retry = group_total is None and spares and time.monotonic() < retry_until
+                if outcome == "busy" and retry:
+                    spare = spares.pop(0)
+                    if spare not in contacted:
+                        contacted.append(spare)
+                    waves.append(([spare], None))
+                if outcome in ("ok", "busy"):
+                    continue
+                failed.append(pid)
+                if outcome != "left" and self.members.missed(pid) == DEAD:
+                    log.warning(
+                        "dropped neighbour %s after %d missed deadlines",
+                        pid,
+                        self.config.gossip.drop_after,
+                    )
+                    self.transport.disconnect(pid)
+        return contacted, failed

@@ -1,0 +1,102 @@
+"""Receiving: every message a peer gets arrives through ``Inbox.serve(timeout_s)``.
+
+``serve`` waits at most ``timeout_s`` for messages on the transport, decodes each one with
+``fedweave.gossip.wire`` (the only parser), checks that it comes from the peer it claims and on
+the channel its type belongs to, and hands it to the peer's dispatcher. Anything malformed,
+spoofed or refused by a handler (``wire.WireError``) is counted per reason and dropped (logged
+at most once per sender per minute), never raised to the caller.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+
+from fedweave.gossip import wire
+from fedweave.gossip.discovery import SEED_PREFIX
+from fedweave.gossip.transport import Incoming, Transport, wait_until
+
+log = logging.getLogger("fedweave.gossip")
+
+Dispatch = Callable[[Incoming, wire.Message], None]
+"""Acts on one checked message; may raise ``wire.WireError`` to have it counted as dropped."""
+
+
+class Inbox:
+    """The receiving side of one peer.
+
+    Args:
+        transport: the peer's sockets.
+        schema: this peer's model schema hash (model messages with another one are dropped).
+        max_bytes: the largest accepted message.
+        dispatch: what to do with each checked message (``Peer`` routes it to its parts).
+        stopping: true once the peer was asked to stop; ``serve_for`` then returns.
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        schema: str,
+        max_bytes: int,
+        dispatch: Dispatch,
+        stopping: Callable[[], bool],
+    ) -> None:
+        self.transport = transport
+        self.schema = schema
+        self.max_bytes = max_bytes
+        self.dispatch = dispatch
+        self.stopping = stopping
+        self.drops: Counter[str] = Counter()
+        self._last_logged: dict[str, float] = {}
+
+    def serve(self, timeout_s: float) -> None:
+        """Handle whatever arrives within ``timeout_s`` seconds (0: only what is queued)."""
+        for incoming in self.transport.poll(timeout_s):
+            try:
+                self.dispatch(incoming, self._check(incoming))
+            except wire.WireError as exc:
+                self._drop(incoming.origin, exc.reason, str(exc))
+
+    def serve_for(self, timeout_s: float, poll_s: float = float("inf")) -> None:
+        """Keep handling messages for ``timeout_s`` seconds, or until the peer stops; polls
+        of at most ``poll_s`` seconds notice a stop sooner."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not self.stopping():
+            self.serve(min(poll_s, wait_until(deadline)))
+
+    def _check(self, inc: Incoming) -> wire.Message:
+        """Decode ``inc`` and check who sent it on which channel (``WireError`` if wrong)."""
+        msg = wire.decode(inc.frames, self.max_bytes, expected_schema=self.schema)
+        if inc.authenticated_id is not None and msg.sender != inc.authenticated_id:
+            raise wire.WireError("spoofed-id", f"claims {msg.sender}")
+        via_seed = inc.neighbour is not None and inc.neighbour.startswith(SEED_PREFIX)
+        if (
+            via_seed
+            and "#" in (inc.neighbour or "")
+            and not (inc.neighbour or "").endswith("#" + msg.sender)
+        ):
+            raise wire.WireError("spoofed-id", f"{msg.sender} answered for {inc.neighbour}")
+        if inc.neighbour is not None and not via_seed and msg.sender != inc.neighbour:
+            raise wire.WireError("spoofed-id", f"{msg.sender} answered for {inc.neighbour}")
+        if inc.route is None and msg.type in (wire.HELLO, wire.OFFER):
+            raise wire.WireError("unexpected", f"{msg.type} on a reply channel")
+        if inc.route is not None and msg.type in (wire.PEERS, wire.REPLY):
+            raise wire.WireError("unexpected", f"{msg.type} on the inbox")
+        return msg
+
+    def _drop(self, origin: str, reason: str, detail: str) -> None:
+        """Count a bad message (per reason); log at most one line per sender per minute."""
+        self.drops[reason] += 1
+        now, key = time.monotonic(), origin
+        if now - self._last_logged.get(key, -1e9) >= 60.0:
+            self._last_logged[key] = now
+            if len(self._last_logged) > 10_000:
+                self._last_logged.clear()
+            log.warning(
+                "dropped a message from %s: %s (%d dropped so far)",
+                origin,
+                detail,
+                sum(self.drops.values()),
+            )

@@ -1,0 +1,42 @@
+"""What the parts of one peer share: who it is, the model it gossips and the round it is at.
+
+``Discovery``, ``Exchange``, ``Joining`` and ``Peer`` all hold the same ``PeerState``: each
+message they send carries its id, address and round, and they read or replace the same
+weights (training, mixing, a late joiner's catch-up). One thread drives every part, so
+sharing it needs no lock.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fedweave.gossip import wire
+
+
+@dataclass
+class PeerState:
+    """This peer and its model.
+
+    Attributes:
+        peer_id / addr: this peer's id and listen endpoint.
+        weights: the current model (replaced, never modified in place: a zero-copy send may
+            still hold the old arrays).
+        num_examples: this peer's weight in example-weighted averages.
+        schema: ``wire.schema_hash`` of the model; messages with another one are dropped.
+        round: the last completed round (or the round a late joiner caught up to).
+    """
+
+    peer_id: str
+    addr: str
+    weights: OrderedDict[str, np.ndarray]
+    num_examples: int
+    schema: str
+    round: int = 0
+
+    def message(self, type_: str, xid: int = 0, **fields: Any) -> wire.Message:
+        """A message from this peer at its current round."""
+        return wire.Message(type_, self.peer_id, self.addr, self.round, xid, **fields)
