@@ -14,7 +14,13 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from fedweave.gossip.wire import MAX_PEERS_PER_MESSAGE, PeerEntry, valid_addr, valid_peer_id
+from fedweave.gossip.wire import (
+    MAX_PEERS_PER_MESSAGE,
+    PeerEntry,
+    dialable_addr,
+    valid_addr,
+    valid_peer_id,
+)
 
 ALIVE, SUSPECT, DEAD, LEFT = "alive", "suspect", "dead", "left"
 
@@ -132,9 +138,11 @@ class Membership:
         return [m for m in self.members.values() if m.state in (ALIVE, SUSPECT)]
 
     def pick(self, k: int) -> list[Member]:
-        """Up to ``k`` random live members, alive ones before suspects."""
-        alive = [m for m in self.members.values() if m.state == ALIVE]
-        suspect = [m for m in self.members.values() if m.state == SUSPECT]
+        """Up to ``k`` random live members we can dial, alive ones before suspects (a member
+        without a dialable ``addr`` is never a neighbour: PROTOCOL.md §4)."""
+        dialable = [m for m in self.members.values() if dialable_addr(m.addr)]
+        alive = [m for m in dialable if m.state == ALIVE]
+        suspect = [m for m in dialable if m.state == SUSPECT]
         self.rng.shuffle(alive)
         self.rng.shuffle(suspect)
         return (alive + suspect)[: max(0, k)]

@@ -50,6 +50,27 @@ log = logging.getLogger("fedweave.gossip")
 __all__ = ["Peer", "run_peer"]
 
 
+def check_endpoints(listen: str, advertise: str | None) -> None:
+    """Refuse, before binding, an address other hosts could not dial (PROTOCOL.md §4).
+
+    A wildcard listen needs ``--advertise``: deriving an address from the route to a seed
+    fails for the first peer (it has none) and behind NAT, so fedweave asks instead of guessing.
+    """
+    if advertise is not None:
+        if not wire.dialable_addr(advertise):
+            raise UserError(
+                f"--advertise {advertise!r} is not an endpoint other hosts can dial; give "
+                "tcp://HOST:PORT with this host's address or DNS name"
+            )
+        return
+    if wire.valid_addr(listen) and not wire.dialable_addr(listen):
+        port = listen.rsplit(":", 1)[1]
+        raise UserError(
+            f"--listen {listen} is a wildcard other hosts cannot dial; also pass --advertise "
+            f"tcp://ADDRESS:{port} with the address the other peers reach this host at"
+        )
+
+
 class Peer:
     """One gossip peer. ``run()`` returns the process exit code."""
 
@@ -61,10 +82,11 @@ class Peer:
         if config.gossip.fanout < 1:
             raise UserError("--fanout must be at least 1")
         self.config = config
+        check_endpoints(config.peer.listen or "", config.peer.advertise)
         self.keyring: KeyRing | None = load_keyring(config.peer.keys) if config.peer.keys else None
         max_bytes = config.gossip.max_message_mb * (1 << 20)
         self.transport = Transport(config.peer.listen, self.keyring, max_bytes)
-        addr = self.transport.address
+        addr = config.peer.advertise or self.transport.address
         peer_id = self.keyring.identity.peer_id if self.keyring else anonymous_peer_id(addr)
         self.members = Membership(peer_id, addr, config.gossip.drop_after, rng=random.Random())
         if self.keyring is not None:

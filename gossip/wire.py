@@ -321,3 +321,15 @@ def valid_peer_id(peer_id: str) -> bool:
 def valid_addr(addr: str) -> bool:
     """Whether ``addr`` is a ``tcp://host:port`` endpoint acceptable on the wire."""
     return bool(_ADDR_RE.match(addr))
+
+
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "*", "::", "[::]"})
+
+
+def dialable_addr(addr: str) -> bool:
+    """Whether another host could dial ``addr``: a valid endpoint whose host is not a
+    wildcard (PROTOCOL.md §4)."""
+    if not valid_addr(addr):
+        return False
+    host = addr[len("tcp://") :].rsplit(":", 1)[0]
+    return host not in WILDCARD_HOSTS

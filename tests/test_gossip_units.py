@@ -224,3 +224,28 @@ def test_slots_start_on_wall_clock_multiples_and_late_rounds_start_at_once() -> 
     assert other.slot(1, now=100.45) == (100.5, 101.0)
     # an overrun does not shift later slots: round 10 keeps its place whenever it is asked
     assert clock.slot(10, now=102.3) == (102.0, 102.5)
+
+
+def test_members_nobody_can_dial_are_never_chosen_as_neighbours() -> None:
+    table = Membership("me", "tcp://127.0.0.1:1")
+    assert table.heard_from("silent", "", 3)  # admitted: it can still offer to us
+    assert table.heard_from("wild", "tcp://0.0.0.0:7000", 3)
+    assert table.heard_from("ok", "tcp://10.0.0.5:7000", 3)
+    assert [m.peer_id for m in table.pick(5)] == ["ok"]
+    assert wire.dialable_addr("tcp://peer-b.example.org:7000")
+    for wildcard in ("tcp://0.0.0.0:7000", "tcp://*:7000", "tcp://[::]:7000", "", "tcp://x"):
+        assert not wire.dialable_addr(wildcard), wildcard
+
+
+def test_a_wildcard_listen_needs_an_advertised_address() -> None:
+    from fedweave.errors import UserError
+    from fedweave.gossip.peer import check_endpoints
+
+    check_endpoints("tcp://127.0.0.1:7000", None)
+    check_endpoints("tcp://0.0.0.0:7000", "tcp://10.0.0.5:7000")
+    with pytest.raises(UserError, match="pass --advertise tcp://ADDRESS:7000"):
+        check_endpoints("tcp://0.0.0.0:7000", None)
+    with pytest.raises(UserError, match="--advertise 'tcp://0.0.0.0:7000' is not an endpoint"):
+        check_endpoints("tcp://0.0.0.0:7000", "tcp://0.0.0.0:7000")
+    with pytest.raises(UserError, match="not an endpoint other hosts can dial"):
+        check_endpoints("tcp://0.0.0.0:7000", "10.0.0.5:7000")

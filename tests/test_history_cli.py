@@ -51,7 +51,8 @@ def _fill(url: str, ckpt_dir: Path) -> tuple[str, str]:
         gossip = store.start_run("gossip", "digits", {"peers": 2}, 42, run_id="gos0000001")
         for peer, acc in (("p1", 0.6), ("p2", 0.8)):
             for n in (1, 2, 3):
-                record = RoundRecord(n, peer, T0, T0, 1, 1, 0, {}, 0.5, acc + n / 100)
+                record = RoundRecord(n, peer, T0, T0, 1, 1, 0, {}, 0.5, acc + n / 100,
+                                     extra={"drops": {"busy": n, "schema": 0}})
                 store.record_round(gossip, record, [SiteResult("p2" if peer == "p1" else "p1")])
     return fed, gossip
 
@@ -61,6 +62,15 @@ def filled(tmp_path: Path) -> tuple[str, str, str]:
     url = f"sqlite:///{tmp_path / 'h.db'}"
     (tmp_path / "ckpt").mkdir()
     return (url, *_fill(url, tmp_path / "ckpt"))
+
+
+def test_show_prints_gossip_drop_counters_per_round(filled) -> None:
+    url, fed, gossip = filled
+    shown = invoke("show", gossip, "--db", url)
+    assert shown.exit_code == 0, shown.output
+    assert "drops so far" in shown.output and "busy 3" in shown.output
+    assert "schema" not in shown.output  # reasons with no drop stay out of the way
+    assert "drops so far" not in invoke("show", fed, "--db", url).output
 
 
 def test_runs_lists_every_run_as_table_and_json(filled) -> None:

@@ -45,7 +45,7 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         "site_key", "connect_timeout", "runtime_port", "log_file", "verbose",
     ),
     "peer": (
-        "listen", "seeds", "task", "data", "label_column", "test_data", *_TRAINING,
+        "listen", "advertise", "seeds", "task", "data", "label_column", "test_data", *_TRAINING,
         "fanout", "mix", "clip_tau", "trim_fraction", "group_exchange", "round_interval",
         "exchange_timeout", "drop_after", "max_message_mb", "wait_for_peers", "linger",
         "connect_timeout", "keys", "threads", "log_level", "db",

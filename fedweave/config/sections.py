@@ -285,6 +285,12 @@ class PeerSection:
         None, "Endpoint to listen on, tcp://HOST:PORT (required).", required=True,
         identity=False,
     )
+    advertise: str | None = setting(
+        None,
+        "Endpoint other peers dial, tcp://HOST:PORT with this host's address or name "
+        "(default: the --listen endpoint; required when --listen is a wildcard like 0.0.0.0).",
+        identity=False,
+    )
     seeds: str = setting(
         "", "Comma-separated seeds: tcp://A:P or PEERID@tcp://A:P.", identity=False
     )

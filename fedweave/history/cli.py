@@ -158,6 +158,13 @@ def show_command(
             _print_run(info, rounds, site_rows if sites else None)
 
 
+def _drops(counts: dict[str, int] | None) -> str:
+    """A gossip peer's running drop counters by reason, e.g. ``busy 2, spoofed-id 1``."""
+    if not counts:
+        return "-"
+    return ", ".join(f"{reason} {n}" for reason, n in sorted(counts.items()) if n) or "-"
+
+
 def _print_run(info: RunInfo, rounds: list[dict[str, Any]],
                site_rows: list[dict[str, Any]] | None) -> None:
     import json
@@ -174,10 +181,12 @@ def _print_run(info: RunInfo, rounds: list[dict[str, Any]],
                   f"host {info.hostname} pid {info.pid}")
     console.print(f"config {json.dumps(info.config, sort_keys=True)}", soft_wrap=True)
     several = len({row["actor"] for row in rounds}) > 1
+    with_drops = any("drops" in (row.get("extra") or {}) for row in rounds)
     table = Table()
     for column in (["actor"] if several else []) + [
             "round", "seconds", "sampled", "replied", "failed", "eval loss", "eval acc",
-            "train loss", "bytes in", "bytes out", "checkpoint"]:
+            "train loss", "bytes in", "bytes out", "checkpoint"] + (
+            ["drops so far"] if with_drops else []):
         table.add_column(column, overflow="fold")
     for row in rounds:
         train_loss = row["train_metrics"].get("train_loss", row["train_metrics"].get("loss"))
@@ -187,6 +196,8 @@ def _print_run(info: RunInfo, rounds: list[dict[str, Any]],
                  _num(train_loss) if isinstance(train_loss, (int, float)) else "-",
                  str(row["bytes_in"] or "-"), str(row["bytes_out"] or "-"),
                  "yes" if row["checkpoint_path"] else ""]
+        if with_drops:
+            cells.append(_drops((row.get("extra") or {}).get("drops")))
         table.add_row(*([row["actor"]] if several else []), *cells)
     console.print(table if rounds else "no rounds recorded yet")
     if site_rows is not None:
