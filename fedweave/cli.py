@@ -31,7 +31,7 @@ def build_app() -> typer.Typer:
     from fedweave.certs_cli import certs_app, sites_app
     from fedweave.client.cli import client
     from fedweave.coordinator.cli import coordinator
-    from fedweave.gossip.cli import keys_app, peer
+    from fedweave.gossip.cli import keys_app, peer, task_app
     from fedweave.history.cli import history_app
     from fedweave.simulations.cli import data_app, simulate
 
@@ -51,6 +51,7 @@ def build_app() -> typer.Typer:
     app.add_typer(sites_app, name="sites")
     app.command()(peer)
     app.add_typer(keys_app, name="keys")
+    app.add_typer(task_app, name="task")
     app.command()(version)
     return app
 

@@ -12,9 +12,14 @@ from typing import Annotated
 import typer
 
 from fedweave.config import Resolved, RunConfig, config_command
+from fedweave.config.commands import option_for
 
 keys_app = typer.Typer(
     help="CURVE key pairs for encrypted, authenticated gossip.", no_args_is_help=True
+)
+task_app = typer.Typer(
+    help="What a task's model looks like on the gossip wire (for peers written elsewhere).",
+    no_args_is_help=True,
 )
 
 
@@ -66,3 +71,36 @@ def keys_new(
     typer.echo(f"peer id {identity.peer_id}")
     typer.echo(f"public key {out / 'peer.key'}  (copy it into other peers' allowed/)")
     typer.echo(f"secret key {out / 'peer.key_secret'}  (keep it here)")
+
+
+@task_app.command("describe")
+def task_describe(
+    task: str = option_for("task"),
+    fmt: Annotated[
+        str, typer.Option("--format", help="text (a table) or json.")
+    ] = "text",
+) -> None:
+    """Print the task's model tensors in wire order (name, dtype, shape) and its schema hash:
+    what another peer must send to be mixed with this one (gossip/PROTOCOL.md §3.2)."""
+    import json
+
+    from fedweave.errors import UserError
+    from fedweave.gossip import wire
+    from fedweave.learning.task import load_task
+    from fedweave.learning.weights import get_named_weights
+
+    if fmt not in ("text", "json"):
+        raise UserError(f"--format {fmt!r} is unknown: use text or json")
+    weights = get_named_weights(load_task(task).build_model())
+    specs = wire.tensor_specs(weights)
+    parameters = int(sum(a.size for a in weights.values()))
+    if fmt == "json":
+        payload = {"task": task, "schema": wire.schema_hash(specs), "parameters": parameters,
+                   "tensors": specs}
+        typer.echo(json.dumps(payload, indent=2))
+        return
+    typer.echo(f"task {task}: {parameters:,} parameters in {len(specs)} tensors, wire order")
+    width = max(len(name) for name, _, _ in specs)
+    for name, dtype, shape in specs:
+        typer.echo(f"  {name:<{width}}  {dtype}  {shape}")
+    typer.echo(f"schema {wire.schema_hash(specs)}")

