@@ -89,6 +89,7 @@ class Exchange:
         self.pulled: list[tuple[int, OrderedDict[str, np.ndarray]]] = []
         self.tau_history: list[float] = []
         self.busy_replies = 0
+        self.refusals = 0
         self.mixes = 0
 
     # -- our offers ----------------------------------------------------------------------
@@ -107,7 +108,7 @@ class Exchange:
         """Offer our model to ``peer_ids`` at once, wait up to ``timeout`` seconds for their
         replies (holding or refusing other offers meanwhile), then answer the held offers.
 
-        Returns each peer's outcome: ``ok``, ``busy``, ``left`` (said bye meanwhile),
+        Returns each peer's outcome: ``ok``, ``busy``, ``refused``, ``left`` (said bye meanwhile),
         ``unsent`` (the offer could not be sent) or ``missed`` (no answer in time).
         """
         xids = {pid: self.offer(pid, group_total=group_total) for pid in peer_ids}
@@ -248,12 +249,15 @@ class Exchange:
             raise wire.WireError("stale-reply", f"xid {msg.xid}")
         del self.pending[msg.xid]
         if msg.xid in self.awaiting:
-            self.outcomes[msg.xid] = "busy" if msg.status == "busy" else "ok"
+            self.outcomes[msg.xid] = msg.status
         if msg.status == "busy":
             self.busy_replies += 1  # alive but mid-exchange: skip it this round, no miss
             return
-        if msg.status != "ok" or not msg.tensors:
-            raise wire.WireError("refused", f"reply status {msg.status}")
+        if msg.status == "refused":
+            self.refusals += 1  # a valid answer (PROTOCOL.md §4): no mix, no drop, no miss
+            return
+        if not msg.tensors:
+            raise wire.WireError("malformed", "an ok reply without tensors")
         if pending.pull:
             self.pulled.append((msg.round, msg.tensors))  # the joiner decides what to adopt
         elif self.config.gossip.mix == "pairwise":

@@ -85,8 +85,8 @@ class Fanout:
                     waves.append(([spare], None))
                 if outcome in ("ok", "busy"):
                     continue
-                failed.append(pid)
-                if outcome != "left" and self.members.missed(pid) == DEAD:
+                failed.append(pid)  # refused, left or missed: no exchange this round
+                if outcome not in ("left", "refused") and self.members.missed(pid) == DEAD:
                     log.warning(
                         "dropped neighbour %s after %d missed deadlines",
                         pid,

@@ -37,6 +37,11 @@ DEFAULT_MAX_MESSAGE_BYTES = 1 << 30
 HELLO, PEERS, OFFER, REPLY, BYE = "hello", "peers", "model-offer", "model-reply", "bye"
 MESSAGE_TYPES = frozenset({HELLO, PEERS, OFFER, REPLY, BYE})
 MODEL_TYPES = frozenset({OFFER, REPLY})
+REQUIRED_FIELDS = ("type", "sender", "addr", "round", "xid")
+"""Header keys every message must carry (PROTOCOL.md §6)."""
+MODEL_REQUIRED_FIELDS = ("num_examples", "pull", "status", "schema", "tensors")
+"""Header keys a model message must also carry: an offer without ``num_examples`` would be
+mixed with a weight nobody stated."""
 
 DTYPES = {
     "<f2": np.dtype("<f2"),
@@ -255,6 +260,10 @@ def decode(
     mtype = header.get("type")
     if mtype not in MESSAGE_TYPES:
         raise WireError("unknown-type", str(mtype)[:32])
+    required = REQUIRED_FIELDS + (MODEL_REQUIRED_FIELDS if mtype in MODEL_TYPES else ())
+    missing = [key for key in required if key not in header]
+    if missing:
+        raise WireError("bad-header", f"{mtype} without {', '.join(missing)}")
     sender = _str(header, "sender", _ID_RE, 64)
     if not sender:
         raise WireError("bad-header", "sender is required")
@@ -287,14 +296,15 @@ def decode(
     message.schema = schema
     if len(frames) != len(specs) + 1:
         raise WireError("truncated", f"{len(frames) - 1} tensor frames for {len(specs)} tensors")
+    if specs and schema != schema_hash([[n, d.str, list(s)] for n, d, s in specs]):
+        raise WireError("bad-schema", "schema hash does not match the tensor list")
+    checked = mtype == OFFER or status == "ok"  # busy/refused replies may come from anyone
+    if checked and expected_schema is not None and schema != expected_schema:
+        raise WireError("schema-mismatch", schema[:12])
     if not specs:
         if mtype == OFFER and not pull:
             raise WireError("malformed", "an offer without tensors must be a pull")
         return message
-    if schema != schema_hash([[n, d.str, list(s)] for n, d, s in specs]):
-        raise WireError("bad-schema", "schema hash does not match the tensor list")
-    if expected_schema is not None and schema != expected_schema:
-        raise WireError("schema-mismatch", schema[:12])
     total = 0
     for frame, (name, dtype, shape) in zip(frames[1:], specs, strict=False):
         data = _frame_bytes(frame)

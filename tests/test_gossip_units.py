@@ -271,3 +271,49 @@ def test_task_describe_prints_the_wire_schema_protocol_md_documents(task: str) -
     first_name, first_dtype, first_shape = described["tensors"][0]
     shape = ",".join(str(n) for n in first_shape)
     assert f"`{first_name} {first_dtype} [{shape}]`" in protocol
+
+
+def _without(frame: bytes, key: str) -> bytes:
+    header = json.loads(frame[6:])
+    del header[key]
+    return frame[:6] + json.dumps(header).encode()
+
+
+@pytest.mark.parametrize("key", ["round", "xid", "addr", "num_examples", "pull", "status",
+                                 "schema", "tensors"])
+def test_a_model_message_missing_a_required_field_is_dropped(key: str) -> None:
+    frames = [bytes(f) for f in wire.encode(_offer())]
+    with pytest.raises(WireError) as caught:
+        wire.decode([_without(frames[0], key), *frames[1:]])
+    assert caught.value.reason in ("bad-header", "truncated")
+    hello = [bytes(f) for f in wire.encode(Message(wire.HELLO, "peer-a", "", 0, 0))]
+    with pytest.raises(WireError, match="hello without round"):
+        wire.decode([_without(hello[0], "round")])
+
+
+def test_pulls_and_ok_replies_are_schema_checked_busy_and_refused_are_not() -> None:
+    ours = wire.schema_hash(_model())
+    other = wire.schema_hash(OrderedDict(x=np.zeros(2, dtype=np.float32)))
+    pull = Message(wire.OFFER, "peer-a", "", 1, 5, num_examples=3, pull=True, schema=other)
+    with pytest.raises(WireError) as caught:
+        wire.decode(wire.encode(pull), expected_schema=ours)
+    assert caught.value.reason == "schema-mismatch"
+    same = Message(wire.OFFER, "peer-a", "", 1, 5, num_examples=3, pull=True, schema=ours)
+    assert wire.decode(wire.encode(same), expected_schema=ours).pull
+    for status in ("busy", "refused"):
+        reply = Message(wire.REPLY, "peer-b", "", 1, 5, num_examples=0, status=status,
+                        schema=other)
+        assert wire.decode(wire.encode(reply), expected_schema=ours).status == status
+
+
+def test_a_refused_reply_is_a_valid_answer_not_a_drop() -> None:
+    from fedweave.config import RunConfig
+    from fedweave.gossip.exchange import Exchange, _Pending
+
+    exchange = Exchange(RunConfig(), None, None, None, None, None, lambda: False)
+    exchange.pending[7] = _Pending("peer-b", _model(), expires=1e18)
+    exchange.awaiting.add(7)
+    refused = Message(wire.REPLY, "peer-b", "", 1, 7, num_examples=0, status="refused")
+    exchange.on_reply(refused)  # no WireError: nothing counted as a dropped message
+    assert exchange.outcomes[7] == "refused" and exchange.refusals == 1
+    assert exchange.mixes == 0 and 7 not in exchange.pending
