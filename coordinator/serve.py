@@ -119,7 +119,7 @@ def _prepare_run(store, config: RunConfig, resolved: Resolved) -> DeployPlan:
         return DeployPlan(run.run_id, config)
     run_id = uuid.uuid4().hex[:12]
     store.start_run(
-        "federated", config.data.task, stored_run_config(config, resolved),
+        "federated", config.data.task, stored_run_config(config, "coordinator"),
         config.training.seed, run_id=run_id,
     )
     _echo(f"run {run_id} recorded in the history")

@@ -30,8 +30,9 @@ from datetime import datetime, timezone
 from typing import Any
 
 from fedweave.config import RunConfig
+from fedweave.config.commands import check_settings
 from fedweave.errors import UserError
-from fedweave.gossip import averaging, wire
+from fedweave.gossip import wire
 from fedweave.gossip.discovery import Discovery
 from fedweave.gossip.exchange import Exchange
 from fedweave.gossip.fanout import Fanout
@@ -75,12 +76,7 @@ class Peer:
     """One gossip peer. ``run()`` returns the process exit code."""
 
     def __init__(self, config: RunConfig) -> None:
-        if config.gossip.mix not in averaging.MIX_RULES:
-            raise UserError(
-                f"unknown --mix '{config.gossip.mix}': use one of {', '.join(averaging.MIX_RULES)}"
-            )
-        if config.gossip.fanout < 1:
-            raise UserError("--fanout must be at least 1")
+        check_settings(config, "peer")  # the CLI did; a peer built in code gets the same checks
         self.config = config
         check_endpoints(config.peer.listen or "", config.peer.advertise)
         self.keyring: KeyRing | None = load_keyring(config.peer.keys) if config.peer.keys else None

@@ -11,7 +11,8 @@ from datetime import datetime, timezone
 
 import numpy as np
 
-from fedweave.config import COMMAND_SETTINGS, RunConfig
+from fedweave.config import RunConfig
+from fedweave.config.resume import stored_run_config
 from fedweave.gossip import averaging
 from fedweave.gossip.history_writer import HistoryWriter, ResultsLog, open_history
 
@@ -66,7 +67,7 @@ class Recorder:
             None if db.lower() == "none" else db,
             config.peer.run_id,
             config.data.task,
-            {"command": "peer", "settings": config.stored(COMMAND_SETTINGS["peer"])},
+            stored_run_config(config, "peer"),
             config.training.seed,
         )
         self.results.event("ready", peer=self.peer_id, addr=addr)

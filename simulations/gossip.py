@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from fedweave.addresses import free_ports
-from fedweave.config import Resolved, RunConfig
+from fedweave.config import RunConfig
 from fedweave.errors import UserError
 
 LINGER_SECONDS = 3600.0
@@ -257,23 +257,16 @@ def run_gossip_simulation(
     sim: GossipSimulation,
     work_dir: Path | None = None,
     on_round: Callable[[int], None] | None = None,
-    stored_config: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run the peers to completion and return the report (``fedweave.simulations.report`` shape).
 
     Args:
         work_dir: where split, keys, logs and dumps go (default: a temporary directory).
         on_round: called with the highest round any peer has finished, as it grows.
-        stored_config: the run config the history keeps (default: the simulation's own
-            settings, as ``fedweave simulate --mode gossip`` would store them).
     """
-    if stored_config is None:
-        from fedweave.config.commands import COMMAND_SETTINGS
+    from fedweave.config.resume import stored_run_config
 
-        stored_config = {
-            "command": "simulate",
-            "settings": sim.config.stored(COMMAND_SETTINGS["simulate"]),
-        }
+    stored_config = stored_run_config(sim.config, "simulate")
     data, training, gossip = sim.config.data, sim.config.training, sim.config.gossip
     clients, rounds = data.clients, training.rounds
     if clients < 2:
@@ -394,12 +387,11 @@ def run_gossip_simulation(
         }
 
 
-def run_gossip_and_report(sim: GossipSimulation, resolved: Resolved) -> dict[str, Any]:
+def run_gossip_and_report(sim: GossipSimulation) -> dict[str, Any]:
     """``fedweave simulate --mode gossip``: run with a progress bar, print the table, write
     the report to ``--out``."""
     from rich.console import Console
 
-    from fedweave.config.resume import stored_run_config
     from fedweave.simulations.report import rounds_table, write_report
 
     console = Console(stderr=True)
@@ -409,8 +401,7 @@ def run_gossip_and_report(sim: GossipSimulation, resolved: Resolved) -> dict[str
     with console.status(f"gossip {task}: starting {clients} peers") as status:
         report = run_gossip_simulation(
             sim,
-            on_round=lambda r: status.update(f"gossip {task}: round {r}/{rounds}"),
-            stored_config=stored_run_config(sim.config, resolved),
+            on_round=lambda r: status.update(f"gossip {task}: round {r}/{rounds}")
         )
     write_report(out, report)
     table_rows = [

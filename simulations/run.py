@@ -60,7 +60,7 @@ def run_and_report(config: RunConfig, resolved: Resolved) -> dict:
             f"--clients {clients} is more than the {len(train)} training examples of "
             f"'{task_name}'; use fewer clients"
         )
-    stored = stored_run_config(config, resolved)
+    stored = stored_run_config(config, "simulate")
     if not resume:
         run_id = uuid.uuid4().hex[:12]
     tracker = make_tracker(config.history.track, run_id, stored)  # a missing package fails here

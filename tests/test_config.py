@@ -152,8 +152,7 @@ def test_stored_config_prints_back_as_toml_that_reruns_the_same_run(tmp_path):
     given = RunConfig.of(lr=0.05, clients=4, partition="shards", strategy="fedprox",
                          proximal_mu=0.5, secure_agg=False, max_update_norm=3.0,
                          db=f"sqlite:///{tmp_path}/secret.db")
-    resolved = Resolved("simulate", COMMAND_SETTINGS["simulate"], frozenset(), None)
-    stored = stored_run_config(given, resolved)
+    stored = stored_run_config(given, "simulate")
     assert "db" not in str(stored)  # the database URL may hold a password: never stored
 
     @dataclass
@@ -165,7 +164,7 @@ def test_stored_config_prints_back_as_toml_that_reruns_the_same_run(tmp_path):
     assert text.startswith("# run abc123: `fedweave simulate --config THIS_FILE`")
     path = tmp_path / "again.toml"
     path.write_text(text)
-    values = read_config_file(path, "simulate", COMMAND_SETTINGS["simulate"])
+    values = read_config_file(path, "simulate")
     rerun = RunConfig.of(**values)
     for name in COMMAND_SETTINGS["simulate"]:
         if SETTINGS[name].meta.stored:
@@ -182,12 +181,12 @@ class _Run:
 
 
 def _resolved(command: str = "simulate", explicit: set[str] = frozenset()) -> Resolved:
-    return Resolved(command, COMMAND_SETTINGS[command], frozenset(explicit), None)
+    return Resolved(command, frozenset(explicit))
 
 
 def test_resume_keeps_what_the_run_computes_and_takes_where_it_runs():
     started = RunConfig.of(lr=0.05, rounds=10, device="cpu")
-    run = _Run(config=stored_run_config(started, _resolved()))
+    run = _Run(config=stored_run_config(started, "simulate"))
     resumed = merge_for_resume(run, RunConfig.of(device="cuda:1", lr=0.1), _resolved())
     assert resumed.training.lr == 0.05 and resumed.training.rounds == 10  # stored identity
     assert resumed.training.device == "cuda:1"  # where it runs: this command's
@@ -209,6 +208,19 @@ def test_resume_reads_configs_recorded_before_the_redesign():
     legacy_simulation = {"task": "digits", "clients": 3, "rounds": 4, "cpus_per_client": 1.0}
     resumed = merge_for_resume(_Run(config=legacy_simulation), RunConfig(), _resolved())
     assert resumed.data.clients == 3 and resumed.training.rounds == 4
+
+
+def test_declared_choices_are_the_ones_the_modes_implement():
+    """The core declares the choices (it imports no mode); this keeps them from drifting."""
+    from fedweave.coordinator.strategies import STRATEGIES
+    from fedweave.gossip.averaging import MIX_RULES
+    from fedweave.history.tracking import TRACKERS
+    from fedweave.simulations.partition import PARTITION_SCHEMES
+
+    assert SETTINGS["strategy"].meta.choices == tuple(STRATEGIES)
+    assert SETTINGS["mix"].meta.choices == MIX_RULES
+    assert SETTINGS["partition"].meta.choices == PARTITION_SCHEMES
+    assert SETTINGS["track"].meta.choices == TRACKERS
 
 
 def test_setting_names_are_unique_and_documented():

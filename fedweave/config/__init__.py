@@ -2,7 +2,8 @@
 or a TOML file (``commands.py``, ``files.py``), stored with the run and merged on resume by one
 policy (``resume.py``)."""
 
-from fedweave.config.commands import COMMAND_SETTINGS, Resolved, config_command
+from fedweave.config.commands import Resolved, config_command
 from fedweave.config.run_config import SETTINGS, RunConfig
+from fedweave.config.sections import COMMAND_SETTINGS
 
 __all__ = ["COMMAND_SETTINGS", "SETTINGS", "Resolved", "RunConfig", "config_command"]

@@ -1,4 +1,4 @@
-"""Which command takes which settings, and the Typer commands built from them.
+"""The Typer commands built from the settings each command takes (``COMMAND_SETTINGS``).
 
 A command here is a list of setting names plus a body ``(config, resolved) -> None``. Its
 flags, their defaults, help and section panels come from the declarations; ``--config FILE``
@@ -19,41 +19,8 @@ import typer
 
 from fedweave.config.files import read_config_file
 from fedweave.config.run_config import SETTINGS, RunConfig, check_value
-from fedweave.config.sections import SECTIONS
+from fedweave.config.sections import COMMAND_SETTINGS, SECTIONS
 from fedweave.errors import UserError
-
-_TRAINING = ("rounds", "local_epochs", "lr", "batch_size", "seed", "device")
-_SPLIT = ("task", "clients", "partition", "alpha", "shards_per_client")
-_FEDERATION = ("clients_per_round", "strategy", "proximal_mu", "max_update_norm")
-_SECAGG = ("secure_agg", "secagg_timeout")
-_PRIVACY = ("dp", "noise_multiplier", "clipping_norm", "dp_epsilon", "dp_delta")
-
-COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
-    "simulate": (
-        "mode", *_SPLIT, *_TRAINING, *_FEDERATION, *_SECAGG, *_PRIVACY,
-        "fanout", "mix", "group_exchange", "round_interval", "exchange_timeout", "kill",
-        "gpus_per_client", "gpus_per_peer", "out", "db", "checkpoint_dir", "resume", "track",
-        "verbose",
-    ),
-    "coordinator": (
-        "task", "test_data", *_TRAINING, "min_clients", *_FEDERATION, *_SECAGG, *_PRIVACY,
-        "address", "insecure", "tls_dir", "require_registered_sites", "site_timeout",
-        "state_dir", "once", "db", "checkpoint_dir", "resume",
-    ),
-    "client": (
-        "coordinator", "task", "data", "label_column", "device", "insecure", "ca_cert",
-        "site_key", "connect_timeout", "runtime_port", "log_file", "verbose",
-    ),
-    "peer": (
-        "listen", "advertise", "seeds", "task", "data", "label_column", "test_data", *_TRAINING,
-        "fanout", "mix", "clip_tau", "trim_fraction", "group_exchange", "round_interval",
-        "exchange_timeout", "drop_after", "max_message_mb", "wait_for_peers", "linger",
-        "connect_timeout", "keys", "threads", "log_level", "db",
-        "run_id", "results", "dump_models", "vector", "vector_examples",
-    ),
-    "data split": (*_SPLIT, "seed"),
-}  # fmt: skip
-"""Command → the settings it takes; ``tests/test_config.py`` holds every command to it."""
 
 CONFIG_FILE_HELP = (
     "TOML file of settings, one table per section, as `fedweave history show RUN --config` "
@@ -67,16 +34,17 @@ class Resolved:
 
     Attributes:
         command: the command's name (``simulate``, ``coordinator``, ...).
-        names: the settings the command takes.
         explicit: settings the user set, on the command line, in the environment or in the
             config file (a resume refuses explicit values that contradict the stored run).
-        config_file: the ``--config`` file, if one was given.
     """
 
     command: str
-    names: tuple[str, ...]
-    explicit: frozenset[str]
-    config_file: Path | None
+    explicit: frozenset[str] = frozenset()
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The settings the command takes."""
+        return COMMAND_SETTINGS[self.command]
 
 
 def _panel(section: str) -> str:
@@ -90,13 +58,10 @@ def _option(name: str) -> inspect.Parameter:
     if meta.choices and not all(choice in help_text for choice in meta.choices):
         help_text += f" One of: {', '.join(meta.choices)}."
     kind = setting.base_type
-    if kind is bool:
-        decls = [meta.flag or f"{setting.flag}/--no-{setting.flag[2:]}"]
-    else:
-        decls = [meta.flag or setting.flag]
+    decl = f"{setting.flag}/--no-{setting.flag[2:]}" if kind is bool else setting.flag
     option = typer.Option(
         setting.default,
-        *decls,
+        decl,
         help=help_text,
         envvar=meta.envvar,
         hidden=meta.hidden,
@@ -110,11 +75,11 @@ def _option(name: str) -> inspect.Parameter:
 
 
 def resolve(
-    command: str, names: Sequence[str], ctx: click.Context, given: dict[str, Any],
-    config_file: Path | None,
+    command: str, ctx: click.Context, given: dict[str, Any], config_file: Path | None
 ) -> tuple[RunConfig, Resolved]:
     """Defaults < config file < environment < command line, each value checked once."""
-    from_file = read_config_file(config_file, command, names) if config_file else {}
+    names = COMMAND_SETTINGS[command]
+    from_file = read_config_file(config_file, command) if config_file else {}
     values: dict[str, Any] = dict(from_file)
     where = {name: f"{config_file}: [{SETTINGS[name].section}] {name}" for name in from_file}
     explicit = set(from_file)
@@ -126,15 +91,21 @@ def resolve(
             where[name] = SETTINGS[name].flag
             explicit.add(name)
     config = RunConfig().replace(**values)
-    for name in names:
+    check_settings(config, command, where)
+    return config, Resolved(command, frozenset(explicit))
+
+
+def check_settings(config: RunConfig, command: str, where: dict[str, str] | None = None) -> None:
+    """Every setting ``command`` takes within its choices and bounds, and the required ones
+    given; ``where`` names a value's source in the error (default: its flag)."""
+    for name in COMMAND_SETTINGS[command]:
         setting = SETTINGS[name]
         value = config.value(name)
-        check_value(setting, value, where.get(name, setting.flag))
+        check_value(setting, value, (where or {}).get(name, setting.flag))
         if setting.meta.required and value in (None, ""):
             raise UserError(
                 f"{setting.flag} is required (or [{setting.section}] {name} in --config)"
             )
-    return config, Resolved(command, tuple(names), frozenset(explicit), config_file)
 
 
 def config_command(
@@ -144,7 +115,7 @@ def config_command(
     names = COMMAND_SETTINGS[command]
 
     def run(ctx: typer.Context, config: Path | None = None, **given: Any) -> Any:
-        resolved_config, resolved = resolve(command, names, ctx, given, config)
+        resolved_config, resolved = resolve(command, ctx, given, config)
         return body(resolved_config, resolved)
 
     params = [

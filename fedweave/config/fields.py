@@ -27,7 +27,6 @@ class Meta:
         required: a command that takes it needs a value (from a flag or the config file).
         envvar: environment variable read when the flag is absent.
         hidden: left out of ``--help`` (test and launcher plumbing).
-        flag: the flag when it is not ``--field-name``; for booleans ``--on/--off``.
     """
 
     help: str
@@ -40,7 +39,6 @@ class Meta:
     required: bool = False
     envvar: str | None = None
     hidden: bool = False
-    flag: str | None = None
 
 
 def setting(default: Any, help: str, **meta: Any) -> Any:

@@ -4,12 +4,12 @@ was expected."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from fedweave.config.run_config import SETTINGS, coerce
-from fedweave.config.sections import SECTIONS
+from fedweave.config.sections import COMMAND_SETTINGS, SECTIONS
 from fedweave.errors import UserError
 
 if sys.version_info >= (3, 11):
@@ -18,7 +18,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 
-def read_config_file(path: Path, command: str, names: Sequence[str]) -> dict[str, Any]:
+def read_config_file(path: Path, command: str) -> dict[str, Any]:
     """Field name → value from ``path``: ``[section]`` tables of settings ``command`` takes."""
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -28,15 +28,13 @@ def read_config_file(path: Path, command: str, names: Sequence[str]) -> dict[str
         raise UserError(f"cannot read config file {path} ({exc}); check the file") from None
     except tomllib.TOMLDecodeError as exc:
         raise UserError(f"config file {path} is not TOML ({exc}); fix its syntax") from None
-    return settings_from_tables(raw, str(path), command, names)
+    return settings_from_tables(raw, str(path), command)
 
 
-def settings_from_tables(
-    tables: Mapping[str, Any], source: str, command: str, names: Sequence[str]
-) -> dict[str, Any]:
+def settings_from_tables(tables: Mapping[str, Any], source: str, command: str) -> dict[str, Any]:
     """Check ``{section: {field: value}}`` against the declarations and ``command``'s
     settings; return field name → value of the setting's type."""
-    taken = set(names)
+    taken = set(COMMAND_SETTINGS[command])
     values: dict[str, Any] = {}
     for section, table in tables.items():
         if section not in SECTIONS:

@@ -12,15 +12,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fedweave.config.commands import COMMAND_SETTINGS, Resolved
+from fedweave.config.commands import Resolved
 from fedweave.config.files import to_toml
 from fedweave.config.run_config import SETTINGS, RunConfig, coerce
+from fedweave.config.sections import COMMAND_SETTINGS
 from fedweave.errors import UserError
 
 
-def stored_run_config(config: RunConfig, resolved: Resolved) -> dict[str, Any]:
+def stored_run_config(config: RunConfig, command: str) -> dict[str, Any]:
     """What the history keeps as a run's config: the command and its stored settings."""
-    return {"command": resolved.command, "settings": config.stored(resolved.names)}
+    return {"command": command, "settings": config.stored(COMMAND_SETTINGS[command])}
 
 
 def _legacy_command(stored: dict[str, Any]) -> str:

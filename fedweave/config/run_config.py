@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,10 +53,6 @@ class RunConfig:
         """A setting by its (unique) field name."""
         return getattr(getattr(self, SETTINGS[name].section), name)
 
-    def flat(self) -> dict[str, Any]:
-        """Field name → value, for every setting."""
-        return {name: self.value(name) for name in SETTINGS}
-
     def replace(self, **values: Any) -> RunConfig:
         """A copy with the given settings (by field name) changed."""
         by_section: dict[str, dict[str, Any]] = {}
@@ -75,11 +70,6 @@ class RunConfig:
     def of(cls, **values: Any) -> RunConfig:
         """Defaults with these settings (by field name): ``RunConfig.of(clients=3, lr=0.05)``."""
         return cls().replace(**values)
-
-    @classmethod
-    def from_flat(cls, values: Mapping[str, Any]) -> RunConfig:
-        """Defaults, with ``values`` (field name → value) applied; unknown names are ignored."""
-        return cls().replace(**{k: v for k, v in values.items() if k in SETTINGS})
 
     def stored(self, names: typing.Iterable[str]) -> dict[str, dict[str, Any]]:
         """The TOML/JSON-safe ``{section: {field: value}}`` of ``names`` that are stored with a

@@ -3,7 +3,7 @@
 A section is a frozen dataclass of ``setting(...)`` fields (``fedweave/config/fields.py``). The
 flag is the field name with dashes (``local_epochs`` → ``--local-epochs``), the config-file key
 is ``[section] field``, and field names are unique across sections, so a flag means one thing
-in every command that takes it. Which command takes which fields: ``fedweave/config/commands.py``.
+in every command that takes it. Which command takes which fields: ``COMMAND_SETTINGS`` below.
 """
 
 from __future__ import annotations
@@ -96,7 +96,6 @@ class SecureAggregationSection:
     secure_agg: bool = setting(
         True, "SecAgg+ so the coordinator only sees the sum of the sites' models (3+ sites a "
         "round).",
-        flag="--secure-agg/--no-secure-agg",
     )
     secagg_timeout: float = setting(
         600.0, "Seconds each SecAgg+ stage waits for sites; slower sites count as dropped.",
@@ -340,3 +339,36 @@ SECTIONS: dict[str, type] = {
     "output": OutputSection,
 }
 """Config-file section name → its dataclass, in the order ``--help`` and TOML show them."""
+
+_TRAINING = ("rounds", "local_epochs", "lr", "batch_size", "seed", "device")
+_SPLIT = ("task", "clients", "partition", "alpha", "shards_per_client")
+_FEDERATION = ("clients_per_round", "strategy", "proximal_mu", "max_update_norm")
+_SECAGG = ("secure_agg", "secagg_timeout")
+_PRIVACY = ("dp", "noise_multiplier", "clipping_norm", "dp_epsilon", "dp_delta")
+
+COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
+    "simulate": (
+        "mode", *_SPLIT, *_TRAINING, *_FEDERATION, *_SECAGG, *_PRIVACY,
+        "fanout", "mix", "group_exchange", "round_interval", "exchange_timeout", "kill",
+        "gpus_per_client", "gpus_per_peer", "out", "db", "checkpoint_dir", "resume", "track",
+        "verbose",
+    ),
+    "coordinator": (
+        "task", "test_data", *_TRAINING, "min_clients", *_FEDERATION, *_SECAGG, *_PRIVACY,
+        "address", "insecure", "tls_dir", "require_registered_sites", "site_timeout",
+        "state_dir", "once", "db", "checkpoint_dir", "resume",
+    ),
+    "client": (
+        "coordinator", "task", "data", "label_column", "device", "insecure", "ca_cert",
+        "site_key", "connect_timeout", "runtime_port", "log_file", "verbose",
+    ),
+    "peer": (
+        "listen", "advertise", "seeds", "task", "data", "label_column", "test_data", *_TRAINING,
+        "fanout", "mix", "clip_tau", "trim_fraction", "group_exchange", "round_interval",
+        "exchange_timeout", "drop_after", "max_message_mb", "wait_for_peers", "linger",
+        "connect_timeout", "keys", "threads", "log_level", "db",
+        "run_id", "results", "dump_models", "vector", "vector_examples",
+    ),
+    "data split": (*_SPLIT, "seed"),
+}  # fmt: skip
+"""Command → the settings it takes; ``tests/test_config.py`` holds every command to it."""
