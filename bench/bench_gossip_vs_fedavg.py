@@ -129,21 +129,17 @@ def main() -> None:
     parser.add_argument("--mix", default="pairwise")
     parser.add_argument("--group-exchange", action="store_true")
     parser.add_argument(
-        "--round-interval", type=float, default=None, help="default: the simulation's default"
+        "--round-interval", type=float, default=None, help="default: agreed slots"
     )
     parser.add_argument("--out", type=Path, default=None, help="also write both curves as JSON")
     args = parser.parse_args()
-    from fedweave.simulations.gossip import SIMULATION_SLOT_SECONDS
-
     if args.fanout is None:
         args.fanout = SETTINGS["fanout"].default
-    if args.round_interval is None:
-        args.round_interval = SIMULATION_SLOT_SECONDS
 
     print(
         f"digits, {args.clients} sites, {args.partition} alpha={args.alpha}, lr {args.lr}, "
         f"batch {args.batch_size}, 1 local epoch; gossip fanout {args.fanout} {args.mix}, "
-        f"round interval {args.round_interval:g}s"
+        f"slots {'agreed' if args.round_interval is None else f'{args.round_interval:g}s'}"
         f"{' group exchange' if args.group_exchange else ''}"
     )
     results = []

@@ -18,7 +18,6 @@ import time
 from fedweave.config import RunConfig
 from fedweave.gossip.exchange import Exchange
 from fedweave.gossip.membership import DEAD, Membership
-from fedweave.gossip.schedule import slot_seconds
 from fedweave.gossip.transport import Transport
 
 log = logging.getLogger("fedweave.gossip")
@@ -28,7 +27,7 @@ class Fanout:
     """Runs the exchanges of one round over the neighbours picked for it.
 
     Args:
-        config: ``mix``, ``group_exchange``, ``fanout``, ``round_interval`` and ``drop_after``.
+        config: ``mix``, ``group_exchange``, ``fanout`` and ``drop_after``.
         members: the member table (spares come from it, misses go into it).
         exchange: does each wave of offers.
         transport: closes the DEALER of a dropped neighbour.
@@ -43,15 +42,16 @@ class Fanout:
         self.transport = transport
 
     def run(
-        self, chosen: list[str], timeout: float, slot_end: float | None = None
-    ) -> tuple[list[str], list[str]]:
+        self, chosen: list[str], timeout: float, retry_until: float | None = None
+    ) -> tuple[list[str], list[str], float]:
         """Offer our model to ``chosen``, each wave waiting at most ``timeout`` seconds.
 
         Returns the neighbours contacted (``chosen`` plus the spares that replaced busy
-        ones) and those that missed their deadline. Unslotted, at most ``fanout`` spares are
-        tried; slotted (``slot_end``, monotonic), spares are tried until half the slot is
-        over, going round the others (busy ones included: they are usually free a moment
-        later) at most twice.
+        ones), those that missed their deadline, and the seconds spent in waves where one
+        did (a dead neighbour's cost, kept out of the work that sizes the slots). Unslotted,
+        at most ``fanout`` spares are tried; slotted (``retry_until``: half the slot,
+        monotonic), spares are tried until then, going round the others (busy ones included:
+        they are usually free a moment later) at most twice.
         """
         contacted = list(chosen)
         waves: list[tuple[list[str], int | None]]
@@ -67,15 +67,16 @@ class Fanout:
         failed: list[str] = []
         spares = [m.peer_id for m in self.members.pick(len(self.members.members))]
         spares = [pid for pid in spares if pid not in contacted]
-        retry_until = math.inf
-        slot = slot_seconds(self.config.gossip.round_interval)
-        half_slot = None if slot_end is None else slot_end - 0.5 * slot
-        if half_slot is None or half_slot <= time.monotonic():  # unslotted, or overran
-            spares = spares[: self.config.gossip.fanout]
+        if retry_until is None or retry_until <= time.monotonic():  # unslotted, or overran
+            spares, retry_until = spares[: self.config.gossip.fanout], math.inf
         else:
-            spares, retry_until = (spares + contacted) * 2, half_slot
+            spares = (spares + contacted) * 2
+        lost = 0.0
         for wave, group_total in waves:  # grows while it runs: spares join as single waves
+            wave_started = time.monotonic()
             outcomes = self.exchange.exchange(wave, timeout, group_total)
+            if any(outcome not in ("ok", "busy") for outcome in outcomes.values()):
+                lost += time.monotonic() - wave_started
             for pid, outcome in outcomes.items():
                 retry = group_total is None and spares and time.monotonic() < retry_until
                 if outcome == "busy" and retry:
@@ -93,4 +94,4 @@ class Fanout:
                         self.config.gossip.drop_after,
                     )
                     self.transport.disconnect(pid)
-        return contacted, failed
+        return contacted, failed, lost

@@ -67,7 +67,7 @@ def open_history(
 
 
 class ResultsLog:
-    """JSON lines a simulation launcher tails: ``ready``, one ``round`` per round, ``final``.
+    """JSON lines a simulation launcher tails: ``ready``, ``round`` (each), ``done``, ``final``.
 
     Each line is written and flushed whole, so a reader never sees half a record even if the
     peer is killed mid-run.

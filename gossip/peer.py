@@ -10,13 +10,13 @@ passed in (no part inherits from another):
 - ``Exchange`` (``exchange.py``): offers, replies, held offers, ``busy``, and the mixing.
 - ``Fanout`` (``fanout.py``): one round's waves of exchanges, spares, missed deadlines.
 - ``Joining`` (``joining.py``): seeds and a late joiner's catch-up.
-- ``SlotClock`` (``schedule.py``), ``Recorder`` (``recording.py``), the ``Learner``.
+- ``SlotSchedule`` (``schedule.py``: agreed slots), ``Recorder`` (``recording.py``), ``Learner``.
 
 Single-threaded on purpose: one thread owns the sockets and the model, so there are no locks
 and an exchange is atomic with respect to the model. While waiting for a reply the peer keeps
 handling messages (holding or refusing offers, never mixing them in between), so two peers
 offering to each other never deadlock. A round never waits for a global barrier: a slow or
-dead neighbour costs at most ``exchange_timeout``; slotted rounds only wait for the clock.
+dead neighbour costs at most ``exchange_timeout``; slotted rounds only wait for their slot.
 Every network wait takes an explicit timeout.
 """
 
@@ -42,7 +42,7 @@ from fedweave.gossip.keys import KeyRing, anonymous_peer_id, load_keyring
 from fedweave.gossip.learner import Learner, build_learner
 from fedweave.gossip.membership import Membership
 from fedweave.gossip.recording import Recorder, RoundReport
-from fedweave.gossip.schedule import SlotClock, slot_seconds
+from fedweave.gossip.schedule import schedule_for
 from fedweave.gossip.state import PeerState
 from fedweave.gossip.transport import Incoming, Transport
 
@@ -94,10 +94,13 @@ class Peer:
             raise
         weights = self.learner.weights()
         self.state = PeerState(
-            peer_id, addr, weights, self.learner.num_examples, wire.schema_hash(weights)
+            peer_id,
+            addr,
+            weights,
+            self.learner.num_examples,
+            wire.schema_hash(weights),
+            schedule=schedule_for(config.gossip.round_interval),
         )
-        slot = slot_seconds(config.gossip.round_interval)
-        self.slots = SlotClock(slot) if slot > 0 else None
         self.recorder = Recorder(config, peer_id)
         self._stop_signal = 0
         stopping = self.stopping
@@ -139,13 +142,16 @@ class Peer:
             self.joining.catch_up(timeout=config.gossip.exchange_timeout)
             last = config.training.rounds
             while not self.stopping() and (last <= 0 or self.state.round < last):
-                self._round(self.state.round + 1)
+                r, slot = self._wait_for_slot()
+                if not self.stopping():
+                    self._round(r, slot)
             # all rounds done counts as completed even if a signal came in meanwhile (the
             # simulation launcher ends a finished peer's linger with SIGTERM)
             completed = 0 < last <= self.state.round
             if not self.stopping():
                 self.exchange.drain(timeout=config.gossip.exchange_timeout)
             if completed:
+                self.recorder.done(self.state.round)
                 # keep answering offers, so slower peers can still mix with our final model;
                 # short polls: a signal ends it soon
                 self.inbox.serve_for(config.gossip.linger, poll_s=0.2)
@@ -174,6 +180,8 @@ class Peer:
             self.discovery.left(msg.sender)
             return
         self.discovery.learn(msg)
+        if self.state.schedule is not None:
+            self.state.schedule.observe(msg.sender, msg.slot, time.monotonic())
         if msg.type == wire.HELLO:
             self.discovery.answer_hello(inc, msg)
         elif msg.type == wire.PEERS:
@@ -185,9 +193,10 @@ class Peer:
 
     # -- one round -----------------------------------------------------------------------
 
-    def _round(self, r: int) -> None:
+    def _round(self, r: int, slot: tuple[float, float] | None) -> None:
+        """Run round ``r``; ``slot`` is its (start, length) on the monotonic clock, or
+        ``None`` for an unslotted round."""
         config = self.config
-        slot_end = self._wait_for_slot(r)
         started, started_at = time.monotonic(), datetime.now(timezone.utc)
         bytes_in, bytes_out = self.transport.bytes_in, self.transport.bytes_out
         self.inbox.serve(0)
@@ -197,17 +206,23 @@ class Peer:
         trained = time.monotonic()
         self.exchange.discard_late_replies()
         chosen = [m.peer_id for m in self.members.pick(config.gossip.fanout)]
-        contacted, failed = self.fanout.run(chosen, config.gossip.exchange_timeout, slot_end)
-        if slot_end is not None:  # mix with whoever still offers, then evaluate
-            slot = slot_seconds(config.gossip.round_interval)
-            self.inbox.serve_for(slot_end - 0.1 * slot - time.monotonic())
+        half_slot = None if slot is None else slot[0] + 0.5 * slot[1]
+        contacted, failed, lost = self.fanout.run(
+            chosen, config.gossip.exchange_timeout, half_slot
+        )
+        work = time.monotonic() - started - lost
+        if slot is not None:  # mix with whoever still offers, evaluate just before it ends
+            self.inbox.serve_for(slot[0] + 0.9 * slot[1] - time.monotonic())
         self.exchange.mix_collected()
         self.exchange.expire()
         if r % 5 == 0:
             self.discovery.probe(1)
         self.state.round = r
         self.learner.load(self.state.weights)
+        evaluating = time.monotonic()
         evaluation = self.learner.evaluate() or {}
+        if self.state.schedule is not None:
+            self.state.schedule.measured(work + time.monotonic() - evaluating)
         report = RoundReport(
             round=r,
             started=started,
@@ -227,16 +242,21 @@ class Peer:
         )
         self.recorder.round(report, self.state.weights)
 
-    def _wait_for_slot(self, r: int) -> float | None:
-        """With ``round_interval``, serve others until round ``r``'s slot starts (at once if
-        the last round overran) and return when it ends (monotonic); else ``None``."""
-        if self.slots is None:
-            return None
-        start, end = self.slots.slot(r, time.time())
-        wait = start - time.time()
-        if wait > 0:
-            self.inbox.serve_for(wait)
-        return time.monotonic() + (end - time.time())
+    def _wait_for_slot(self) -> tuple[int, tuple[float, float] | None]:
+        """The next round and its slot (start, length; monotonic), serving others until the
+        slot starts. A lattice heard meanwhile moves the slot (``SlotSchedule.observe``);
+        without slots (or before any is agreed) the next round starts at once."""
+        schedule = self.state.schedule
+        after = self.state.round
+        while True:
+            now = time.monotonic()
+            if schedule is None:
+                return after + 1, None
+            r, start, length = schedule.next_round(after, now)
+            if start <= now or self.stopping():
+                schedule.begin(r, start)
+                return r, None if length is None else (start, length)
+            self.inbox.serve(min(start - now, 0.5))  # returns early when a message came
 
 
 def run_peer(config: RunConfig) -> int:

@@ -1,5 +1,5 @@
-"""What a peer leaves behind: the ``ready`` / ``round`` / ``final`` events and model dumps a
-simulation reads (``ResultsLog``), and one row per round in the SQL history run
+"""What a peer leaves behind: the ``ready`` / ``round`` / ``done`` / ``final`` events and
+model dumps a simulation reads (``ResultsLog``), and one row per round in the SQL history run
 (``HistoryWriter``). Only the peer's own thread calls it, between network waits."""
 
 from __future__ import annotations
@@ -128,6 +128,10 @@ class Recorder:
             for pid in contacted
         ]
         self.history.record(record, sites)
+
+    def done(self, round_: int) -> None:
+        """Write the ``done`` event: the rounds are over (the peer may still linger)."""
+        self.results.event("done", round=round_)
 
     def final(
         self, round_: int, status: str, drops: dict[str, int], members: dict[str, int]

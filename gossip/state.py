@@ -8,6 +8,7 @@ sharing it needs no lock.
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from fedweave.gossip import wire
+from fedweave.gossip.schedule import SlotSchedule
 
 
 @dataclass
@@ -28,6 +30,7 @@ class PeerState:
         num_examples: this peer's weight in example-weighted averages.
         schema: ``wire.schema_hash`` of the model; messages with another one are dropped.
         round: the last completed round (or the round a late joiner caught up to).
+        schedule: the slot lattice every message advertises (``None``: back-to-back rounds).
     """
 
     peer_id: str
@@ -36,7 +39,9 @@ class PeerState:
     num_examples: int
     schema: str
     round: int = 0
+    schedule: SlotSchedule | None = None
 
     def message(self, type_: str, xid: int = 0, **fields: Any) -> wire.Message:
-        """A message from this peer at its current round."""
-        return wire.Message(type_, self.peer_id, self.addr, self.round, xid, **fields)
+        """A message from this peer at its current round, carrying its slot."""
+        slot = None if self.schedule is None else self.schedule.advertise(time.monotonic())
+        return wire.Message(type_, self.peer_id, self.addr, self.round, xid, slot=slot, **fields)

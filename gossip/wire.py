@@ -31,6 +31,8 @@ MAX_TENSORS = 4096
 MAX_DIMS = 8
 MAX_NAME_CHARS = 256
 MAX_PEERS_PER_MESSAGE = 64
+MAX_SLOT_LENGTH_SECONDS = 3600.0
+MAX_SLOT_OFFSET_SECONDS = 7 * 86400.0
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 30
 """Default limit on a whole message (all tensor bytes): 1 GiB; ``--max-message-mb`` changes it."""
 
@@ -96,6 +98,7 @@ class Message:
     pull: bool = False
     status: str = "ok"
     share: float | None = None
+    slot: tuple[int, float, float] | None = None
     tensors: OrderedDict[str, np.ndarray] = field(default_factory=OrderedDict)
 
 
@@ -136,6 +139,9 @@ def encode(message: Message) -> list[Any]:
     }
     if message.peers:
         header["peers"] = [[p.peer_id, p.addr, int(p.round)] for p in message.peers]
+    if message.slot is not None:
+        round_, offset, length = message.slot
+        header["slot"] = [int(round_), round(float(offset), 6), round(float(length), 6)]
     buffers: list[Any] = []
     if message.type in MODEL_TYPES:
         header["num_examples"] = int(message.num_examples)
@@ -218,6 +224,22 @@ def _peers(raw: Any) -> list[PeerEntry]:
     return out
 
 
+def _slot(raw: Any) -> tuple[int, float, float] | None:
+    if raw is None:
+        return None
+    if not (isinstance(raw, list) and len(raw) == 3):
+        raise WireError("bad-header", "slot is [round, offset, length]")
+    round_, offset, length = raw
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in raw)
+    if not numbers or not isinstance(round_, int) or not 0 <= round_ < 2**53:
+        raise WireError("bad-header", "slot round")
+    if not (math.isfinite(offset) and abs(offset) <= MAX_SLOT_OFFSET_SECONDS):
+        raise WireError("bad-header", "slot offset")
+    if not (math.isfinite(length) and 0 < length <= MAX_SLOT_LENGTH_SECONDS):
+        raise WireError("bad-header", "slot length")
+    return round_, float(offset), float(length)
+
+
 def _specs(raw: Any) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
     if not isinstance(raw, list) or len(raw) > MAX_TENSORS:
         raise WireError("bad-header", f"tensors must be a list of at most {MAX_TENSORS}")
@@ -275,6 +297,7 @@ def decode(
         round=_int(header, "round"),
         xid=_int(header, "xid"),
         peers=_peers(header.get("peers")),
+        slot=_slot(header.get("slot")),
     )
     if mtype not in MODEL_TYPES:
         if len(frames) != 1:

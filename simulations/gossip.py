@@ -2,11 +2,11 @@
 
 Each peer is a separate ``python -m fedweave.gossip`` process (spawned, never forked: ZeroMQ
 contexts are not fork-safe) with its own data file, all sharing the held-out test file. Peers
-write JSON lines (``ready``/``round``/``final``) and per-round model dumps; this launcher tails
-them, injects faults (``--kill 0.3@10`` SIGKILLs 30% of the peers once a peer reaches round
-10), starts late joiners, and builds the report: ``rounds[].accuracy`` is the mean test
-accuracy of the peers' own models at that round, ``consensus_distance`` the mean L2 distance
-of their models to their mean, ``network_accuracy`` the accuracy of that mean model
+write JSON lines (``ready``/``round``/``done``/``final``) and per-round model dumps; this
+launcher tails them, injects faults (``--kill 0.3@10`` SIGKILLs 30% of the peers once a peer
+reaches round 10), starts late joiners, and builds the report: ``rounds[].accuracy`` is the
+mean test accuracy of the peers' own models at that round, ``consensus_distance`` the mean L2
+distance of their models to their mean, ``network_accuracy`` the accuracy of that mean model
 (``fedweave.simulations.gossip_rows``).
 """
 
@@ -35,10 +35,6 @@ from fedweave.errors import UserError
 LINGER_SECONDS = 3600.0
 
 
-SIMULATION_SLOT_SECONDS = 0.1
-"""Slot length when ``--round-interval`` is left to its default: the peers share one clock."""
-
-
 @dataclass(frozen=True)
 class GossipSimulation:
     """One gossip simulation: the run's settings plus what only the launcher does.
@@ -56,11 +52,6 @@ class GossipSimulation:
     late: str | None = None
     secure: bool = False
     timeout_s: float | None = None
-
-    @property
-    def round_interval(self) -> float:
-        interval = self.config.gossip.round_interval
-        return SIMULATION_SLOT_SECONDS if interval is None else interval
 
     @property
     def db(self) -> str | None:
@@ -95,6 +86,7 @@ class _PeerProc:
         self.killed = False
         self.rounds: dict[int, dict[str, Any]] = {}
         self.final: dict[str, Any] | None = None
+        self.done = False  # its rounds are over (a peer may skip rounds: see schedule.py)
         self._offset = 0
 
     def start(self) -> None:
@@ -121,6 +113,8 @@ class _PeerProc:
             event = json.loads(line)
             if event["event"] == "round":
                 self.rounds[event["round"]] = event
+            elif event["event"] == "done":
+                self.done = True
             elif event["event"] == "final":
                 self.final = event
 
@@ -216,8 +210,6 @@ def _launch_plan(
             str(gossip.exchange_timeout),
             "--connect-timeout",
             "120",
-            "--round-interval",
-            str(sim.round_interval),
             # finished peers keep answering until every peer is done (the launcher then
             # stops them), so slower peers never mix with an emptying network
             "--linger",
@@ -235,6 +227,8 @@ def _launch_plan(
         ]
         if gossip.group_exchange:
             argv.append("--group-exchange")
+        if gossip.round_interval is not None:  # default: the peers agree on their slots
+            argv += ["--round-interval", str(gossip.round_interval)]
         if i > 0:
             argv += ["--seeds", f"tcp://127.0.0.1:{ports[0]}"]
         if keys is not None:
@@ -315,10 +309,7 @@ def run_gossip_simulation(
                             p.stop(signal.SIGKILL)
                             p.killed = True
                     killed_at = top
-                if not held and all(
-                    p.killed or not p.running or max(p.rounds, default=0) >= rounds
-                    for p in peers
-                ):
+                if not held and all(p.killed or not p.running or p.done for p in peers):
                     for p in peers:
                         if p.running and not p.killed and not p.released:
                             p.proc.send_signal(signal.SIGTERM)  # done: end their linger
@@ -379,6 +370,8 @@ def run_gossip_simulation(
                     "index": p.index,
                     "killed": p.killed,
                     "rounds": len(p.rounds),
+                    "last_round": max(p.rounds, default=0),
+                    "done": p.done,
                     "final_accuracy": p.rounds[max(p.rounds)].get("accuracy") if p.rounds else None,
                     "drops": (p.final or {}).get("drops", {}),
                 }

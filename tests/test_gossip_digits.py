@@ -48,7 +48,7 @@ def test_killing_two_of_six_peers_does_not_stall_the_rest(tmp_path: Path) -> Non
     )
     assert len(report["killed"]) == 2
     survivors = [p for p in report["peers"] if not p["killed"]]
-    assert len(survivors) == 4 and all(p["rounds"] == 16 for p in survivors)
+    assert len(survivors) == 4 and all(p["done"] and p["rounds"] == 16 for p in survivors)
     # a round costs at most the deadlines of the neighbours it tried, plus training
     after = [r for r in report["rounds"] if r["round"] > report["killed_at_round"]]
     assert max(r["seconds"] for r in after) <= 2 * timeout + 3.0
@@ -121,7 +121,7 @@ def test_simulate_command_runs_gossip_in_slotted_rounds(tmp_path: Path) -> None:
             "--clients",
             "3",
             "--rounds",
-            "3",
+            "6",
             "--round-interval",
             "0.3",
             "--db",
@@ -136,21 +136,21 @@ def test_simulate_command_runs_gossip_in_slotted_rounds(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(out.read_text())
     assert report["mode"] == "gossip" and report["config"]["gossip"]["round_interval"] == 0.3
-    assert [r["round"] for r in report["rounds"]] == [1, 2, 3]
-    # slotted rounds: each peer's rounds start 0.3 s apart, every peer's round r in the same
-    # slot (back to back, a 3-peer digits round takes a few hundredths of a second)
+    assert [r["round"] for r in report["rounds"]] == [1, 2, 3, 4, 5, 6]
+    # the peers agree on one slot lattice through their messages (their clocks are never
+    # compared): whatever their start-up lag, within a few rounds every peer's round r runs
+    # in the same 0.3 s slot, and no round is skipped
     from fedweave.history import open_store
 
     store = open_store(f"sqlite:///{tmp_path / 'h.db'}")
     rows = store.rounds(report["run_id"])
     store.close()
     starts: dict[int, list[float]] = {}
-    for actor in {row["actor"] for row in rows}:
-        mine = [row["started_at"].timestamp() for row in rows if row["actor"] == actor]
-        assert len(mine) == 3
-        assert all(b - a >= 0.25 for a, b in zip(mine, mine[1:])), mine
-        for r, start in enumerate(mine, 1):
-            starts.setdefault(r, []).append(start)
-    assert all(max(s) - min(s) < 0.15 for s in starts.values()), starts
+    for row in rows:
+        starts.setdefault(row["round"], []).append(row["started_at"].timestamp())
+    assert sorted(starts) == list(range(1, 7)) and all(len(s) == 3 for s in starts.values())
+    in_step = [max(starts[r]) - min(starts[r]) for r in (5, 6)]
+    assert all(spread < 0.3 for spread in in_step), starts
+    assert 0.25 < min(starts[6]) - min(starts[5]) < 0.35, starts
     assert all(r["accuracy"] is not None for r in report["rounds"])
     assert all(0 <= r["network_accuracy"] <= 1 for r in report["rounds"])

@@ -212,18 +212,77 @@ def test_keys_new_derives_id_and_refuses_overwrite(tmp_path) -> None:
         load_keyring(tmp_path / "missing")
 
 
-def test_slots_start_on_wall_clock_multiples_and_late_rounds_start_at_once() -> None:
-    from fedweave.gossip.schedule import SlotClock, next_boundary
+def test_slots_agree_on_one_lattice_whatever_the_clocks_say() -> None:
+    """Two peers whose clocks differ by 1000 s settle on one lattice from the slot fields of
+    their messages; the one behind catches up with short rounds, skipping none."""
+    from fedweave.gossip.schedule import SlotSchedule
 
-    assert next_boundary(12.34, 0.5) == 12.5 and next_boundary(12.5, 0.5) == 13.0
-    clock = SlotClock(0.5)
-    assert clock.slot(7, now=100.2) == (100.5, 101.0)  # anchored at the next boundary
-    assert clock.slot(8, now=100.9) == (101.0, 101.5)
-    # a peer that started a moment later, mid-slot, lands on the same slots for its rounds
-    other = SlotClock(0.5)
-    assert other.slot(1, now=100.45) == (100.5, 101.0)
-    # an overrun does not shift later slots: round 10 keeps its place whenever it is asked
-    assert clock.slot(10, now=102.3) == (102.0, 102.5)
+    offset = 1000.0  # b's clock reads a's time + 1000 s
+    a, b = SlotSchedule(fixed=0.5), SlotSchedule(fixed=0.5)
+    assert a.next_round(0, now=10.0) == (1, 10.0, 0.5)  # the first round anchors the lattice
+    a.begin(1, 10.0)
+    b.begin(1, 10.7 + offset)  # b started its first round 0.7 s later, by a's clock
+    # a has reached round 3 (slot at 11.0); its message sent at a-time 11.2 arrives 10 ms later
+    a.begin(3, 11.0)
+    assert b.observe("a", a.advertise(now=11.2), now=11.21 + offset)
+    assert b.anchor_round == 3 and abs(b.anchor_start - (11.01 + offset)) < 1e-9
+    # b, done with round 1 at a-time 11.3, is behind: round 2 at once, the lattice kept
+    r, start, length = b.next_round(1, now=11.3 + offset)
+    assert (r, start, length) == (2, 11.3 + offset, 0.5)
+    b.begin(r, start)
+    assert b.anchor_round == 3
+    # round 3, the leader's, is late too (its slot started at 11.01): at once, lattice kept
+    assert b.next_round(2, now=11.35 + offset) == (3, 11.35 + offset, 0.5)
+    b.begin(3, 11.35 + offset)
+    assert b.anchor_round == 3 and abs(b.anchor_start - (11.01 + offset)) < 1e-9
+    # round 4 waits for its slot: b is back in step with a
+    r, start, _ = b.next_round(3, now=11.4 + offset)
+    assert r == 4 and abs(start - (11.51 + offset)) < 1e-9
+    b.begin(r, start)
+    # a hears b's (equal, a little later by transit) lattice and keeps its own
+    assert not a.observe("b", b.advertise(now=11.45 + offset), now=11.46)
+    # a lattice ahead of ours by less than the tolerance (5% of a slot) is not chased
+    assert not a.observe("c", (3, -0.21, 0.5), now=11.2)
+    # a peer that has not reached our round is never ahead, however early its phase
+    assert not a.observe("stuck", (2, -5.0, 0.5), now=11.2)
+    # at its own pace a peer that overran starts at once and its lattice moves with it
+    assert a.next_round(3, now=11.6) == (4, 11.5, 0.5)  # a little late: keeps its slot
+    assert a.next_round(3, now=12.2) == (4, 12.2, 0.5)
+    a.begin(4, 12.2)
+    assert a.next_round(4, now=12.3) == (5, 12.7, 0.5)
+
+
+def test_slot_length_is_the_median_of_proposals_from_measured_work() -> None:
+    from fedweave.gossip.schedule import MIN_SLOT_SECONDS, SlotSchedule, proposal_from
+
+    assert proposal_from([0.2, 0.3, 10.0]) == 0.45  # 1.5 × median, up to 50 ms
+    assert proposal_from([0.001]) == MIN_SLOT_SECONDS
+    s = SlotSchedule()
+    assert s.length(now=0.0) is None and s.next_round(0, now=0.0) == (1, 0.0, None)
+    s.begin(1, 0.0)
+    assert s.advertise(now=0.1) is None  # nothing measured or heard: nothing to advertise
+    s.measured(0.2)
+    assert s.length(now=1.0) == 0.3
+    s.observe("slow", (1, -0.9, 600.0), now=1.0)  # one slow (or lying) peer cannot set the pace
+    s.observe("peer", (1, -0.9, 0.4), now=1.0)
+    assert s.length(now=1.0) == 0.4
+    assert s.length(now=1.0 + 21 * 0.3) == 0.3  # proposals not heard for 20 slots expire
+    fixed = SlotSchedule(fixed=2.0)
+    fixed.observe("peer", (1, 0.0, 0.4), now=0.0)
+    assert fixed.length(now=0.0) == 2.0 and fixed.heard == {}
+
+
+def test_the_slot_field_round_trips_and_bad_ones_are_dropped() -> None:
+    msg = wire.Message(wire.HELLO, "a", "tcp://127.0.0.1:1", 3, 0, slot=(4, -0.25, 0.5))
+    assert wire.decode(wire.encode(msg)).slot == (4, -0.25, 0.5)
+    assert wire.decode(wire.encode(wire.Message(wire.HELLO, "a"))).slot is None
+    for bad in ([4, 0.0], [True, 0.0, 0.5], [4, 0.0, 0], [4, 1e9, 0.5], [4, 0.0, 4000.0], "x"):
+        frames = wire.encode(msg)
+        header = json.loads(bytes(frames[0][6:]))
+        header["slot"] = bad
+        frames[0] = frames[0][:6] + json.dumps(header).encode()
+        with pytest.raises(wire.WireError, match="slot"):
+            wire.decode(frames)
 
 
 def test_members_nobody_can_dial_are_never_chosen_as_neighbours() -> None:

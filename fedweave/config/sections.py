@@ -139,9 +139,8 @@ class GossipSection:
     )
     round_interval: float | None = setting(
         None,
-        "Gossip slotted rounds: every round starts on a wall-clock multiple of this many "
-        "seconds, so peers train together and mix after; 0: back to back. Default: 0.1 s slots "
-        "in simulation (one clock), back to back for a deployed peer.",
+        "Gossip slot length in seconds: peers train together, then mix. Default: agreed by "
+        "the peers from their measured round times; 0: rounds back to back.",
         minimum=0, identity=False,
     )
     exchange_timeout: float = setting(
