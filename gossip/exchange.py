@@ -14,6 +14,7 @@ explicit ``timeout`` and ends early when the peer stops.
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections import OrderedDict
@@ -29,6 +30,8 @@ from fedweave.gossip.inbox import Inbox
 from fedweave.gossip.membership import Membership
 from fedweave.gossip.state import PeerState
 from fedweave.gossip.transport import Transport, wait_until
+
+log = logging.getLogger("fedweave.gossip")
 
 MAX_DEFERRED = 16
 """Offers held back while our own offer is out; past that (or a second one from the same
@@ -90,6 +93,8 @@ class Exchange:
         self.tau_history: list[float] = []
         self.busy_replies = 0
         self.refusals = 0
+        self.refused_by: set[str] = set()
+        """Peers whose refusal was logged (once each: a misconfigured peer is told once)."""
         self.mixes = 0
 
     # -- our offers ----------------------------------------------------------------------
@@ -233,6 +238,19 @@ class Exchange:
         else:
             self.buffered[msg.sender] = (msg.tensors, msg.num_examples)
 
+    def refuse(self, route: bytes, msg: wire.Message, reason: str) -> None:
+        """Answer an offer we will not take with ``refused`` and why (PROTOCOL.md §4)."""
+        state = self.state
+        refused = state.message(
+            wire.REPLY,
+            msg.xid,
+            num_examples=state.num_examples,
+            schema=state.schema,
+            status="refused",
+            reason=reason,
+        )
+        self.transport.reply(route, wire.encode(refused))
+
     def answer_held(self) -> None:
         """Answer the offers held back while our own exchange was out (call with
         ``awaiting`` empty: they are then served, one atomic exchange each)."""
@@ -255,6 +273,11 @@ class Exchange:
             return
         if msg.status == "refused":
             self.refusals += 1  # a valid answer (PROTOCOL.md §4): no mix, no drop, no miss
+            if msg.sender not in self.refused_by:
+                self.refused_by.add(msg.sender)
+                log.warning(
+                    "peer %s refused our model: %s", msg.sender, msg.reason or "no reason given"
+                )
             return
         if not msg.tensors:
             raise wire.WireError("malformed", "an ok reply without tensors")

@@ -4,7 +4,8 @@
 ``fedweave.gossip.wire`` (the only parser), checks that it comes from the peer it claims and on
 the channel its type belongs to, and hands it to the peer's dispatcher. Anything malformed,
 spoofed or refused by a handler (``wire.WireError``) is counted per reason and dropped (logged
-at most once per sender per minute), never raised to the caller.
+at most once per sender per minute), never raised to the caller. An offer of another model
+(``schema-mismatch``) is also answered ``refused`` with the reason, so its sender learns why.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class Inbox:
         max_bytes: the largest accepted message.
         dispatch: what to do with each checked message (``Peer`` routes it to its parts).
         stopping: true once the peer was asked to stop; ``serve_for`` then returns.
+        refuse: answers an offer we cannot take with ``refused`` and a reason (default none).
     """
 
     def __init__(
@@ -42,7 +44,9 @@ class Inbox:
         max_bytes: int,
         dispatch: Dispatch,
         stopping: Callable[[], bool],
+        refuse: Callable[[bytes, wire.Message, str], None] | None = None,
     ) -> None:
+        self.refuse = refuse
         self.transport = transport
         self.schema = schema
         self.max_bytes = max_bytes
@@ -58,6 +62,10 @@ class Inbox:
                 self.dispatch(incoming, self._check(incoming))
             except wire.WireError as exc:
                 self._drop(incoming.origin, exc.reason, str(exc))
+                told = exc.message
+                if exc.reason == "schema-mismatch" and told is not None and told.type == wire.OFFER:
+                    if incoming.route is not None and self.refuse is not None:
+                        self.refuse(incoming.route, told, self._schema_reason())
 
     def serve_for(self, timeout_s: float, poll_s: float = float("inf")) -> None:
         """Keep handling messages for ``timeout_s`` seconds, or until the peer stops; polls
@@ -65,6 +73,12 @@ class Inbox:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and not self.stopping():
             self.serve(min(poll_s, wait_until(deadline)))
+
+    def _schema_reason(self) -> str:
+        return (
+            f"schema-mismatch: this peer's model has schema {self.schema[:16]}; compare "
+            "`fedweave task describe --task NAME` on both sides (same task and model?)"
+        )
 
     def _check(self, inc: Incoming) -> wire.Message:
         """Decode ``inc`` and check who sent it on which channel (``WireError`` if wrong)."""

@@ -109,6 +109,7 @@ class Peer:
         self.exchange = Exchange(
             config, self.state, self.members, self.transport, self.discovery, self.inbox, stopping
         )
+        self.inbox.refuse = self.exchange.refuse
         self.fanout = Fanout(config, self.members, self.exchange, self.transport)
         self.joining = Joining(
             config,

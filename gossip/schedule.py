@@ -7,9 +7,9 @@ of synchronous gossip: all train, then all mix, then all evaluate.
 
 No wall clock is shared (PROTOCOL.md §7.1). Every message carries the sender's slot as
 ``[round, offset, length]``: the round whose slot it last anchored, the seconds from sending
-until that slot starts (negative once it has started) and the slot length the sender
-proposes. The receiver maps it onto its own monotonic clock, so clocks that disagree by any
-amount do not matter; only the transit time does, and it only makes a slot look later.
+until that slot starts (negative once it has started) and the slot length it uses. The
+receiver maps it onto its own monotonic clock, so clocks that disagree by any amount do not
+matter; only the transit time does, and it only makes a slot look later.
 
 - **Phase**: a peer follows the most advanced slot lattice it hears of. When the sender has
   reached our anchored round and its lattice starts that round earlier than ours by more than
@@ -24,11 +24,12 @@ amount do not matter; only the transit time does, and it only makes a slot look 
   newcomer, or a peer that waited out a dead neighbour, catches up in a few short rounds,
   and every peer runs every round it was asked for.
 - **Length**: each peer proposes ``SLOT_MARGIN`` times the median of its last
-  ``WORK_WINDOW`` rounds' work (train, exchange, evaluate; not the waits), rounded up to
-  ``SLOT_GRANULARITY`` and kept within ``[MIN_SLOT_SECONDS, MAX_SLOT_SECONDS]``. The slot is
-  the median of its own proposal and those heard in the last ``PROPOSAL_TTL_SLOTS`` slots: a
-  slow peer overruns and skips rounds instead of slowing everyone, and no single peer can set
-  the pace. ``--round-interval T`` fixes the length at ``T``; phases are still agreed.
+  ``WORK_WINDOW`` rounds' work (train, exchange, evaluate; not the waits). Its slot length is
+  the median of its own proposal and the lengths its members said they use (heard in the last
+  ``PROPOSAL_TTL_SLOTS`` slots), rounded up to ``SLOT_GRANULARITY`` within
+  ``[MIN_SLOT_SECONDS, MAX_SLOT_SECONDS]``, so the network settles on one length and no
+  single peer sets the pace: a slow peer runs late instead of slowing everyone.
+  ``--round-interval T`` fixes the length at ``T``; phases are still agreed.
 """
 
 from __future__ import annotations
@@ -61,8 +62,13 @@ def schedule_for(round_interval: float | None) -> SlotSchedule | None:
 
 def proposal_from(works: list[float]) -> float:
     """The slot length a peer proposes from its recent rounds' work (seconds)."""
-    wanted = SLOT_MARGIN * statistics.median(works)
-    rounded = math.ceil(wanted / SLOT_GRANULARITY - 1e-9) * SLOT_GRANULARITY
+    return _granular(SLOT_MARGIN * statistics.median(works))
+
+
+def _granular(seconds: float) -> float:
+    """Up to a multiple of ``SLOT_GRANULARITY``, within the slot limits: peers that hear
+    slightly different values still land on the same length."""
+    rounded = math.ceil(seconds / SLOT_GRANULARITY - 1e-9) * SLOT_GRANULARITY
     return min(MAX_SLOT_SECONDS, max(MIN_SLOT_SECONDS, round(rounded, 6)))
 
 
@@ -76,7 +82,7 @@ class SlotSchedule:
         anchor_round / anchor_start: a round and its slot's start (``time.monotonic()``);
             ``None`` until the first round starts or a lattice is heard.
         works: this peer's recent rounds' work in seconds.
-        heard: sender → (its proposed length, when heard).
+        heard: sender → (the slot length it uses, when heard).
     """
 
     fixed: float | None = None
@@ -94,15 +100,16 @@ class SlotSchedule:
         return proposal_from(list(self.works)) if self.works else None
 
     def length(self, now: float) -> float | None:
-        """The slot length now: fixed, or the median of live proposals (``None``: none yet)."""
+        """The slot length now: fixed, or the median of this peer's proposal and the lengths
+        its members use (``None``: none yet)."""
         if self.fixed is not None:
             return self.fixed
         own = self.proposal()
         ttl = PROPOSAL_TTL_SLOTS * (own or MAX_SLOT_SECONDS)
         for sender in [s for s, (_, at) in self.heard.items() if now - at > ttl]:
             del self.heard[sender]
-        proposals = [p for p, _ in self.heard.values()] + ([own] if own is not None else [])
-        return statistics.median(proposals) if proposals else None
+        lengths = [p for p, _ in self.heard.values()] + ([own] if own is not None else [])
+        return _granular(statistics.median(lengths)) if lengths else None
 
     def measured(self, work: float) -> None:
         """Record one round's work (seconds spent training, exchanging and evaluating)."""
@@ -145,7 +152,7 @@ class SlotSchedule:
         length = self.length(now)
         if self.anchor_round is None or length is None:
             return None
-        return self.anchor_round, self.anchor_start - now, self.proposal() or length
+        return self.anchor_round, self.anchor_start - now, length
 
     def observe(self, sender: str, slot: SlotField | None, now: float) -> bool:
         """Take in a received ``slot`` field; True when it moved this peer's lattice."""

@@ -31,6 +31,7 @@ MAX_TENSORS = 4096
 MAX_DIMS = 8
 MAX_NAME_CHARS = 256
 MAX_PEERS_PER_MESSAGE = 64
+MAX_REASON_CHARS = 200
 MAX_SLOT_LENGTH_SECONDS = 3600.0
 MAX_SLOT_OFFSET_SECONDS = 7 * 86400.0
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 30
@@ -59,15 +60,19 @@ DTYPES = {
 """Allowed tensor dtypes, by NumPy's ``dtype.str`` (always little-endian on the wire)."""
 
 _ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_REASON_RE = re.compile(r"^[ -~]*$")  # printable ASCII: safe to log
 _ADDR_RE = re.compile(r"^tcp://[A-Za-z0-9._\-\[\]:*]{1,250}:[0-9]{1,5}$")
 
 
 class WireError(ValueError):
-    """A message that breaks the format; ``reason`` is a short counter key."""
+    """A message that breaks the format; ``reason`` is a short counter key. ``message`` holds
+    the header fields already decoded when the fault is one the sender should be told about
+    (``schema-mismatch``: the receiver answers an offer with ``refused`` and the reason)."""
 
-    def __init__(self, reason: str, detail: str = "") -> None:
+    def __init__(self, reason: str, detail: str = "", message: Message | None = None) -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
+        self.message = message
 
 
 @dataclass(frozen=True)
@@ -99,6 +104,7 @@ class Message:
     status: str = "ok"
     share: float | None = None
     slot: tuple[int, float, float] | None = None
+    reason: str = ""
     tensors: OrderedDict[str, np.ndarray] = field(default_factory=OrderedDict)
 
 
@@ -149,6 +155,8 @@ def encode(message: Message) -> list[Any]:
         if message.share is not None:
             header["share"] = float(message.share)
         header["status"] = message.status
+        if message.reason:
+            header["reason"] = message.reason[:MAX_REASON_CHARS]
         specs = tensor_specs(message.tensors)
         header["tensors"] = specs
         header["schema"] = message.schema or schema_hash(specs)
@@ -309,6 +317,7 @@ def decode(
     if not isinstance(pull, bool) or status not in ("ok", "busy", "refused"):
         raise WireError("bad-header", "pull/status")
     message.pull, message.status = pull, status
+    message.reason = _str(header, "reason", _REASON_RE, MAX_REASON_CHARS)
     share = header.get("share")
     if share is not None:
         if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
@@ -323,7 +332,7 @@ def decode(
         raise WireError("bad-schema", "schema hash does not match the tensor list")
     checked = mtype == OFFER or status == "ok"  # busy/refused replies may come from anyone
     if checked and expected_schema is not None and schema != expected_schema:
-        raise WireError("schema-mismatch", schema[:12])
+        raise WireError("schema-mismatch", schema[:12], message)
     if not specs:
         if mtype == OFFER and not pull:
             raise WireError("malformed", "an offer without tensors must be a pull")

@@ -307,6 +307,16 @@ def test_a_flood_of_malformed_frames_leaves_the_peer_alive_and_flat(tmp_path: Pa
         assert sock.poll(5000), "no answer to hello after the flood"
         answer = wire.decode(sock.recv_multipart())
         assert answer.type == wire.PEERS and answer.peers[0].addr == f"tcp://127.0.0.1:{port}"
+        # an offer of another model is answered refused, with a reason the sender can log
+        wrong = wire.Message(
+            wire.OFFER, "friend", "tcp://127.0.0.1:9", 1, 77, num_examples=1,
+            tensors={"x": np.zeros(3)},
+        )  # fmt: skip
+        sock.send_multipart(wire.encode(wrong))
+        assert sock.poll(5000), "no answer to an offer of another model"
+        refused = wire.decode(sock.recv_multipart())
+        assert (refused.type, refused.status, refused.xid) == (wire.REPLY, "refused", 77)
+        assert refused.reason.startswith("schema-mismatch") and "task describe" in refused.reason
         sock.close(0)
         ctx.term()
     finally:
@@ -480,3 +490,28 @@ def test_an_offer_during_our_own_exchange_waits_and_is_then_mixed_exactly(tmp_pa
             sock.close(0)
         ctx.term()
         peer.transport.close(linger_ms=0)
+
+
+def test_a_peer_on_another_model_is_refused_with_a_reason_it_logs(tmp_path: Path) -> None:
+    np.save(tmp_path / "a.npy", np.zeros(64))
+    np.save(tmp_path / "b.npy", np.zeros(32))  # another model: its schema hash differs
+    ports = free_ports(2)
+    common = ["--rounds", "3", "--round-interval", "0", "--exchange-timeout", "2"]
+    a = _spawn(
+        ["--listen", f"tcp://127.0.0.1:{ports[0]}", "--vector", str(tmp_path / "a.npy"),
+         "--linger", "10", *common],
+        tmp_path / "a.log",
+    )  # fmt: skip
+    b = _spawn(
+        ["--listen", f"tcp://127.0.0.1:{ports[1]}", "--vector", str(tmp_path / "b.npy"),
+         "--seeds", f"tcp://127.0.0.1:{ports[0]}", *common],
+        tmp_path / "b.log",
+    )  # fmt: skip
+    try:
+        assert _wait_all([b], 90) == [0]  # refused is an answer: b finishes without waiting
+    finally:
+        a.send_signal(signal.SIGTERM)
+        _wait_all([a], 20)
+    log = (tmp_path / "b.log").read_text()
+    assert "refused our model: schema-mismatch" in log and "task describe" in log, log[-2000:]
+    assert "missed" not in log and "Traceback" not in log

@@ -272,6 +272,17 @@ def test_slot_length_is_the_median_of_proposals_from_measured_work() -> None:
     assert fixed.length(now=0.0) == 2.0 and fixed.heard == {}
 
 
+def test_a_refusal_reason_round_trips_and_only_printable_ascii_is_accepted() -> None:
+    msg = wire.Message(wire.REPLY, "a", status="refused", reason="schema-mismatch: use digits")
+    assert wire.decode(wire.encode(msg)).reason == "schema-mismatch: use digits"
+    frames = wire.encode(msg)
+    header = json.loads(bytes(frames[0][6:]))
+    header["reason"] = "\x1b[2J"  # a terminal escape would reach the receiver's log
+    frames[0] = frames[0][:6] + json.dumps(header).encode()
+    with pytest.raises(wire.WireError, match="reason"):
+        wire.decode(frames)
+
+
 def test_the_slot_field_round_trips_and_bad_ones_are_dropped() -> None:
     msg = wire.Message(wire.HELLO, "a", "tcp://127.0.0.1:1", 3, 0, slot=(4, -0.25, 0.5))
     assert wire.decode(wire.encode(msg)).slot == (4, -0.25, 0.5)
