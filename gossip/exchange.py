@@ -36,6 +36,10 @@ log = logging.getLogger("fedweave.gossip")
 MAX_DEFERRED = 16
 """Offers held back while our own offer is out; past that (or a second one from the same
 sender) the answer is ``busy``, so a flood of offers cannot pile up models in memory."""
+MAX_HOLD_FRACTION = 0.25
+"""A held offer waits at most this fraction of ``--exchange-timeout``, then hears ``busy``:
+a peer stuck waiting on a slow or dead neighbour never makes its own offerers miss their
+deadlines, so one bad peer costs only its direct partners."""
 
 
 @dataclass
@@ -83,7 +87,7 @@ class Exchange:
         self.pending: dict[int, _Pending] = {}
         self.awaiting: set[int] = set()
         """Exchange ids of our offers out right now: offers from others are held meanwhile."""
-        self.deferred: list[tuple[bytes, wire.Message]] = []  # held offers: (route, offer)
+        self.deferred: list[tuple[bytes, wire.Message, float]] = []  # (route, offer, held at)
         self.outcomes: dict[int, str] = {}
         self.known_n: dict[str, int] = {}
         """Example counts neighbours sent with their models (group exchanges need them)."""
@@ -174,11 +178,23 @@ class Exchange:
         ``timeout`` seconds; ``False`` if the peer was asked to stop first."""
         waiting = set(xids)
         deadline = time.monotonic() + timeout
+        max_hold = MAX_HOLD_FRACTION * self.config.gossip.exchange_timeout
         while waiting & self.pending.keys() and time.monotonic() < deadline:
             if self.stopping():
                 return False
-            self.inbox.serve(wait_until(deadline))
+            wait = wait_until(deadline)
+            if self.deferred:
+                wait = min(wait, max(0.0, self.deferred[0][2] + max_hold - time.monotonic()))
+            self.inbox.serve(wait)
+            self._release_overdue_holds(max_hold)
         return True
+
+    def _release_overdue_holds(self, max_hold: float) -> None:
+        """Answer ``busy`` to offers held longer than ``max_hold`` seconds."""
+        now = time.monotonic()
+        while self.deferred and now - self.deferred[0][2] >= max_hold:
+            route, msg, _ = self.deferred.pop(0)
+            self._answer_busy(route, msg)
 
     def expire(self) -> None:
         """Forget offers whose replies are past 3 times the deadline."""
@@ -203,22 +219,15 @@ class Exchange:
         if self.config.gossip.mix == "pairwise" and self.awaiting and not msg.pull:
             # Mixing now would interleave with our own exchange. Offers from larger ids wait
             # until it is done (``answer_held``); smaller ids hear busy.
-            waiting = {m.sender for _, m in self.deferred}
+            waiting = {m.sender for _, m, _ in self.deferred}
             if (
                 msg.sender > state.peer_id
                 and msg.sender not in waiting
                 and len(self.deferred) < MAX_DEFERRED
             ):
-                self.deferred.append((route, msg))
+                self.deferred.append((route, msg, time.monotonic()))
                 return
-            busy = state.message(
-                wire.REPLY,
-                msg.xid,
-                num_examples=state.num_examples,
-                schema=state.schema,
-                status="busy",
-            )
-            self.transport.reply(route, wire.encode(busy))
+            self._answer_busy(route, msg)
             return
         reply = state.message(
             wire.REPLY,
@@ -238,6 +247,17 @@ class Exchange:
         else:
             self.buffered[msg.sender] = (msg.tensors, msg.num_examples)
 
+    def _answer_busy(self, route: bytes, msg: wire.Message) -> None:
+        state = self.state
+        busy = state.message(
+            wire.REPLY,
+            msg.xid,
+            num_examples=state.num_examples,
+            schema=state.schema,
+            status="busy",
+        )
+        self.transport.reply(route, wire.encode(busy))
+
     def refuse(self, route: bytes, msg: wire.Message, reason: str) -> None:
         """Answer an offer we will not take with ``refused`` and why (PROTOCOL.md §4)."""
         state = self.state
@@ -255,7 +275,7 @@ class Exchange:
         """Answer the offers held back while our own exchange was out (call with
         ``awaiting`` empty: they are then served, one atomic exchange each)."""
         deferred, self.deferred = self.deferred, []
-        for route, msg in deferred:
+        for route, msg, _ in deferred:
             self.on_offer(route, msg)
 
     def on_reply(self, msg: wire.Message) -> None:

@@ -152,7 +152,8 @@ class Peer:
             if not self.stopping():
                 self.exchange.drain(timeout=config.gossip.exchange_timeout)
             if completed:
-                self.recorder.done(self.state.round)
+                table = [[m.peer_id, m.addr, m.state] for m in self.members.members.values()]
+                self.recorder.done(self.state.round, table)
                 # keep answering offers, so slower peers can still mix with our final model;
                 # short polls: a signal ends it soon
                 self.inbox.serve_for(config.gossip.linger, poll_s=0.2)

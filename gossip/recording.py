@@ -129,9 +129,10 @@ class Recorder:
         ]
         self.history.record(record, sites)
 
-    def done(self, round_: int) -> None:
-        """Write the ``done`` event: the rounds are over (the peer may still linger)."""
-        self.results.event("done", round=round_)
+    def done(self, round_: int, members: list[list[str]]) -> None:
+        """Write the ``done`` event: the rounds are over (the peer may still linger);
+        ``members`` is its member table, ``[peer_id, addr, state]`` each."""
+        self.results.event("done", round=round_, members=members)
 
     def final(
         self, round_: int, status: str, drops: dict[str, int], members: dict[str, int]
