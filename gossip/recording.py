@@ -88,6 +88,7 @@ class Recorder:
             neighbours=len(contacted),
             replied=len(contacted) - len(failed),
             failed=len(failed),
+            failed_peers=failed,
             members=report.live_members,
             drops=sum(report.drops.values()),
             busy=report.busy,
