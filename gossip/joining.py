@@ -23,6 +23,9 @@ from fedweave.gossip.transport import Transport, wait_until
 
 log = logging.getLogger("fedweave.gossip")
 
+HANDSHAKE_FAILURES = 3
+"""Failed CURVE handshakes with each of a seed's pinned keys before joining gives up on it."""
+
 
 class Joining:
     """How one peer enters the network.
@@ -70,8 +73,12 @@ class Joining:
         seeds = [s.strip() for s in listed if s.strip() and s.strip() != addr]
         if seeds:
             self._open_seeds(seeds)
+            if self.keyring is not None:
+                for key in self.transport.neighbour_keys():
+                    self.transport.watch_handshakes(key)
             backoff, next_try, tries = 0.5, 0.0, 0
             while not self.members.live() and not self.stopping():
+                self._refuse_if_no_seed_key_works(seeds)
                 now = time.monotonic()
                 if now >= deadline:
                     raise UserError(
@@ -99,6 +106,39 @@ class Joining:
                 self.discovery.hello([m.peer_id for m in self.members.pick(2)])
                 next_hello = time.monotonic() + 0.3
             self.inbox.serve(0.05)
+
+    def _refuse_if_no_seed_key_works(self, seeds: list[str]) -> None:
+        """With CURVE, a seed that refused our key, or whose every pinned key failed
+        ``HANDSHAKE_FAILURES`` handshakes (none succeeding), will not answer however long we
+        retry: when that is every seed, say why now (``UserError``) instead of waiting out
+        ``--connect-timeout``."""
+        if self.keyring is None:
+            return
+        refused, failed = [], []
+        for spec in seeds:
+            addr = spec.rpartition("@")[2]
+            counts = [
+                self.transport.handshakes(k) for k in self.transport.neighbour_keys()
+                if k == f"{SEED_PREFIX}{addr}" or k.startswith(f"{SEED_PREFIX}{addr}#")
+            ]  # fmt: skip
+            if not counts or any(ok for _, ok, _ in counts):
+                continue
+            if any(no for _, _, no in counts):
+                refused.append(spec)
+            elif all(f >= HANDSHAKE_FAILURES for f, _, _ in counts):
+                failed.append(spec)
+        if not seeds or len(refused) + len(failed) < len(seeds):
+            return
+        keys = self.config.peer.keys
+        if refused:
+            raise UserError(
+                f"seed {', '.join(refused)} refuses this peer's key: copy {keys}/peer.key into "
+                "its allowed/ (and restart it)"
+            )
+        raise UserError(
+            f"every CURVE handshake with seed {', '.join(failed)} fails: the peer there does "
+            f"not hold the key given for it in {keys}/allowed/ (check the id before @)"
+        )
 
     def _open_seeds(self, seeds: list[str]) -> None:
         for spec in seeds:

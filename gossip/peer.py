@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import random
 import signal
+import socket
 import time
 from datetime import datetime, timezone
 from typing import Any
@@ -63,6 +64,15 @@ def check_endpoints(listen: str, advertise: str | None) -> None:
                 f"--advertise {advertise!r} is not an endpoint other hosts can dial; give "
                 "tcp://HOST:PORT with this host's address or DNS name"
             )
+        host, port = advertise[len("tcp://") :].rsplit(":", 1)
+        try:
+            socket.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_STREAM)
+        except (socket.gaierror, UnicodeError) as exc:
+            raise UserError(
+                f"--advertise {advertise}: {host} does not resolve here "
+                f"({getattr(exc, 'strerror', None) or exc}); give this host's address or a DNS "
+                "name the other peers can resolve"
+            ) from None
         return
     if wire.valid_addr(listen) and not wire.dialable_addr(listen):
         port = listen.rsplit(":", 1)[1]

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from fedweave.gossip.keys import KeyRing, peer_id_from_public_key
 from fedweave.gossip.wire import DEFAULT_MAX_MESSAGE_BYTES
@@ -92,6 +93,7 @@ class Transport:
         self.context = zmq.Context()
         self._auth: Any = None
         self._dealers: dict[str, zmq.Socket] = {}
+        self._monitors: dict[str, tuple[zmq.Socket, list[int]]] = {}
         self._retired: list[tuple[float, zmq.Socket]] = []
         self._poller = zmq.Poller()
         self.bytes_in = 0
@@ -170,6 +172,8 @@ class Transport:
             self.disconnect(old)
             return
         self._dealers[new] = self._dealers.pop(old)
+        if old in self._monitors:
+            self._monitors[new] = self._monitors.pop(old)
 
     def disconnect(self, key: str) -> None:
         """Stop using the DEALER ``key`` now and close it ``RETIRE_SECONDS`` later.
@@ -180,6 +184,7 @@ class Transport:
         which is exactly when a neighbour says ``bye`` or dies. Closing a little later, once
         its connection has settled, avoids that window; nothing is sent on it meanwhile.
         """
+        self.unwatch_handshakes(key)
         sock = self._dealers.pop(key, None)
         if sock is not None:
             self._poller.unregister(sock)
@@ -194,6 +199,51 @@ class Transport:
             else:
                 keep.append((due, sock))
         self._retired = keep
+
+    # -- handshakes (seeds) --------------------------------------------------------------
+
+    def watch_handshakes(self, key: str) -> None:
+        """Count the CURVE handshakes of DEALER ``key`` (read with ``handshakes``): with a
+        seed whose key is not the one pinned, or that does not allow ours, every one fails."""
+        sock = self._dealers.get(key)
+        if sock is None or key in self._monitors:
+            return
+        events = (
+            zmq.EVENT_HANDSHAKE_SUCCEEDED
+            | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+            | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+            | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+        )
+        self._monitors[key] = (sock.get_monitor_socket(events), [0, 0, 0])
+
+    def handshakes(self, key: str) -> tuple[int, int, int]:
+        """(failed, succeeded, refused) CURVE handshakes of a watched DEALER so far; refused:
+        the other side checked our key and said no (libzmq then stops reconnecting)."""
+        entry = self._monitors.get(key)
+        if entry is None:
+            return 0, 0, 0
+        monitor, counts = entry
+        while True:
+            try:
+                event = recv_monitor_message(monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                counts[1] += 1
+            elif event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                counts[2] += 1
+            else:
+                counts[0] += 1
+        return counts[0], counts[1], counts[2]
+
+    def unwatch_handshakes(self, key: str) -> None:
+        entry = self._monitors.pop(key, None)
+        if entry is None:
+            return
+        sock = self._dealers.get(key)
+        if sock is not None:
+            sock.disable_monitor()
+        entry[0].close(0)
 
     def connected(self, key: str) -> bool:
         return key in self._dealers
@@ -274,6 +324,8 @@ class Transport:
 
         ``linger_ms`` lets already-queued messages (a final ``bye``) leave for at most that
         long; the default 0 drops them so closing never waits on a dead peer."""
+        for key in list(self._monitors):
+            self.unwatch_handshakes(key)
         for key in list(self._dealers):
             sock = self._dealers.pop(key)
             self._poller.unregister(sock)

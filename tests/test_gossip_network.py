@@ -133,34 +133,39 @@ def _allow(dirs: dict[str, Path], who: str, whom: str) -> None:
 
 
 def test_curve_peers_talk_and_an_unknown_key_is_refused(tmp_path: Path) -> None:
-    dirs = _keys(tmp_path, ["a", "b", "intruder"])
+    from fedweave.gossip.keys import load_keyring
+
+    dirs = _keys(tmp_path, ["a", "b", "intruder", "c"])
     _allow(dirs, "a", "b")
     _allow(dirs, "b", "a")
     _allow(dirs, "intruder", "a")  # it knows a's key, but a does not know its key
+    for whom in ("a", "b"):  # c is allowed by a, but names the wrong id for a's address
+        _allow(dirs, "c", whom)
+    _allow(dirs, "a", "c")
+    b_id = load_keyring(dirs["b"]).identity.peer_id
     values = [np.zeros(8), np.full(8, 4.0)]
     extra = [["--keys", str(dirs["a"])], ["--keys", str(dirs["b"])]]
     procs, ports = _vector_peers(tmp_path, values, extra, rounds=40)
-    intruder = _spawn(
-        [
-            "--listen",
-            "tcp://127.0.0.1:0",
-            "--seeds",
-            f"tcp://127.0.0.1:{ports[0]}",
-            "--vector",
-            str(tmp_path / "v0.npy"),
-            "--keys",
-            str(dirs["intruder"]),
-            "--connect-timeout",
-            "3",
-            "--rounds",
-            "2",
-        ],
-        tmp_path / "intruder.log",
-    )
+    joiners = {
+        "intruder": f"tcp://127.0.0.1:{ports[0]}",
+        "c": f"{b_id}@tcp://127.0.0.1:{ports[0]}",  # b's id (and key) at a's address
+    }
     started = time.monotonic()
-    assert _wait_all([intruder], timeout=30) == [2]
-    assert time.monotonic() - started < 25
-    assert "no seed answered" in (tmp_path / "intruder.log").read_text()
+    spawned = [
+        _spawn(
+            ["--listen", "tcp://127.0.0.1:0", "--seeds", seed, "--vector",
+             str(tmp_path / "v0.npy"), "--keys", str(dirs[name]), "--rounds", "2"],
+            tmp_path / f"{name}.log",
+        )  # fmt: skip
+        for name, seed in joiners.items()
+    ]
+    # no waiting out --connect-timeout (300 s): failed handshakes say at once what is wrong
+    assert _wait_all(spawned, timeout=60) == [2, 2]
+    assert time.monotonic() - started < 30
+    said = {name: (tmp_path / f"{name}.log").read_text() for name in joiners}
+    assert "refuses this peer's key: copy" in said["intruder"], said["intruder"]
+    assert "every CURVE handshake with seed" in said["c"] and "check the id" in said["c"]
+    assert not any("Traceback" in log for log in said.values())
     assert _wait_all(procs, timeout=120) == [0, 0]
     final = [np.load(tmp_path / f"d{i}" / "round-40.npy") for i in range(2)]
     np.testing.assert_allclose(final, [np.full(8, 8 / 3)] * 2, atol=1e-6)  # weights 1 and 2

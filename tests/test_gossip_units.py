@@ -319,6 +319,9 @@ def test_a_wildcard_listen_needs_an_advertised_address() -> None:
         check_endpoints("tcp://0.0.0.0:7000", "tcp://0.0.0.0:7000")
     with pytest.raises(UserError, match="not an endpoint other hosts can dial"):
         check_endpoints("tcp://0.0.0.0:7000", "10.0.0.5:7000")
+    # a name that resolves nowhere (.invalid is reserved for that, RFC 6761)
+    with pytest.raises(UserError, match="no-such-host.invalid does not resolve here"):
+        check_endpoints("tcp://0.0.0.0:7000", "tcp://no-such-host.invalid:7000")
 
 
 @pytest.mark.parametrize("task", ["digits", "mnist5k"])
