@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from fedweave.addresses import free_ports
+from fedweave.processes import stop_process_group, tied_to_us
 
 
 def spawn_peers(args: argparse.Namespace, work: Path) -> list[subprocess.Popen[bytes]]:
@@ -51,7 +52,11 @@ def spawn_peers(args: argparse.Namespace, work: Path) -> list[subprocess.Popen[b
         if i:
             argv += ["--seeds", f"tcp://127.0.0.1:{ports[0]}"]
         with (work / f"p{i}.log").open("wb") as log:
-            procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT))
+            procs.append(
+                subprocess.Popen(
+                    argv, env=env, stdout=log, stderr=subprocess.STDOUT, **tied_to_us()
+                )
+            )
     return procs
 
 
@@ -91,14 +96,9 @@ def main() -> None:
             procs[slow].send_signal(signal.SIGCONT)
             time.sleep(2.0)
         finally:
+            procs[slow].send_signal(signal.SIGCONT)
             for p in procs:
-                p.send_signal(signal.SIGCONT)
-                p.send_signal(signal.SIGTERM)
-            for p in procs:
-                try:
-                    p.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+                stop_process_group(p, grace=20)
 
         slow_id = ready_id(work / f"r{slow}.jsonl")
         rounds = 0

@@ -76,9 +76,7 @@ def keys_new(
 @task_app.command("describe")
 def task_describe(
     task: str = option_for("task"),
-    fmt: Annotated[
-        str, typer.Option("--format", help="text (a table) or json.")
-    ] = "text",
+    fmt: Annotated[str, typer.Option("--format", help="text (a table) or json.")] = "text",
 ) -> None:
     """Print the task's model tensors in wire order (name, dtype, shape) and its schema hash:
     what another peer must send to be mixed with this one (gossip/PROTOCOL.md §3.2)."""
@@ -95,8 +93,12 @@ def task_describe(
     specs = wire.tensor_specs(weights)
     parameters = int(sum(a.size for a in weights.values()))
     if fmt == "json":
-        payload = {"task": task, "schema": wire.schema_hash(specs), "parameters": parameters,
-                   "tensors": specs}
+        payload = {
+            "task": task,
+            "schema": wire.schema_hash(specs),
+            "parameters": parameters,
+            "tensors": specs,
+        }
         typer.echo(json.dumps(payload, indent=2))
         return
     typer.echo(f"task {task}: {parameters:,} parameters in {len(specs)} tensors, wire order")

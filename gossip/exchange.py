@@ -194,7 +194,7 @@ class Exchange:
         now = time.monotonic()
         while self.deferred and now - self.deferred[0][2] >= max_hold:
             route, msg, _ = self.deferred.pop(0)
-            self._answer_busy(route, msg)
+            self._answer(route, msg, "busy")
 
     def expire(self) -> None:
         """Forget offers whose replies are past 3 times the deadline."""
@@ -227,7 +227,7 @@ class Exchange:
             ):
                 self.deferred.append((route, msg, time.monotonic()))
                 return
-            self._answer_busy(route, msg)
+            self._answer(route, msg, "busy")
             return
         reply = state.message(
             wire.REPLY,
@@ -247,29 +247,22 @@ class Exchange:
         else:
             self.buffered[msg.sender] = (msg.tensors, msg.num_examples)
 
-    def _answer_busy(self, route: bytes, msg: wire.Message) -> None:
-        state = self.state
-        busy = state.message(
-            wire.REPLY,
-            msg.xid,
-            num_examples=state.num_examples,
-            schema=state.schema,
-            status="busy",
-        )
-        self.transport.reply(route, wire.encode(busy))
-
     def refuse(self, route: bytes, msg: wire.Message, reason: str) -> None:
         """Answer an offer we will not take with ``refused`` and why (PROTOCOL.md §4)."""
+        self._answer(route, msg, "refused", reason)
+
+    def _answer(self, route: bytes, msg: wire.Message, status: str, reason: str = "") -> None:
+        """A reply without a model: ``busy`` or ``refused`` (with ``reason``)."""
         state = self.state
-        refused = state.message(
+        answer = state.message(
             wire.REPLY,
             msg.xid,
             num_examples=state.num_examples,
             schema=state.schema,
-            status="refused",
+            status=status,
             reason=reason,
         )
-        self.transport.reply(route, wire.encode(refused))
+        self.transport.reply(route, wire.encode(answer))
 
     def answer_held(self) -> None:
         """Answer the offers held back while our own exchange was out (call with

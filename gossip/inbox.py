@@ -34,7 +34,9 @@ class Inbox:
         max_bytes: the largest accepted message.
         dispatch: what to do with each checked message (``Peer`` routes it to its parts).
         stopping: true once the peer was asked to stop; ``serve_for`` then returns.
-        refuse: answers an offer we cannot take with ``refused`` and a reason (default none).
+    Attributes:
+        refuse: answers an offer of another model with ``refused`` and the reason; the
+            ``Peer`` sets it to ``Exchange.refuse`` (which is built on this inbox).
     """
 
     def __init__(
@@ -44,9 +46,8 @@ class Inbox:
         max_bytes: int,
         dispatch: Dispatch,
         stopping: Callable[[], bool],
-        refuse: Callable[[bytes, wire.Message, str], None] | None = None,
     ) -> None:
-        self.refuse = refuse
+        self.refuse: Callable[[bytes, wire.Message, str], None] | None = None
         self.transport = transport
         self.schema = schema
         self.max_bytes = max_bytes

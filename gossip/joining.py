@@ -95,6 +95,7 @@ class Joining:
                     next_try, backoff, tries = now + backoff, min(backoff * 2, 5.0), tries + 1
                 self.inbox.serve(min(0.1, wait_until(deadline)))
             for key in self.transport.neighbour_keys():
+                self.transport.unwatch_handshakes(key)
                 if key.startswith(SEED_PREFIX):
                     self.transport.disconnect(key)
         want = self.config.gossip.wait_for_peers - 1

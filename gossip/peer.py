@@ -30,6 +30,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
+from fedweave.addresses import parse_host_port
 from fedweave.config import RunConfig
 from fedweave.config.commands import check_settings
 from fedweave.errors import UserError
@@ -64,9 +65,9 @@ def check_endpoints(listen: str, advertise: str | None) -> None:
                 f"--advertise {advertise!r} is not an endpoint other hosts can dial; give "
                 "tcp://HOST:PORT with this host's address or DNS name"
             )
-        host, port = advertise[len("tcp://") :].rsplit(":", 1)
+        host, port = parse_host_port(advertise[len("tcp://") :], "--advertise")
         try:
-            socket.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_STREAM)
+            socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         except (socket.gaierror, UnicodeError) as exc:
             raise UserError(
                 f"--advertise {advertise}: {host} does not resolve here "
@@ -219,9 +220,7 @@ class Peer:
         self.exchange.discard_late_replies()
         chosen = [m.peer_id for m in self.members.pick(config.gossip.fanout)]
         half_slot = None if slot is None else slot[0] + 0.5 * slot[1]
-        contacted, failed, lost = self.fanout.run(
-            chosen, config.gossip.exchange_timeout, half_slot
-        )
+        contacted, failed, lost = self.fanout.run(chosen, config.gossip.exchange_timeout, half_slot)
         work = time.monotonic() - started - lost
         if slot is not None:  # mix with whoever still offers, evaluate just before it ends
             self.inbox.serve_for(slot[0] + 0.9 * slot[1] - time.monotonic())
@@ -258,12 +257,11 @@ class Peer:
         """The next round and its slot (start, length; monotonic), serving others until the
         slot starts. A lattice heard meanwhile moves the slot (``SlotSchedule.observe``);
         without slots (or before any is agreed) the next round starts at once."""
-        schedule = self.state.schedule
-        after = self.state.round
+        schedule, after = self.state.schedule, self.state.round
+        if schedule is None:
+            return after + 1, None
         while True:
             now = time.monotonic()
-            if schedule is None:
-                return after + 1, None
             r, start, length = schedule.next_round(after, now)
             if start <= now or self.stopping():
                 schedule.begin(r, start)

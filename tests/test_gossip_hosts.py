@@ -93,6 +93,7 @@ def test_peers_on_four_hosts_find_each_other_converge_and_survive_a_killed_host(
     hosts: list[str], tmp_path: Path, security: str
 ) -> None:
     from fedweave.learning.task import load_task
+    from fedweave.processes import stop_process_group, tied_to_us
     from fedweave.simulations.split import test_file, write_split
 
     sites = write_split(load_task("digits"), tmp_path / "data", PEERS, "iid", seed=0)
@@ -128,7 +129,9 @@ def test_peers_on_four_hosts_find_each_other_converge_and_survive_a_killed_host(
             if keys:
                 argv += ["--keys", str(keys[i])]
             with (tmp_path / f"peer-{i}.log").open("wb") as log:
-                procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=log))
+                procs.append(
+                    subprocess.Popen(argv, env=env, stdout=log, stderr=log, **tied_to_us())
+                )
 
         victim = PEERS - 1
         deadline = time.monotonic() + 240
@@ -151,14 +154,7 @@ def test_peers_on_four_hosts_find_each_other_converge_and_survive_a_killed_host(
             raise AssertionError(f"the peers did not finish; logs in {tmp_path}")
     finally:
         for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+            stop_process_group(p, grace=20)
 
     logs = [(tmp_path / f"peer-{i}.log").read_text() for i in range(PEERS)]
     ready = [next(e for e in _events(tmp_path / f"peer-{i}.jsonl") if e["event"] == "ready")
