@@ -111,7 +111,9 @@ def supernode_command(
     if device:
         node_config += f" {NODE_DEVICE_KEY}='{device}'"
     cmd = [
-        "flower-supernode",
+        sys.executable,
+        "-m",
+        "fedweave.client.supernode",  # flower-supernode with fedweave's patches
         "--superlink",
         coordinator,
         "--node-config",
@@ -259,8 +261,13 @@ def _client(config: RunConfig, _resolved: Resolved) -> None:
         raise UserError("--data is required: this site's .npz or .csv file")
     coordinator = site.coordinator or ""
     _check_inputs(
-        coordinator, data.task, data.data, data.label_column, connection.ca_cert,
-        connection.insecure, connection.site_key,
+        coordinator,
+        data.task,
+        data.data,
+        data.label_column,
+        connection.ca_cert,
+        connection.insecure,
+        connection.site_key,
     )
     command = supernode_command(
         coordinator,

@@ -9,6 +9,7 @@ from flwr.common import Context
 from flwr.server import Grid, ServerApp
 
 from fedweave.coordinator.deployed_run import DeployPlan, run_plan
+from fedweave.flower_patches import tune_deployed_polling
 
 server_app = ServerApp()
 
@@ -16,4 +17,5 @@ server_app = ServerApp()
 @server_app.main()
 def main(grid: Grid, context: Context) -> None:
     """Run (or continue) the planned run against the SuperLink's connected sites."""
+    tune_deployed_polling()
     run_plan(DeployPlan.from_run_config(dict(context.run_config)), grid, context)

@@ -15,6 +15,13 @@ The patches, and why each exists:
 ``simulation_polling``
     Flower's simulation engine waits on two fixed 100 ms polls per message round trip; at
     5 ms a small-model FedAvg round takes a fraction of the time (docs/benchmarks.md).
+``deployed_polling``
+    A deployed ServerApp pulls replies every 3 s; fedweave's polls every 0.2 s through the
+    grid's public API, so a message round trip no longer waits seconds for nothing.
+``supernode_waits``
+    A site's SuperNode sleeps 3 s when idle and waits without limit for its ClientApp's
+    reply; fedweave caps its sleeps at 0.2 s and stops waiting once no ClientApp is alive to
+    reply (one that died without replying left the site deaf to every later message).
 ``secagg_masks``
     SecAgg+'s mask generator seeds NumPy's Mersenne Twister with a 32-bit fold of a 256-bit
     seed (slow, and brute-forceable); fedweave uses AES-256-CTR keyed by the whole seed, and
@@ -61,14 +68,31 @@ def _warn_once(patch: str, consequence: str) -> None:
 
 def tune_simulation_polling() -> bool:
     """Shorter polls in Flower's in-process simulation engine; False (stock code) elsewhere."""
-    if not flower_is_patchable():
-        _warn_once("simulation_polling", "simulations run with Flower's stock 100 ms polls")
-        return False
-    if "simulation_polling" not in _applied:
-        from fedweave.flower_patches import simulation_polling
+    return _apply_speedup("simulation_polling", "simulations run with Flower's stock 100 ms polls")
 
-        simulation_polling.install()
-        _applied.add("simulation_polling")
+
+def tune_deployed_polling() -> bool:
+    """The deployed ServerApp polls for replies every 0.2 s; False (stock 3 s) elsewhere."""
+    return _apply_speedup("deployed_polling", "the ServerApp polls for replies every 3 s")
+
+
+def bound_supernode_waits() -> bool:
+    """Capped sleeps and an ending reply wait in a site's SuperNode; False (stock) elsewhere."""
+    return _apply_speedup(
+        "supernode_waits",
+        "the SuperNode keeps Flower's 3 s sleeps and waits without limit for a ClientApp reply",
+    )
+
+
+def _apply_speedup(name: str, consequence: str) -> bool:
+    if not flower_is_patchable():
+        _warn_once(name, consequence)
+        return False
+    if name not in _applied:
+        import importlib
+
+        importlib.import_module(f"fedweave.flower_patches.{name}").install()
+        _applied.add(name)
     return True
 
 

@@ -1,0 +1,37 @@
+"""Shorter polls in Flower's deployment engine (applied by ``fedweave.flower_patches``).
+
+Flower 1.41's deployed ServerApp pulls replies every 3 s (``HttpGrid.send_and_receive``), so
+every message round trip of a round (one for FedAvg, four for SecAgg+) waits up to 3 s for
+nothing; fedweave's replacement does the same pushes and pulls through the grid's own public
+``push_messages`` / ``pull_messages`` every ``GRID_POLL_SECONDS``. On 2 cores, polls much
+shorter than that made rounds slower, not faster (docs/deploy.md has the figures).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+GRID_POLL_SECONDS = 0.2
+
+
+def send_and_receive(self, messages: Iterable, *, timeout: float | None = None) -> list:
+    """``HttpGrid.send_and_receive`` polling every ``GRID_POLL_SECONDS`` instead of 3 s."""
+    waiting = set(self.push_messages(messages))
+    deadline = None if timeout is None else time.monotonic() + timeout
+    replies: list = []
+    while waiting:
+        pulled = list(self.pull_messages(waiting))
+        replies.extend(pulled)
+        waiting.difference_update(m.metadata.reply_to_message_id for m in pulled)
+        if not waiting or (deadline is not None and time.monotonic() >= deadline):
+            break
+        time.sleep(GRID_POLL_SECONDS)
+    return replies
+
+
+def install() -> None:
+    """Apply the shorter grid poll (the version guard is the caller's)."""
+    from flwr.superlink.grid.http_grid import HttpGrid
+
+    HttpGrid.send_and_receive = send_and_receive

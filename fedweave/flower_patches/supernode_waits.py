@@ -1,0 +1,89 @@
+"""Bounded waits in Flower's SuperNode (applied by ``fedweave.flower_patches``).
+
+Two changes to ``flwr.supernode.start_client_internal``, the loop a site's SuperNode runs:
+
+- **Shorter sleeps.** The loop sleeps 3 s whenever the SuperLink has no message for the site
+  and 0.5 s between looks for the ClientApp's reply, so every message of a round waited up to
+  3.5 s for nothing. Sleeps are capped at ``SLEEP_CAP_SECONDS`` (0.2 s: measured on 2 cores,
+  shorter polls cost more CPU than they saved; docs/deploy.md).
+- **A reply wait with an end.** After handing a message to its ClientApp, the SuperNode
+  waits for the reply with no limit. A ClientApp that ends without one (it could not pull its
+  message, say, because the coordinator was restarted and stopped the run the message
+  belonged to) left the site deaf to every later message: the stalled resumed run of a
+  CI failure. fedweave's wait ends once no ClientApp task is pending or running and
+  none has replied; the unanswered message is dropped and the site pulls the next one.
+"""
+
+from __future__ import annotations
+
+import time
+import types
+from logging import WARNING
+
+SLEEP_CAP_SECONDS = 0.2
+NO_TASK_GRACE_SECONDS = 2.0
+"""How long no ClientApp task may be alive, with no reply, before the message is dropped
+(covers the moment between a task being finished and its reply being visible)."""
+
+_UNFINISHED = ("pending", "starting", "running")
+
+
+def _capped_sleep(seconds: float) -> None:
+    time.sleep(min(seconds, SLEEP_CAP_SECONDS))
+
+
+class _Prefetched:
+    """The node state, but the first look for replies returns those already fetched (Flower's
+    state hands each message out once, and the stock push code looks for them itself)."""
+
+    def __init__(self, state, replies) -> None:
+        self._state, self._replies = state, replies
+
+    def get_messages_legacy(self, **filters):
+        if filters.get("is_reply") and self._replies is not None:
+            replies, self._replies = self._replies, None
+            return replies
+        return self._state.get_messages_legacy(**filters)
+
+    def __getattr__(self, name: str):
+        return getattr(self._state, name)
+
+
+def _wait_for_replies(state):
+    """The ClientApp's replies, or None once no task is alive to send one."""
+    quiet_since = None
+    while not (replies := state.get_messages_legacy(is_reply=True)):
+        if state.get_tasks(statuses=_UNFINISHED):
+            quiet_since = None
+        elif quiet_since is None:
+            quiet_since = time.monotonic()
+        elif time.monotonic() - quiet_since > NO_TASK_GRACE_SECONDS:
+            return None
+        _capped_sleep(SLEEP_CAP_SECONDS)
+    return replies
+
+
+def install() -> None:
+    """Apply both changes (the version guard is the caller's)."""
+    from flwr.supercore import log
+    from flwr.supernode import start_client_internal as loop
+
+    if getattr(loop, "_fedweave_patched", False):
+        return
+    stock_push = loop._push_messages
+
+    def push_messages(state, object_store, send, push_object) -> None:
+        replies = _wait_for_replies(state)
+        if replies is None:
+            log(
+                WARNING,
+                "fedweave: the ClientApp ended without replying; dropping its message and "
+                "pulling the next one",
+            )
+            state.delete_messages()  # no reply exists: only unanswered instructions remain
+            return
+        stock_push(_Prefetched(state, replies), object_store, send, push_object)
+
+    loop._push_messages = push_messages
+    loop.time = types.SimpleNamespace(**{**vars(time), "sleep": _capped_sleep})
+    loop._fedweave_patched = True
