@@ -11,7 +11,11 @@
 Both runs share this machine's cores; on a 2-core box the 10 peers time-share, so (3) is a
 pessimistic figure for gossip (on real sites every peer has its own machine).
 
+``--hosts`` runs every peer in a network namespace of its own on a bridge (wildcard listen,
+advertised address: the multi-host setup of docs/gossip.md; needs root) instead of loopback.
+
     python bench/bench_gossip_vs_fedavg.py [--seeds 0,1,2] [--fanout N] [--gossip-rounds 60]
+        [--hosts]
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ def run_fedavg(args: argparse.Namespace) -> list[dict]:
 
 def run_gossip(args: argparse.Namespace) -> dict:
     from fedweave.simulations.gossip import GossipSimulation, run_gossip_simulation
+    from fedweave.simulations.netns import bridged_hosts
 
     config = shared_config(args).replace(
         rounds=args.gossip_rounds,
@@ -61,7 +66,10 @@ def run_gossip(args: argparse.Namespace) -> dict:
         round_interval=args.round_interval,
         db="none",
     )
-    return run_gossip_simulation(GossipSimulation(config))
+    if not args.hosts:
+        return run_gossip_simulation(GossipSimulation(config))
+    with bridged_hosts(args.clients) as hosts:
+        return run_gossip_simulation(GossipSimulation(config, hosts=hosts))
 
 
 def compare(args: argparse.Namespace) -> dict:
@@ -128,8 +136,9 @@ def main() -> None:
     parser.add_argument("--fanout", type=int, default=None, help="default: the peer's default")
     parser.add_argument("--mix", default="pairwise")
     parser.add_argument("--group-exchange", action="store_true")
+    parser.add_argument("--round-interval", type=float, default=None, help="default: agreed slots")
     parser.add_argument(
-        "--round-interval", type=float, default=None, help="default: agreed slots"
+        "--hosts", action="store_true", help="one network namespace per peer (needs root)"
     )
     parser.add_argument("--out", type=Path, default=None, help="also write both curves as JSON")
     args = parser.parse_args()
@@ -141,6 +150,7 @@ def main() -> None:
         f"batch {args.batch_size}, 1 local epoch; gossip fanout {args.fanout} {args.mix}, "
         f"slots {'agreed' if args.round_interval is None else f'{args.round_interval:g}s'}"
         f"{' group exchange' if args.group_exchange else ''}"
+        f"; peers {'one per network namespace' if args.hosts else 'on loopback'}"
     )
     results = []
     for seed in [int(s) for s in args.seeds.split(",")]:

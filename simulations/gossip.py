@@ -1,4 +1,6 @@
-"""Gossip simulation: N real peer processes on loopback, one report in the federated shape.
+"""Gossip simulation: N real peer processes, one report in the federated shape.
+
+Peers run on loopback, or one per network namespace (``GossipSimulation.hosts``).
 
 Each peer is a separate ``python -m fedweave.gossip`` process (spawned, never forked: ZeroMQ
 contexts are not fork-safe) with its own data file, all sharing the held-out test file. Peers
@@ -31,8 +33,11 @@ import numpy as np
 from fedweave.addresses import free_ports
 from fedweave.config import RunConfig
 from fedweave.errors import UserError
+from fedweave.simulations.netns import Host
 
 LINGER_SECONDS = 3600.0
+HOST_PORT = 7000
+"""The port every peer listens on when each has a host (namespace) of its own."""
 
 
 @dataclass(frozen=True)
@@ -46,12 +51,16 @@ class GossipSimulation:
             ROUND (late joiners; default none).
         secure: give every peer a CURVE key pair and a shared allow-list (default False).
         timeout_s: give up (and kill every peer) after this long (default: scaled by rounds).
+        hosts: run peer ``i`` inside network namespace ``hosts[i]`` (``simulations/netns.py``),
+            listening on the wildcard address and advertising the host's own, as one peer per
+            machine would (default: every peer on loopback).
     """
 
     config: RunConfig
     late: str | None = None
     secure: bool = False
     timeout_s: float | None = None
+    hosts: list[Host] | None = None
 
     @property
     def db(self) -> str | None:
@@ -169,10 +178,19 @@ def _launch_plan(
     gpus_per_peer = sim.config.simulation.gpus_per_peer
     task = load_task(data.task)
     sites = write_split(
-        task, work / "data", data.clients, data.partition, data.alpha, data.shards_per_client,
+        task,
+        work / "data",
+        data.clients,
+        data.partition,
+        data.alpha,
+        data.shards_per_client,
         training.seed,
     )
-    ports = free_ports(data.clients)
+    if sim.hosts is not None and len(sim.hosts) < data.clients:
+        raise UserError(f"{len(sim.hosts)} hosts for {data.clients} peers; give one host per peer")
+    ports = [HOST_PORT] * data.clients if sim.hosts else free_ports(data.clients)
+    listen = ["0.0.0.0" if sim.hosts else "127.0.0.1"] * data.clients
+    dial = [h.address for h in sim.hosts] if sim.hosts else listen
     keys = _make_keys(work, data.clients) if sim.secure else None
     gpus = _gpu_count() if gpus_per_peer > 0 else 0
     if gpus_per_peer > 0 and gpus == 0:
@@ -185,7 +203,9 @@ def _launch_plan(
             "fedweave.gossip",
             "peer",
             "--listen",
-            f"tcp://127.0.0.1:{ports[i]}",
+            f"tcp://{listen[i]}:{ports[i]}",
+            "--advertise",
+            f"tcp://{dial[i]}:{ports[i]}",
             "--task",
             data.task,
             "--data",
@@ -230,7 +250,7 @@ def _launch_plan(
         if gossip.round_interval is not None:  # default: the peers agree on their slots
             argv += ["--round-interval", str(gossip.round_interval)]
         if i > 0:
-            argv += ["--seeds", f"tcp://127.0.0.1:{ports[0]}"]
+            argv += ["--seeds", f"tcp://{dial[0]}:{ports[0]}"]
         if keys is not None:
             argv += ["--keys", str(keys[i])]
         if sim.db is not None and run_id is not None:
@@ -243,6 +263,8 @@ def _launch_plan(
             argv += ["--device", "cuda"]
         else:
             argv += ["--device", "cpu"]
+        if sim.hosts:
+            argv = sim.hosts[i].command(argv)
         peers.append(_PeerProc(i, argv, env, work))
     return peers
 
@@ -393,8 +415,7 @@ def run_gossip_and_report(sim: GossipSimulation) -> dict[str, Any]:
     out = sim.config.simulation.out
     with console.status(f"gossip {task}: starting {clients} peers") as status:
         report = run_gossip_simulation(
-            sim,
-            on_round=lambda r: status.update(f"gossip {task}: round {r}/{rounds}")
+            sim, on_round=lambda r: status.update(f"gossip {task}: round {r}/{rounds}")
         )
     write_report(out, report)
     table_rows = [

@@ -16,66 +16,28 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from fedweave.simulations.netns import Host, bridged_hosts, why_namespaces_unavailable
+
 PEERS = 4
 PORT = 7000
-SUBNET = "10.231.7"
 ROUNDS = 24
 KILL_AT_ROUND = 10
 EXCHANGE_TIMEOUT = 2.0
 
 
-def _can_make_namespaces() -> str | None:
-    """Why namespaces cannot be made here, or ``None`` when they can."""
-    if shutil.which("ip") is None:
-        return "the ip command (iproute2) is not installed"
-    if os.geteuid() != 0:
-        return "creating network namespaces needs root"
-    probe = f"fwprobe{uuid.uuid4().hex[:6]}"
-    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
-    if made.returncode != 0:
-        return f"ip netns add failed: {made.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
-    return None
-
-
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, text=True, timeout=20)
-
-
 @pytest.fixture
-def hosts() -> Iterator[list[str]]:
-    """``PEERS`` namespaces, ``SUBNET.1`` … ``SUBNET.PEERS`` on one bridge; removed after."""
-    why = _can_make_namespaces()
+def hosts() -> Iterator[list[Host]]:
+    """``PEERS`` namespaces on one bridge (``simulations/netns.py``); removed after."""
+    why = why_namespaces_unavailable()
     if why is not None:
         pytest.skip(f"cannot make network namespaces: {why}")
-    tag = uuid.uuid4().hex[:6]
-    switch = f"fw{tag}sw"
-    names = [f"fw{tag}h{i}" for i in range(PEERS)]
-    made: list[str] = []
-    try:
-        for ns in [switch, *names]:
-            _ip("netns", "add", ns)
-            made.append(ns)
-            _ip("-n", ns, "link", "set", "lo", "up")
-        _ip("-n", switch, "link", "add", "br0", "type", "bridge")
-        _ip("-n", switch, "link", "set", "br0", "up")
-        for i, ns in enumerate(names):
-            # create the pair inside the host namespace, then move each end where it belongs
-            _ip("-n", ns, "link", "add", "eth0", "type", "veth", "peer", "name", f"p{i}",
-                "netns", switch)  # fmt: skip
-            _ip("-n", switch, "link", "set", f"p{i}", "master", "br0", "up")
-            _ip("-n", ns, "addr", "add", f"{SUBNET}.{i + 1}/24", "dev", "eth0")
-            _ip("-n", ns, "link", "set", "eth0", "up")
-        yield names
-    finally:
-        for ns in made:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
+    with bridged_hosts(PEERS) as made:
+        yield made
 
 
 def _events(path: Path) -> list[dict]:
@@ -111,11 +73,11 @@ def test_peers_on_four_hosts_find_each_other_converge_and_survive_a_killed_host(
     env = dict(os.environ, OMP_NUM_THREADS="1", FEDWEAVE_DB="none")
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        for i, ns in enumerate(hosts):
+        for i, host in enumerate(hosts):
             argv = [
-                "ip", "netns", "exec", ns, sys.executable, "-m", "fedweave.gossip", "peer",
+                sys.executable, "-m", "fedweave.gossip", "peer",
                 "--listen", f"tcp://0.0.0.0:{PORT}",
-                "--advertise", f"tcp://{SUBNET}.{i + 1}:{PORT}",
+                "--advertise", f"tcp://{host.address}:{PORT}",
                 "--task", "digits", "--data", str(sites[i]),
                 "--test-data", str(test_file(tmp_path / "data")),
                 "--rounds", str(ROUNDS), "--seed", "0", "--threads", "1", "--device", "cpu",
@@ -124,13 +86,15 @@ def test_peers_on_four_hosts_find_each_other_converge_and_survive_a_killed_host(
                 "--results", str(tmp_path / f"peer-{i}.jsonl"),
             ]  # fmt: skip
             if i > 0:
-                seed = f"tcp://{SUBNET}.1:{PORT}"
+                seed = f"tcp://{hosts[0].address}:{PORT}"
                 argv += ["--seeds", f"{identities[0].peer_id}@{seed}" if keys else seed]
             if keys:
                 argv += ["--keys", str(keys[i])]
             with (tmp_path / f"peer-{i}.log").open("wb") as log:
                 procs.append(
-                    subprocess.Popen(argv, env=env, stdout=log, stderr=log, **tied_to_us())
+                    subprocess.Popen(
+                        host.command(argv), env=env, stdout=log, stderr=log, **tied_to_us()
+                    )
                 )
 
         victim = PEERS - 1
@@ -160,7 +124,7 @@ def test_peers_on_four_hosts_find_each_other_converge_and_survive_a_killed_host(
     ready = [next(e for e in _events(tmp_path / f"peer-{i}.jsonl") if e["event"] == "ready")
              for i in range(PEERS)]  # fmt: skip
     # every peer advertises its host's address and learns every other peer's id and address
-    assert [e["addr"] for e in ready] == [f"tcp://{SUBNET}.{i + 1}:{PORT}" for i in range(PEERS)]
+    assert [e["addr"] for e in ready] == [f"tcp://{h.address}:{PORT}" for h in hosts]
     for i, log in enumerate(logs[: PEERS - 1]):
         done = next(e for e in _events(tmp_path / f"peer-{i}.jsonl") if e["event"] == "done")
         known = {(peer_id, addr) for peer_id, addr, _ in done["members"]}
