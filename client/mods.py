@@ -1,5 +1,9 @@
 """Client mods that run at the site around the ClientApp.
 
+``stale_round_guard`` is outermost: a message of a round older than the newest this site has
+seen (it arrives after its round's deadline, say a site that was stalled) is refused before
+SecAgg+ could mix it into the state of the round in progress.
+
 ``update_check_mod`` sits inside ``secaggplus_mod`` (so it sees the plaintext update before
 it is masked): it refuses an invalid update, which makes the site a dropout that SecAgg+
 recovers from, and it reports values that SecAgg+ would clip instead of letting them
@@ -27,6 +31,31 @@ from fedweave.contract import (
 from fedweave.learning.validation import clipped_fraction, update_problem
 
 log = logging.getLogger("fedweave.client")
+
+
+STALE_ROUND_RECORD = "fedweave.site"
+NEWEST_ROUND_KEY = "newest-round"
+
+
+def stale_round_guard(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """Refuse a message of a round older than the newest one this site has taken part in."""
+    from flwr.app import ConfigRecord
+
+    try:
+        round_number = int(msg.metadata.group_id)
+    except (TypeError, ValueError):
+        return call_next(msg, context)  # not a round's message (no group id)
+    record = context.state.config_records.get(STALE_ROUND_RECORD)
+    newest = int(record[NEWEST_ROUND_KEY]) if record is not None else 0
+    if round_number < newest:
+        log.warning("dropped a late message of round %s (now in round %s)", round_number, newest)
+        raise ValueError(
+            f"late message of round {round_number} refused: this site is in round {newest}"
+        )
+    context.state.config_records[STALE_ROUND_RECORD] = ConfigRecord(
+        {NEWEST_ROUND_KEY: round_number}
+    )
+    return call_next(msg, context)
 
 
 def update_check_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
@@ -114,10 +143,11 @@ def local_dp_when_asked(msg: Message, context: Context, call_next: ClientAppCall
 
 
 SITE_MODS = [
+    stale_round_guard,
     secagg_when_asked,
     update_check_mod,
     central_dp_clipping_when_asked,
     local_dp_when_asked,
 ]
-"""Outermost first: SecAgg+ masks what the update check has passed, after DP has clipped or
-noised it."""
+"""Outermost first: late rounds are refused before anything else; SecAgg+ masks what the
+update check has passed, after DP has clipped or noised it."""

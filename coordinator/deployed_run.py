@@ -28,10 +28,10 @@ DB_ENV = "FEDWEAVE_DEPLOY_DB"
 """Environment variable the ServerApp reads the history URL from (set by the coordinator)."""
 
 
-
 PLAN_SETTINGS = (
     "task", "test_data", "rounds", "local_epochs", "lr", "batch_size", "seed", "device",
     "min_clients", "clients_per_round", "strategy", "proximal_mu", "max_update_norm",
+    "round_timeout", "min_replies",
     "secure_agg", "secagg_timeout", "dp", "noise_multiplier", "clipping_norm", "dp_epsilon",
     "dp_delta", "checkpoint_dir",
 )  # fmt: skip
@@ -74,7 +74,7 @@ class DeployPlan:
         return cls(str(run_config[RUN_CONFIG_ID_KEY]), RunConfig().replace(**values))
 
 
-def _test_data(config: RunConfig):
+def test_data_of(config: RunConfig):
     from fedweave.learning.data import load_site_data
     from fedweave.learning.task import load_task
 
@@ -145,7 +145,7 @@ def run_plan(plan: DeployPlan, grid, context) -> None:
             recorder = BackgroundRecorder(
                 HistoryRecorder(store, plan.run_id, config.history.checkpoint_dir)
             )
-            app = make_server_app(settings, _test_data(config), start, [recorder])
+            app = make_server_app(settings, test_data_of(config), start, [recorder])
             app(grid=grid, context=context)
             recorder.flush()
         store.finish_run(plan.run_id, "completed")

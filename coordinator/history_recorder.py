@@ -73,7 +73,11 @@ class HistoryRecorder:
             eval_loss=summary.loss,
             eval_accuracy=summary.accuracy,
             model_sha256=weights_sha256(summary.weights),
-            extra={"seconds": summary.seconds, "warnings": summary.warnings},
+            extra={
+                "seconds": summary.seconds,
+                "warnings": summary.warnings,
+                **({"failed": summary.failed} if summary.failed else {}),
+            },
         )
         checkpoint = CheckpointRef(summary.round, str(path.resolve()), file_sha256, size)
         self.store.record_round(self.run_id, record, summary.sites, checkpoint, self.retry_seconds)

@@ -123,6 +123,11 @@ class ReportingStrategy(Strategy):
         only the aggregate can be checked here then (sites check their own update first).
     max_update_norm : float | None (default: None)
         Reject updates farther than this (L2) from the global model; ``None``: no bound.
+    round_timeout : float | None (default: None)
+        The round deadline in seconds, named in the reason of every site recorded ``late``.
+    min_replies : int (default: 1)
+        Fewest accepted replies a round aggregates; with fewer, the round is recorded as
+        failed, the global model is kept and the run goes on.
     """
 
     def __init__(
@@ -134,6 +139,8 @@ class ReportingStrategy(Strategy):
         round_offset: int = 0,
         secure_agg: bool = False,
         max_update_norm: float | None = None,
+        round_timeout: float | None = None,
+        min_replies: int = 1,
     ) -> None:
         super().__init__()
         self.strategy = strategy
@@ -142,6 +149,9 @@ class ReportingStrategy(Strategy):
         self.round_offset = round_offset
         self.secure_agg = secure_agg
         self.max_update_norm = max_update_norm
+        self.round_timeout = round_timeout
+        self.min_replies = min_replies
+        self._failed: str | None = None
         self._round_started: tuple[float, datetime] | None = None
         self._global: list[np.ndarray] = []
         self._sampled: list[int] = []
@@ -165,7 +175,7 @@ class ReportingStrategy(Strategy):
         self._round_started = (time.perf_counter(), datetime.now(timezone.utc))
         self._global = parameters_to_ndarrays(parameters)
         self._sites, self._warnings, self._train_metrics = [], [], {}
-        self._aggregated = False
+        self._aggregated, self._failed = False, None
         instructions = self.strategy.configure_fit(server_round, parameters, client_manager)
         self._sampled = [proxy.node_id for proxy, _ in instructions]
         return instructions
@@ -247,12 +257,20 @@ class ReportingStrategy(Strategy):
                     SiteResult(str(proxy.node_id), "failed", reason=res.status.message)
                 )
         # Flower's failures carry no node id (and SecAgg+ lists a stage-2 failure twice): the
-        # failed sites are the sampled ones that neither replied nor were rejected.
+        # failed sites are the sampled ones that neither replied nor were rejected, as many as
+        # there are errors; the rest said nothing by the deadline, so they are late.
         missing = [node for node in self._sampled if node not in known]
-        reasons = list(dict.fromkeys(unexplained)) or ["no reply"]
+        reasons = list(dict.fromkeys(unexplained))
+        late = (
+            f"no reply within the round deadline ({self.round_timeout:g} s)"
+            if self.round_timeout is not None
+            else "no reply"
+        )
         for index, node in enumerate(missing):
-            reason = reasons[min(index, len(reasons) - 1)]
-            self._sites.append(SiteResult(str(node), "failed", reason=reason))
+            if index < len(reasons):
+                self._sites.append(SiteResult(str(node), "failed", reason=reasons[index]))
+            else:
+                self._sites.append(SiteResult(str(node), "late", reason=late))
 
     def aggregate_fit(
         self,
@@ -271,6 +289,14 @@ class ReportingStrategy(Strategy):
             accepted = self._check_each_update(results)
             self._train_metrics = weighted_train_metrics(accepted)
         self._record_failures(failures)
+        replied = sum(1 for site in self._sites if site.status == "ok")
+        if replied < self.min_replies:
+            self._failed = (
+                f"{replied} of {len(self._sampled)} sampled sites replied, fewer than "
+                f"--min-replies {self.min_replies}; the global model was kept"
+            )
+            log.warning("round %s failed: %s", server_round + self.round_offset, self._failed)
+            return None, {}
         if not accepted:
             return None, {}
         return self.strategy.aggregate_fit(
@@ -305,6 +331,7 @@ class ReportingStrategy(Strategy):
             reason = "round halted before aggregation: too few sites completed SecAgg+"
             self._sites = [SiteResult(str(node), "failed", reason=reason) for node in self._sampled]
             self._warnings.append(reason)
+            self._failed = self._failed or reason
         weights = parameters_to_ndarrays(parameters)
         scores = self.evaluator(weights)
         started, started_at = self._round_started
@@ -319,6 +346,7 @@ class ReportingStrategy(Strategy):
             sites=self._sites,
             train_metrics=self._train_metrics,
             warnings=self._warnings,
+            failed=self._failed,
         )
         for listener in self.listeners:
             listener.on_round(summary)

@@ -20,9 +20,11 @@ class RoundSummary:
         loss / accuracy: central evaluation of the new global model on the held-out set.
         seconds: wall time from sampling the sites to the end of central evaluation.
         weights: the new global model, in state-dict order.
-        sites: one result per sampled site (ok, failed or rejected).
+        sites: one result per sampled site (ok, failed, rejected or late).
         train_metrics: training metrics averaged over sites, weighted by examples.
         warnings: one line each for what the run should know (clipping, rejected aggregate).
+        failed: why the round failed (fewer replies than ``--min-replies``; the global model
+            was kept), or ``None`` for a round that aggregated.
     """
 
     round: int
@@ -35,6 +37,7 @@ class RoundSummary:
     sites: list[SiteResult] = field(default_factory=list)
     train_metrics: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    failed: str | None = None
 
     @property
     def sampled(self) -> int:

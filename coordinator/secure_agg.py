@@ -66,10 +66,10 @@ def derive_shares(cohort: int) -> tuple[int, int]:
     return shares, shares // 2 + 1
 
 
-def make_secagg_workflow(settings: SecAggSettings, cohort: int):  # -> SecAggPlusWorkflow
-    """Flower's SecAgg+ fit workflow configured for ``cohort`` sites per round."""
-    from flwr.server.workflow import SecAggPlusWorkflow
-
+def make_secagg_workflow(settings: SecAggSettings, cohort: int, round_timeout: float):
+    """Flower's SecAgg+ fit workflow for ``cohort`` sites per round, every round closing
+    ``round_timeout`` seconds after it starts (``coordinator/deadlines.py``)."""
+    from fedweave.coordinator.deadlines import DeadlineSecAggPlusWorkflow
     from fedweave.flower_patches import use_fedweave_secagg_masks
 
     use_fedweave_secagg_masks()
@@ -82,7 +82,8 @@ def make_secagg_workflow(settings: SecAggSettings, cohort: int):  # -> SecAggPlu
             f"SecAgg+ shares {shares} / threshold {threshold} do not fit {cohort} sites per round: "
             "need 2 <= threshold <= shares <= sites"
         )
-    return SecAggPlusWorkflow(
+    return DeadlineSecAggPlusWorkflow(
+        round_timeout=round_timeout,
         num_shares=1.0 if shares == cohort else shares,
         reconstruction_threshold=threshold,
         max_weight=settings.max_weight,

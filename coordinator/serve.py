@@ -94,6 +94,23 @@ def _check_config(config: RunConfig) -> None:
     ServerSettings(config, config.federation.min_clients, config.training.rounds).check()
 
 
+def _with_protections(config: RunConfig) -> tuple[RunConfig, dict]:
+    """The config with its round deadline resolved (``--round-timeout`` or sized from the
+    task), and the run's protections for the header and the history."""
+    from fedweave.coordinator.deployed_run import test_data_of
+    from fedweave.coordinator.run_header import protections
+    from fedweave.coordinator.server_app import ServerSettings
+
+    settings = ServerSettings(config, config.federation.min_clients, config.training.rounds)
+    round_timeout = settings.round_timeout(test_data_of(config))
+    facts = protections(
+        config, settings.cohort, round_timeout,
+        tls=not config.connection.insecure,
+        site_authentication=config.connection.require_registered_sites,
+    )  # fmt: skip
+    return config.replace(round_timeout=round_timeout), facts
+
+
 def _absolute_paths(config: RunConfig) -> RunConfig:
     """Paths the ServerApp reads, made absolute: Flower may run it in another directory."""
     test_data = config.data.test_data
@@ -104,13 +121,19 @@ def _absolute_paths(config: RunConfig) -> RunConfig:
 
 
 def _prepare_run(store, config: RunConfig, resolved: Resolved) -> DeployPlan:
-    """Create the history run, or resume one (same settings, after its last round)."""
+    """Create the history run, or resume one (same settings, after its last round); print
+    what protects it."""
     from fedweave.config.resume import merge_for_resume, stored_run_config
+    from fedweave.coordinator.run_header import header_line
 
     config = _absolute_paths(config)  # stored paths are absolute: compare like with like
-    if config.history.resume:
-        run = store.get_run(config.history.resume)
+    run = store.get_run(config.history.resume) if config.history.resume else None
+    if run is not None:
         config = merge_for_resume(run, config, resolved)
+    stored = stored_run_config(config, "coordinator")
+    config, stored["protections"] = _with_protections(config)
+    _echo(header_line(stored["protections"]))
+    if run is not None:
         store.mark_running(run.run_id)
         _echo(
             f"resuming run {run.run_id} after round {run.rounds_completed} of "
@@ -118,10 +141,7 @@ def _prepare_run(store, config: RunConfig, resolved: Resolved) -> DeployPlan:
         )
         return DeployPlan(run.run_id, config)
     run_id = uuid.uuid4().hex[:12]
-    store.start_run(
-        "federated", config.data.task, stored_run_config(config, "coordinator"),
-        config.training.seed, run_id=run_id,
-    )
+    store.start_run("federated", config.data.task, stored, config.training.seed, run_id=run_id)
     _echo(f"run {run_id} recorded in the history")
     return DeployPlan(run_id, config)
 
@@ -140,10 +160,12 @@ class _Watcher:
                 continue
             self.printed.add(row["round"])
             seconds = (row.get("extra") or {}).get("seconds")
+            failed = (row.get("extra") or {}).get("failed")
             _echo(
                 f"round {row['round']}/{self.rounds}: accuracy {row['eval_accuracy']:.4f} "
                 f"loss {row['eval_loss']:.4f}, sites {row['replied']}/{row['sampled']} ok"
                 + (f", {seconds:.1f} s" if seconds is not None else "")
+                + (f"; FAILED: {failed}" if failed else "")
             )
             for site in self.store.site_results(self.plan.run_id, row["round"]):
                 if site["status"] != "ok":
@@ -203,7 +225,10 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
     min_clients = plan.config.federation.min_clients
     previous = signal.signal(signal.SIGTERM, raise_interrupt)
     link_options = SuperLinkOptions(
-        host, port, deployment.state_dir.resolve(), tls,
+        host,
+        port,
+        deployment.state_dir.resolve(),
+        tls,
         node_auth=connection.require_registered_sites,
     )
     proc = client = None
@@ -230,7 +255,8 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
             f"run {plan.run_id} started (Flower run {flower_run}): "
             f"{plan.config.training.rounds} rounds, {min_clients} sites, "
             f"strategy {plan.config.federation.strategy}, SecAgg+ {'on' if secure_agg else 'off'}"
-            f", DP {plan.config.privacy.dp}"
+            f", DP {plan.config.privacy.dp}, round deadline "
+            f"{plan.config.federation.round_timeout:g} s"
         )
         watcher = _Watcher(store, plan)
         while True:

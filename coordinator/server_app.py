@@ -26,10 +26,12 @@ from fedweave.contract import (
     SECAGG_MAX_WEIGHT_KEY,
     SEED_KEY,
 )
+from fedweave.coordinator.deadlines import deadline_fit_workflow, default_round_timeout
 from fedweave.coordinator.privacy import check_privacy, local_dp_config, wrap_for_central_dp
 from fedweave.coordinator.rounds import RoundListener
 from fedweave.coordinator.secure_agg import SecAggSettings, derive_shares, make_secagg_workflow
 from fedweave.coordinator.strategies import check_strategy_choice, make_strategy
+from fedweave.errors import UserError
 from fedweave.learning.task import ArrayData, load_task
 from fedweave.learning.training import TrainConfig, seed_everything
 from fedweave.learning.weights import get_weights, set_weights
@@ -70,6 +72,29 @@ class ServerSettings:
         check_privacy(self.config.privacy)
         if self.secure_agg:
             derive_shares(self.cohort)
+        min_replies = self.config.federation.min_replies
+        if min_replies is not None and min_replies > self.cohort:
+            raise UserError(
+                f"--min-replies {min_replies} is more than the {self.cohort} sites sampled "
+                "per round; lower it or sample more sites (--clients-per-round, --min-clients)"
+            )
+
+    def train_config(self) -> TrainConfig:
+        """One site's local work, as the round's instructions describe it."""
+        training = self.config.training
+        return TrainConfig(
+            epochs=training.local_epochs, batch_size=training.batch_size, lr=training.lr,
+            device=training.device, seed=training.seed,
+        )  # fmt: skip
+
+    def round_timeout(self, test_data: ArrayData) -> float:
+        """``--round-timeout``, or the default sized from the task (``deadlines.py``)."""
+        given = self.config.federation.round_timeout
+        if given is not None:
+            return given
+        return default_round_timeout(
+            load_task(self.config.data.task), test_data, self.train_config()
+        )
 
     def strategy_options(self) -> dict[str, float]:
         """Settings of the chosen Flower strategy itself (FedProx's mu)."""
@@ -125,6 +150,7 @@ def make_server_app(
     """A ServerApp that runs ``settings.rounds`` rounds from ``start_weights``."""
     settings.check()
     config = settings.config
+    round_timeout = settings.round_timeout(test_data)
     app = ServerApp()
 
     @app.main()
@@ -132,12 +158,12 @@ def make_server_app(
         strategy = make_strategy(
             config.federation.strategy,
             settings.secure_agg,
-            evaluator=make_central_evaluator(
-                config.data.task, test_data, config.training.device
-            ),
+            evaluator=make_central_evaluator(config.data.task, test_data, config.training.device),
             listeners=listeners,
             round_offset=settings.round_offset,
             max_update_norm=config.federation.max_update_norm,
+            round_timeout=round_timeout,
+            min_replies=config.federation.min_replies or 1,
             fraction_fit=settings.cohort / settings.min_clients,
             min_fit_clients=settings.cohort,
             min_available_clients=settings.min_clients,
@@ -156,7 +182,9 @@ def make_server_app(
             strategy=strategy,
         )
         fit_workflow = (
-            make_secagg_workflow(settings.secagg, settings.cohort) if settings.secure_agg else None
+            make_secagg_workflow(settings.secagg, settings.cohort, round_timeout)
+            if settings.secure_agg
+            else deadline_fit_workflow(round_timeout)
         )
         DefaultWorkflow(fit_workflow=fit_workflow)(grid, legacy)
 

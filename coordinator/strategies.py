@@ -21,7 +21,9 @@ STRATEGIES: dict[str, tuple[type, dict[str, Any]]] = {
 }
 """name → (Flower strategy class, fedweave's defaults for its own knobs)."""
 
-REPORTING_KWARGS = frozenset({"evaluator", "listeners", "round_offset", "max_update_norm"})
+REPORTING_KWARGS = frozenset(
+    {"evaluator", "listeners", "round_offset", "max_update_norm", "round_timeout", "min_replies"}
+)
 """``make_strategy`` keywords meant for ``ReportingStrategy``; the rest go to Flower's strategy."""
 
 ROBUST_STRATEGIES = frozenset({"fedmedian", "trimmedavg", "krum", "multikrum"})
@@ -51,11 +53,11 @@ def make_strategy(name: str, secure_agg: bool, **kwargs: Any) -> ReportingStrate
     secure_agg : bool
         Whether SecAgg+ aggregates the fit results (the robust strategies are refused then).
     **kwargs : Any
-        ``evaluator`` (required), ``listeners``, ``round_offset`` and ``max_update_norm`` go
-        to ``ReportingStrategy`` (see there for their meaning and defaults); every other
-        keyword (``fraction_fit``, ``min_fit_clients``, ``initial_parameters``,
-        ``on_fit_config_fn``, ...) goes to the Flower strategy, beside fedweave's defaults
-        for it in ``STRATEGIES``.
+        ``evaluator`` (required), ``listeners``, ``round_offset``, ``max_update_norm``,
+        ``round_timeout`` and ``min_replies`` go to ``ReportingStrategy`` (see there for their
+        meaning and defaults); every other keyword (``fraction_fit``, ``min_fit_clients``,
+        ``initial_parameters``, ``on_fit_config_fn``, ...) goes to the Flower strategy, beside
+        fedweave's defaults for it in ``STRATEGIES``.
 
     Returns
     -------

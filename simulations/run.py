@@ -9,9 +9,10 @@ from rich.console import Console
 
 from fedweave.config import Resolved, RunConfig
 from fedweave.coordinator.rounds import RoundSummary
+from fedweave.coordinator.run_header import header_line, protections
 from fedweave.errors import UserError
 from fedweave.learning.task import load_task
-from fedweave.simulations.federated import run_federated_simulation
+from fedweave.simulations.federated import run_federated_simulation, server_settings
 from fedweave.simulations.report import RoundProgress, build_report, rounds_table, write_report
 
 
@@ -28,6 +29,16 @@ class _ProgressListener:
                 "seconds": summary.seconds,
             }
         )
+
+
+def _with_protections(config: RunConfig, offset: int, test_data) -> tuple[RunConfig, dict]:
+    """The config with its round deadline resolved, and what protects the run (no TLS or
+    site keys in a simulation: nothing crosses a network)."""
+    settings = server_settings(config, offset)
+    settings.check()
+    round_timeout = settings.round_timeout(test_data)
+    facts = protections(config, settings.cohort, round_timeout)
+    return config.replace(round_timeout=round_timeout), facts
 
 
 def run_and_report(config: RunConfig, resolved: Resolved) -> dict:
@@ -54,13 +65,15 @@ def run_and_report(config: RunConfig, resolved: Resolved) -> dict:
         store.mark_running(run_id)
         console.print(f"resuming run {run_id} after round {offset} of {config.training.rounds}")
     task_name, clients = config.data.task, config.data.clients
-    train, _ = load_task(task_name).load_data()  # bad task or sizes fail here, before Ray
+    train, test = load_task(task_name).load_data()  # bad task or sizes fail here, before Ray
     if clients > len(train):
         raise UserError(
             f"--clients {clients} is more than the {len(train)} training examples of "
             f"'{task_name}'; use fewer clients"
         )
     stored = stored_run_config(config, "simulate")
+    config, stored["protections"] = _with_protections(config, offset, test)
+    console.print(header_line(stored["protections"]), soft_wrap=True, highlight=False)
     if not resume:
         run_id = uuid.uuid4().hex[:12]
     tracker = make_tracker(config.history.track, run_id, stored)  # a missing package fails here
@@ -113,6 +126,7 @@ def run_and_report(config: RunConfig, resolved: Resolved) -> dict:
         config=stored["settings"],
         wall_seconds=time.perf_counter() - started,
     )
+    report["protections"] = stored["protections"]
     out = config.simulation.out
     write_report(out, report)
     console.print(rounds_table(report["rounds"], title=f"federated {task_name}: {clients} sites"))

@@ -75,6 +75,39 @@ class NoisyDigits(_OneBadSite):
                 parameter.add_(torch.randn(parameter.shape, generator=generator) * 50.0)
 
 
+SLOW_ONCE_ENV = "FEDWEAVE_TEST_SLOW_ONCE"
+"""A path prefix: the bad site's second training (round 2, after start-up) sleeps
+``SLOW_SECONDS``, once per run whichever process trains it (marker files ``PREFIX.1`` and
+``PREFIX.2`` count the trainings); unset, no site is slow."""
+SLOW_SECONDS = 30.0
+
+
+def _first_to_create(path: str) -> bool:
+    import os
+
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        return False
+    return True
+
+
+class SlowOnceDigits(_OneBadSite):
+    """The bad site stalls once, past a round deadline, as a hung GPU job or frozen VM would."""
+
+    name = "digits-slow-once"
+
+    def misbehave(self, model):
+        import os
+        import time
+
+        prefix = os.environ.get(SLOW_ONCE_ENV)
+        if not prefix or _first_to_create(prefix + ".1"):
+            return
+        if _first_to_create(prefix + ".2"):
+            time.sleep(SLOW_SECONDS)
+
+
 def bad_site_index(split_dir) -> int:
     """Which site file holds the sentinel example."""
     for index in range(1000):

@@ -109,9 +109,9 @@ def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
             pass
 
 
-def kill_tree_now(proc: subprocess.Popen) -> list[int]:
-    """SIGKILL a process and all its descendants at once (a machine losing the processes, not
-    a polite stop); returns the pids killed."""
+def signal_tree(proc: subprocess.Popen, sig: int) -> list[int]:
+    """Send ``sig`` to a process and all its descendants at once (whatever sessions they
+    started); returns the pids signalled."""
     table: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -130,9 +130,16 @@ def kill_tree_now(proc: subprocess.Popen) -> list[int]:
                 queue.append(pid)
     for pid in tree:
         try:
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, sig)
         except ProcessLookupError:
             pass
+    return tree
+
+
+def kill_tree_now(proc: subprocess.Popen) -> list[int]:
+    """SIGKILL a process and all its descendants at once (a machine losing the processes, not
+    a polite stop); returns the pids killed."""
+    tree = signal_tree(proc, signal.SIGKILL)
     proc.wait(10)
     return tree
 

@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 from fedweave.history import CheckpointRef, RoundRecord, SiteResult, open_store
 from fedweave.history.cli import history_app
+from fedweave.history.models import SCHEMA_REVISION
 from fedweave.history.plotting import mean_per_round
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,20 +40,44 @@ def _fill(url: str, ckpt_dir: Path) -> tuple[str, str]:
             path = ckpt_dir / f"round-{n}.npz"
             np.savez(path, *arrays)
             data = path.read_bytes()
-            record = RoundRecord(n, "coordinator", T0 + timedelta(minutes=n),
-                                 T0 + timedelta(minutes=n, seconds=20), 2, 2, 0,
-                                 {"train_loss": 1.0 / n}, 1.0 / n, 0.5 + n / 10)
-            store.record_round(fed, record, [SiteResult("s1", num_examples=10,
-                                                        metrics={"train_loss": 0.9 / n}),
-                                             SiteResult("s2", num_examples=20)],
-                               CheckpointRef(n, str(path), hashlib.sha256(data).hexdigest(),
-                                             len(data)))
+            record = RoundRecord(
+                n,
+                "coordinator",
+                T0 + timedelta(minutes=n),
+                T0 + timedelta(minutes=n, seconds=20),
+                2,
+                2,
+                0,
+                {"train_loss": 1.0 / n},
+                1.0 / n,
+                0.5 + n / 10,
+            )
+            store.record_round(
+                fed,
+                record,
+                [
+                    SiteResult("s1", num_examples=10, metrics={"train_loss": 0.9 / n}),
+                    SiteResult("s2", num_examples=20),
+                ],
+                CheckpointRef(n, str(path), hashlib.sha256(data).hexdigest(), len(data)),
+            )
         store.finish_run(fed, "completed")
         gossip = store.start_run("gossip", "digits", {"peers": 2}, 42, run_id="gos0000001")
         for peer, acc in (("p1", 0.6), ("p2", 0.8)):
             for n in (1, 2, 3):
-                record = RoundRecord(n, peer, T0, T0, 1, 1, 0, {}, 0.5, acc + n / 100,
-                                     extra={"drops": {"busy": n, "schema": 0}})
+                record = RoundRecord(
+                    n,
+                    peer,
+                    T0,
+                    T0,
+                    1,
+                    1,
+                    0,
+                    {},
+                    0.5,
+                    acc + n / 100,
+                    extra={"drops": {"busy": n, "schema": 0}},
+                )
                 store.record_round(gossip, record, [SiteResult("p2" if peer == "p1" else "p1")])
     return fed, gossip
 
@@ -80,7 +105,9 @@ def test_runs_lists_every_run_as_table_and_json(filled) -> None:
     assert fed in table.output and gossip in table.output and "completed" in table.output
     listed = json.loads(invoke("runs", "--db", url, "--format", "json").output)
     assert [(r["run_id"], r["status"], r["rounds_completed"]) for r in listed] == [
-        (gossip, "running", 3), (fed, "completed", 3)]
+        (gossip, "running", 3),
+        (fed, "completed", 3),
+    ]
 
 
 def test_runs_works_on_both_backends(db_url: str, tmp_path: Path) -> None:
@@ -95,17 +122,22 @@ def test_show_as_table_json_and_csv(filled) -> None:
     table = invoke("show", fed, "--db", url, "--sites")
     assert table.exit_code == 0, table.output
     assert "status completed" in table.output and "site results" in table.output
-    payload = json.loads(invoke("show", "latest", "--db", url, "--format", "json",
-                                "--sites").output)
+    payload = json.loads(
+        invoke("show", "latest", "--db", url, "--format", "json", "--sites").output
+    )
     assert payload["run"]["run_id"] == gossip and len(payload["rounds"]) == 6
     assert {s["site_id"] for s in payload["sites"]} == {"p1", "p2"}
-    rows = list(csv.DictReader(io.StringIO(invoke("show", fed, "--db", url, "--format",
-                                                  "csv").output)))
+    rows = list(
+        csv.DictReader(io.StringIO(invoke("show", fed, "--db", url, "--format", "csv").output))
+    )
     assert [row["round"] for row in rows] == ["1", "2", "3"]
     assert float(rows[1]["train.train_loss"]) == pytest.approx(0.5)
     assert rows[2]["checkpoint_path"].endswith("round-3.npz")
-    sites = list(csv.DictReader(io.StringIO(invoke("show", fed[:6], "--db", url, "--format",
-                                                   "csv", "--sites").output)))
+    sites = list(
+        csv.DictReader(
+            io.StringIO(invoke("show", fed[:6], "--db", url, "--format", "csv", "--sites").output)
+        )
+    )
     assert len(sites) == 6 and sites[0]["metrics.train_loss"] == "0.9"
 
 
@@ -132,8 +164,12 @@ def test_plot_writes_a_png_with_several_runs(filled, tmp_path: Path) -> None:
 
 
 def test_gossip_curves_are_the_mean_over_peers() -> None:
-    rows = [{"round": 1, "eval_accuracy": 0.6}, {"round": 1, "eval_accuracy": 0.8},
-            {"round": 2, "eval_accuracy": 0.7}, {"round": 2, "eval_accuracy": None}]
+    rows = [
+        {"round": 1, "eval_accuracy": 0.6},
+        {"round": 1, "eval_accuracy": 0.8},
+        {"round": 2, "eval_accuracy": 0.7},
+        {"round": 2, "eval_accuracy": None},
+    ]
     curve = mean_per_round(rows, "eval_accuracy")
     assert curve.rounds == [1, 2]
     assert curve.mean == pytest.approx([0.7, 0.7])
@@ -145,8 +181,12 @@ def test_export_writes_tables_and_the_verified_final_model(filled, tmp_path: Pat
     out = tmp_path / "export"
     result = invoke("export", fed, "--db", url, "--to", str(out))
     assert result.exit_code == 0, result.output
-    assert sorted(p.name for p in out.iterdir()) == ["model.npz", "rounds.csv", "run.json",
-                                                     "sites.csv"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "model.npz",
+        "rounds.csv",
+        "run.json",
+        "sites.csv",
+    ]
     with np.load(out / "model.npz") as model:
         assert model["arr_0"].tolist() == [[3.0, 3.0]] * 3
     meta = json.loads((out / "run.json").read_text())
@@ -167,8 +207,9 @@ def test_export_refuses_an_altered_checkpoint_but_keeps_the_tables(filled, tmp_p
 def test_migrate_creates_then_reports_current(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'new.db'}"
     first = invoke("migrate", "--db", url)
-    assert first.exit_code == 0 and "migrated from empty to 0001" in first.output
-    assert "already at 0001" in invoke("migrate", "--db", url).output
+    head = SCHEMA_REVISION
+    assert first.exit_code == 0 and f"migrated from empty to {head}" in first.output
+    assert f"already at {head}" in invoke("migrate", "--db", url).output
 
 
 def test_every_command_and_option_explains_itself() -> None:
@@ -185,19 +226,23 @@ def test_every_command_and_option_explains_itself() -> None:
 
 
 def _python(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_cli_module_imports_no_database_or_plotting_stack() -> None:
-    probe = ("import sys, fedweave.history.cli; "
-             "print(sorted(m for m in ('sqlalchemy', 'alembic', 'matplotlib', 'numpy') "
-             "if m in sys.modules))")
+    probe = (
+        "import sys, fedweave.history.cli; "
+        "print(sorted(m for m in ('sqlalchemy', 'alembic', 'matplotlib', 'numpy') "
+        "if m in sys.modules))"
+    )
     assert _python("-c", probe).stdout.strip() == "[]"
 
 
 def test_as_a_real_process_errors_are_one_line_on_stderr(tmp_path: Path) -> None:
-    done = _python("-m", "fedweave.history.cli", "show", "latest", "--db",
-                   f"sqlite:///{tmp_path / 'nope.db'}")
+    done = _python(
+        "-m", "fedweave.history.cli", "show", "latest", "--db", f"sqlite:///{tmp_path / 'nope.db'}"
+    )
     assert done.returncode == 2
     assert done.stderr.startswith("error: no history database") and done.stderr.count("\n") == 1

@@ -87,6 +87,20 @@ class FederationSection:
     max_update_norm: float | None = setting(
         None, "Reject site updates farther than this (L2) from the global model.", minimum=0
     )
+    round_timeout: float | None = setting(
+        None,
+        "Seconds a round waits for its sites, training included (SecAgg+ too); sites that "
+        "have not replied are recorded late and their replies discarded. Default: sized from "
+        "the task (the coordinator times the local work on its own held-out data).",
+        above=0, identity=False,
+    )
+    min_replies: int | None = setting(
+        None,
+        "Fewest replies a round aggregates; a round with fewer is recorded as failed, keeps "
+        "the global model, and the run goes on (default: 1; SecAgg+ also needs its "
+        "reconstruction threshold).",
+        minimum=1,
+    )
 
 
 @dataclass(frozen=True)
@@ -341,7 +355,10 @@ SECTIONS: dict[str, type] = {
 
 _TRAINING = ("rounds", "local_epochs", "lr", "batch_size", "seed", "device")
 _SPLIT = ("task", "clients", "partition", "alpha", "shards_per_client")
-_FEDERATION = ("clients_per_round", "strategy", "proximal_mu", "max_update_norm")
+_FEDERATION = (
+    "clients_per_round", "strategy", "proximal_mu", "max_update_norm", "round_timeout",
+    "min_replies",
+)  # fmt: skip
 _SECAGG = ("secure_agg", "secagg_timeout")
 _PRIVACY = ("dp", "noise_multiplier", "clipping_norm", "dp_epsilon", "dp_delta")
 

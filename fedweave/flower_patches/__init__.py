@@ -10,6 +10,9 @@ exact Flower version it was written and tested against (``PATCHED_FLOWER_VERSION
   (``use_fedweave_secagg_masks``: a site and a coordinator must draw the same SecAgg+ masks,
   so silently falling back to Flower's generator would corrupt every sum).
 
+``FEDWEAVE_STOCK_FLOWER=1`` skips every patch of the first kind (to compare, or to rule a
+patch out when debugging; ``bench/bench_deployment.py --stock-flower`` uses it).
+
 The patches, and why each exists:
 
 ``simulation_polling``
@@ -32,6 +35,7 @@ The patches, and why each exists:
 from __future__ import annotations
 
 import logging
+import os
 
 from fedweave.errors import UserError
 
@@ -84,7 +88,14 @@ def bound_supernode_waits() -> bool:
     )
 
 
+STOCK_FLOWER_ENV = "FEDWEAVE_STOCK_FLOWER"
+"""Set to 1 to run Flower's stock code where a patch only makes things faster or bounds a wait
+(the SecAgg+ masks are never skipped): to compare, or to rule a patch out when debugging."""
+
+
 def _apply_speedup(name: str, consequence: str) -> bool:
+    if os.environ.get(STOCK_FLOWER_ENV) == "1":
+        return False
     if not flower_is_patchable():
         _warn_once(name, consequence)
         return False

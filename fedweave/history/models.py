@@ -31,12 +31,12 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-SCHEMA_REVISION = "0001"
+SCHEMA_REVISION = "0002"
 """The Alembic revision these models describe; equal to the newest migration (tested)."""
 
 RUN_MODES = ("federated", "gossip")
 RUN_STATUSES = ("running", "completed", "failed", "interrupted")
-SITE_STATUSES = ("ok", "failed", "rejected")
+SITE_STATUSES = ("ok", "failed", "rejected", "late")
 
 NAMING = {
     "ix": "ix_%(column_0_label)s",

@@ -1,0 +1,86 @@
+"""What protects a federated run and how its rounds close, said once at its start.
+
+Every federated run command (``fedweave coordinator``, ``fedweave simulate --mode
+federated``) prints ``header_line`` before its first round, keeps ``protections`` in the
+history with the run's config, and the simulation's report carries the same dictionary, so an
+operator never has to guess whether SecAgg+, TLS or site authentication were on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fedweave.config import RunConfig
+
+
+def protections(
+    config: RunConfig,
+    cohort: int,
+    round_timeout: float,
+    *,
+    tls: bool | None = None,
+    site_authentication: bool | None = None,
+) -> dict[str, Any]:
+    """The run's protections and round rules as plain values.
+
+    Args:
+        config: the run's settings.
+        cohort: sites sampled per round.
+        round_timeout: the deadline every round closes at, in seconds.
+        tls / site_authentication: for a deployment; ``None`` in a simulation, where sites
+            are processes of this machine and nothing crosses a network.
+    """
+    from fedweave.coordinator.secure_agg import derive_shares
+
+    secure = config.secure_aggregation.secure_agg
+    secagg: dict[str, Any] = {"on": secure}
+    if secure:
+        shares, threshold = derive_shares(cohort)
+        secagg.update(shares=shares, threshold=threshold)
+    privacy = config.privacy
+    dp: dict[str, Any] = {"mode": privacy.dp}
+    if privacy.dp == "central":
+        dp.update(noise_multiplier=privacy.noise_multiplier, clipping_norm=privacy.clipping_norm)
+    elif privacy.dp == "local":
+        dp.update(
+            clipping_norm=privacy.clipping_norm, epsilon=privacy.dp_epsilon, delta=privacy.dp_delta
+        )
+    federation = config.federation
+    return {
+        "secure_aggregation": secagg,
+        "tls": tls,
+        "site_authentication": site_authentication,
+        "differential_privacy": dp,
+        "strategy": federation.strategy,
+        "round_timeout": round(round_timeout, 1),
+        "round_timeout_given": federation.round_timeout is not None,
+        "min_replies": federation.min_replies or 1,
+        "sites_per_round": cohort,
+    }
+
+
+def _on_off(value: bool | None, on: str, off: str) -> str:
+    return "n/a (simulation)" if value is None else (on if value else off)
+
+
+def header_line(facts: dict[str, Any]) -> str:
+    """``protections`` on one line, as the run commands print it."""
+    secagg = facts["secure_aggregation"]
+    secure = (
+        f"on ({secagg['shares']} shares, threshold {secagg['threshold']})"
+        if secagg["on"]
+        else "OFF (the coordinator sees each site's update)"
+    )
+    dp = facts["differential_privacy"]
+    dp_text = dp["mode"] + "".join(
+        f" {k.replace('_', ' ')} {v:g}" for k, v in dp.items() if k != "mode"
+    )
+    deadline = f"{facts['round_timeout']:g} s" + (
+        "" if facts["round_timeout_given"] else " (sized from the task)"
+    )
+    return (
+        f"SecAgg+ {secure}; TLS {_on_off(facts['tls'], 'on', 'OFF')}; site authentication "
+        f"{_on_off(facts['site_authentication'], 'required', 'off')}; DP {dp_text}; strategy "
+        f"{facts['strategy']}; {facts['sites_per_round']} sites a round; round deadline "
+        f"{deadline}, min replies {facts['min_replies']}"
+    )
