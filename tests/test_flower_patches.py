@@ -25,3 +25,32 @@ def test_another_flower_warns_once_and_runs_stock_or_refuses(monkeypatch, caplog
     # SecAgg+ masks must match on every side: no silent fallback to Flower's generator
     with pytest.raises(UserError, match="SecAgg\\+ needs flwr 1.41.0 \\(installed: 9.9.9\\)"):
         flower_patches.use_fedweave_secagg_masks()
+
+
+def test_supernode_reply_wait_ends_once_no_clientapp_is_left(monkeypatch):
+    """On Flower's own node state: the wait lasts while a ClientApp task is alive and ends
+    (nothing to push) once the task finished without a reply, instead of never."""
+    import threading
+    import time
+
+    from flwr.supercore.constant import TaskType
+    from flwr.supercore.object_store import ObjectStoreFactory
+    from flwr.supernode.nodestate.in_memory_nodestate import InMemoryNodeState
+
+    from fedweave.flower_patches import supernode_waits
+
+    monkeypatch.setattr(supernode_waits, "NO_TASK_GRACE_SECONDS", 0.3)
+    state = InMemoryNodeState(ObjectStoreFactory().store())
+    task = state.create_task(task_type=TaskType.CLIENT_APP, run_id=7, fab_hash="f" * 64)
+    finisher = threading.Timer(1.0, state.finish_task, (task, "failed", "exited, no reply"))
+    finisher.start()
+    started = time.monotonic()
+    assert supernode_waits._wait_for_replies(state) is None
+    assert 1.0 <= time.monotonic() - started < 3.0  # waited for the live task, then ended
+    finisher.join()
+
+
+def test_stock_flower_switch_skips_the_speedups(monkeypatch):
+    monkeypatch.setenv(flower_patches.STOCK_FLOWER_ENV, "1")
+    assert flower_patches.tune_deployed_polling() is False
+    assert flower_patches.bound_supernode_waits() is False
