@@ -107,7 +107,7 @@ def main() -> None:
             rows["SecAgg+" if secure else "plain"] = (seconds, time.perf_counter() - started)
     flower = "stock Flower polls" if args.stock_flower else "fedweave's Flower patches"
     print(f"fedweave deployment, {args.sites} sites, digits, loopback, TLS + site keys, {flower}")
-    print(f"{'round':<10}{'median s (rounds 2..)':>24}{'round 1 s':>12}{'wall s':>9}  per round")
+    print(f"{'mode':<10}{'median s (rounds 2..)':>24}{'round 1 s':>12}{'wall s':>9}  per round")
     for name, (seconds, wall) in rows.items():
         steady = statistics.median(seconds[1:]) if len(seconds) > 1 else seconds[0]
         per = " ".join(f"{s:.1f}" for s in seconds)

@@ -261,14 +261,9 @@ def _client(config: RunConfig, _resolved: Resolved) -> None:
         raise UserError("--data is required: this site's .npz or .csv file")
     coordinator = site.coordinator or ""
     _check_inputs(
-        coordinator,
-        data.task,
-        data.data,
-        data.label_column,
-        connection.ca_cert,
-        connection.insecure,
-        connection.site_key,
-    )
+        coordinator, data.task, data.data, data.label_column, connection.ca_cert,
+        connection.insecure, connection.site_key,
+    )  # fmt: skip
     command = supernode_command(
         coordinator,
         data.task,

@@ -225,12 +225,9 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
     min_clients = plan.config.federation.min_clients
     previous = signal.signal(signal.SIGTERM, raise_interrupt)
     link_options = SuperLinkOptions(
-        host,
-        port,
-        deployment.state_dir.resolve(),
-        tls,
+        host, port, deployment.state_dir.resolve(), tls,
         node_auth=connection.require_registered_sites,
-    )
+    )  # fmt: skip
     proc = client = None
     finished = False
     try:

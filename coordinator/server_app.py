@@ -79,21 +79,13 @@ class ServerSettings:
                 "per round; lower it or sample more sites (--clients-per-round, --min-clients)"
             )
 
-    def train_config(self) -> TrainConfig:
-        """One site's local work, as the round's instructions describe it."""
-        training = self.config.training
-        return TrainConfig(
-            epochs=training.local_epochs, batch_size=training.batch_size, lr=training.lr,
-            device=training.device, seed=training.seed,
-        )  # fmt: skip
-
     def round_timeout(self, test_data: ArrayData) -> float:
         """``--round-timeout``, or the default sized from the task (``deadlines.py``)."""
         given = self.config.federation.round_timeout
         if given is not None:
             return given
         return default_round_timeout(
-            load_task(self.config.data.task), test_data, self.train_config()
+            load_task(self.config.data.task), test_data, TrainConfig.of(self.config.training)
         )
 
     def strategy_options(self) -> dict[str, float]:

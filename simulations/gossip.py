@@ -178,19 +178,14 @@ def _launch_plan(
     gpus_per_peer = sim.config.simulation.gpus_per_peer
     task = load_task(data.task)
     sites = write_split(
-        task,
-        work / "data",
-        data.clients,
-        data.partition,
-        data.alpha,
-        data.shards_per_client,
+        task, work / "data", data.clients, data.partition, data.alpha, data.shards_per_client,
         training.seed,
     )
     if sim.hosts is not None and len(sim.hosts) < data.clients:
         raise UserError(f"{len(sim.hosts)} hosts for {data.clients} peers; give one host per peer")
     ports = [HOST_PORT] * data.clients if sim.hosts else free_ports(data.clients)
-    listen = ["0.0.0.0" if sim.hosts else "127.0.0.1"] * data.clients
-    dial = [h.address for h in sim.hosts] if sim.hosts else listen
+    listen = "0.0.0.0" if sim.hosts else "127.0.0.1"
+    dial = [h.address for h in sim.hosts] if sim.hosts else [listen] * data.clients
     keys = _make_keys(work, data.clients) if sim.secure else None
     gpus = _gpu_count() if gpus_per_peer > 0 else 0
     if gpus_per_peer > 0 and gpus == 0:
@@ -203,7 +198,7 @@ def _launch_plan(
             "fedweave.gossip",
             "peer",
             "--listen",
-            f"tcp://{listen[i]}:{ports[i]}",
+            f"tcp://{listen}:{ports[i]}",
             "--advertise",
             f"tcp://{dial[i]}:{ports[i]}",
             "--task",
@@ -415,7 +410,8 @@ def run_gossip_and_report(sim: GossipSimulation) -> dict[str, Any]:
     out = sim.config.simulation.out
     with console.status(f"gossip {task}: starting {clients} peers") as status:
         report = run_gossip_simulation(
-            sim, on_round=lambda r: status.update(f"gossip {task}: round {r}/{rounds}")
+            sim,
+            on_round=lambda r: status.update(f"gossip {task}: round {r}/{rounds}")
         )
     write_report(out, report)
     table_rows = [

@@ -12,6 +12,7 @@ import random
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -19,6 +20,9 @@ from torch import nn
 
 from fedweave.errors import UserError
 from fedweave.learning.task import ArrayData
+
+if TYPE_CHECKING:
+    from fedweave.config.sections import TrainingSection
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,14 @@ class TrainConfig:
     seed: int = 0
     amp: bool | None = None
     proximal_mu: float = 0.0
+
+    @classmethod
+    def of(cls, training: TrainingSection) -> TrainConfig:
+        """A site's local work as the run's ``[training]`` settings describe it."""
+        return cls(
+            epochs=training.local_epochs, batch_size=training.batch_size, lr=training.lr,
+            device=training.device, seed=training.seed,
+        )  # fmt: skip
 
 
 def pick_device(requested: str | None = None) -> torch.device:
