@@ -96,8 +96,10 @@ def supernode_command(
     runtime_port: int,
     label_column: str | None = None,
     device: str | None = None,
+    external_worker: bool = False,
 ) -> list[str]:
-    """The ``flower-supernode`` command line for this site."""
+    """The ``flower-supernode`` command line for this site (``external_worker``: its
+    ClientApps run in ``fedweave.client.worker``, not in a new process per message)."""
     from fedweave.contract import (
         NODE_DATA_PATH_KEY,
         NODE_DEVICE_KEY,
@@ -124,6 +126,8 @@ def supernode_command(
         str(connect_timeout),
     ]
     cmd += ["--root-certificates", str(ca_cert.resolve())] if ca_cert else ["--insecure"]
+    if external_worker:
+        cmd += ["--isolation", "process"]
     if site_key is not None:
         cmd += ["--auth-supernode-private-key", str(site_key.resolve())]
     return cmd
@@ -191,12 +195,21 @@ def run_site(
     log_path: Path,
     connect_timeout: float,
     verbose: bool = False,
+    worker: list[str] | None = None,
 ) -> int:
     """Run the SuperNode until it exits or we are stopped; returns our exit code.
+
+    ``worker``: the command of the site's ClientApp worker, kept running beside the SuperNode
+    (``WorkerSupervisor``); None when the SuperNode starts its own ClientApp processes.
 
     A SuperNode whose key the coordinator has not registered (yet) exits at once; the site
     then tries again with growing waits until ``connect_timeout``, because sites are often
     started before the coordinator's operator has added their key.
+
+    A SuperNode that exits after it had connected is started again: a restarted coordinator
+    keeps no Flower state (``fedweave.coordinator.superlink``), so it refuses this site's old
+    node id and Flower's SuperNode exits; the site then joins as a new node. Waits between
+    such restarts grow from 2 s to 30 s while they keep coming within a minute.
     """
     from fedweave.errors import UserError
 
@@ -206,15 +219,30 @@ def run_site(
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     previous = signal.signal(signal.SIGTERM, raise_interrupt)
     _echo(f"site starting: connecting to {coordinator} (log: {log_path})")
-    started, wait = time.monotonic(), 2.0
+    started, wait, rejoin_wait = time.monotonic(), 2.0, 2.0
     proc: subprocess.Popen | None = None
+    supervisor = None
     try:
+        if worker is not None:
+            from fedweave.client.worker_supervisor import WorkerSupervisor
+
+            supervisor = WorkerSupervisor(worker, env, log_path, _echo).start()
         while True:
             proc = _start_supernode(command, env)
             follower = _LogFollower(proc.stdout, log_path, coordinator, verbose)
+            launched = time.monotonic()
             code = proc.wait()
             stop_process_group(proc)
             follower.thread.join(5)
+            if follower.connected:
+                rejoin_wait = 2.0 if time.monotonic() - launched > 60 else rejoin_wait
+                _echo(
+                    f"coordinator {coordinator} dropped this site (restarted?); "
+                    f"rejoining in {rejoin_wait:.0f} s"
+                )
+                time.sleep(rejoin_wait)
+                started, wait, rejoin_wait = time.monotonic(), 2.0, min(rejoin_wait * 2, 30.0)
+                continue
             left = connect_timeout - (time.monotonic() - started)
             if not follower.refused or left <= 0:
                 break
@@ -234,6 +262,8 @@ def run_site(
         signal.signal(signal.SIGTERM, previous)
         if proc is not None:
             stop_process_group(proc)
+        if supervisor is not None:
+            supervisor.stop()
     if follower.refused:
         raise UserError(
             f"coordinator {coordinator} refused this site: its key is not registered there; "
@@ -264,6 +294,11 @@ def _client(config: RunConfig, _resolved: Resolved) -> None:
         coordinator, data.task, data.data, data.label_column, connection.ca_cert,
         connection.insecure, connection.site_key,
     )  # fmt: skip
+    from fedweave.client.worker_supervisor import worker_command
+    from fedweave.flower_patches import clientapp_worker_usable
+
+    runtime_port = site.runtime_port or free_port()
+    use_worker = clientapp_worker_usable()
     command = supernode_command(
         coordinator,
         data.task,
@@ -271,13 +306,19 @@ def _client(config: RunConfig, _resolved: Resolved) -> None:
         None if connection.insecure else connection.ca_cert,
         connection.site_key,
         connection.connect_timeout,
-        site.runtime_port or free_port(),
+        runtime_port,
         data.label_column,
         config.training.device,
+        external_worker=use_worker,
     )
+    worker = None
+    if use_worker:
+        runtime_api = f"127.0.0.1:{runtime_port}"
+        worker = worker_command(runtime_api, data.task, data.data, data.label_column)
     code = run_site(
-        command, coordinator, site.log_file, connection.connect_timeout, config.output.verbose
-    )
+        command, coordinator, site.log_file, connection.connect_timeout, config.output.verbose,
+        worker,
+    )  # fmt: skip
     raise typer.Exit(code)
 
 

@@ -237,11 +237,8 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
         scheme = "https" if tls else "http (insecure)"
         _echo(
             f"coordinator listening on {host}:{port} ({scheme}); "
-            f"Flower state in {link_options.database}"
+            f"Flower log in {link_options.log_path}"
         )
-        stale = client.stop_unfinished_runs()
-        if stale:
-            _echo(f"stopped {len(stale)} Flower run(s) left by the previous coordinator")
         known: set[Path] = set()
         keys = lambda: _sync_site_keys(client, connection.tls_dir, known)  # noqa: E731
         keys()

@@ -105,7 +105,11 @@ class SuperLinkOptions:
 
     Attributes:
         host / port: where the Fleet/Control/Runtime API listens (sites connect here).
-        state_dir: keeps ``superlink.db`` (nodes, runs: survives restarts) and ``superlink.log``.
+        state_dir: keeps ``superlink.log``. Flower's own state (nodes, runs, messages) is kept
+            in memory: on disk it cost ~1.1 s of a 3-site round (docs/deploy.md), and nothing
+            of it is needed after a restart. fedweave's history and checkpoints carry a run
+            across ``--resume``, the site keys are registered again from ``--tls-dir``, and a
+            site the restarted SuperLink no longer knows rejoins (``fedweave client``).
         tls: certificate files, or None with ``--insecure``.
         node_auth: only SuperNodes whose public key is registered may connect.
     """
@@ -115,10 +119,6 @@ class SuperLinkOptions:
     state_dir: Path
     tls: TlsFiles | None
     node_auth: bool = False
-
-    @property
-    def database(self) -> Path:
-        return self.state_dir / "superlink.db"
 
     @property
     def log_path(self) -> Path:
@@ -137,8 +137,6 @@ class SuperLinkOptions:
             self.host,
             "--port",
             str(self.port),
-            "--database",
-            str(self.database),
             "--isolation",
             "subprocess",
             "--disable-runtime-dependency-installation",
@@ -255,19 +253,6 @@ class ControlClient:
         except OSError:
             pass
 
-    def stop_unfinished_runs(self) -> list[int]:
-        """Stop runs a crashed coordinator left behind (their ServerApp died with it)."""
-        from flwr.proto.control_pb2 import ListRunsRequest, StopRunRequest
-
-        stopped = []
-        for run_id, run in self._client.ListRuns(ListRunsRequest()).run_dict.items():
-            if run.status.status != "finished":
-                try:
-                    self._client.StopRun(StopRunRequest(run_id=run_id))
-                    stopped.append(int(run_id))
-                except Exception:  # noqa: BLE001 - best effort; a stuck run only wastes a slot
-                    pass
-        return stopped
 
 
 def build_fab(run_config: dict) -> bytes:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,18 +90,37 @@ def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
     )
 
 
+_DNS_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+
+
+def san_entry(host: str) -> x509.GeneralName:
+    """``host`` as a certificate name: an IP address (v4 or v6) or a DNS name; anything else
+    (a port, a URL, ``10.0.0.300``) is a one-line error naming it."""
+    try:
+        return x509.IPAddress(ipaddress.ip_address(host))
+    except ValueError:
+        pass
+    labels = host.rstrip(".").split(".")
+    if (
+        len(host) <= 253
+        and all(_DNS_LABEL.match(label) for label in labels)
+        and not labels[-1].isdigit()  # a top-level label is never all digits: a mistyped IP
+    ):
+        return x509.DNSName(host.rstrip(".").lower())
+    raise UserError(
+        f"--host {host!r} is neither an IP address nor a DNS name; give the name or address "
+        "sites use to reach the coordinator, without port or scheme (e.g. coord.example.org "
+        "or 10.0.0.5)"
+    )
+
+
 def _san_entries(hosts: list[str]) -> list[x509.GeneralName]:
     """DNS names and IP addresses the server certificate is valid for (always loopback too)."""
     names: list[x509.GeneralName] = []
-    seen: set[str] = set()
     for host in [*hosts, "localhost", "127.0.0.1"]:
-        if host in seen:
-            continue
-        seen.add(host)
-        try:
-            names.append(x509.IPAddress(ipaddress.ip_address(host)))
-        except ValueError:
-            names.append(x509.DNSName(host))
+        entry = san_entry(host)
+        if entry not in names:
+            names.append(entry)
     return names
 
 
@@ -120,6 +140,7 @@ def init_certificates(
         raise UserError("--host needs the name or IP address sites use to reach the coordinator")
     if days < 1:
         raise UserError(f"--days {days} must be at least 1")
+    san = _san_entries([h.strip() for h in hosts])  # a bad host fails before any file is written
     files = TlsFiles.in_dir(out)
     existing = [
         p for p in (files.ca_cert, out / CA_KEY, files.server_cert, files.server_key) if p.exists()
@@ -163,7 +184,7 @@ def init_certificates(
         .serial_number(x509.random_serial_number())
         .not_valid_before(now)
         .not_valid_after(now + dt.timedelta(days=days))
-        .add_extension(x509.SubjectAlternativeName(_san_entries(hosts)), critical=False)
+        .add_extension(x509.SubjectAlternativeName(san), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .add_extension(

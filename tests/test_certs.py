@@ -86,3 +86,35 @@ def test_add_key_registers_checks_and_refuses_duplicates(tmp_path):
         add_site_key(tls, garbage)
     with pytest.raises(UserError, match="cannot read"):
         add_site_key(tls, tmp_path / "missing.pub")
+
+
+def test_init_takes_several_names_and_addresses_and_refuses_anything_else(tmp_path):
+    hosts = ["coord.example.org", "fl-hub", "10.0.0.5", "192.168.7.1", "fd00::1"]
+    files = init_certificates(tmp_path / "tls", hosts)
+    server = x509.load_pem_x509_certificate(files.server_cert.read_bytes())
+    san = server.extensions.get_extension_for_oid(ExtensionOID.SUBJECT_ALTERNATIVE_NAME).value
+    assert {"coord.example.org", "fl-hub", "localhost"} == set(
+        san.get_values_for_type(x509.DNSName)
+    )
+    assert {str(ip) for ip in san.get_values_for_type(x509.IPAddress)} == {
+        "10.0.0.5", "192.168.7.1", "fd00::1", "127.0.0.1",
+    }  # fmt: skip
+    for bad in ["10.0.0.300", "coord:9092", "https://coord.example.org", "a b", "-x.org"]:
+        with pytest.raises(UserError, match="neither an IP address nor a DNS name"):
+            init_certificates(tmp_path / "bad", ["coord.example.org", bad])
+        assert not (tmp_path / "bad").exists()  # nothing written
+
+
+def test_certs_init_with_a_bad_host_is_one_line_and_exit_2(tmp_path):
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "fedweave.cli", "certs", "init", "--out", str(tmp_path / "t"),
+         "--host", "10.0.0.5", "--host", "coord:9092"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "'coord:9092' is neither" in lines[0], result.stderr
+    assert not (tmp_path / "t").exists()

@@ -94,7 +94,7 @@ def test_coordinator_database_unreachable(deployment):
     )
     line = one_line_error(done)
     assert "secret" not in line  # the password is masked
-    assert not (deployment / "state" / "superlink.db").exists()  # nothing started
+    assert not (deployment / "state" / "superlink.log").exists()  # nothing started
 
 
 def test_coordinator_refuses_bad_settings_before_starting(deployment):

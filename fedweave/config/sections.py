@@ -261,7 +261,7 @@ class DeploymentSection:
         identity=False,
     )
     state_dir: Path = setting(
-        Path("coordinator-state"), "Flower's persistent state (superlink.db) and its log.",
+        Path("coordinator-state"), "Where the SuperLink's log is written.",
         identity=False,
     )
     site_timeout: float = setting(

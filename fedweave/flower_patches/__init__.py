@@ -25,6 +25,11 @@ The patches, and why each exists:
     A site's SuperNode sleeps 3 s when idle and waits without limit for its ClientApp's
     reply; fedweave caps its sleeps at 0.2 s and stops waiting once no ClientApp is alive to
     reply (one that died without replying left the site deaf to every later message).
+``fedweave.client.worker`` (not a patch, but written on Flower's own per-message functions
+    of this version, so behind the same guard; ``clientapp_worker_usable``)
+    A site's SuperNode starts a new ``flwr-clientapp`` process per message (~7 s on 2 cores);
+    fedweave's site runs the SuperNode with ``--isolation process`` and one long-lived worker
+    with torch, the task and the data already loaded.
 ``secagg_masks``
     SecAgg+'s mask generator seeds NumPy's Mersenne Twister with a 32-bit fold of a 256-bit
     seed (slow, and brute-forceable); fedweave uses AES-256-CTR keyed by the whole seed, and
@@ -86,6 +91,17 @@ def bound_supernode_waits() -> bool:
         "supernode_waits",
         "the SuperNode keeps Flower's 3 s sleeps and waits without limit for a ClientApp reply",
     )
+
+
+def clientapp_worker_usable() -> bool:
+    """Whether a site may run fedweave's long-lived ClientApp worker; False (Flower's stock
+    process per message) on another Flower version or with ``FEDWEAVE_STOCK_FLOWER=1``."""
+    if os.environ.get(STOCK_FLOWER_ENV) == "1":
+        return False
+    if not flower_is_patchable():
+        _warn_once("clientapp_worker", "each message starts a new flwr-clientapp process")
+        return False
+    return True
 
 
 STOCK_FLOWER_ENV = "FEDWEAVE_STOCK_FLOWER"

@@ -4,7 +4,8 @@ Flower 1.41's deployed ServerApp pulls replies every 3 s (``HttpGrid.send_and_re
 every message round trip of a round (one for FedAvg, four for SecAgg+) waits up to 3 s for
 nothing; fedweave's replacement does the same pushes and pulls through the grid's own public
 ``push_messages`` / ``pull_messages`` every ``GRID_POLL_SECONDS``. On 2 cores, polls much
-shorter than that made rounds slower, not faster (docs/deploy.md has the figures).
+shorter than that made rounds slower, not faster (docs/deploy.md has the figures). Replies
+whose weights are not uploaded yet are pulled again after 0.05 s, not 1 s (``object_pulls``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,11 @@ def send_and_receive(self, messages: Iterable, *, timeout: float | None = None) 
 
 
 def install() -> None:
-    """Apply the shorter grid poll (the version guard is the caller's)."""
-    from flwr.superlink.grid.http_grid import HttpGrid
+    """Apply the shorter grid poll and the shorter first object-pull backoff
+    (``object_pulls``; the version guard is the caller's)."""
+    from flwr.superlink.grid import http_grid
 
-    HttpGrid.send_and_receive = send_and_receive
+    from fedweave.flower_patches import object_pulls
+
+    http_grid.HttpGrid.send_and_receive = send_and_receive
+    object_pulls.install_in(http_grid)

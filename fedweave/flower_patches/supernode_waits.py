@@ -12,6 +12,8 @@ Two changes to ``flwr.supernode.start_client_internal``, the loop a site's Super
   belonged to) left the site deaf to every later message: the stalled resumed run of a
   CI failure. fedweave's wait ends once no ClientApp task is pending or running and
   none has replied; the unanswered message is dropped and the site pulls the next one.
+- **A shorter first object-pull backoff** (``object_pulls``): instructions whose weights are
+  not uploaded yet are pulled again after 0.05 s, not 1 s.
 """
 
 from __future__ import annotations
@@ -84,6 +86,9 @@ def install() -> None:
             return
         stock_push(_Prefetched(state, replies), object_store, send, push_object)
 
+    from fedweave.flower_patches import object_pulls
+
     loop._push_messages = push_messages
+    object_pulls.install_in(loop)
     loop.time = types.SimpleNamespace(**{**vars(time), "sleep": _capped_sleep})
     loop._fedweave_patched = True

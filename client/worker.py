@@ -1,0 +1,255 @@
+"""``python -m fedweave.client.worker``: a site's long-lived ClientApp worker.
+
+Flower 1.41's SuperNode hands each message to a new ``flwr-clientapp`` process, which imports
+Python, Flower and torch, installs the run's FAB, loads the ClientApp, answers one message
+and exits: about 7 s of start-up per training message on 2 cores, against well under a second
+of training (docs/deploy.md, "How fast"). This worker takes the SuperNode's place as the
+executor: the SuperNode runs with ``--isolation process``, and the worker
+
+1. imports torch, loads the site's task and data, and warms the optimizer path once;
+2. claims each ClientApp task from the SuperNode's Runtime API (``AcquireTask``, what
+   ``flower-superexec`` calls), then runs it in this process with Flower's own functions
+   for the pinned version (``push_message`` and ``push_task_output`` of
+   ``flwr.supernode.runtime.run_clientapp``, and its ``pull_task_input`` with a shorter
+   first object-pull backoff), keeping a heartbeat while it runs;
+3. installs each run's FAB and loads its ClientApp once, not once per message.
+
+An exception in the ClientApp becomes an error reply, as in ``flwr-clientapp``. A worker that
+dies mid-task stops its heartbeat; the SuperNode then answers that message with Flower's
+"ClientApp crashed" error (so the coordinator records the site failed), and ``fedweave client``
+starts a new worker (``fedweave.client.worker_supervisor``).
+
+It takes no part in what the ClientApp computes: the same app, message and context as under
+``flwr-clientapp``, so a run's results do not depend on which executor ran it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import threading
+import time
+
+POLL_SECONDS = 0.1
+"""Seconds between asks for a task when none is pending (stock ``flower-superexec``: 1 s).
+Measured on 2 cores (docs/deploy.md): 0.1 s costs ~0.03 CPU-s/s idle per site."""
+
+log = logging.getLogger("fedweave.client.worker")
+
+
+def warm_up(task: str | None, data_path: str | None, label_column: str | None) -> None:
+    """Pay every first-use cost before the first message: torch, the optimizer path (its first
+    use imports ``torch._dynamo``, ~2 s), the task, and this site's data."""
+    import torch
+
+    torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1).step()
+    if task is None:
+        return
+    from fedweave.client.site_app import cached_site_data, cached_task
+
+    cached_task(task)
+    if data_path is not None:
+        try:
+            cached_site_data(data_path, task, label_column)
+        except Exception as exc:  # refused again, with the reason, at the run's first message
+            log.warning("site data not preloaded: %s", str(exc).splitlines()[0])
+
+
+class ClientAppRunner:
+    """Runs claimed ClientApp tasks in this process, one at a time."""
+
+    def __init__(self, runtime_api_address: str) -> None:
+        self.address = runtime_api_address
+        self._apps: dict[str, object] = {}  # FAB hash -> its loaded ClientApp
+
+    def _client(self, token: str | None):
+        from flwr.supercore.interceptors import (
+            RuntimeTokenHttpInterceptor,
+            RuntimeVersionHttpInterceptor,
+        )
+        from flwr.supercore.retry import make_simple_http_retry_invoker
+        from flwr.supercore.runtime import RuntimeHttpClient
+
+        component = "flwr-clientapp" if token else "SuperExec"
+        interceptors = [RuntimeVersionHttpInterceptor(component_name=component)]
+        if token:
+            interceptors.append(RuntimeTokenHttpInterceptor(token))
+        return RuntimeHttpClient.from_server_address(
+            server_address=self.address,
+            insecure=True,  # the Runtime API listens on loopback only, as under flower-superexec
+            root_certificates=None,
+            interceptors=interceptors,
+            retry_invoker=make_simple_http_retry_invoker(),
+        )
+
+    def _client_app(self, run, fab):
+        """The run's ClientApp, loaded from its FAB on first use (Flower's loader)."""
+        if fab.hash_str not in self._apps:
+            from flwr.cli.install import install_from_fab
+            from flwr.clientapp.utils import get_load_client_app_fn
+
+            install_from_fab(fab.content, skip_prompt=True)
+            load = get_load_client_app_fn(default_app_ref="", app_path=None, multi_app=True)
+            self._apps[fab.hash_str] = load(run.fab_id, run.fab_version, fab.hash_str)
+        return self._apps[fab.hash_str]
+
+    def acquire(self, client) -> str | None:
+        """A token for the next pending ClientApp task, or None."""
+        from flwr.proto.runtime_pb2 import AcquireTaskRequest
+        from flwr.supercore.constant import TaskType
+
+        response = client.AcquireTask(
+            AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP])
+        )
+        return response.token if response.HasField("task") and response.token else None
+
+    def run_task(self, token: str) -> None:
+        """What ``flwr-clientapp`` does for one message, minus process start and exit."""
+        from flwr.app import Message
+        from flwr.app.error import Error
+        from flwr.clientapp.client_app import LoadClientAppError
+        from flwr.common.constant import ErrorCode, SubStatus
+        from flwr.supercore.heartbeat import HeartbeatSender, make_task_heartbeat_fn_http
+        from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
+
+        started = time.perf_counter()
+        client = self._client(token)
+        heartbeat = HeartbeatSender(make_task_heartbeat_fn_http(client))
+        message = context = reply = None
+        sub_status, details = SubStatus.FAILED, "ClientApp task failed due to unknown reason"
+        try:
+            heartbeat.start()
+            message, context, run, fab = pull_task_input(client)
+            reply = self._client_app(run, fab)(message=message, context=context)
+            sub_status, details = SubStatus.COMPLETED, ""
+        except Exception as exc:  # the ClientApp's failure becomes the site's error reply
+            code = ErrorCode.CLIENT_APP_RAISED_EXCEPTION
+            reason = f"{type(exc)}:<'{exc}'>"
+            if isinstance(exc, LoadClientAppError):
+                code = ErrorCode.LOAD_CLIENT_APP_EXCEPTION
+                reason = "An exception was raised when attempting to load `ClientApp`"
+            log.error("ClientApp raised an exception", exc_info=exc)
+            details = reason
+            if message is not None:
+                reply = Message(Error(code=code, reason=reason), reply_to=message)
+        finally:
+            try:
+                if reply is not None and context is not None:
+                    push_message(client, reply, context)
+            finally:
+                push_task_output(client, context, sub_status, details)
+                if heartbeat.is_running:
+                    heartbeat.stop()
+                client.close()
+        if message is not None:
+            log.info(
+                "%s message of round %s: %s in %.2f s", message.metadata.message_type,
+                message.metadata.group_id or "-", sub_status.lower(), time.perf_counter() - started,
+            )  # fmt: skip
+
+
+def pull_task_input(client):
+    """Flower's ``run_clientapp.pull_task_input`` for 1.41, with the shorter first backoff of
+    ``fedweave.flower_patches.object_pulls``: this worker asks for its message within 0.1 s of
+    the SuperNode creating the task, usually before the SuperNode has the message's weights,
+    and Flower's 1 s first backoff then cost a second or three per message."""
+    from flwr.app import Message
+    from flwr.common.serde import context_from_proto, fab_from_proto, run_from_proto
+    from flwr.proto.node_pb2 import Node
+    from flwr.proto.runtime_pb2 import PullAppMessagesRequest, PullTaskInputRequest
+    from flwr.supercore.inflatable.inflatable_protobuf_utils import (
+        make_confirm_message_received_fn_protobuf,
+        make_pull_object_fn_protobuf,
+    )
+    from flwr.supercore.inflatable.inflatable_utils import pull_and_inflate_object_from_tree
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from fedweave.flower_patches.object_pulls import quick
+
+    res = client.PullTaskInput(PullTaskInputRequest())
+    TaskIdentity.task_id = res.task_id
+    TaskIdentity.run_id = res.run.run_id
+    TaskIdentity.node_id = res.context.node_id
+    context, run, fab = (
+        context_from_proto(res.context), run_from_proto(res.run), fab_from_proto(res.fab)
+    )
+    pulled = client.PullMessages(PullAppMessagesRequest())
+    if not pulled.messages_list:
+        raise RuntimeError("No messages received from Runtime API")
+    node = Node(node_id=context.node_id)
+    tree = pulled.message_object_trees[0]
+    message = quick(pull_and_inflate_object_from_tree)(
+        tree,
+        make_pull_object_fn_protobuf(client.PullObject, node, context.run_id),
+        make_confirm_message_received_fn_protobuf(
+            client.ConfirmMessageReceived, node, context.run_id
+        ),
+        return_type=Message,
+    )
+    message.metadata.__dict__["_message_id"] = tree.object_id  # as Flower's own pull sets it
+    return message, context, run, fab
+
+
+def serve(
+    runtime_api_address: str,
+    stop: threading.Event,
+    poll_seconds: float = POLL_SECONDS,
+) -> None:
+    """Claim and run ClientApp tasks until ``stop`` is set.
+
+    Args:
+        runtime_api_address: the SuperNode's Runtime API, ``host:port`` on loopback.
+        stop: set to end the loop after the task in hand (SIGTERM/SIGINT set it).
+        poll_seconds: seconds between asks when no task is pending (default ``POLL_SECONDS``).
+    """
+    import httpx
+
+    runner = ClientAppRunner(runtime_api_address)
+    control = runner._client(None)
+    try:
+        while not stop.is_set():
+            try:
+                token = runner.acquire(control)
+            except httpx.HTTPError as exc:  # the SuperNode is (re)starting: ask again soon
+                log.debug("Runtime API %s not answering: %s", runtime_api_address, exc)
+                stop.wait(1.0)
+                continue
+            if token is not None:
+                runner.run_task(token)
+            else:
+                stop.wait(poll_seconds)
+    finally:
+        control.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m fedweave.client.worker",
+        description="A site's long-lived ClientApp worker (started by `fedweave client`).",
+    )
+    parser.add_argument("--runtime-api-address", required=True, help="the SuperNode's host:port")
+    parser.add_argument("--task", help="the task this site holds, loaded before the first message")
+    parser.add_argument("--data", help="this site's data file, loaded before the first message")
+    parser.add_argument("--label-column", help="label column of a CSV data file")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll otherwise
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    # Flower's HTTP retry SIGINTs its own process on a 401, meant to end a one-message
+    # flwr-clientapp. Here a 401 only means the SuperNode restarted and forgot the task in
+    # hand: that task fails and the worker goes on. (It runs in its own session, so a
+    # terminal's Ctrl-C never reaches it; `fedweave client` stops it with SIGTERM.)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    warm_up(args.task, args.data, args.label_column)
+    log.info("ClientApp worker ready (pid %d)", os.getpid())
+    serve(args.runtime_api_address, stop)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""Starts a site's ClientApp worker (``fedweave.client.worker``) and starts it again if it
+dies, so the site operator still runs one command.
+
+A worker that dies mid-message loses only that message: Flower's SuperNode answers it with its
+"ClientApp crashed" error once the worker's heartbeat is missed, and the coordinator records the
+site failed for that round. The new worker takes the next message. Restarts wait 1 s, doubling
+to 30 s while the worker keeps dying within a minute of its start.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from fedweave.processes import stop_process_group, tied_to_us
+
+STABLE_SECONDS = 60.0
+"""A worker that ran this long before dying is restarted after the shortest wait again."""
+
+
+def worker_command(
+    runtime_api_address: str, task: str, data: Path, label_column: str | None
+) -> list[str]:
+    """The worker's command line for this site."""
+    cmd = [
+        sys.executable, "-m", "fedweave.client.worker",
+        "--runtime-api-address", runtime_api_address,
+        "--task", task, "--data", str(data.resolve()),
+    ]  # fmt: skip
+    return cmd + (["--label-column", label_column] if label_column else [])
+
+
+class WorkerSupervisor:
+    """Keeps one worker process alive until ``stop()``.
+
+    Args:
+        command: the worker's command line (``worker_command``).
+        env: its environment.
+        log_path: file its output is appended to (the site's log).
+        echo: where restart notices go (the operator's terminal).
+    """
+
+    def __init__(
+        self, command: list[str], env: dict[str, str], log_path: Path, echo: Callable[[str], None]
+    ) -> None:
+        self.command, self.env, self.log_path, self.echo = command, env, log_path, echo
+        self.restarts = 0
+        self._stop = threading.Event()
+        self._proc: subprocess.Popen | None = None
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._keep_alive, name="worker", daemon=True)
+
+    def start(self) -> WorkerSupervisor:
+        self._thread.start()
+        return self
+
+    def _spawn(self) -> subprocess.Popen:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            return subprocess.Popen(
+                self.command, stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=self.env,
+                **tied_to_us(),
+            )  # fmt: skip
+
+    def _keep_alive(self) -> None:
+        wait = 1.0
+        while not self._stop.is_set():
+            with self._lock:
+                if self._stop.is_set():
+                    return
+                self._proc = proc = self._spawn()
+            started = time.monotonic()
+            code = proc.wait()
+            if self._stop.is_set():
+                return
+            wait = 1.0 if time.monotonic() - started > STABLE_SECONDS else wait
+            self.restarts += 1
+            self.echo(
+                f"ClientApp worker exited (code {code}); restarting it in {wait:.0f} s "
+                "(a message it held is answered as failed)"
+            )
+            self._stop.wait(wait)
+            wait = min(wait * 2, 30.0)
+
+    def pid(self) -> int | None:
+        """The running worker's pid (None before the first start)."""
+        proc = self._proc
+        return proc.pid if proc is not None and proc.poll() is None else None
+
+    def stop(self) -> None:
+        """Stop the worker (SIGTERM, then SIGKILL after a grace period) and stop restarting."""
+        with self._lock:
+            self._stop.set()
+            proc = self._proc
+        if proc is not None:
+            stop_process_group(proc, grace=5.0)
+        self._thread.join(10)

@@ -1,0 +1,60 @@
+"""The site's long-lived ClientApp worker: its supervisor restarts it when it dies and stops
+it cleanly. (That deployed sites use it, and what a crash mid-message does to the round, is in
+``test_deploy_worker.py``.)"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from fedweave.client.worker_supervisor import WorkerSupervisor, worker_command
+
+
+def _pids(path: Path) -> list[int]:
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+def test_the_supervisor_restarts_a_dying_worker_and_stops_the_running_one(tmp_path):
+    pids = tmp_path / "pids"
+    script = (
+        "import os, sys, time\n"
+        f"open({str(pids)!r}, 'a').write(f'{{os.getpid()}}\\n')\n"
+        f"if len(open({str(pids)!r}).read().split()) < 3: sys.exit(3)\n"
+        "time.sleep(600)\n"
+    )  # dies twice at once, then stays up like a healthy worker
+    notices: list[str] = []
+    supervisor = WorkerSupervisor(
+        [sys.executable, "-c", script], {}, tmp_path / "site.log", notices.append
+    ).start()
+    try:
+        deadline = time.monotonic() + 30
+        while len(_pids(pids)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(set(_pids(pids))) == 3, notices
+        assert supervisor.restarts == 2
+        assert all("worker exited (code 3); restarting it" in n for n in notices), notices
+        time.sleep(0.5)
+        running = supervisor.pid()
+        assert running == _pids(pids)[-1]
+    finally:
+        supervisor.stop()
+    assert supervisor.pid() is None
+    assert not Path(f"/proc/{running}").exists() or "Z" in _state(running)
+    assert supervisor.restarts == 2  # stopping is not a crash: no restart after it
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
+def test_the_worker_command_names_the_sites_task_and_data(tmp_path):
+    data = tmp_path / "site.csv"
+    cmd = worker_command("127.0.0.1:9094", "digits", data, "label")
+    assert cmd[1:3] == ["-m", "fedweave.client.worker"]
+    assert cmd[cmd.index("--runtime-api-address") + 1] == "127.0.0.1:9094"
+    assert cmd[cmd.index("--data") + 1] == str(data.resolve())
+    assert cmd[-2:] == ["--label-column", "label"]
