@@ -4,9 +4,10 @@ with ``fedweave data split``), plain and with SecAgg+.
 
 Each row is the median of a run's rounds 2..R (round 1 also pays for the sites' first
 ClientApp start-up), from the seconds the coordinator records per round. ``--stock-flower``
-runs every process with ``FEDWEAVE_STOCK_FLOWER=1``: Flower's stock polls and sleeps
-(fedweave.flower_patches skips its deployment patches), which is what fedweave deployed before
-them; compare the two on the same machine.
+runs every process with ``FEDWEAVE_STOCK_FLOWER=1``: Flower's stock polls, sleeps, backoffs
+and per-message ``flwr-clientapp`` processes (fedweave.flower_patches skips its deployment
+patches and the sites their long-lived ClientApp worker), which is what fedweave deployed
+before them; compare the two on the same machine.
 
     python bench/bench_deployment.py [--rounds 5] [--sites 3] [--stock-flower]
 """
@@ -91,7 +92,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="rounds per run (default 5)")
     parser.add_argument("--sites", type=int, default=3, help="sites (default 3)")
     parser.add_argument(
-        "--stock-flower", action="store_true", help="Flower's stock polls and sleeps"
+        "--stock-flower", action="store_true",
+        help="Flower's stock polls, sleeps and per-message ClientApp processes",
     )
     args = parser.parse_args()
     env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_UPDATE_CHECK="1")
@@ -105,7 +107,7 @@ def main() -> None:
             started = time.perf_counter()
             seconds = one_run(work, args.sites, args.rounds, secure, env)
             rows["SecAgg+" if secure else "plain"] = (seconds, time.perf_counter() - started)
-    flower = "stock Flower polls" if args.stock_flower else "fedweave's Flower patches"
+    flower = "Flower's stock behaviour" if args.stock_flower else "fedweave's worker and patches"
     print(f"fedweave deployment, {args.sites} sites, digits, loopback, TLS + site keys, {flower}")
     print(f"{'mode':<10}{'median s (rounds 2..)':>24}{'round 1 s':>12}{'wall s':>9}  per round")
     for name, (seconds, wall) in rows.items():

@@ -29,6 +29,13 @@ WORK_FACTOR = 20.0
 """Default deadline = this × the local work timed on the coordinator's held-out set (sites
 hold more data than that, and may run on slower machines)."""
 FINAL_STAGE_FLOOR_SECONDS = 5.0
+KEY_STAGE_SHARE = 0.15
+"""Each SecAgg+ key stage (advertise keys, share keys) waits at most this share of the round's
+deadline, and at least ``KEY_STAGE_FLOOR_SECONDS``: they are a few milliseconds of crypto per
+site, so a site silent for that long is missing, and the protocol drops it (it tolerates
+dropouts down to its threshold) instead of the first stage using up the whole deadline and
+halting the round for everyone, which is what a site whose link was cut did before."""
+KEY_STAGE_FLOOR_SECONDS = 5.0
 
 
 def default_round_timeout(task: Task, data: ArrayData, config: TrainConfig) -> float:
@@ -71,6 +78,26 @@ def deadline_fit_workflow(round_timeout: float):
     return fit_workflow
 
 
+def forget_sites_without_keys(state) -> None:
+    """Take the sites that did not answer SecAgg+'s key advertisement out of the round.
+
+    Flower 1.41 keeps them among the round's sampled sites, so its unmasking stage lists them
+    as dropped and asks the others for their key shares, which they never made (key shares
+    go only to sites that advertised keys): every surviving site's ClientApp then fails with
+    a ``KeyError`` and the whole round halts. Such a site shares no mask with anyone, so the
+    protocol is unchanged by forgetting it, and the round goes on with the others. Runs only
+    on the Flower version ``use_fedweave_secagg_masks`` allows (it reads the workflow state).
+    """
+    silent = set(state.sampled_node_ids) - set(state.active_node_ids)
+    if not silent:
+        return
+    state.sampled_node_ids -= silent
+    for node_id in silent:
+        state.nid_to_neighbours.pop(node_id, None)
+    for neighbours in state.nid_to_neighbours.values():
+        neighbours -= silent
+
+
 class DeadlineSecAggPlusWorkflow(SecAggPlusWorkflow):
     """Flower's SecAgg+ workflow whose four stages share one round deadline.
 
@@ -79,7 +106,10 @@ class DeadlineSecAggPlusWorkflow(SecAggPlusWorkflow):
     round_timeout : float
         Seconds from the round's first SecAgg+ message until it closes. Each stage waits at
         most what is left of it (and at most the workflow's own per-stage ``timeout``); the
-        unmasking stage waits at least ``FINAL_STAGE_FLOOR_SECONDS``.
+        two key stages at most ``KEY_STAGE_SHARE`` of it (at least
+        ``KEY_STAGE_FLOOR_SECONDS``), except in the first round this workflow runs, whose first
+        message also pays every site's start-up; the unmasking stage waits at least
+        ``FINAL_STAGE_FLOOR_SECONDS``.
     **kwargs
         ``SecAggPlusWorkflow``'s own parameters.
     """
@@ -89,26 +119,41 @@ class DeadlineSecAggPlusWorkflow(SecAggPlusWorkflow):
         self.round_timeout = round_timeout
         self.stage_timeout = self.timeout
         self._deadline = 0.0
+        self._rounds_run = 0
 
     def __call__(self, grid, context) -> None:
         """Run the protocol with the round's clock started."""
         self._deadline = time.monotonic() + self.round_timeout
-        super().__call__(grid, context)
+        try:
+            super().__call__(grid, context)
+        finally:
+            self._rounds_run += 1
 
-    def _left(self, floor: float = 0.0) -> bool:
-        """Set this stage's timeout to what is left; False when nothing is (halt the round
-        rather than send messages no site could answer in time)."""
+    def _left(self, floor: float = 0.0, cap: float | None = None) -> bool:
+        """Set this stage's timeout to what is left (at most ``cap``); False when nothing is
+        (halt the round rather than send messages no site could answer in time)."""
         left = max(floor, self._deadline - time.monotonic())
-        self.timeout = min(self.stage_timeout, left)
+        self.timeout = min(self.stage_timeout, left, cap if cap is not None else left)
         return left > 0
 
+    def _key_stage_cap(self) -> float | None:
+        if self._rounds_run == 0:
+            return None
+        return max(KEY_STAGE_SHARE * self.round_timeout, KEY_STAGE_FLOOR_SECONDS)
+
     def setup_stage(self, grid, context, state) -> bool:
-        """Key advertisement, within the round's deadline."""
-        return self._left() and super().setup_stage(grid, context, state)
+        """Key advertisement, within its share of the round's deadline; a site that sent no
+        keys is then out of the round (``forget_sites_without_keys``)."""
+        if not self._left(cap=self._key_stage_cap()):
+            return False
+        enough = super().setup_stage(grid, context, state)
+        forget_sites_without_keys(state)
+        return enough
 
     def share_keys_stage(self, grid, context, state) -> bool:
-        """Key shares, within the round's deadline."""
-        return self._left() and super().share_keys_stage(grid, context, state)
+        """Key shares, within its share of the round's deadline."""
+        cap = self._key_stage_cap()
+        return self._left(cap=cap) and super().share_keys_stage(grid, context, state)
 
     def collect_masked_vectors_stage(self, grid, context, state) -> bool:
         """Local training and the masked updates, within the round's deadline."""

@@ -74,10 +74,13 @@ class Processes:
         self.cwd = cwd
         self.procs: list[subprocess.Popen] = []
 
-    def start(self, name: str, *args: str) -> subprocess.Popen:
+    def start(self, name: str, *args: str, host=None) -> subprocess.Popen:
+        """Start ``fedweave ARGS`` (inside ``host``'s network namespace when given, a
+        ``fedweave.simulations.netns.Host``)."""
         out = open(self.cwd / f"{name}.out", "w")  # noqa: SIM115 - the child owns it
+        argv = fedweave_cmd(*args)
         proc = subprocess.Popen(
-            fedweave_cmd(*args),
+            host.command(argv) if host is not None else argv,
             cwd=self.cwd,
             stdout=out,
             stderr=subprocess.STDOUT,
