@@ -61,19 +61,20 @@ def test_three_sites_tls_auth_secagg_with_a_site_killed_in_round_2(tmp_path):
         assert intruder.returncode == 2, procs.output("intruder")
         assert "refused this site: its key is not registered" in procs.output("intruder")
 
-        # Kill -9 site 2 (every process of it: CLI, guard, SuperNode, ClientApp) while it trains in
-        # round 2: SecAgg+ sends 4 messages per round and training is the 3rd, so the 7th
-        # message a site receives is round 2's training request.
+        # Kill -9 site 2 (every process of it: CLI, guard, SuperNode, ClientApp worker) as soon
+        # as round 2 reaches it: SecAgg+ sends 4 messages per round, so the 5th message a site
+        # receives is round 2's first. (A deployed round takes a few seconds; waiting for the
+        # training message, the 7th, often found round 2 already over.)
         site2_log = tmp_path / "site2-2.log"
         wait_for(
-            lambda: received_messages(site2_log) >= MESSAGES_PER_ROUND + 3,
+            lambda: received_messages(site2_log) >= MESSAGES_PER_ROUND + 1,
             300,
-            "site 2 to start training in round 2",
+            "round 2 to reach site 2",
             coord,
             lambda: procs.output("coordinator"),
         )
         killed = kill_tree_now(sites[2])
-        assert len(killed) >= 4, killed  # CLI, guard, SuperNode, SuperExec (+ ClientApp)
+        assert len(killed) >= 4, killed  # CLI, guard, SuperNode, ClientApp worker
         rounds_at_kill = [r["round"] for r in recorded(db)[0]]
         assert rounds_at_kill == [1], f"the kill was not in round 2: {rounds_at_kill}"
         # Round 2 finishes with the other two (the SuperLink notices the dead node when its
@@ -97,7 +98,11 @@ def test_three_sites_tls_auth_secagg_with_a_site_killed_in_round_2(tmp_path):
     by_round = {n: [s for s in site_rows if s["round"] == n] for n in (1, 2, 3)}
     assert [s["status"] for s in by_round[1]] == ["ok"] * SITES
     assert sum(s["status"] == "ok" for s in by_round[3]) == SITES, by_round[3]
-    assert rounds[1]["replied"] == SITES - 1 and rounds[1]["failed"] >= 1, (rounds[1], by_round[2])
+    assert rounds[1]["replied"] == SITES - 1, (rounds[1], by_round[2])
+    # dead before it answered (late) or after (its stage failed), depending on the moment
+    assert sorted(s["status"] for s in by_round[2]) in (
+        ["failed", "ok", "ok"], ["late", "ok", "ok"]
+    ), by_round[2]
     assert len({s["site_id"] for s in site_rows if s["status"] == "ok"}) == SITES
     assert rounds[-1]["eval_accuracy"] > 0.5, rounds[-1]  # chance is 0.1 on ten digits
     for n in (1, 2, 3):
