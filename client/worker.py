@@ -64,7 +64,8 @@ class ClientAppRunner:
         self.address = runtime_api_address
         self._apps: dict[str, object] = {}  # FAB hash -> its loaded ClientApp
 
-    def _client(self, token: str | None):
+    def client(self, token: str | None):
+        """A Runtime API client: with ``token`` for one task's calls, else for ``AcquireTask``."""
         from flwr.supercore.interceptors import (
             RuntimeTokenHttpInterceptor,
             RuntimeVersionHttpInterceptor,
@@ -115,7 +116,7 @@ class ClientAppRunner:
         from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
 
         started = time.perf_counter()
-        client = self._client(token)
+        client = self.client(token)
         heartbeat = HeartbeatSender(make_task_heartbeat_fn_http(client))
         message = context = reply = None
         sub_status, details = SubStatus.FAILED, "ClientApp task failed due to unknown reason"
@@ -207,7 +208,7 @@ def serve(
     import httpx
 
     runner = ClientAppRunner(runtime_api_address)
-    control = runner._client(None)
+    control = runner.client(None)
     try:
         while not stop.is_set():
             try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -73,3 +74,16 @@ def db_url(request: pytest.FixtureRequest, tmp_path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'history.db'}"
     return request.getfixturevalue("pg_url")
+
+
+@contextmanager
+def namespace_hosts(count: int) -> Iterator[list]:
+    """``count`` network namespaces on one bridge (``simulations/netns.py``), removed after;
+    the test skips, saying why, where namespaces cannot be made (not root)."""
+    from fedweave.simulations.netns import bridged_hosts, why_namespaces_unavailable
+
+    why = why_namespaces_unavailable()
+    if why is not None:
+        pytest.skip(f"cannot make network namespaces: {why}")
+    with bridged_hosts(count) as made:
+        yield made

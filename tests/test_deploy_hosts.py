@@ -5,7 +5,8 @@ are required, SecAgg+ is on. Faults, in order:
 
 - round 2: one site's namespace loses its link; the round closes at its deadline and the site
   is recorded late;
-- the link comes back and the site takes part again in round 3;
+- the link comes back and the site takes part again (round 3, or round 4 when Flower's
+  reconnect backoff outlasts round 3's key stage);
 - the coordinator is killed with ``kill -9`` and resumed; the sites rejoin and the run
   completes with every round recorded once.
 
@@ -19,9 +20,10 @@ import signal
 from collections.abc import Iterator
 
 import pytest
+from conftest import namespace_hosts
 from test_deploy_support import Processes, recorded, run_fedweave, wait_for, wait_for_success
 
-from fedweave.simulations.netns import Host, bridged_hosts, set_link, why_namespaces_unavailable
+from fedweave.simulations.netns import Host, set_link
 
 SITES = 3
 ROUNDS = 4
@@ -32,10 +34,7 @@ DEADLINE = 40.0
 @pytest.fixture
 def hosts() -> Iterator[list[Host]]:
     """The coordinator's host and one per site, on one bridge; removed after."""
-    why = why_namespaces_unavailable()
-    if why is not None:
-        pytest.skip(f"cannot make network namespaces: {why}")
-    with bridged_hosts(1 + SITES) as made:
+    with namespace_hosts(1 + SITES) as made:
         yield made
 
 
@@ -107,9 +106,12 @@ def test_coordinator_and_sites_on_separate_hosts_with_link_loss_and_coordinator_
     assert final.status == "completed"
     assert rounds[1]["extra"]["seconds"] <= DEADLINE * 1.1, rounds[1]
     late = [s for s in site_rows if s["status"] == "late"]
-    assert [s["round"] for s in late] == [2], site_rows
+    # Round 3 starts right after round 2; the cut site may still be in Flower's reconnect
+    # backoff (up to ~8 s) then, and miss round 3 too (seen in 1 run of 5). It is back by 4.
+    assert [s["round"] for s in late] in ([2], [2, 3]), site_rows
+    assert len({s["site_id"] for s in late}) == 1
     assert f"round deadline ({DEADLINE:g} s)" in late[0]["reason"]
-    assert rounds[2]["replied"] == SITES and rounds[3]["replied"] == SITES, rounds
+    assert rounds[2]["replied"] >= SITES - 1 and rounds[3]["replied"] == SITES, rounds
     assert rounds[-1]["eval_accuracy"] > 0.5
     header = next(x for x in procs.output("coordinator").splitlines() if x.startswith("SecAgg+"))
     assert "SecAgg+ on" in header and "TLS on" in header and "authentication required" in header

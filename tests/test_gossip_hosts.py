@@ -20,8 +20,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import namespace_hosts
 
-from fedweave.simulations.netns import Host, bridged_hosts, why_namespaces_unavailable
+from fedweave.simulations.netns import Host
 
 PEERS = 4
 PORT = 7000
@@ -32,11 +33,8 @@ EXCHANGE_TIMEOUT = 2.0
 
 @pytest.fixture
 def hosts() -> Iterator[list[Host]]:
-    """``PEERS`` namespaces on one bridge (``simulations/netns.py``); removed after."""
-    why = why_namespaces_unavailable()
-    if why is not None:
-        pytest.skip(f"cannot make network namespaces: {why}")
-    with bridged_hosts(PEERS) as made:
+    """``PEERS`` namespaces on one bridge; removed after."""
+    with namespace_hosts(PEERS) as made:
         yield made
 
 
