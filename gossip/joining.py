@@ -73,9 +73,6 @@ class Joining:
         seeds = [s.strip() for s in listed if s.strip() and s.strip() != addr]
         if seeds:
             self._open_seeds(seeds)
-            if self.keyring is not None:
-                for key in self.transport.neighbour_keys():
-                    self.transport.watch_handshakes(key)
             backoff, next_try, tries = 0.5, 0.0, 0
             while not self.members.live() and not self.stopping():
                 self._refuse_if_no_seed_key_works(seeds)
@@ -153,11 +150,13 @@ class Joining:
                     raise UserError(
                         f"seed {peer_id} has no public key in {self.config.peer.keys}/allowed/"
                     )
-                self.transport.connect(f"{SEED_PREFIX}{addr}", addr, self.keyring.allowed[peer_id])
+                self.transport.connect(
+                    f"{SEED_PREFIX}{addr}", addr, self.keyring.allowed[peer_id], watch=True
+                )
             else:  # the seed's key is unknown: try every allowed key, the right one answers
                 for pid, key in self.keyring.allowed.items():
                     if pid != self.state.peer_id:
-                        self.transport.connect(f"{SEED_PREFIX}{addr}#{pid}", addr, key)
+                        self.transport.connect(f"{SEED_PREFIX}{addr}#{pid}", addr, key, watch=True)
 
     def catch_up(self, timeout: float) -> None:
         """A late joiner starts from the network's model instead of from scratch; the pull

@@ -147,8 +147,14 @@ class Transport:
 
     # -- neighbours --------------------------------------------------------------------
 
-    def connect(self, key: str, addr: str, server_key: bytes | None = None) -> None:
-        """Open (or keep) a DEALER named ``key`` to ``addr``; with CURVE, pin ``server_key``."""
+    def connect(
+        self, key: str, addr: str, server_key: bytes | None = None, watch: bool = False
+    ) -> None:
+        """Open (or keep) a DEALER named ``key`` to ``addr``; with CURVE, pin ``server_key``.
+
+        ``watch`` counts its CURVE handshakes (read with ``handshakes``) from before the first
+        one: a refusal ends libzmq's reconnecting, so a monitor attached after ``connect``
+        can miss the only event there will ever be."""
         if key in self._dealers:
             return
         sock = self.context.socket(zmq.DEALER)
@@ -160,6 +166,8 @@ class Transport:
             sock.curve_secretkey = self.keyring.identity.secret_key
             sock.curve_publickey = self.keyring.identity.public_key
             sock.curve_serverkey = server_key
+        if watch:
+            self._watch_handshakes(key, sock)
         sock.connect(addr)
         self._dealers[key] = sock
         self._poller.register(sock, zmq.POLLIN)
@@ -202,12 +210,9 @@ class Transport:
 
     # -- handshakes (seeds) --------------------------------------------------------------
 
-    def watch_handshakes(self, key: str) -> None:
-        """Count the CURVE handshakes of DEALER ``key`` (read with ``handshakes``): with a
-        seed whose key is not the one pinned, or that does not allow ours, every one fails."""
-        sock = self._dealers.get(key)
-        if sock is None or key in self._monitors:
-            return
+    def _watch_handshakes(self, key: str, sock: zmq.Socket) -> None:
+        """Count the CURVE handshakes of DEALER ``key``: with a seed whose key is not the one
+        pinned, or that does not allow ours, every one fails."""
         events = (
             zmq.EVENT_HANDSHAKE_SUCCEEDED
             | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL

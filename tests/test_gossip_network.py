@@ -172,6 +172,26 @@ def test_curve_peers_talk_and_an_unknown_key_is_refused(tmp_path: Path) -> None:
     assert "unknown CURVE key" in (tmp_path / "p0.log").read_text()
 
 
+def test_a_refusal_is_counted_even_when_read_long_after_it_happened(tmp_path: Path) -> None:
+    """libzmq stops reconnecting after a CURVE refusal, so the refusal is the only handshake
+    event there will ever be; it must be counted however late the joiner first looks."""
+    from fedweave.gossip.keys import load_keyring
+    from fedweave.gossip.transport import Transport
+
+    dirs = _keys(tmp_path, ["seed", "joiner"])
+    _allow(dirs, "joiner", "seed")  # the seed does not allow the joiner's key
+    seed = Transport("tcp://127.0.0.1:0", load_keyring(dirs["seed"]))
+    joiner = Transport("tcp://127.0.0.1:0", load_keyring(dirs["joiner"]))
+    try:
+        seed_key = load_keyring(dirs["seed"]).identity.public_key
+        joiner.connect("seed", seed.address, seed_key, watch=True)
+        time.sleep(1.5)  # the handshake is refused meanwhile, with nobody reading events
+        assert joiner.handshakes("seed") == (0, 0, 1)
+    finally:
+        joiner.close()
+        seed.close()
+
+
 def test_unreachable_seeds_exit_nonzero_with_a_clear_message(tmp_path: Path) -> None:
     (port,) = free_ports(1)
     np.save(tmp_path / "v.npy", np.zeros(3))
