@@ -132,7 +132,9 @@ class SuperLinkOptions:
 
     def command(self) -> list[str]:
         cmd = [
-            "flower-superlink",
+            sys.executable,
+            "-m",
+            "fedweave.coordinator.superlink_process",  # flower-superlink with fedweave's patches
             "--host",
             self.host,
             "--port",

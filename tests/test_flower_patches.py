@@ -54,3 +54,27 @@ def test_stock_flower_switch_skips_the_speedups(monkeypatch):
     monkeypatch.setenv(flower_patches.STOCK_FLOWER_ENV, "1")
     assert flower_patches.tune_deployed_polling() is False
     assert flower_patches.bound_supernode_waits() is False
+
+
+def test_a_restarted_site_takes_its_online_node_back(monkeypatch):
+    """On Flower's own SuperLink state: a node whose site was killed still counts as online
+    until its heartbeat lapses; stock Flower refuses to activate it again meanwhile, the
+    patched SuperLink lets its key's holder take it over at once."""
+    from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
+    from flwr.supercore.constant import NodeStatus
+    from flwr.supercore.object_store import ObjectStoreFactory
+    from flwr.superlink.federation.noop_federation_manager import NoOpFederationManager
+
+    from fedweave.flower_patches import node_restarts
+
+    monkeypatch.setattr(InMemoryLinkState, "activate_node", InMemoryLinkState.activate_node)
+    state = InMemoryLinkState(NoOpFederationManager(), ObjectStoreFactory().store())
+    node = state.create_node("owner", "site0", b"site0-public-key", 30)
+    assert state.activate_node(node, 30) is True  # the site's first process
+    assert state.activate_node(node, 30) is False  # stock: its restart is refused
+    node_restarts.install()
+    assert state.activate_node(node, 30) is True  # patched: the restart takes the node
+    (info,) = state.get_node_info(node_ids=[node])
+    assert info.status == NodeStatus.ONLINE
+    unknown = 12345
+    assert state.activate_node(unknown, 30) is False  # no node, nothing to take over

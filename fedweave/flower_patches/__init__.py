@@ -25,6 +25,10 @@ The patches, and why each exists:
     A site's SuperNode sleeps 3 s when idle and waits without limit for its ClientApp's
     reply; fedweave caps its sleeps at 0.2 s and stops waiting once no ClientApp is alive to
     reply (one that died without replying left the site deaf to every later message).
+``node_restarts``
+    With site authentication, a site killed and started again at once was refused for up to
+    60 s (its node stayed "online" until its heartbeat lapsed) and rounds meanwhile sampled
+    its dead node; the SuperLink now lets the key's holder activate its online node again.
 ``fedweave.client.worker`` (not a patch, but written on Flower's own per-message functions
     of this version, so behind the same guard; ``clientapp_worker_usable``)
     A site's SuperNode starts a new ``flwr-clientapp`` process per message (~7 s on 2 cores);
@@ -90,6 +94,15 @@ def bound_supernode_waits() -> bool:
     return _apply_speedup(
         "supernode_waits",
         "the SuperNode keeps Flower's 3 s sleeps and waits without limit for a ClientApp reply",
+    )
+
+
+def let_sites_rejoin_at_once() -> bool:
+    """A restarted site takes its node back at once in the coordinator's SuperLink; False
+    (stock) elsewhere."""
+    return _apply_speedup(
+        "node_restarts",
+        "a restarted site is refused until its previous process's heartbeat lapses (<= 60 s)",
     )
 
 
