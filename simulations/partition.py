@@ -1,4 +1,6 @@
-"""Split one labelled dataset across simulated sites: ``iid``, ``dirichlet`` or ``shards``.
+"""Split one labelled dataset across simulated sites: ``iid``, ``dirichlet`` or ``shards``
+(``auto``, the default, is ``iid`` here; a task that generates its own sites, such as
+``synthetic-1-1``, is split by ``fedweave.simulations.split`` instead).
 
 The partitioning itself is flwr-datasets' (IidPartitioner, DirichletPartitioner,
 PathologicalPartitioner); this module only adapts our in-memory labels to the Hugging Face
@@ -11,7 +13,7 @@ import numpy as np
 
 from fedweave.errors import UserError
 
-PARTITION_SCHEMES = ("iid", "dirichlet", "shards")
+PARTITION_SCHEMES = ("auto", "iid", "dirichlet", "shards")
 
 
 def _make_partitioner(
@@ -23,7 +25,7 @@ def _make_partitioner(
         PathologicalPartitioner,
     )
 
-    if scheme == "iid":
+    if scheme in ("auto", "iid"):
         return IidPartitioner(num_partitions=num_clients)
     if scheme == "dirichlet":
         return DirichletPartitioner(
@@ -58,9 +60,9 @@ def partition_indices(
     Args:
         labels: integer class label per example.
         num_clients: number of sites (>= 1, at most one per example).
-        scheme: ``iid`` (uniform shuffle), ``dirichlet`` (per-class proportions drawn from
-            Dir(alpha): smaller alpha, more skew) or ``shards`` (pathological: each site
-            holds ``shards_per_client`` classes).
+        scheme: ``iid`` or ``auto`` (uniform shuffle), ``dirichlet`` (per-class proportions
+            drawn from Dir(alpha): smaller alpha, more skew) or ``shards`` (pathological: each
+            site holds ``shards_per_client`` classes).
         alpha: Dirichlet concentration, > 0 (default 0.5); only for ``dirichlet``.
         shards_per_client: classes per site for ``shards`` (default 2).
         seed: same seed, same split (default 0).
@@ -98,7 +100,7 @@ def partition_indices(
             f"cannot split {len(labels)} examples into {num_clients} '{scheme}' sites "
             f"({exc}); use fewer clients or a larger --alpha"
         ) from exc
-    if scheme == "iid":  # IidPartitioner cuts contiguous blocks: shuffle first, seeded
+    if scheme in ("auto", "iid"):  # IidPartitioner cuts contiguous blocks: shuffle first, seeded
         order = np.random.default_rng(seed).permutation(len(labels))
         parts = [order[p] for p in parts]
     return parts

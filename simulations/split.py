@@ -29,12 +29,16 @@ def write_split(
 ) -> list[Path]:
     """Partition the task's training pool into ``site-<i>.npz`` files and ``test.npz``.
 
-    Returns the site file paths in site order.
+    A task that generates each site's data (``site_data(index, seed)``, the synthetic tasks)
+    is written site by site instead, one site in memory at a time; its ``test.npz`` holds
+    every site's held-out examples. Returns the site file paths in site order.
     """
-    train, test = task.load_data()
-    parts = partition_indices(train.y, num_clients, partition, alpha, shards_per_client, seed)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
+        if hasattr(task, "site_data"):
+            return _write_generated_sites(task, out_dir, num_clients, partition, seed)
+        train, test = task.load_data()
+        parts = partition_indices(train.y, num_clients, partition, alpha, shards_per_client, seed)
         paths = []
         for index, part in enumerate(parts):
             paths.append(site_file(out_dir, index))
@@ -44,4 +48,28 @@ def write_split(
         raise UserError(
             f"cannot write the split to {out_dir} ({exc.strerror}); choose a writable --out"
         ) from exc
+    return paths
+
+
+def _write_generated_sites(
+    task: Task, out_dir: Path, num_clients: int, partition: str, seed: int
+) -> list[Path]:
+    if partition != "auto":
+        raise UserError(
+            f"{task.name} generates each site's own data; --partition {partition} does not "
+            "apply to it: leave --partition out (synthetic-iid gives identically distributed "
+            "sites)"
+        )
+    import numpy as np
+
+    from fedweave.learning.task import ArrayData
+
+    paths, tests = [], []
+    for index in range(num_clients):
+        train, test = task.site_data(index, seed)  # type: ignore[attr-defined]
+        paths.append(site_file(out_dir, index))
+        save_site_npz(paths[-1], train)
+        tests.append(test)
+    joined = ArrayData(np.concatenate([t.x for t in tests]), np.concatenate([t.y for t in tests]))
+    save_site_npz(test_file(out_dir), joined)
     return paths

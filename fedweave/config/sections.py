@@ -14,7 +14,10 @@ from pathlib import Path
 from fedweave.config.fields import setting
 from fedweave.history import DB_URL_ENVVAR, DEFAULT_DB_URL
 
-TASKS_HELP = "Task to train: a built-in name (digits, mnist5k) or 'my_module:my_task'."
+TASKS_HELP = (
+    "Task to train: a built-in name (digits, mnist5k; synthetic-A-B, the FedProx paper's "
+    "Synthetic(alpha, beta), e.g. synthetic-1-1, or synthetic-iid) or 'my_module:my_task'."
+)
 STRATEGIES = (
     "fedavg", "fedprox", "fedadam", "fedyogi", "fedmedian", "trimmedavg", "krum", "multikrum",
 )  # fmt: skip
@@ -37,10 +40,11 @@ class DataSection:
     )
     clients: int = setting(10, "Sites (federated) or peers (gossip) to simulate.", minimum=1)
     partition: str = setting(
-        "iid",
+        "auto",
         "How data is split across simulated sites: iid (uniform), dirichlet (label skew set by "
-        "--alpha), shards (each site holds --shards-per-client classes).",
-        choices=("iid", "dirichlet", "shards"),
+        "--alpha), shards (each site holds --shards-per-client classes); auto: the task's own "
+        "sites for synthetic-* tasks (which generate each site's data), iid otherwise.",
+        choices=("auto", "iid", "dirichlet", "shards"),
     )
     alpha: float = setting(
         0.5, "Dirichlet concentration: smaller means more label skew between sites.", above=0

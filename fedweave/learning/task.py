@@ -71,10 +71,17 @@ def load_task(spec: str) -> Task:
 
     ``attr`` may be a Task instance, a Task class, or a zero-argument factory.
     """
+    if spec.startswith("synthetic-"):
+        from fedweave.learning.tasks.synthetic import SyntheticTask
+
+        return SyntheticTask.from_name(spec)
     target = BUILTIN_TASKS.get(spec, spec)
     if ":" not in target:
         known = ", ".join(sorted(BUILTIN_TASKS))
-        raise UserError(f"unknown task '{spec}': use one of {known}, or 'my_module:my_task'")
+        raise UserError(
+            f"unknown task '{spec}': use one of {known}, synthetic-A-B (e.g. synthetic-1-1), "
+            "synthetic-iid, or 'my_module:my_task'"
+        )
     module_name, _, attr = target.partition(":")
     try:
         module = importlib.import_module(module_name)
