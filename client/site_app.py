@@ -19,6 +19,7 @@ from flwr.common import Context
 from fedweave.client.mods import SITE_MODS
 from fedweave.contract import (
     BATCH_SIZE_KEY,
+    DROPS_PARTIAL_WORK_KEY,
     LOCAL_EPOCHS_KEY,
     LR_KEY,
     NODE_DATA_PATH_KEY,
@@ -26,6 +27,8 @@ from fedweave.contract import (
     PROXIMAL_MU_KEY,
     ROUND_KEY,
     SEED_KEY,
+    WORK_FRACTION_KEY,
+    late,
 )
 from fedweave.learning.data import load_site_data
 from fedweave.learning.task import ArrayData, Task, load_task
@@ -78,19 +81,36 @@ def resolve_data_path(settings: ClientSettings, context: Context) -> str:
 
 
 class TaskClient(NumPyClient):
-    """Trains ``task`` on ``data`` starting from the weights the coordinator sends."""
+    """Trains ``task`` on ``data`` starting from the weights the coordinator sends.
 
-    def __init__(self, task: Task, data: ArrayData, config: TrainConfig, site_index: int) -> None:
+    A simulated straggler (``WORK_FRACTION_KEY`` below 1) runs only that share of its local
+    steps; when the strategy drops partial work it answers ``late`` instead, as a site still
+    training at the deadline would be recorded.
+    """
+
+    def __init__(
+        self, task: Task, data: ArrayData, config: TrainConfig, site_index: int, node_id: int = 0
+    ) -> None:
         self.task = task
         self.data = data
         self.config = config
         self.site_index = site_index
+        self.node_id = node_id
         self.model = task.build_model()
 
     def get_parameters(self, config: dict) -> list[np.ndarray]:
         return get_weights(self.model)
 
     def fit(self, parameters: list[np.ndarray], config: dict) -> tuple[list[np.ndarray], int, dict]:
+        work = float(config.get(WORK_FRACTION_KEY, 1.0))
+        if work < 1.0 and bool(config.get(DROPS_PARTIAL_WORK_KEY, False)):
+            raise RuntimeError(
+                late(
+                    self.node_id,
+                    f"simulated straggler: {100 * work:.0f}% of its local work done by the "
+                    "deadline, and the strategy drops partial work",
+                )
+            )
         set_weights(self.model, parameters)
         round_seed = int(config.get(SEED_KEY, 0)) * 1_000_003 + int(config.get(ROUND_KEY, 0)) * 1009
         train_config = replace(
@@ -100,6 +120,7 @@ class TaskClient(NumPyClient):
             batch_size=int(config.get(BATCH_SIZE_KEY, self.config.batch_size)),
             seed=round_seed + self.site_index,
             proximal_mu=float(config.get(PROXIMAL_MU_KEY, 0.0)),
+            work_fraction=work,
         )
         metrics = self.task.train(self.model, self.data, train_config)
         return get_weights(self.model), len(self.data), metrics
@@ -123,8 +144,9 @@ def make_client_app(settings: ClientSettings) -> ClientApp:
         data = cached_site_data(path, settings.task, settings.label_column)
         site_index = int(context.node_config.get(NODE_PARTITION_KEY, 0))
         client = TaskClient(
-            cached_task(settings.task), data, TrainConfig(device=settings.device), site_index
-        )
+            cached_task(settings.task), data, TrainConfig(device=settings.device), site_index,
+            context.node_id,
+        )  # fmt: skip
         return client.to_client()
 
     return ClientApp(client_fn=client_fn, mods=SITE_MODS)

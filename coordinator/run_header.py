@@ -56,6 +56,7 @@ def protections(
         "round_timeout_given": federation.round_timeout is not None,
         "min_replies": federation.min_replies or 1,
         "sites_per_round": cohort,
+        "stragglers": config.simulation.stragglers,
     }
 
 
@@ -78,9 +79,16 @@ def header_line(facts: dict[str, Any]) -> str:
     deadline = f"{facts['round_timeout']:g} s" + (
         "" if facts["round_timeout_given"] else " (sized from the task)"
     )
+    stragglers = facts.get("stragglers") or 0
+    straggling = (
+        f"; simulated stragglers {100 * stragglers:g}% a round "
+        f"({'partial work counts' if facts['strategy'] == 'fedprox' else 'dropped as late'})"
+        if stragglers
+        else ""
+    )
     return (
         f"SecAgg+ {secure}; TLS {_on_off(facts['tls'], 'on', 'OFF')}; site authentication "
         f"{_on_off(facts['site_authentication'], 'required', 'off')}; DP {dp_text}; strategy "
         f"{facts['strategy']}; {facts['sites_per_round']} sites a round; round deadline "
-        f"{deadline}, min replies {facts['min_replies']}"
+        f"{deadline}, min replies {facts['min_replies']}{straggling}"
     )

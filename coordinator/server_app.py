@@ -71,13 +71,28 @@ class ServerSettings:
         check_strategy_choice(self.config.federation.strategy, self.secure_agg)
         check_privacy(self.config.privacy)
         if self.secure_agg:
-            derive_shares(self.cohort)
+            shares, threshold = derive_shares(self.cohort)
+            self._check_stragglers_fit_secagg(shares, threshold)
         min_replies = self.config.federation.min_replies
         if min_replies is not None and min_replies > self.cohort:
             raise UserError(
                 f"--min-replies {min_replies} is more than the {self.cohort} sites sampled "
                 "per round; lower it or sample more sites (--clients-per-round, --min-clients)"
             )
+
+    def _check_stragglers_fit_secagg(self, shares: int, threshold: int) -> None:
+        """Stragglers that the strategy drops leave SecAgg+ after sharing keys; more of them
+        than a site may lose of its neighbours (``shares - threshold``) can halt every round."""
+        federation = self.config.federation
+        dropped = round(self.config.simulation.stragglers * self.cohort)
+        if federation.strategy == "fedprox" or dropped <= shares - threshold:
+            return
+        raise UserError(
+            f"--stragglers {self.config.simulation.stragglers:g} drops {dropped} of the "
+            f"{self.cohort} sites of a round under {federation.strategy}, more than SecAgg+ "
+            f"({shares} shares, threshold {threshold}) survives ({shares - threshold}); use "
+            "--strategy fedprox (partial work counts), fewer stragglers, or --no-secure-agg"
+        )
 
     def round_timeout(self, test_data: ArrayData) -> float:
         """``--round-timeout``, or the default sized from the task (``deadlines.py``)."""
@@ -150,6 +165,8 @@ def make_server_app(
         strategy = make_strategy(
             config.federation.strategy,
             settings.secure_agg,
+            stragglers=config.simulation.stragglers,
+            seed=config.training.seed,
             evaluator=make_central_evaluator(config.data.task, test_data, config.training.device),
             listeners=listeners,
             round_offset=settings.round_offset,

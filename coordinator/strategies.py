@@ -7,6 +7,7 @@ from typing import Any
 from flwr.server import strategy as flwr_strategies
 
 from fedweave.coordinator.reporting import ReportingStrategy
+from fedweave.coordinator.stragglers import StragglerStrategy
 from fedweave.errors import UserError
 
 STRATEGIES: dict[str, tuple[type, dict[str, Any]]] = {
@@ -42,7 +43,9 @@ def check_strategy_choice(name: str, secure_agg: bool) -> None:
         )
 
 
-def make_strategy(name: str, secure_agg: bool, **kwargs: Any) -> ReportingStrategy:
+def make_strategy(
+    name: str, secure_agg: bool, stragglers: float = 0.0, seed: int = 0, **kwargs: Any
+) -> ReportingStrategy:
     """Flower's ``name`` strategy, built with its own keyword arguments, wrapped for reporting.
 
     Parameters
@@ -52,6 +55,11 @@ def make_strategy(name: str, secure_agg: bool, **kwargs: Any) -> ReportingStrate
         ``fedmedian``, ``trimmedavg``, ``krum`` or ``multikrum``.
     secure_agg : bool
         Whether SecAgg+ aggregates the fit results (the robust strategies are refused then).
+    stragglers : float (default: 0)
+        Simulation: share of each round's sampled sites that straggle (``StragglerStrategy``
+        around the Flower strategy; FedProx keeps their partial work, others drop them).
+    seed : int (default: 0)
+        The run's seed, which fixes the stragglers of each round.
     **kwargs : Any
         ``evaluator`` (required), ``listeners``, ``round_offset``, ``max_update_norm``,
         ``round_timeout`` and ``min_replies`` go to ``ReportingStrategy`` (see there for their
@@ -75,4 +83,9 @@ def make_strategy(name: str, secure_agg: bool, **kwargs: Any) -> ReportingStrate
             defaults["num_clients_to_keep"], max(per_round - 2, 0)
         )
     inner = base(**{**defaults, **flower_kwargs})
+    if stragglers > 0:
+        inner = StragglerStrategy(
+            inner, stragglers, seed, partial_work_counts=name == "fedprox",
+            round_offset=reporting_kwargs.get("round_offset", 0),
+        )  # fmt: skip
     return ReportingStrategy(inner, secure_agg=secure_agg, **reporting_kwargs)

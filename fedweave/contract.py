@@ -8,7 +8,8 @@ The coordinator (``fedweave.coordinator``) writes these keys and the site
 - Run config (coordinator → every Flower process of the run).
 - Node config (``fedweave client`` → its own SuperNode).
 - Fit config (coordinator → each sampled site, every round).
-- Error prefixes (site → coordinator): a refused run or a rejected update, with the reason.
+- Error prefixes (site → coordinator): a refused run, a rejected update or a simulated
+  straggler's late reply, with the reason.
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ BATCH_SIZE_KEY = "batch_size"
 SEED_KEY = "seed"
 PROXIMAL_MU_KEY = "proximal_mu"
 """Fit config: FedProx's mu; Flower's ``FedProx`` strategy sets this key itself."""
+WORK_FRACTION_KEY = "fw-work-fraction"
+"""Fit config (simulation): the share of its local work a simulated straggler finishes."""
+DROPS_PARTIAL_WORK_KEY = "fw-drops-partial-work"
+"""Fit config (simulation): the strategy has no use for a straggler's partial work (FedAvg)."""
 MAX_NORM_KEY = "fw-max-update-norm"
 SECAGG_CLIP_KEY = "fw-secagg-clipping-range"
 SECAGG_MAX_WEIGHT_KEY = "fw-secagg-max-weight"
@@ -53,10 +58,13 @@ SECONDS_METRIC = "seconds"
 
 REJECTED_PREFIX = "fedweave-rejected"
 """Starts a site's error when it refuses to send its own (invalid) update."""
+LATE_PREFIX = "fedweave-late"
+"""Starts a simulated straggler's error when the strategy drops partial work."""
 REFUSED_PREFIX = "fedweave-refused"
 """Starts a site's error when it cannot take part in a run (wrong task or data)."""
 
 _REJECTION = re.compile(re.escape(REJECTED_PREFIX) + r" site (\d+): ([^'\"\n>]*)")
+_LATE = re.compile(re.escape(LATE_PREFIX) + r" site (\d+): ([^'\"\n>]*)")
 
 
 def rejection(site_id: int, problem: str) -> str:
@@ -68,6 +76,19 @@ def parse_rejection(text: str) -> tuple[str, str] | None:
     """(site id, problem) out of an error that carries a site's rejection, else None."""
     match = _REJECTION.search(text)
     return (match.group(1), match.group(2).strip()) if match else None
+
+
+def late(site_id: int, reason: str) -> str:
+    """The error text of a simulated straggler whose partial work the strategy drops."""
+    return f"{LATE_PREFIX} site {site_id}: {reason}"
+
+
+def parse_late(text: str) -> tuple[str, str] | None:
+    """(site id, reason) out of an error that carries a straggler's ``late``, else None."""
+    match = _LATE.search(text)
+    if match is None:
+        return None
+    return match.group(1), match.group(2).split("\\n", 1)[0].strip()
 
 
 def refusal(reason: str) -> str:

@@ -60,6 +60,8 @@ def _simulate(config: RunConfig, resolved: Resolved) -> None:
         raise UserError(f"--clients-per-round must be between 1 and --clients ({data.clients})")
     check_writable(config.simulation.out)
     if config.simulation.mode == "gossip":
+        if config.simulation.stragglers > 0:
+            raise UserError("--stragglers is for federated simulations; leave it out with gossip")
         if config.history.resume:
             raise UserError(
                 "--resume is for federated runs; a gossip peer rejoins by starting again"

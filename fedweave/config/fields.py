@@ -21,6 +21,7 @@ class Meta:
         choices: the only accepted values (strings), or None.
         minimum / maximum: inclusive bounds for numbers, or None.
         above: exclusive lower bound for numbers (``alpha > 0``), or None.
+        below: exclusive upper bound for numbers (``stragglers < 1``), or None.
         identity: part of what a run computes; ``--resume`` keeps the stored value and refuses
             a contradicting one (False: where or how it runs, taken from the resuming command).
         stored: kept in the history with the run (False for secrets and one-off switches).
@@ -34,6 +35,7 @@ class Meta:
     minimum: float | None = None
     maximum: float | None = None
     above: float | None = None
+    below: float | None = None
     identity: bool = True
     stored: bool = True
     required: bool = False

@@ -160,3 +160,5 @@ def check_value(setting: Setting, value: Any, where: str) -> None:
             raise UserError(f"{where} must be at most {meta.maximum:g}, got {value:g}")
         if meta.above is not None and not value > meta.above:
             raise UserError(f"{where} must be > {meta.above:g}, got {value:g}")
+        if meta.below is not None and not value < meta.below:
+            raise UserError(f"{where} must be < {meta.below:g}, got {value:g}")

@@ -220,6 +220,12 @@ class SimulationSection:
     gpus_per_peer: float = setting(
         0.0, "Gossip: GPU share per peer (0.5 = two per GPU).", minimum=0, identity=False
     )
+    stragglers: float = setting(
+        0.0, "Federated: share of each round's sampled sites that are stragglers and finish only "
+        "a random part of their local work by the deadline (FedProx paper): fedprox counts "
+        "their partial work, every other strategy drops them as late.",
+        minimum=0, below=1,
+    )
     kill: str | None = setting(
         None, "Gossip fault injection: FRACTION@ROUND, e.g. 0.3@10 kills 30% of peers at "
         "round 10.",
@@ -369,7 +375,8 @@ _PRIVACY = ("dp", "noise_multiplier", "clipping_norm", "dp_epsilon", "dp_delta")
 COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
     "simulate": (
         "mode", *_SPLIT, *_TRAINING, *_FEDERATION, *_SECAGG, *_PRIVACY,
-        "fanout", "mix", "group_exchange", "round_interval", "exchange_timeout", "kill",
+        "stragglers", "fanout", "mix", "group_exchange", "round_interval", "exchange_timeout",
+        "kill",
         "gpus_per_client", "gpus_per_peer", "out", "db", "checkpoint_dir", "resume", "track",
         "verbose",
     ),

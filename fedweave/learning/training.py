@@ -41,6 +41,8 @@ class TrainConfig:
             the CUDA code path is exercised on machines without a GPU.
         proximal_mu: FedProx's proximal term weight: ``mu/2 * ||w - w_start||^2`` keeps the
             local model near the round's global model (default 0: plain SGD).
+        work_fraction: share of the ``epochs`` × batches steps to run, at least one (a
+            simulated straggler's partial work; default 1: all of them).
     """
 
     epochs: int = 1
@@ -51,6 +53,7 @@ class TrainConfig:
     seed: int = 0
     amp: bool | None = None
     proximal_mu: float = 0.0
+    work_fraction: float = 1.0
 
     @classmethod
     def of(cls, training: TrainingSection) -> TrainConfig:
@@ -116,8 +119,9 @@ def _autocast(device: torch.device) -> torch.autocast:
 def train_epochs(model: nn.Module, data: ArrayData, config: TrainConfig) -> dict[str, float]:
     """Train ``model`` in place for ``config.epochs`` epochs of SGD on ``data``.
 
-    Returns the mean training loss and accuracy over the last epoch, the number of
-    examples, and the wall time in seconds (including the device sync at the end).
+    Returns the mean training loss and accuracy over the last epoch (its steps run, with a
+    ``work_fraction`` below 1), the number of examples, and the wall time in seconds
+    (including the device sync at the end).
     """
     if len(data) == 0:
         raise UserError("this site has no training examples; check its data file")
@@ -140,10 +144,20 @@ def train_epochs(model: nn.Module, data: ArrayData, config: TrainConfig) -> dict
     started = time.perf_counter()
     loss_sum = torch.zeros((), device=device)
     correct = torch.zeros((), device=device, dtype=torch.long)
+    n = len(data)
+    steps_left = max(1, int(config.work_fraction * config.epochs * -(-n // config.batch_size)))
+    seen = 0
     for _ in range(config.epochs):
+        if steps_left == 0:
+            break
         loss_sum.zero_()
         correct.zero_()
+        seen = 0
         for xb, yb in iterate_batches(data, config.batch_size, device, True, generator):
+            if steps_left == 0:
+                break
+            steps_left -= 1
+            seen += int(yb.shape[0])
             optimizer.zero_grad(set_to_none=True)
             with _autocast(device) if amp else contextlib.nullcontext():
                 logits = model(xb)
@@ -160,10 +174,9 @@ def train_epochs(model: nn.Module, data: ArrayData, config: TrainConfig) -> dict
                 scaler.update()
             loss_sum += loss.detach().float() * yb.shape[0]
             correct += (logits.detach().argmax(dim=1) == yb).sum()
-    n = len(data)
     metrics = {
-        "train_loss": float(loss_sum.item()) / n,
-        "train_accuracy": float(correct.item()) / n,
+        "train_loss": float(loss_sum.item()) / seen,
+        "train_accuracy": float(correct.item()) / seen,
         "num_examples": float(n),
         "seconds": time.perf_counter() - started,
     }
