@@ -10,10 +10,10 @@ from rich.console import Console
 from fedweave.config import Resolved, RunConfig
 from fedweave.coordinator.rounds import RoundSummary
 from fedweave.coordinator.run_header import header_line, protections
-from fedweave.errors import UserError
 from fedweave.learning.task import load_task
 from fedweave.simulations.federated import run_federated_simulation, server_settings
 from fedweave.simulations.report import RoundProgress, build_report, rounds_table, write_report
+from fedweave.simulations.split import check_split
 
 
 class _ProgressListener:
@@ -65,12 +65,9 @@ def run_and_report(config: RunConfig, resolved: Resolved) -> dict:
         store.mark_running(run_id)
         console.print(f"resuming run {run_id} after round {offset} of {config.training.rounds}")
     task_name, clients = config.data.task, config.data.clients
-    train, test = load_task(task_name).load_data()  # bad task or sizes fail here, before Ray
-    if clients > len(train):
-        raise UserError(
-            f"--clients {clients} is more than the {len(train)} training examples of "
-            f"'{task_name}'; use fewer clients"
-        )
+    task = load_task(task_name)
+    train, test = task.load_data()  # bad task or sizes fail here, before Ray
+    check_split(task, clients, config.data.partition, len(train))
     stored = stored_run_config(config, "simulate")
     config, stored["protections"] = _with_protections(config, offset, test)
     console.print(header_line(stored["protections"]), soft_wrap=True, highlight=False)

@@ -51,15 +51,31 @@ def write_split(
     return paths
 
 
+def check_split(task: Task, num_clients: int, partition: str, pool_size: int) -> None:
+    """Refuse a split ``task`` cannot serve, before anything is recorded or started.
+
+    Args:
+        pool_size: examples in the task's training pool (``len(task.load_data()[0])``).
+    """
+    if hasattr(task, "site_data"):
+        if partition != "auto":
+            raise UserError(
+                f"{task.name} generates each site's own data; --partition {partition} does "
+                "not apply to it: leave --partition out (synthetic-iid gives identically "
+                "distributed sites)"
+            )
+        return
+    if num_clients > pool_size:
+        raise UserError(
+            f"--clients {num_clients} is more than the {pool_size} training examples of "
+            f"'{task.name}'; use fewer clients"
+        )
+
+
 def _write_generated_sites(
     task: Task, out_dir: Path, num_clients: int, partition: str, seed: int
 ) -> list[Path]:
-    if partition != "auto":
-        raise UserError(
-            f"{task.name} generates each site's own data; --partition {partition} does not "
-            "apply to it: leave --partition out (synthetic-iid gives identically distributed "
-            "sites)"
-        )
+    check_split(task, num_clients, partition, pool_size=0)
     import numpy as np
 
     from fedweave.learning.task import ArrayData
