@@ -29,7 +29,7 @@ def test_partial_work_runs_that_share_of_the_steps():
         torch.manual_seed(0)
         model = torch.nn.Linear(4, 2)
         steps = []
-        model.register_forward_hook(lambda *_: steps.append(1))
+        model.register_forward_hook(lambda *_, seen=steps: seen.append(1))
         train_epochs(model, data, TrainConfig(epochs=2, batch_size=16, work_fraction=work))
         models[work] = len(steps)
     assert models == {1.0: 20, 0.25: 5, 0.001: 1}  # 2 epochs x 10 batches, at least one step
