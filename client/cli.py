@@ -23,6 +23,7 @@ import typer
 
 from fedweave.addresses import free_port, parse_host_port
 from fedweave.config import Resolved, RunConfig, config_command
+from fedweave.flower_patches.launch import command as patched_flower
 from fedweave.processes import raise_interrupt, stop_process_group, tied_to_us
 
 OFFLINE_ENV = {
@@ -113,9 +114,7 @@ def supernode_command(
     if device:
         node_config += f" {NODE_DEVICE_KEY}='{device}'"
     cmd = [
-        sys.executable,
-        "-m",
-        "fedweave.client.supernode",  # flower-supernode with fedweave's patches
+        *patched_flower("flower-supernode"),
         "--superlink",
         coordinator,
         "--node-config",

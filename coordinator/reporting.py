@@ -31,7 +31,7 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
-from fedweave.contract import CLIPPED_FRACTION_METRIC, parse_late, parse_rejection
+from fedweave.contract import CLIPPED_FRACTION_METRIC, parse_site_error
 from fedweave.coordinator.rounds import RoundListener, RoundSummary
 from fedweave.flower_patches.secagg_masks import unflatten
 from fedweave.history.records import SiteResult
@@ -242,15 +242,12 @@ class ReportingStrategy(Strategy):
         unexplained = []
         for failure in failures:
             if isinstance(failure, BaseException):
-                for parse, status in ((parse_rejection, "rejected"), (parse_late, "late")):
-                    said = parse(str(failure))
-                    if said:
-                        site_id, problem = said
-                        if int(site_id) not in known:
-                            known.add(int(site_id))
-                            self._sites.append(SiteResult(site_id, status, reason=problem))
-                        break
+                said = parse_site_error(str(failure))
                 if said:
+                    site_id, status, problem = said
+                    if int(site_id) not in known:
+                        known.add(int(site_id))
+                        self._sites.append(SiteResult(site_id, status, reason=problem))
                     continue
                 unexplained.append(failure_reason(str(failure)))
             else:

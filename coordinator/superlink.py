@@ -29,6 +29,7 @@ from fedweave.addresses import parse_host_port
 from fedweave.certs import TlsFiles
 from fedweave.contract import CLIENT_APP_REF, SERVER_APP_REF
 from fedweave.errors import UserError
+from fedweave.flower_patches.launch import command as patched_flower
 from fedweave.offline import FLOWER_OFFLINE_ENV
 from fedweave.processes import stop_process_group, tied_to_us
 
@@ -132,9 +133,7 @@ class SuperLinkOptions:
 
     def command(self) -> list[str]:
         cmd = [
-            sys.executable,
-            "-m",
-            "fedweave.coordinator.superlink_process",  # flower-superlink with fedweave's patches
+            *patched_flower("flower-superlink"),
             "--host",
             self.host,
             "--port",

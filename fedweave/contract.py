@@ -63,8 +63,11 @@ LATE_PREFIX = "fedweave-late"
 REFUSED_PREFIX = "fedweave-refused"
 """Starts a site's error when it cannot take part in a run (wrong task or data)."""
 
-_REJECTION = re.compile(re.escape(REJECTED_PREFIX) + r" site (\d+): ([^'\"\n>]*)")
-_LATE = re.compile(re.escape(LATE_PREFIX) + r" site (\d+): ([^'\"\n>]*)")
+SITE_ERROR_STATUS = {REJECTED_PREFIX: "rejected", LATE_PREFIX: "late"}
+"""A site's error prefix → the status the round records for that site."""
+_SITE_ERROR = re.compile(
+    "(" + "|".join(map(re.escape, SITE_ERROR_STATUS)) + r") site (\d+): ([^'\"\n>\\]*)"
+)  # the reason ends where Flower's quoting or a (repr-escaped) newline starts
 
 
 def rejection(site_id: int, problem: str) -> str:
@@ -72,23 +75,18 @@ def rejection(site_id: int, problem: str) -> str:
     return f"{REJECTED_PREFIX} site {site_id}: {problem}"
 
 
-def parse_rejection(text: str) -> tuple[str, str] | None:
-    """(site id, problem) out of an error that carries a site's rejection, else None."""
-    match = _REJECTION.search(text)
-    return (match.group(1), match.group(2).strip()) if match else None
-
-
 def late(site_id: int, reason: str) -> str:
     """The error text of a simulated straggler whose partial work the strategy drops."""
     return f"{LATE_PREFIX} site {site_id}: {reason}"
 
 
-def parse_late(text: str) -> tuple[str, str] | None:
-    """(site id, reason) out of an error that carries a straggler's ``late``, else None."""
-    match = _LATE.search(text)
+def parse_site_error(text: str) -> tuple[str, str, str] | None:
+    """(site id, status, reason) out of an error that carries a site's ``rejection`` (status
+    ``rejected``) or a straggler's ``late`` (status ``late``), else None."""
+    match = _SITE_ERROR.search(text)
     if match is None:
         return None
-    return match.group(1), match.group(2).split("\\n", 1)[0].strip()
+    return match.group(2), SITE_ERROR_STATUS[match.group(1)], match.group(3).strip()
 
 
 def refusal(reason: str) -> str:

@@ -22,7 +22,7 @@ def write_split(
     task: Task,
     out_dir: Path,
     num_clients: int,
-    partition: str = "iid",
+    partition: str = "auto",
     alpha: float = 0.5,
     shards_per_client: int = 2,
     seed: int = 0,
@@ -33,10 +33,11 @@ def write_split(
     is written site by site instead, one site in memory at a time; its ``test.npz`` holds
     every site's held-out examples. Returns the site file paths in site order.
     """
+    check_split(task, num_clients, partition)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        if hasattr(task, "site_data"):
-            return _write_generated_sites(task, out_dir, num_clients, partition, seed)
+        if generates_sites(task):
+            return _write_generated_sites(task, out_dir, num_clients, seed)
         train, test = task.load_data()
         parts = partition_indices(train.y, num_clients, partition, alpha, shards_per_client, seed)
         paths = []
@@ -51,13 +52,21 @@ def write_split(
     return paths
 
 
-def check_split(task: Task, num_clients: int, partition: str, pool_size: int) -> None:
+def generates_sites(task: Task) -> bool:
+    """Whether ``task`` generates each site's data (``site_data(index, seed)``: synthetic)."""
+    return hasattr(task, "site_data")
+
+
+def check_split(
+    task: Task, num_clients: int, partition: str, pool_size: int | None = None
+) -> None:
     """Refuse a split ``task`` cannot serve, before anything is recorded or started.
 
     Args:
-        pool_size: examples in the task's training pool (``len(task.load_data()[0])``).
+        pool_size: examples in the task's training pool (``len(task.load_data()[0])``);
+            None skips that check (a task that generates its sites needs no pool).
     """
-    if hasattr(task, "site_data"):
+    if generates_sites(task):
         if partition != "auto":
             raise UserError(
                 f"{task.name} generates each site's own data; --partition {partition} does "
@@ -65,17 +74,14 @@ def check_split(task: Task, num_clients: int, partition: str, pool_size: int) ->
                 "distributed sites)"
             )
         return
-    if num_clients > pool_size:
+    if pool_size is not None and num_clients > pool_size:
         raise UserError(
             f"--clients {num_clients} is more than the {pool_size} training examples of "
             f"'{task.name}'; use fewer clients"
         )
 
 
-def _write_generated_sites(
-    task: Task, out_dir: Path, num_clients: int, partition: str, seed: int
-) -> list[Path]:
-    check_split(task, num_clients, partition, pool_size=0)
+def _write_generated_sites(task: Task, out_dir: Path, num_clients: int, seed: int) -> list[Path]:
     import numpy as np
 
     from fedweave.learning.task import ArrayData

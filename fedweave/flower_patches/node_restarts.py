@@ -1,5 +1,5 @@
 """A site that restarts gets its node back at once (applied in the coordinator's SuperLink
-process by ``fedweave.coordinator.superlink_process``).
+process by ``fedweave.flower_patches.launch``).
 
 With site authentication, a site's node id belongs to its registered key, and the SuperNode
 activates that node when it starts. Flower 1.41 activates only a node that is registered or

@@ -1,0 +1,60 @@
+"""``python -m fedweave.flower_patches.launch COMMAND ARGS``: one of Flower's commands with the
+patches for its process applied first. ``COMMAND`` and ``ARGS`` are exactly Flower's;
+``fedweave coordinator`` starts ``flower-superlink`` this way and ``fedweave client``
+``flower-supernode``, so an operator never runs it by hand.
+
+- ``flower-superlink``: ``let_sites_rejoin_at_once`` (a restarted site takes its node back);
+- ``flower-supernode``: ``bound_supernode_waits`` (capped sleeps, a reply wait that ends).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+
+def _superlink() -> Callable[[], None]:
+    from flwr.superlink.cli import flower_superlink
+
+    from fedweave.flower_patches import let_sites_rejoin_at_once
+
+    let_sites_rejoin_at_once()
+    return flower_superlink
+
+
+def _supernode() -> Callable[[], None]:
+    from flwr.supernode.cli.flower_supernode import flower_supernode
+
+    from fedweave.flower_patches import bound_supernode_waits
+
+    bound_supernode_waits()
+    return flower_supernode
+
+
+COMMANDS: dict[str, Callable[[], Callable[[], None]]] = {
+    "flower-superlink": _superlink,
+    "flower-supernode": _supernode,
+}
+"""Flower command → a function that applies its process's patches and returns its entry point."""
+
+
+def command(name: str) -> list[str]:
+    """The argv prefix that runs Flower's ``name`` with fedweave's patches."""
+    if name not in COMMANDS:
+        raise ValueError(f"no patched launcher for {name}")
+    return [sys.executable, "-m", "fedweave.flower_patches.launch", name]
+
+
+def main() -> None:
+    if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
+        raise SystemExit(
+            f"usage: python -m fedweave.flower_patches.launch {{{','.join(COMMANDS)}}} ARGS"
+        )
+    name = sys.argv[1]
+    entry = COMMANDS[name]()
+    sys.argv = [name, *sys.argv[2:]]
+    entry()
+
+
+if __name__ == "__main__":
+    main()
