@@ -134,10 +134,10 @@ def one_trial(kind: str, clients: int, rounds: int) -> tuple[float, float]:
             started = time.perf_counter()
             rows = run_federated_simulation(config, split_dir=split)
             return time.perf_counter() - started, rows[-1]["accuracy"]
-        from fedweave.flower_patches import tune_simulation_polling
+        from fedweave.flower_patches import tune_simulation_engine
         from fedweave.learning.task import load_task
 
-        tune_simulation_polling()
+        tune_simulation_engine()
         started = time.perf_counter()
         write_split(load_task("digits"), split, clients, "dirichlet", 0.5, 2, 0)
         accuracies: list[float] = []

@@ -116,9 +116,9 @@ def run_federated_simulation(
     """
     from flwr.simulation import run_simulation
 
-    from fedweave.flower_patches import tune_simulation_polling
+    from fedweave.flower_patches import tune_simulation_engine
 
-    tune_simulation_polling()
+    tune_simulation_engine()
     verbose = config.output.verbose
     quiet_flower(verbose)
     settings = server_settings(config, round_offset)

@@ -5,9 +5,9 @@ exact Flower version it was written and tested against (``PATCHED_FLOWER_VERSION
 ``pyproject.toml`` pins). On any other version:
 
 - a patch that only makes things faster is skipped with one warning, and Flower's stock code
-  runs (``tune_simulation_polling``);
+  runs (``tune_simulation_engine``);
 - a patch that the other side of a connection relies on refuses to run with the reason
-  (``use_fedweave_secagg_masks``: a site and a coordinator must draw the same SecAgg+ masks,
+  (``use_fedweave_secagg``: a site and a coordinator must draw the same SecAgg+ masks,
   so silently falling back to Flower's generator would corrupt every sum).
 
 ``FEDWEAVE_STOCK_FLOWER=1`` skips every patch of the first kind (to compare, or to rule a
@@ -15,9 +15,12 @@ patch out when debugging; ``bench/bench_deployment.py --stock-flower`` uses it).
 
 The patches, and why each exists:
 
-``simulation_polling``
-    Flower's simulation engine waits on two fixed 100 ms polls per message round trip; at
-    5 ms a small-model FedAvg round takes a fraction of the time (docs/benchmarks.md).
+``simulation_engine``
+    Flower's simulation engine waits on two fixed 100 ms polls per message round trip, its
+    dispatcher scans every stored instruction once per simulated site per poll (driver CPU
+    grew with the total number of sites), and it pickles the ClientApp loader anew for every
+    message; fedweave polls every 5 ms, scans once a poll, and ships the loader once
+    (docs/benchmarks.md).
 ``deployed_polling``
     A deployed ServerApp pulls replies every 3 s; fedweave's polls every 0.2 s through the
     grid's public API, so a message round trip no longer waits seconds for nothing.
@@ -39,6 +42,14 @@ The patches, and why each exists:
     seed (slow, and brute-forceable); fedweave uses AES-256-CTR keyed by the whole seed, and
     quantizes into one flat uint32 vector with rounding seeded by the update (a seeded run
     repeats exactly).
+``secagg_crypto``
+    SecAgg+'s Shamir sharing goes through PyCryptodome's string-building GF(2^128)
+    arithmetic (~6 ms to split a secret at a site, ~45 ms to rebuild one at the coordinator,
+    per site and round), and its key agreement runs on NIST P-384 (0.35 ms an exchange, two
+    per neighbour a round) after loading the site's key from PEM each time. fedweave computes
+    the same shares with shifts and XORs, caches the Lagrange coefficients, makes keys on
+    P-256 (0.05 ms) and keeps them loaded. Every site of a round must use the same curve, so
+    this is installed, and refused, with the masks.
 """
 
 from __future__ import annotations
@@ -79,9 +90,12 @@ def _warn_once(patch: str, consequence: str) -> None:
     )
 
 
-def tune_simulation_polling() -> bool:
-    """Shorter polls in Flower's in-process simulation engine; False (stock code) elsewhere."""
-    return _apply_speedup("simulation_polling", "simulations run with Flower's stock 100 ms polls")
+def tune_simulation_engine() -> bool:
+    """Less overhead per message in Flower's in-process simulation engine; False (stock code)
+    elsewhere."""
+    return _apply_speedup(
+        "simulation_engine", "simulations run with Flower's stock polls and dispatcher"
+    )
 
 
 def tune_deployed_polling() -> bool:
@@ -136,10 +150,11 @@ def _apply_speedup(name: str, consequence: str) -> bool:
     return True
 
 
-def use_fedweave_secagg_masks() -> None:
-    """fedweave's SecAgg+ masks and quantization at the site and the coordinator (idempotent).
+def use_fedweave_secagg() -> None:
+    """fedweave's SecAgg+ masks, quantization, key curve and Shamir sharing at the site and the
+    coordinator (idempotent).
 
-    Refuses on another Flower version: both sides must use the same mask generator.
+    Refuses on another Flower version: every side must use the same mask generator and curve.
     """
     if not flower_is_patchable():
         raise UserError(
@@ -153,3 +168,8 @@ def use_fedweave_secagg_masks() -> None:
 
         secagg_masks.install()
         _applied.add("secagg_masks")
+    if "secagg_crypto" not in _applied:
+        from fedweave.flower_patches import secagg_crypto
+
+        secagg_crypto.install()
+        _applied.add("secagg_crypto")

@@ -25,14 +25,17 @@ import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 FAST_MODULUS = 2**32
+_CTR_SLACK = 15
 
 
 def keystream_uint32(seed: bytes, count: int) -> np.ndarray:
     """``count`` uint32 values from AES-256-CTR keyed by SHA-256(seed), counter from zero."""
     key = hashlib.sha256(seed).digest()
     encryptor = Cipher(algorithms.AES(key), modes.CTR(b"\0" * 16)).encryptor()
-    raw = encryptor.update(bytes(4 * count)) + encryptor.finalize()
-    return np.frombuffer(raw, dtype=np.uint32).copy()
+    out = bytearray(4 * count + _CTR_SLACK)  # update_into wants a block's slack
+    written = encryptor.update_into(bytes(4 * count), out)
+    encryptor.finalize()
+    return np.frombuffer(out, dtype=np.uint32, count=written // 4)
 
 
 def quantize_flat(
@@ -44,14 +47,18 @@ def quantize_flat(
     still unbiased, but the same update rounds the same way, so a seeded run repeats
     (Flower draws it from NumPy's global state, which no site seeds).
     """
-    flat = np.concatenate([np.ravel(p).astype(np.float64, copy=False) for p in parameters])
-    digest = hashlib.blake2b(flat.data, digest_size=16).digest()
-    noise = np.random.default_rng(int.from_bytes(digest)).random(flat.size)
-    scaled = (np.clip(flat, -clipping_range, clipping_range) + clipping_range) * (
-        target_range / (2 * clipping_range)
-    )
-    floor = np.floor(scaled)
-    rounded = floor + (noise < (scaled - floor))
+    digest = hashlib.blake2b(digest_size=16)
+    for array in parameters:
+        digest.update(np.ascontiguousarray(array).data)
+    count = sum(array.size for array in parameters)
+    noise = np.random.default_rng(int.from_bytes(digest.digest())).random(count)
+    scaled = np.concatenate([np.ravel(array) for array in parameters], dtype=np.float64)
+    np.clip(scaled, -clipping_range, clipping_range, out=scaled)
+    scaled += clipping_range
+    scaled *= target_range / (2 * clipping_range)
+    rounded = np.floor(scaled)
+    scaled -= rounded  # the fraction left: round up with that probability
+    rounded += noise < scaled
     return [rounded.astype(np.uint32)]
 
 
@@ -72,7 +79,7 @@ def _make_prg(original):
 
 def install() -> None:
     """Swap the helpers into Flower's SecAgg+ modules (the version guard and idempotence are
-    the caller's: ``fedweave.flower_patches.use_fedweave_secagg_masks``)."""
+    the caller's: ``fedweave.flower_patches.use_fedweave_secagg``)."""
     import importlib
 
     # the packages re-export functions under the modules' names: import the modules themselves
