@@ -15,7 +15,9 @@ discarded and never mixed into a later round.
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Callable
 
 from flwr.server.workflow import SecAggPlusWorkflow
 
@@ -36,6 +38,9 @@ site, so a site silent for that long is missing, and the protocol drops it (it t
 dropouts down to its threshold) instead of the first stage using up the whole deadline and
 halting the round for everyone, which is what a site whose link was cut did before."""
 KEY_STAGE_FLOOR_SECONDS = 5.0
+
+log = logging.getLogger("fedweave.secagg")
+STAGES = ("setup", "share_keys", "collect_masked_vectors", "unmask")
 
 
 def default_round_timeout(task: Task, data: ArrayData, config: TrainConfig) -> float:
@@ -86,7 +91,7 @@ def forget_sites_without_keys(state) -> None:
     go only to sites that advertised keys): every surviving site's ClientApp then fails with
     a ``KeyError`` and the whole round halts. Such a site shares no mask with anyone, so the
     protocol is unchanged by forgetting it, and the round goes on with the others. Runs only
-    on the Flower version ``use_fedweave_secagg_masks`` allows (it reads the workflow state).
+    on the Flower version ``use_fedweave_secagg`` allows (it reads the workflow state).
     """
     silent = set(state.sampled_node_ids) - set(state.active_node_ids)
     if not silent:
@@ -120,14 +125,30 @@ class DeadlineSecAggPlusWorkflow(SecAggPlusWorkflow):
         self.stage_timeout = self.timeout
         self._deadline = 0.0
         self._rounds_run = 0
+        self.stage_seconds: dict[str, float] = {}
+        """Wall seconds of each stage of the last round, by name in ``STAGES``."""
 
     def __call__(self, grid, context) -> None:
-        """Run the protocol with the round's clock started."""
+        """Run the protocol with the round's clock started; log each stage's seconds (DEBUG,
+        ``fedweave.secagg``, the record's ``stage_seconds``)."""
         self._deadline = time.monotonic() + self.round_timeout
+        self.stage_seconds = {}
         try:
             super().__call__(grid, context)
         finally:
             self._rounds_run += 1
+            log.debug(
+                "SecAgg+ stages (s): %s",
+                ", ".join(f"{name} {sec:.3f}" for name, sec in self.stage_seconds.items()),
+                extra={"stage_seconds": dict(self.stage_seconds)},
+            )
+
+    def _timed(self, name: str, stage: Callable[..., bool], *args) -> bool:
+        started = time.perf_counter()
+        try:
+            return stage(*args)
+        finally:
+            self.stage_seconds[name] = time.perf_counter() - started
 
     def _left(self, floor: float = 0.0, cap: float | None = None) -> bool:
         """Set this stage's timeout to what is left (at most ``cap``); False when nothing is
@@ -146,20 +167,24 @@ class DeadlineSecAggPlusWorkflow(SecAggPlusWorkflow):
         keys is then out of the round (``forget_sites_without_keys``)."""
         if not self._left(cap=self._key_stage_cap()):
             return False
-        enough = super().setup_stage(grid, context, state)
+        enough = self._timed("setup", super().setup_stage, grid, context, state)
         forget_sites_without_keys(state)
         return enough
 
     def share_keys_stage(self, grid, context, state) -> bool:
         """Key shares, within its share of the round's deadline."""
         cap = self._key_stage_cap()
-        return self._left(cap=cap) and super().share_keys_stage(grid, context, state)
+        return self._left(cap=cap) and self._timed(
+            "share_keys", super().share_keys_stage, grid, context, state
+        )
 
     def collect_masked_vectors_stage(self, grid, context, state) -> bool:
         """Local training and the masked updates, within the round's deadline."""
-        return self._left() and super().collect_masked_vectors_stage(grid, context, state)
+        return self._left() and self._timed(
+            "collect_masked_vectors", super().collect_masked_vectors_stage, grid, context, state
+        )
 
     def unmask_stage(self, grid, context, state) -> bool:
         """Unmasking: what is left of the deadline, but never less than the floor."""
         self._left(FINAL_STAGE_FLOOR_SECONDS)
-        return super().unmask_stage(grid, context, state)
+        return self._timed("unmask", super().unmask_stage, grid, context, state)

@@ -70,9 +70,9 @@ def make_secagg_workflow(settings: SecAggSettings, cohort: int, round_timeout: f
     """Flower's SecAgg+ fit workflow for ``cohort`` sites per round, every round closing
     ``round_timeout`` seconds after it starts (``coordinator/deadlines.py``)."""
     from fedweave.coordinator.deadlines import DeadlineSecAggPlusWorkflow
-    from fedweave.flower_patches import use_fedweave_secagg_masks
+    from fedweave.flower_patches import use_fedweave_secagg
 
-    use_fedweave_secagg_masks()
+    use_fedweave_secagg()
 
     shares, threshold = derive_shares(cohort)
     shares = settings.num_shares or shares
