@@ -62,6 +62,11 @@ def _simulate(config: RunConfig, resolved: Resolved) -> None:
     if config.simulation.mode == "gossip":
         if config.simulation.stragglers > 0:
             raise UserError("--stragglers is for federated simulations; leave it out with gossip")
+        if config.simulation.ray_address:
+            raise UserError(
+                "--ray-address is for federated simulations (gossip peers run as processes "
+                "here); leave it out with gossip"
+            )
         if config.history.resume:
             raise UserError(
                 "--resume is for federated runs; a gossip peer rejoins by starting again"
@@ -74,6 +79,18 @@ def _simulate(config: RunConfig, resolved: Resolved) -> None:
     from fedweave.simulations.run import run_and_report
 
     server_settings(config).check()  # impossible combinations fail before anything starts
+    if config.simulation.split_dir is not None:
+        try:
+            config.simulation.split_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise UserError(
+                f"--split-dir {config.simulation.split_dir}: {error.strerror}; pick a writable "
+                "directory"
+            ) from None
+    if config.simulation.ray_address:
+        from fedweave.simulations.ray_cluster import check_ray_address
+
+        check_ray_address(config.simulation.ray_address)
     run_and_report(config, resolved)
 
 

@@ -58,18 +58,24 @@ class _Collector:
 
 
 def backend_config(config: RunConfig) -> dict:
-    """Ray settings: per-client resources, quiet unless verbose, no dashboard."""
+    """Ray settings: per-client resources, quiet unless verbose, no dashboard; the cluster at
+    ``--ray-address`` when given (``simulations/ray_cluster.py``)."""
     verbose = config.output.verbose
+    init_args: dict = {
+        "logging_level": logging.INFO if verbose else logging.ERROR,
+        "log_to_driver": verbose,
+        "include_dashboard": False,
+    }
+    if config.simulation.ray_address:
+        from fedweave.simulations.ray_cluster import resolve_ray_address
+
+        init_args["address"] = resolve_ray_address(config.simulation.ray_address)
     return {
         "client_resources": {
             "num_cpus": CPUS_PER_CLIENT,
             "num_gpus": config.simulation.gpus_per_client,
         },
-        "init_args": {
-            "logging_level": logging.INFO if verbose else logging.ERROR,
-            "log_to_driver": verbose,
-            "include_dashboard": False,
-        },
+        "init_args": init_args,
     }
 
 
@@ -126,7 +132,7 @@ def run_federated_simulation(
     data = config.data
     task = load_task(data.task)
     with tempfile.TemporaryDirectory(prefix="fedweave-split-") as tmp:
-        out_dir = split_dir or Path(tmp)
+        out_dir = (split_dir or config.simulation.split_dir or Path(tmp)).resolve()
         write_split(
             task, out_dir, data.clients, data.partition, data.alpha, data.shards_per_client,
             config.training.seed,

@@ -117,3 +117,26 @@ def bad_site_index(split_dir) -> int:
         if (np.load(path)["x"] == SENTINEL).any():
             return index
     raise LookupError("no site holds the sentinel")
+
+
+RAY_NODE_DIR_ENV = "FEDWEAVE_TEST_RAY_NODE_DIR"
+"""A directory: every training writes the Ray node it ran on there (one empty file per node id
+and site); unset, nothing is written."""
+
+
+class RayNodeDigits(DigitsTask):
+    """Digits that note which Ray node trained each site, to see a run spread over a cluster."""
+
+    name = "digits-ray-node"
+
+    def train(self, model, data, config):
+        import os
+        from pathlib import Path
+
+        import ray
+
+        directory = os.environ.get(RAY_NODE_DIR_ENV)
+        if directory and ray.is_initialized():
+            node = ray.get_runtime_context().get_node_id()
+            (Path(directory) / f"{node}-{os.getpid()}").touch()
+        return super().train(model, data, config)

@@ -226,6 +226,18 @@ class SimulationSection:
         "their partial work, every other strategy drops them as late.",
         minimum=0, below=1,
     )
+    ray_address: str | None = setting(
+        None, "Federated: run the simulated sites on the Ray cluster already running at this "
+        "address (its head's HOST:PORT, as `ray start --head` prints it; `auto`: the cluster "
+        "started on this machine). Default: a private Ray instance on this machine. Every "
+        "node needs the same Python environment, and --split-dir on storage they all mount.",
+        identity=False,
+    )
+    split_dir: Path | None = setting(
+        None, "Federated: where the per-site data files are written (default: a temporary "
+        "directory, removed after the run). On a Ray cluster of several machines, a directory "
+        "every node mounts at this same path.", identity=False,
+    )
     kill: str | None = setting(
         None, "Gossip fault injection: FRACTION@ROUND, e.g. 0.3@10 kills 30% of peers at "
         "round 10.",
@@ -377,8 +389,8 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         "mode", *_SPLIT, *_TRAINING, *_FEDERATION, *_SECAGG, *_PRIVACY,
         "stragglers", "fanout", "mix", "group_exchange", "round_interval", "exchange_timeout",
         "kill",
-        "gpus_per_client", "gpus_per_peer", "out", "db", "checkpoint_dir", "resume", "track",
-        "verbose",
+        "gpus_per_client", "gpus_per_peer", "ray_address", "split_dir", "out", "db",
+        "checkpoint_dir", "resume", "track", "verbose",
     ),
     "coordinator": (
         "task", "test_data", *_TRAINING, "min_clients", *_FEDERATION, *_SECAGG, *_PRIVACY,
