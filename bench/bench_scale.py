@@ -8,6 +8,7 @@ that map them, so libraries and Ray's shared object store count once), sampled e
 Seconds per round: the median of rounds 2 and later (round 1 pays Ray's start-up).
 
     python bench/bench_scale.py --sites 10,100,1000,5000 --rounds 4
+    python bench/bench_scale.py --sites 100,1000,5000 --per-round 100 --modes plain
 """
 
 from __future__ import annotations
@@ -83,6 +84,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sites", default="10,100,1000,5000")
     parser.add_argument("--fraction", type=float, default=0.1, help="sampled a round")
+    parser.add_argument(
+        "--per-round", type=int, default=None,
+        help="sites sampled a round whatever the total (instead of --fraction): shows how "
+        "round time grows with the total number of sites alone",
+    )  # fmt: skip
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--modes", default="plain,secagg", help="plain and/or secagg")
     args = parser.parse_args()
@@ -91,7 +97,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="fedweave-scale-") as tmp:
         for sites in (int(s) for s in args.sites.split(",")):
-            per_round = max(1, round(args.fraction * sites))
+            per_round = args.per_round or max(1, round(args.fraction * sites))
             for mode in modes:
                 if mode == "secagg" and per_round < 3:
                     print(f"{sites:>6} {per_round:>8} {mode:>7}  (SecAgg+ needs 3+ a round)")
