@@ -47,12 +47,10 @@ def quantize_flat(
     still unbiased, but the same update rounds the same way, so a seeded run repeats
     (Flower draws it from NumPy's global state, which no site seeds).
     """
-    digest = hashlib.blake2b(digest_size=16)
-    for array in parameters:
-        digest.update(np.ascontiguousarray(array).data)
-    count = sum(array.size for array in parameters)
-    noise = np.random.default_rng(int.from_bytes(digest.digest())).random(count)
     scaled = np.concatenate([np.ravel(array) for array in parameters], dtype=np.float64)
+    # the digest of the float64 values, as ever: seeded runs repeat their recorded numbers
+    digest = hashlib.blake2b(scaled.data, digest_size=16).digest()
+    noise = np.random.default_rng(int.from_bytes(digest)).random(scaled.size)
     np.clip(scaled, -clipping_range, clipping_range, out=scaled)
     scaled += clipping_range
     scaled *= target_range / (2 * clipping_range)
