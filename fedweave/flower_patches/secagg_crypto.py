@@ -4,13 +4,15 @@ Flower's ``create_shares`` / ``combine_shares`` call PyCryptodome's ``Shamir``, 
 multiplication runs a 128-step loop that builds two 128-character strings per step. Profiling a
 SecAgg+ round with 100 sites (docs/benchmarks.md) found most of it there:
 
-- each site splits two 32-byte secrets into ~21 shares (the key-share stage): ~6 ms a secret;
+- each site splits a 32-byte seed and its PEM private key into ~21 shares (the key-share
+  stage): ~6 ms for the seed, ~27 ms for a 241-byte key;
 - the coordinator rebuilds one secret per site from ~21 shares (the unmasking stage): ~45 ms
   each, most of that computing the same Lagrange coefficients again for every site and chunk.
 
 This module computes the same field arithmetic (GF(2^128) modulo x^128 + x^7 + x^2 + x + 1,
 128-bit integers with the constant coefficient in the least significant bit, PyCryptodome's
-encoding) with carry-less shifts and XORs, and caches the Lagrange coefficients at zero per
+encoding) with carry-less shifts and XORs, splits all 16-byte chunks of a secret at once (each
+in its own lane of one integer, ``_Lanes``), and caches the Lagrange coefficients at zero per
 set of share indices. Shares are byte-for-byte in Flower's format (4-byte little-endian index,
 then 16 bytes per 16-byte chunk of the PKCS#7-padded secret), so a site and a coordinator may
 each use either implementation.
@@ -52,13 +54,7 @@ def _reduce(product: int) -> int:
 
 def gf_mul(value: int, public: int) -> int:
     """``value * public`` in GF(2^128); the loop runs over the bits of ``public``."""
-    product, shift = 0, 0
-    while public:
-        if public & 1:
-            product ^= value << shift
-        public >>= 1
-        shift += 1
-    return _reduce(product)
+    return _reduce(_clmul(value, public))
 
 
 def gf_inverse(value: int) -> int:
@@ -80,7 +76,8 @@ def gf_inverse(value: int) -> int:
 
 
 def _clmul(a: int, b: int) -> int:
-    """Carry-less product of two polynomials over GF(2), unreduced."""
+    """Carry-less product of two polynomials over GF(2), unreduced; the loop runs over the
+    bits of ``b``."""
     product, shift = 0, 0
     while b:
         if b & 1:
