@@ -104,9 +104,9 @@ def secagg_when_asked(msg: Message, context: Context, call_next: ClientAppCallab
     from flwr.client.mod import secaggplus_mod
     from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 
-    from fedweave.flower_patches import use_fedweave_secagg_masks
+    from fedweave.flower_patches import use_fedweave_secagg
 
-    use_fedweave_secagg_masks()
+    use_fedweave_secagg()
 
     if (
         msg.metadata.message_type == MessageType.TRAIN
