@@ -151,12 +151,7 @@ class _Lanes:
     def times_small(self, packed: int, factor: int) -> int:
         """Every lane times ``factor`` (< 2**spare): the loop runs over the bits of
         ``factor``; the overflow (< 2**spare, so its x^7 fold stays below 2^128) folds once."""
-        product, shift = 0, 0
-        while factor:
-            if factor & 1:
-                product ^= packed << shift
-            factor >>= 1
-            shift += 1
+        product = _clmul(packed, factor)
         high = (product & self.high) >> _BITS
         return (product & self.low) ^ high ^ (high << 1) ^ (high << 2) ^ (high << 7)
 
