@@ -246,7 +246,8 @@ def run_site(
             if not follower.refused or left <= 0:
                 break
             _echo(
-                f"coordinator {coordinator} refused this site (key not registered there yet?); "
+                f"coordinator {coordinator} refused this site (key not registered there yet, or "
+                "this site's clock off?); "
                 f"retrying in {min(wait, left):.0f} s"
             )
             time.sleep(min(wait, left))
@@ -266,7 +267,9 @@ def run_site(
     if follower.refused:
         raise UserError(
             f"coordinator {coordinator} refused this site: its key is not registered there; "
-            "send site.pub to the coordinator (`fedweave sites add-key DIR site.pub`) and retry"
+            "send site.pub to the coordinator (`fedweave sites add-key DIR site.pub`) and retry "
+            "(a registered site is refused too when its clock is more than 5 s ahead of the "
+            "coordinator's: synchronise it with NTP)"
         )
     if not follower.connected and code != 0:
         waited = time.monotonic() - started

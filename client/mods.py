@@ -4,6 +4,9 @@
 seen (it arrives after its round's deadline, say a site that was stalled) is refused before
 SecAgg+ could mix it into the state of the round in progress.
 
+``clock_guard`` refuses a round's training instruction when this site's clock is further from
+the coordinator's than ``--max-clock-skew`` allows, with the difference it measured.
+
 ``update_check_mod`` sits inside ``secaggplus_mod`` (so it sees the plaintext update before
 it is masked): it refuses an invalid update, which makes the site a dropout that SecAgg+
 recovers from, and it reports values that SecAgg+ would clip instead of letting them
@@ -13,6 +16,7 @@ silently distort the model.
 from __future__ import annotations
 
 import logging
+import time
 
 from flwr.app import Context, Message
 from flwr.app.message_type import MessageType
@@ -22,10 +26,13 @@ from flwr.compat.common import recorddict_compat as compat
 
 from fedweave.contract import (
     CLIPPED_FRACTION_METRIC,
+    DELIVERY_ALLOWANCE_KEY,
     LOCAL_DP_KEYS,
+    MAX_CLOCK_SKEW_KEY,
     MAX_NORM_KEY,
     SECAGG_CLIP_KEY,
     SECAGG_MAX_WEIGHT_KEY,
+    refusal,
     rejection,
 )
 from fedweave.learning.validation import clipped_fraction, update_problem
@@ -55,6 +62,45 @@ def stale_round_guard(msg: Message, context: Context, call_next: ClientAppCallab
     context.state.config_records[STALE_ROUND_RECORD] = ConfigRecord(
         {NEWEST_ROUND_KEY: round_number}
     )
+    return call_next(msg, context)
+
+
+def clock_problem(lag: float, max_skew: float, allowance: float) -> str | None:
+    """Why this site's clock is too far from the coordinator's, or None.
+
+    ``lag`` is this site's clock when an instruction arrived minus the coordinator's clock
+    when it created it: the clock difference plus a delivery delay between 0 and
+    ``allowance`` seconds. So a lag below ``-max_skew`` proves the site's clock is behind by
+    more than ``max_skew``, and one above ``max_skew + allowance`` proves it is ahead.
+    """
+    fix = "synchronise it (NTP: chrony or systemd-timesyncd) and it takes part again"
+    if lag < -max_skew:
+        return (
+            f"this site's clock is {-lag:.0f} s behind the coordinator's (at most "
+            f"{max_skew:g} s allowed); {fix}"
+        )
+    if lag > max_skew + allowance:
+        return (
+            f"this site's clock is at least {lag - allowance:.0f} s ahead of the "
+            f"coordinator's (at most {max_skew:g} s allowed); {fix}"
+        )
+    return None
+
+
+def clock_guard(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """Refuse a round's training instruction while this site's clock is off (``clock_problem``)."""
+    arrived = time.time()
+    config = _fit_config(msg) if msg.metadata.message_type == MessageType.TRAIN else None
+    if config is None or MAX_CLOCK_SKEW_KEY not in config:
+        return call_next(msg, context)
+    problem = clock_problem(
+        arrived - msg.metadata.created_at,
+        float(config[MAX_CLOCK_SKEW_KEY]),
+        float(config.get(DELIVERY_ALLOWANCE_KEY, 0.0)),
+    )
+    if problem is not None:
+        log.warning("round refused: %s", problem)
+        raise ValueError(refusal(problem))
     return call_next(msg, context)
 
 
@@ -144,10 +190,11 @@ def local_dp_when_asked(msg: Message, context: Context, call_next: ClientAppCall
 
 SITE_MODS = [
     stale_round_guard,
+    clock_guard,
     secagg_when_asked,
     update_check_mod,
     central_dp_clipping_when_asked,
     local_dp_when_asked,
 ]
-"""Outermost first: late rounds are refused before anything else; SecAgg+ masks what the
-update check has passed, after DP has clipped or noised it."""
+"""Outermost first: late rounds and a wrong clock are refused before anything else; SecAgg+
+masks what the update check has passed, after DP has clipped or noised it."""

@@ -29,6 +29,7 @@ from fedweave.contract import (
     SEED_KEY,
     WORK_FRACTION_KEY,
     late,
+    refusal,
 )
 from fedweave.learning.data import load_site_data
 from fedweave.learning.task import ArrayData, Task, load_task
@@ -111,7 +112,7 @@ class TaskClient(NumPyClient):
                     "deadline, and the strategy drops partial work",
                 )
             )
-        set_weights(self.model, parameters)
+        self._load_global(parameters)
         round_seed = int(config.get(SEED_KEY, 0)) * 1_000_003 + int(config.get(ROUND_KEY, 0)) * 1009
         train_config = replace(
             self.config,
@@ -125,8 +126,22 @@ class TaskClient(NumPyClient):
         metrics = self.task.train(self.model, self.data, train_config)
         return get_weights(self.model), len(self.data), metrics
 
+    def _load_global(self, parameters: list[np.ndarray]) -> None:
+        """The round's global model into this site's; refused when the two models differ."""
+        try:
+            set_weights(self.model, parameters)
+        except (ValueError, RuntimeError) as exc:
+            problem = str(exc).strip().splitlines()[-1][:160]
+            raise ValueError(
+                refusal(
+                    f"this site's model for task '{self.task.name}' differs from the "
+                    f"coordinator's ({problem}); install the coordinator's fedweave version "
+                    "and task code at this site"
+                )
+            ) from None
+
     def evaluate(self, parameters: list[np.ndarray], config: dict) -> tuple[float, int, dict]:
-        set_weights(self.model, parameters)
+        self._load_global(parameters)
         scores = self.task.evaluate(self.model, self.data, self.config)
         return float(scores["loss"]), len(self.data), {"accuracy": float(scores["accuracy"])}
 

@@ -31,7 +31,12 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
-from fedweave.contract import CLIPPED_FRACTION_METRIC, parse_site_error
+from fedweave.contract import (
+    CLIPPED_FRACTION_METRIC,
+    REFUSED_PREFIX,
+    parse_site_error,
+    readable_failure,
+)
 from fedweave.coordinator.rounds import RoundListener, RoundSummary
 from fedweave.flower_patches.secagg_masks import unflatten
 from fedweave.history.records import SiteResult
@@ -60,7 +65,10 @@ _ERROR_REASON = re.compile(r"reason=['\"](.+?)['\"]\)?$", re.S)
 
 
 def failure_reason(text: str) -> str:
-    """The site's own error message out of Flower's/Ray's wrapping, on one short line."""
+    """The site's own error message out of Flower's/Ray's wrapping, on one short line (a
+    site's refusal as ``refused: <reason>``)."""
+    if REFUSED_PREFIX in text:
+        return readable_failure(text.strip())[:300]
     found = _APP_MESSAGE.findall(text)
     if found:
         return found[-1].strip()[:300]

@@ -18,8 +18,10 @@ from flwr.server.workflow import DefaultWorkflow
 from fedweave.config import RunConfig
 from fedweave.contract import (
     BATCH_SIZE_KEY,
+    DELIVERY_ALLOWANCE_KEY,
     LOCAL_EPOCHS_KEY,
     LR_KEY,
+    MAX_CLOCK_SKEW_KEY,
     MAX_NORM_KEY,
     ROUND_KEY,
     SECAGG_CLIP_KEY,
@@ -109,8 +111,9 @@ class ServerSettings:
             return {"proximal_mu": self.config.federation.proximal_mu}
         return {}
 
-    def fit_config(self, server_round: int) -> dict[str, int | float]:
-        """What every sampled site is told for ``server_round`` (Flower's numbering)."""
+    def fit_config(self, server_round: int, round_timeout: float) -> dict[str, int | float]:
+        """What every sampled site is told for ``server_round`` (Flower's numbering), in a
+        round that closes ``round_timeout`` seconds after it starts."""
         training = self.config.training
         config: dict[str, int | float] = {
             ROUND_KEY: server_round + self.round_offset,
@@ -118,6 +121,8 @@ class ServerSettings:
             LR_KEY: training.lr,
             BATCH_SIZE_KEY: training.batch_size,
             SEED_KEY: training.seed,
+            MAX_CLOCK_SKEW_KEY: self.config.deployment.max_clock_skew,
+            DELIVERY_ALLOWANCE_KEY: round_timeout,
         }
         max_update_norm = self.config.federation.max_update_norm
         if max_update_norm is not None:
@@ -179,7 +184,7 @@ def make_server_app(
             fraction_evaluate=0.0,
             min_evaluate_clients=0,
             initial_parameters=ndarrays_to_parameters(start_weights),
-            on_fit_config_fn=settings.fit_config,
+            on_fit_config_fn=lambda server_round: settings.fit_config(server_round, round_timeout),
             **settings.strategy_options(),
         )
         strategy = wrap_for_central_dp(

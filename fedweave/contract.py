@@ -43,6 +43,11 @@ WORK_FRACTION_KEY = "fw-work-fraction"
 DROPS_PARTIAL_WORK_KEY = "fw-drops-partial-work"
 """Fit config (simulation): the strategy has no use for a straggler's partial work (FedAvg)."""
 MAX_NORM_KEY = "fw-max-update-norm"
+MAX_CLOCK_SKEW_KEY = "fw-max-clock-skew"
+"""Fit config: seconds a site's clock may differ from the coordinator's (``--max-clock-skew``)."""
+DELIVERY_ALLOWANCE_KEY = "fw-delivery-allowance"
+"""Fit config: seconds an instruction may take to reach a working site (the round's deadline);
+how far ahead a site's clock seems is only known up to this delay."""
 SECAGG_CLIP_KEY = "fw-secagg-clipping-range"
 SECAGG_MAX_WEIGHT_KEY = "fw-secagg-max-weight"
 LOCAL_DP_KEYS = (

@@ -74,9 +74,11 @@ class Processes:
         self.cwd = cwd
         self.procs: list[subprocess.Popen] = []
 
-    def start(self, name: str, *args: str, host=None) -> subprocess.Popen:
+    def start(
+        self, name: str, *args: str, host=None, env: dict[str, str] | None = None
+    ) -> subprocess.Popen:
         """Start ``fedweave ARGS`` (inside ``host``'s network namespace when given, a
-        ``fedweave.simulations.netns.Host``)."""
+        ``fedweave.simulations.netns.Host``; ``env`` added to this process's environment)."""
         out = open(self.cwd / f"{name}.out", "w")  # noqa: SIM115 - the child owns it
         argv = fedweave_cmd(*args)
         proc = subprocess.Popen(
@@ -86,6 +88,7 @@ class Processes:
             stderr=subprocess.STDOUT,
             text=True,
             start_new_session=True,
+            env={**os.environ, **env} if env else None,
         )
         proc.name = name  # type: ignore[attr-defined]
         self.procs.append(proc)

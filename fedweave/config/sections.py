@@ -290,6 +290,13 @@ class DeploymentSection:
         0.0, "Give up if --min-clients sites are not connected after this many seconds "
         "(0: wait forever).", minimum=0, identity=False,
     )
+    max_clock_skew: float = setting(
+        60.0, "Seconds a site's clock may differ from the coordinator's; a site further off "
+        "is refused every round with the difference it measured, recorded failed, and the "
+        "round goes on. (With site keys Flower itself refuses requests signed more than 5 s "
+        "ahead or 305 s behind its clock.)",
+        above=0, identity=False,
+    )
     once: bool = setting(
         False, "Exit (0) when the run completes instead of serving on.", identity=False,
         stored=False,
@@ -395,7 +402,7 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
     "coordinator": (
         "task", "test_data", *_TRAINING, "min_clients", *_FEDERATION, *_SECAGG, *_PRIVACY,
         "address", "insecure", "tls_dir", "require_registered_sites", "site_timeout",
-        "state_dir", "once", "db", "checkpoint_dir", "resume",
+        "max_clock_skew", "state_dir", "once", "db", "checkpoint_dir", "resume",
     ),
     "client": (
         "coordinator", "task", "data", "label_column", "device", "insecure", "ca_cert",
