@@ -1,21 +1,32 @@
-"""Deployed seconds per round: ``fedweave coordinator`` and 3 ``fedweave client`` sites on
-loopback, exactly as docs/deploy.md sets them up (TLS, registered site keys, digits split
-with ``fedweave data split``), plain and with SecAgg+.
+"""Deployed seconds per round, 3 sites on ``digits``, loopback, TLS, plain and with SecAgg+:
+a minimal stock Flower app against fedweave's coordinator and sites, on the same machine.
 
-Each row is the median of a run's rounds 2..R (round 1 also pays for the sites' first
-ClientApp start-up), from the seconds the coordinator records per round. ``--stock-flower``
-runs every process with ``FEDWEAVE_STOCK_FLOWER=1``: Flower's stock polls, sleeps, backoffs
-and per-message ``flwr-clientapp`` processes (fedweave.flower_patches skips its deployment
-patches and the sites their long-lived ClientApp worker), which is what fedweave deployed
-before them; compare the two on the same machine.
+- ``stock``: ``bench/stock_flower_app``, written only with Flower's public API (FedAvg,
+  ``SecAggPlusWorkflow`` / ``secaggplus_mod``, a NumPyClient) and the same model, split and
+  local training as fedweave's ``digits`` task. It runs exactly as Flower documents a
+  deployment: ``flower-superlink`` with TLS, one ``flower-supernode`` per site, and
+  ``flwr run``; every Flower setting is the default, except that runtime dependency
+  installation (``uv sync``) is off, as it is for fedweave. Its ServerApp writes the wall
+  clock after each round's central evaluation; a round is the time between two of them.
+- ``fedweave``: ``fedweave coordinator`` and ``fedweave client`` exactly as docs/deploy.md
+  sets them up (TLS, registered site keys, ``fedweave data split``); a round's seconds are
+  what the coordinator records in the history.
+- ``fedweave-unpatched`` (not run by default): fedweave with ``FEDWEAVE_STOCK_FLOWER=1``,
+  Flower's stock polls, sleeps, backoffs and per-message ``flwr-clientapp`` processes, which is
+  how fedweave deployed before its worker and patches.
 
-    python bench/bench_deployment.py [--rounds 5] [--sites 3] [--stock-flower]
+Each row's figure is the median of rounds 2..R (round 1 also pays for the sites' first
+ClientApp start-up). Every run starts its own SuperLink and sites.
+
+    python bench/bench_deployment.py [--rounds 5] [--sites 3] [--systems stock,fedweave]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -24,6 +35,7 @@ import time
 from pathlib import Path
 
 from fedweave.addresses import free_port
+from fedweave.flower_patches import STOCK_FLOWER_ENV
 from fedweave.processes import stop_process_group, tied_to_us
 
 
@@ -47,8 +59,78 @@ def prepare(work: Path, sites: int, env: dict[str, str]) -> None:
         subprocess.run(fedweave(*step), cwd=work, env=env, check=True, capture_output=True)
 
 
-def one_run(work: Path, sites: int, rounds: int, secure: bool, env: dict[str, str]) -> list[float]:
-    """Seconds of each recorded round of one deployed run."""
+Env = dict[str, str]
+STOCK_APP = Path(__file__).resolve().parent / "stock_flower_app"
+
+
+def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    """Until ``127.0.0.1:port`` accepts a connection (``proc`` is what should listen there)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{proc.args[0]} exited with {proc.returncode} before listening")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
+            return
+        time.sleep(0.2)
+    raise SystemExit(f"nothing listened on 127.0.0.1:{port} within {timeout:.0f} s")
+
+
+def stock_run(work: Path, sites: int, rounds: int, secure: bool, env: Env) -> list[float]:
+    """Seconds of each round of the stock Flower app, deployed the way Flower documents it."""
+    port, tag = free_port(), "secure" if secure else "plain"
+    home = work / f"stock-{tag}"
+    home.mkdir()
+    tls = (work / "tls").resolve()
+    superlink = [
+        "flower-superlink", "--port", str(port), "--disable-runtime-dependency-installation",
+        "--ssl-ca-certfile", str(tls / "ca.pem"), "--ssl-certfile", str(tls / "server.pem"),
+        "--ssl-keyfile", str(tls / "server.key"),
+    ]  # fmt: skip
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "bench"\n\n[superlink.bench]\naddress = "localhost:{port}"\n'
+        f'root-certificates = "{tls / "ca.pem"}"\n'
+    )
+    timings = home / "round-ends.txt"
+    procs = []
+    try:
+        link_env = dict(env, FLWR_HOME=str(home / "link"))
+        procs.append(start(superlink, home / "superlink.log", link_env))
+        wait_for_port(port, procs[0])
+        for i in range(sites):
+            data = (work / "split" / f"site-{i}.npz").resolve()
+            supernode = [
+                "flower-supernode", "--superlink", f"localhost:{port}",
+                "--root-certificates", str(tls / "ca.pem"), "--port", str(free_port()),
+                "--node-config", f"data='{data}'",
+            ]  # fmt: skip
+            site_env = dict(env, FLWR_HOME=str(home / f"site{i}"))
+            procs.append(start(supernode, home / f"site{i}.log", site_env))
+        run_config = (
+            f"num-server-rounds={rounds} sites={sites} secure-agg={'true' if secure else 'false'} "
+            f"test-data='{(work / 'split' / 'test.npz').resolve()}' timings='{timings}'"
+        )
+        flwr_run = ["flwr", "run", str(STOCK_APP), "bench", "--stream", "--run-config", run_config]
+        with (home / "flwr-run.log").open("wb") as log:
+            subprocess.run(
+                flwr_run, env=dict(env, FLWR_HOME=str(home)), stdout=log, stderr=log,
+                timeout=120 + rounds * 240, check=True,
+            )  # fmt: skip
+    finally:
+        for proc in reversed(procs):
+            stop_process_group(proc, grace=10)
+    ends = [float(line) for line in timings.read_text().split()]
+    if len(ends) != rounds + 1:
+        raise SystemExit(f"the stock app recorded {len(ends) - 1} of {rounds} rounds; see {home}")
+    return [after - before for before, after in zip(ends, ends[1:])]
+
+
+def start(command: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen:
+    with log_path.open("wb") as log:
+        return subprocess.Popen(command, env=env, stdout=log, stderr=log, **tied_to_us())
+
+
+def fedweave_run(work: Path, sites: int, rounds: int, secure: bool, env: Env) -> list[float]:
+    """Seconds of each round of one deployed fedweave run, as its history records them."""
     from fedweave.history import open_store
 
     port, db = free_port(), f"sqlite:///{work / ('secure.db' if secure else 'plain.db')}"
@@ -87,33 +169,49 @@ def one_run(work: Path, sites: int, rounds: int, secure: bool, env: dict[str, st
         return [float(r["extra"]["seconds"]) for r in store.rounds(run.run_id)]
 
 
+SYSTEMS = {
+    "stock": ("stock Flower app", stock_run, {}),
+    "fedweave": ("fedweave", fedweave_run, {}),
+    "fedweave-unpatched": ("fedweave, Flower stock", fedweave_run, {STOCK_FLOWER_ENV: "1"}),
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5, help="rounds per run (default 5)")
     parser.add_argument("--sites", type=int, default=3, help="sites (default 3)")
     parser.add_argument(
-        "--stock-flower", action="store_true",
-        help="Flower's stock polls, sleeps and per-message ClientApp processes",
-    )
+        "--systems", default="stock,fedweave",
+        help=f"comma-separated, from {', '.join(SYSTEMS)} (default stock,fedweave)",
+    )  # fmt: skip
     args = parser.parse_args()
+    systems = [name.strip() for name in args.systems.split(",") if name.strip()]
+    unknown = [name for name in systems if name not in SYSTEMS]
+    if unknown or not systems or args.rounds < 2 or args.sites < 3:
+        parser.error(f"--systems takes {', '.join(SYSTEMS)}; --rounds >= 2; --sites >= 3")
     env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_UPDATE_CHECK="1")
-    if args.stock_flower:
-        env["FEDWEAVE_STOCK_FLOWER"] = "1"
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     with tempfile.TemporaryDirectory(prefix="fedweave-bench-deploy-") as tmp:
         work = Path(tmp)
         prepare(work, args.sites, env)
-        rows = {}
-        for secure in (False, True):
-            started = time.perf_counter()
-            seconds = one_run(work, args.sites, args.rounds, secure, env)
-            rows["SecAgg+" if secure else "plain"] = (seconds, time.perf_counter() - started)
-    flower = "Flower's stock behaviour" if args.stock_flower else "fedweave's worker and patches"
-    print(f"fedweave deployment, {args.sites} sites, digits, loopback, TLS + site keys, {flower}")
-    print(f"{'mode':<10}{'median s (rounds 2..)':>24}{'round 1 s':>12}{'wall s':>9}  per round")
-    for name, (seconds, wall) in rows.items():
-        steady = statistics.median(seconds[1:]) if len(seconds) > 1 else seconds[0]
+        rows = []
+        for name in systems:
+            label, run, extra_env = SYSTEMS[name]
+            for secure in (False, True):
+                started = time.perf_counter()
+                seconds = run(work, args.sites, args.rounds, secure, dict(env, **extra_env))
+                wall = time.perf_counter() - started
+                rows.append((label, "SecAgg+" if secure else "plain", seconds, wall))
+                print(f"  {label}, {rows[-1][1]}: done in {wall:.0f} s", file=sys.stderr)
+    print(
+        f"deployed rounds: {args.sites} sites, digits, loopback, TLS (fedweave also with "
+        f"registered site keys); {args.rounds} rounds a run"
+    )
+    print(f"{'system':<24}{'mode':<9}{'median s (rounds 2..)':>22}{'round 1 s':>11}  per round")
+    for label, mode, seconds, _wall in rows:
         per = " ".join(f"{s:.1f}" for s in seconds)
-        print(f"{name:<10}{steady:>24.2f}{seconds[0]:>12.1f}{wall:>9.0f}  {per}")
+        steady = statistics.median(seconds[1:])
+        print(f"{label:<24}{mode:<9}{steady:>22.2f}{seconds[0]:>11.1f}  {per}")
 
 
 if __name__ == "__main__":

@@ -17,25 +17,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-LAUNCHER = """
-import sys
-from fedweave import cli
-names = {c.name or c.callback.__name__ for c in cli.app.registered_commands}
-if "coordinator" not in names:  # until fedweave/cli.py mounts the deployment commands
-    from fedweave.client.cli import client
-    from fedweave.coordinator.cli import coordinator
-    from fedweave.certs_cli import certs_app, sites_app
-    cli.app.command()(coordinator)
-    cli.app.command()(client)
-    cli.app.add_typer(certs_app, name="certs")
-    cli.app.add_typer(sites_app, name="sites")
-sys.argv[0] = "fedweave"
-cli.main()
-"""
-
-
 def fedweave_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-c", LAUNCHER, *args]
+    return [sys.executable, "-m", "fedweave.cli", *args]
 
 
 def free_port() -> int:

@@ -11,7 +11,8 @@ exact Flower version it was written and tested against (``PATCHED_FLOWER_VERSION
   so silently falling back to Flower's generator would corrupt every sum).
 
 ``FEDWEAVE_STOCK_FLOWER=1`` skips every patch of the first kind (to compare, or to rule a
-patch out when debugging; ``bench/bench_deployment.py --stock-flower`` uses it).
+patch out when debugging; ``bench/bench_deployment.py --systems fedweave-unpatched`` uses
+it).
 
 The patches, and why each exists:
 

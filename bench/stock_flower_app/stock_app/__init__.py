@@ -1,0 +1,1 @@
+"""Minimal stock Flower app for ``bench/bench_deployment.py``."""
