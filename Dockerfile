@@ -9,6 +9,8 @@
 # The install steps are docker/install.sh, the same script CI runs.
 # Base pinned to an exact tag; pin its digest too where you build (docker buildx imagetools
 # inspect python:3.11.9-slim-bookworm) and write it as python:3.11.9-slim-bookworm@sha256:...
+# Where no registry is reachable: sh docker/base-image.sh (Debian packages), then
+# --build-arg PYTHON_IMAGE=localhost/fedweave-base:bookworm (tests/test_docker_image.py).
 ARG PYTHON_IMAGE=python:3.11.9-slim-bookworm
 FROM ${PYTHON_IMAGE}
 
