@@ -108,6 +108,32 @@ class SlowOnceDigits(_OneBadSite):
             time.sleep(SLOW_SECONDS)
 
 
+STALLED_ROUND = 2
+
+
+class StallsInRound2Digits(_OneBadSite):
+    """The bad site's training of round 2 sleeps ``SLOW_SECONDS`` (marker ``PREFIX.2``, once
+    per run). For the simulation engine, where a late round-1 message may be trained after
+    round 2's by another worker, so counting trainings (``SlowOnceDigits``) can stall the
+    wrong round. The round comes out of the training seed, which ``TaskClient.fit`` makes
+    ``seed * 1_000_003 + round * 1009 + site index``; a simulated site's index is its
+    partition (below 1009), a deployed site's is not, so this task is for simulations only."""
+
+    name = "digits-stalls-in-round-2"
+
+    def train(self, model, data, config):
+        import os
+        import time
+
+        metrics = DigitsTask.train(self, model, data, config)
+        prefix = os.environ.get(SLOW_ONCE_ENV)
+        stalled_round = (config.seed % 1_000_003) // 1009 == STALLED_ROUND
+        if prefix and self.is_bad(data) and stalled_round:
+            if _first_to_create(prefix + f".{STALLED_ROUND}"):
+                time.sleep(SLOW_SECONDS)
+        return metrics
+
+
 def bad_site_index(split_dir) -> int:
     """Which site file holds the sentinel example."""
     for index in range(1000):

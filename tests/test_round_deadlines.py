@@ -26,7 +26,7 @@ def test_a_stalled_site_is_late_and_the_round_closes_at_its_deadline(
 ):
     monkeypatch.setenv(SLOW_ONCE_ENV, str(tmp_path / "stall"))
     sim = RunConfig.of(
-        task="fault_tasks:SlowOnceDigits", clients=3, rounds=3, partition="iid",
+        task="fault_tasks:StallsInRound2Digits", clients=3, rounds=3, partition="iid",
         secure_agg=secure_agg, round_timeout=deadline, min_replies=3 if not secure_agg else None,
     )  # fmt: skip
     rows, rounds, sites, _ = run_recorded(sim, tmp_path, "deadline")
