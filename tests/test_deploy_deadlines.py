@@ -62,6 +62,7 @@ def test_a_hung_site_is_late_and_the_round_closes_at_its_deadline(tmp_path):
     rounds, site_rows, run = recorded(db)
     assert run.status == "completed" and [r["round"] for r in rounds] == [1, 2, 3]
     second = rounds[1]
+    print(f"round 2 closed in {second['extra']['seconds']:.1f} s (deadline {DEADLINE:g} s)")
     assert second["sampled"] == SITES and second["replied"] == SITES - 1
     assert second["extra"]["seconds"] <= DEADLINE * 1.1, second["extra"]
     late = [s for s in site_rows if s["status"] == "late"]

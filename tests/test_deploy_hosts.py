@@ -102,6 +102,9 @@ def test_coordinator_and_sites_on_separate_hosts_with_link_loss_and_coordinator_
         procs.close()
 
     rounds, site_rows, final = recorded(db)
+    for r in rounds:
+        print(f"round {r['round']}: {r['replied']}/{r['sampled']} replied, "
+              f"{r['extra']['seconds']:.1f} s, accuracy {r['eval_accuracy']:.3f}")  # fmt: skip
     assert [r["round"] for r in rounds] == list(range(1, ROUNDS + 1))  # none lost, none twice
     assert final.status == "completed"
     assert rounds[1]["extra"]["seconds"] <= DEADLINE * 1.1, rounds[1]
