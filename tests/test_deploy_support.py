@@ -183,6 +183,21 @@ def recorded(db_url: str) -> tuple[list[dict], list[dict], object]:
         store.close()
 
 
+def refused_every_round(db_url: str, rounds: int, sites: int) -> list[dict]:
+    """Check the run completed ``rounds`` rounds, in each of which exactly one of ``sites``
+    sampled sites failed and the others replied; return the failed site's row of each round."""
+    recorded_rounds, site_rows, run = recorded(db_url)
+    assert [r["round"] for r in recorded_rounds] == list(range(1, rounds + 1))
+    assert run.status == "completed"
+    assert recorded_rounds[-1]["eval_accuracy"] > 0.5  # chance is 0.1 on ten digits
+    failed_rows = []
+    for n in range(1, rounds + 1):
+        rows = [s for s in site_rows if s["round"] == n]
+        assert sorted(s["status"] for s in rows) == ["failed"] + ["ok"] * (sites - 1), rows
+        failed_rows += [s for s in rows if s["status"] == "failed"]
+    return failed_rows
+
+
 def make_deployment(root: Path, sites: int, unregistered: int = 0) -> None:
     """Certificates, site keys (``sites`` registered, ``unregistered`` not) and a data split,
     all made with the fedweave commands a user would run."""
