@@ -12,7 +12,11 @@ executor: the SuperNode runs with ``--isolation process``, and the worker
    for the pinned version (``push_message`` and ``push_task_output`` of
    ``flwr.supernode.runtime.run_clientapp``, and its ``pull_task_input`` with a shorter
    first object-pull backoff), keeping a heartbeat while it runs;
-3. installs each run's FAB and loads its ClientApp once, not once per message.
+3. checks each run's FAB (``fedweave.app_bundle``): it must name fedweave's own apps and
+   carry no code. Whatever a run names, this worker runs the installed
+   ``fedweave.client.deployed_app`` and nothing else; a foreign run is refused (an error reply
+   ``fedweave-refused: ...``), logged, and shown in the site's console with its run id. The
+   FAB is never installed, so none of its files can be imported.
 
 An exception in the ClientApp becomes an error reply, as in ``flwr-clientapp``. A worker that
 dies mid-task stops its heartbeat; the SuperNode then answers that message with Flower's
@@ -31,6 +35,9 @@ import os
 import signal
 import threading
 import time
+
+NOTICE_PREFIX = "site notice: "
+"""Starts a line this worker writes to stdout for the site's console (``WorkerSupervisor``)."""
 
 POLL_SECONDS = 0.1
 """Seconds between asks for a task when none is pending (stock ``flower-superexec``: 1 s).
@@ -57,12 +64,17 @@ def warm_up(task: str | None, data_path: str | None, label_column: str | None) -
             log.warning("site data not preloaded: %s", str(exc).splitlines()[0])
 
 
+class ForeignRunRefused(Exception):
+    """A run whose bundle is not fedweave's: answered with the refusal, never run."""
+
+
 class ClientAppRunner:
     """Runs claimed ClientApp tasks in this process, one at a time."""
 
     def __init__(self, runtime_api_address: str) -> None:
         self.address = runtime_api_address
-        self._apps: dict[str, object] = {}  # FAB hash -> its loaded ClientApp
+        self._apps: dict[str, object] = {}  # app reference -> the loaded ClientApp
+        self._refused: set[str] = set()  # FAB hashes already refused and shown
 
     def client(self, token: str | None):
         """A Runtime API client: with ``token`` for one task's calls, else for ``AcquireTask``."""
@@ -86,15 +98,25 @@ class ClientAppRunner:
         )
 
     def _client_app(self, run, fab):
-        """The run's ClientApp, loaded from its FAB on first use (Flower's loader)."""
-        if fab.hash_str not in self._apps:
-            from flwr.cli.install import install_from_fab
-            from flwr.clientapp.utils import get_load_client_app_fn
+        """fedweave's installed ClientApp, once the run's FAB is checked to name it (code
+        never travels: a FAB's own files are never installed or imported)."""
+        from fedweave.app_bundle import bundle_problem
+        from fedweave.contract import CLIENT_APP_REF, refusal
 
-            install_from_fab(fab.content, skip_prompt=True)
-            load = get_load_client_app_fn(default_app_ref="", app_path=None, multi_app=True)
-            self._apps[fab.hash_str] = load(run.fab_id, run.fab_version, fab.hash_str)
-        return self._apps[fab.hash_str]
+        problem = bundle_problem(bytes(fab.content))
+        if problem is not None:
+            if fab.hash_str not in self._refused:
+                self._refused.add(fab.hash_str)
+                notice = f"refused run {run.run_id}: {problem}"
+                log.error(notice)
+                print(NOTICE_PREFIX + notice, flush=True)
+            raise ForeignRunRefused(refusal(f"run {run.run_id}: {problem}"))
+        if CLIENT_APP_REF not in self._apps:
+            import importlib
+
+            module, _, attribute = CLIENT_APP_REF.partition(":")
+            self._apps[CLIENT_APP_REF] = getattr(importlib.import_module(module), attribute)
+        return self._apps[CLIENT_APP_REF]
 
     def acquire(self, client) -> str | None:
         """A token for the next pending ClientApp task, or None."""
@@ -131,7 +153,8 @@ class ClientAppRunner:
             if isinstance(exc, LoadClientAppError):
                 code = ErrorCode.LOAD_CLIENT_APP_EXCEPTION
                 reason = "An exception was raised when attempting to load `ClientApp`"
-            log.error("ClientApp raised an exception", exc_info=exc)
+            if not isinstance(exc, ForeignRunRefused):
+                log.error("ClientApp raised an exception", exc_info=exc)
             details = reason
             if message is not None:
                 reply = Message(Error(code=code, reason=reason), reply_to=message)

@@ -61,10 +61,23 @@ class WorkerSupervisor:
     def _spawn(self) -> subprocess.Popen:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
-            return subprocess.Popen(
-                self.command, stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=self.env,
-                **tied_to_us(),
+            proc = subprocess.Popen(
+                self.command, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
+                env=self.env, text=True, errors="replace", **tied_to_us(),
             )  # fmt: skip
+        threading.Thread(target=self._copy_stdout, args=(proc,), daemon=True).start()
+        return proc
+
+    def _copy_stdout(self, proc: subprocess.Popen) -> None:
+        """The worker's stdout to the log; its notices (``NOTICE_PREFIX``) to the console."""
+        from fedweave.client.worker import NOTICE_PREFIX
+
+        with self.log_path.open("a", encoding="utf-8") as log:
+            for line in proc.stdout:
+                log.write(line)
+                log.flush()
+                if line.startswith(NOTICE_PREFIX):
+                    self.echo(line[len(NOTICE_PREFIX) :].rstrip())
 
     def _keep_alive(self) -> None:
         wait = 1.0

@@ -5,8 +5,9 @@ Two processes share this module. ``fedweave coordinator`` (the CLI) creates or r
 history run and writes the plan into the Flower App Bundle's run config; Flower's
 ``flwr-serverapp`` (started by the SuperLink) reads the plan back, continues after the last
 recorded round and records the rest. The history's database URL never travels in the run
-config (the SuperLink stores and shows run configs): it reaches the ServerApp through the
-environment the SuperLink inherits (``FEDWEAVE_DEPLOY_DB``).
+config (the SuperLink stores and shows run configs) nor in any environment (every Flower
+process would inherit its password): the coordinator writes it to a 0600 file in a 0700
+folder and the environment names only that file (``FEDWEAVE_DEPLOY_DB_FILE``).
 """
 
 from __future__ import annotations
@@ -24,8 +25,33 @@ from fedweave.contract import RUN_ID_KEY as RUN_CONFIG_ID_KEY
 COORDINATOR_PID_ENV = "FEDWEAVE_COORDINATOR_PID"
 """The ``fedweave coordinator`` process the ServerApp must not outlive (set by the coordinator)."""
 
-DB_ENV = "FEDWEAVE_DEPLOY_DB"
-"""Environment variable the ServerApp reads the history URL from (set by the coordinator)."""
+DB_URL_FILE_ENV = "FEDWEAVE_DEPLOY_DB_FILE"
+"""Environment variable naming the 0600 file the ServerApp reads the history URL from (set by
+the coordinator; the URL itself, with its password, is never in an environment)."""
+
+
+def write_db_url_file(folder: Path, url: str) -> Path:
+    """Write ``url`` to ``folder/history-db-url`` readable by this user only; returns the path.
+
+    The file is created 0600 in one step (no moment where it is readable by others), in a
+    folder made 0700.
+    """
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    folder.chmod(0o700)
+    path = folder / "history-db-url"
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(url)
+    return path
+
+
+def read_db_url() -> str | None:
+    """The history URL the coordinator left for this ServerApp, or None (the default)."""
+    path = os.environ.get(DB_URL_FILE_ENV)
+    if not path:
+        return None
+    return Path(path).read_text(encoding="utf-8").strip() or None
 
 
 PLAN_SETTINGS = (
@@ -120,7 +146,7 @@ def run_plan(plan: DeployPlan, grid, context) -> None:
     from fedweave.history import open_store
 
     exit_with_coordinator()
-    store = open_store(os.environ.get(DB_ENV) or None)
+    store = open_store(read_db_url())
     recorder = None
     try:
         from fedweave.coordinator.history_recorder import (

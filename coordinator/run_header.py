@@ -88,7 +88,8 @@ def header_line(facts: dict[str, Any]) -> str:
     )
     return (
         f"SecAgg+ {secure}; TLS {_on_off(facts['tls'], 'on', 'OFF')}; site authentication "
-        f"{_on_off(facts['site_authentication'], 'required', 'off')}; DP {dp_text}; strategy "
+        f"{_on_off(facts['site_authentication'], 'required', 'OFF (any CA holder joins)')}; "
+        f"DP {dp_text}; strategy "
         f"{facts['strategy']}; {facts['sites_per_round']} sites a round; round deadline "
         f"{deadline}, min replies {facts['min_replies']}{straggling}"
     )

@@ -24,8 +24,9 @@ from fedweave.config.sections import ConnectionSection
 from fedweave.contract import readable_failure
 from fedweave.coordinator.deployed_run import (
     COORDINATOR_PID_ENV,
-    DB_ENV,
+    DB_URL_FILE_ENV,
     DeployPlan,
+    write_db_url_file,
 )
 from fedweave.coordinator.superlink import (
     SuperLinkOptions,
@@ -60,12 +61,7 @@ def _tls(options: ConnectionSection) -> TlsFiles | None:
     if options.insecure and options.tls_dir is not None:
         raise UserError("--insecure and --tls-dir contradict each other; give one")
     if options.insecure:
-        if options.require_registered_sites:
-            raise UserError(
-                "--require-registered-sites needs TLS (Flower refuses site "
-                "authentication without it); drop --insecure and pass --tls-dir DIR"
-            )
-        return None
+        return None  # no TLS, no site authentication: the run header says so
     if options.tls_dir is None:
         raise UserError(
             "TLS is on by default: pass --tls-dir DIR (make one with "
@@ -73,12 +69,19 @@ def _tls(options: ConnectionSection) -> TlsFiles | None:
         )
     files = TlsFiles.in_dir(options.tls_dir.resolve())
     files.check_readable()
-    if options.require_registered_sites and not registered_site_keys(options.tls_dir):
-        raise UserError(
-            f"--require-registered-sites but no site keys in {options.tls_dir}/sites; "
-            "add them with `fedweave sites add-key DIR site.pub`"
+    if sites_must_register(options) and not registered_site_keys(options.tls_dir):
+        _echo(
+            f"no site keys in {options.tls_dir}/sites yet: sites are refused until you add "
+            "theirs with `fedweave sites add-key DIR site.pub` (or pass "
+            "--allow-unregistered-sites)"
         )
     return files
+
+
+def sites_must_register(options: ConnectionSection) -> bool:
+    """Site authentication: on with TLS unless the operator says --allow-unregistered-sites
+    (Flower cannot authenticate sites without TLS)."""
+    return not options.insecure and not options.allow_unregistered_sites
 
 
 def _check_config(config: RunConfig) -> None:
@@ -106,7 +109,7 @@ def _with_protections(config: RunConfig) -> tuple[RunConfig, dict]:
     facts = protections(
         config, settings.cohort, round_timeout,
         tls=not config.connection.insecure,
-        site_authentication=config.connection.require_registered_sites,
+        site_authentication=sites_must_register(config.connection),
     )  # fmt: skip
     return config.replace(round_timeout=round_timeout), facts
 
@@ -149,8 +152,8 @@ def _prepare_run(store, config: RunConfig, resolved: Resolved) -> DeployPlan:
 class _Watcher:
     """Prints each newly recorded round (and its failed sites) exactly once."""
 
-    def __init__(self, store, plan: DeployPlan) -> None:
-        self.store, self.plan = store, plan
+    def __init__(self, store, plan: DeployPlan, revoked: dict[str, str]) -> None:
+        self.store, self.plan, self.revoked = store, plan, revoked
         self.rounds = plan.config.training.rounds
         self.printed = {r["round"] for r in store.rounds(plan.run_id)}
 
@@ -170,19 +173,44 @@ class _Watcher:
             for site in self.store.site_results(self.plan.run_id, row["round"]):
                 if site["status"] != "ok":
                     reason = readable_failure(site.get("reason"))
-                    _echo(f"  site {site['site_id']} {site['status']}: {reason}")
+                    name = self.revoked.get(str(site["site_id"]))
+                    who = f"{site['site_id']} ({name}, key revoked)" if name else site["site_id"]
+                    _echo(f"  site {who} {site['status']}: {reason}")
 
 
-def _sync_site_keys(client, tls_dir: Path | None, known: set[Path]) -> None:
-    """Register site keys added to ``DIR/sites`` (at start, and while serving)."""
+def _sync_site_keys(
+    client, tls_dir: Path | None, known: dict[Path, bytes], revoked: dict[str, str]
+) -> None:
+    """Register site keys added to ``DIR/sites`` and revoke those removed from it (at start,
+    and every poll while serving: `fedweave sites remove-key` takes effect within a second).
+    ``revoked`` gathers node id → site name of every node disconnected so."""
     if tls_dir is None:
         return
+    present = {}
     for path in registered_site_keys(tls_dir):
+        try:
+            present[path] = path.read_bytes()
+        except OSError:
+            continue  # being written or removed right now: next poll
+    for path, key in list(known.items()):
+        if present.get(path) == key:
+            continue
+        del known[path]
+        try:
+            nodes = client.unregister(key)
+        except Exception as exc:  # noqa: BLE001 - the next poll tries again
+            _echo(f"warning: site key {path.stem} not revoked yet: {str(exc).splitlines()[0]}")
+            known[path] = key
+            continue
+        revoked.update({str(node): path.stem for node in nodes})
+        detail = f"node {', '.join(map(str, nodes))} disconnected" if nodes else "no node online"
+        _echo(f"site key {path.stem} revoked ({detail}); its requests are refused from now on")
+    for path, key in present.items():
         if path in known:
             continue
-        known.add(path)
+        known[path] = key
         try:
-            state = client.register(path.read_bytes(), path.stem)
+            state = client.register(key, path.stem)
         except Exception as exc:  # noqa: BLE001 - a bad key must not stop the coordinator
             _echo(f"warning: site key {path} not registered: {str(exc).splitlines()[0]}")
             continue
@@ -212,11 +240,15 @@ def _wait_for_sites(client, proc, needed: int, timeout: float | None, keys) -> N
 
 def serve(config: RunConfig, resolved: Resolved) -> int:
     """Run the coordinator; returns the exit code (0: run completed)."""
+    from fedweave.flower_patches import security_patch_problem
     from fedweave.history import open_store
 
     connection, deployment = config.connection, config.deployment
     host, port = parse_address(deployment.address)
     tls = _tls(connection)
+    problem = security_patch_problem()
+    if problem is not None:
+        raise UserError(problem)
     _check_config(config)
     check_port_free(host, port)
     db_url = _absolute_db_url(config.history.db)
@@ -226,21 +258,25 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
     previous = signal.signal(signal.SIGTERM, raise_interrupt)
     link_options = SuperLinkOptions(
         host, port, deployment.state_dir.resolve(), tls,
-        node_auth=connection.require_registered_sites,
+        node_auth=sites_must_register(connection),
     )  # fmt: skip
     proc = client = None
     finished = False
+    secrets = link_options.state_dir / "secrets"
     try:
+        db_url_file = write_db_url_file(secrets, db_url)
         proc, client = start_superlink(
-            link_options, child_env({DB_ENV: db_url, COORDINATOR_PID_ENV: str(os.getpid())})
+            link_options,
+            child_env({DB_URL_FILE_ENV: str(db_url_file), COORDINATOR_PID_ENV: str(os.getpid())}),
         )
         scheme = "https" if tls else "http (insecure)"
         _echo(
             f"coordinator listening on {host}:{port} ({scheme}); "
             f"Flower log in {link_options.log_path}"
         )
-        known: set[Path] = set()
-        keys = lambda: _sync_site_keys(client, connection.tls_dir, known)  # noqa: E731
+        known: dict[Path, bytes] = {}
+        revoked: dict[str, str] = {}
+        keys = lambda: _sync_site_keys(client, connection.tls_dir, known, revoked)  # noqa: E731
         keys()
         _wait_for_sites(client, proc, min_clients, deployment.site_timeout or None, keys)
         flower_run = client.start_run(build_fab(plan.to_run_config()))
@@ -252,7 +288,7 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
             f", DP {plan.config.privacy.dp}, round deadline "
             f"{plan.config.federation.round_timeout:g} s"
         )
-        watcher = _Watcher(store, plan)
+        watcher = _Watcher(store, plan, revoked)
         while True:
             watcher.poll()
             status, sub_status, details = client.run_status(flower_run)
@@ -305,5 +341,6 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
             client.close()
         if proc is not None:
             stop_process_group(proc)
+        (secrets / "history-db-url").unlink(missing_ok=True)
         signal.signal(signal.SIGTERM, previous)
         store.close()

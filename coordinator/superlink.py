@@ -45,8 +45,13 @@ DEPLOY_ENV = {
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """This process's environment plus ``DEPLOY_ENV`` (explicit settings win) and ``extra``."""
+    """This process's environment plus ``DEPLOY_ENV`` (explicit settings win) and ``extra``,
+    less the history URL an operator may have set (``FEDWEAVE_DB``): secrets reach Flower's
+    processes through a 0600 file only (``deployed_run.write_db_url_file``)."""
+    from fedweave.history import DB_URL_ENVVAR
+
     env = dict(os.environ)
+    env.pop(DB_URL_ENVVAR, None)
     for key, value in DEPLOY_ENV.items():
         env.setdefault(key, value)
     env.update(extra or {})
@@ -201,6 +206,21 @@ class ControlClient:
             return "known"
         self._client.RegisterNode(RegisterNodeRequest(public_key=key, name=name[:40] or None))
         return "registered"
+
+    def unregister(self, public_key_ssh: bytes) -> list[int]:
+        """Remove every node holding this site key; returns their node ids. Flower then
+        refuses the key's requests (its signature names no node) and forgets its node."""
+        from cryptography.hazmat.primitives import serialization
+        from flwr.proto.control_pb2 import UnregisterNodeRequest
+        from flwr.supercore.primitives.asymmetric import public_key_to_bytes
+
+        key = public_key_to_bytes(serialization.load_ssh_public_key(public_key_ssh))
+        removed = []
+        for node in self.nodes():
+            if bytes(node.public_key) == key:
+                self._client.UnregisterNode(UnregisterNodeRequest(node_id=node.node_id))
+                removed.append(int(node.node_id))
+        return removed
 
     def start_run(self, fab_bytes: bytes) -> int:
         import hashlib

@@ -294,3 +294,51 @@ def add_site_key(directory: Path, public_key: Path, name: str | None = None) -> 
 def registered_site_keys(directory: Path) -> list[Path]:
     """The site public keys registered in ``directory`` (sorted by name)."""
     return sorted((directory / SITE_KEYS_DIR).glob("*.pub"))
+
+
+REVOKED_KEYS_DIR = "revoked"
+"""Where ``remove_site_key`` moves a key (``DIR/revoked/NAME.pub``): kept for the record, never
+registered again; a coordinator registers ``DIR/sites/*.pub`` only."""
+
+
+def key_fingerprint(public_key: bytes) -> str:
+    """``SHA256:...`` of an OpenSSH public key, as ``ssh-keygen -l`` prints it."""
+    import base64
+    import hashlib
+
+    blob = base64.b64decode(public_key.split()[1])
+    return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+
+
+def site_keys_table(directory: Path) -> list[tuple[str, str, str]]:
+    """(name, state, fingerprint) of every site key in ``directory``: ``registered`` ones first,
+    then ``revoked`` ones."""
+    rows = []
+    for state, folder in (("registered", SITE_KEYS_DIR), ("revoked", REVOKED_KEYS_DIR)):
+        for path in sorted((directory / folder).glob("*.pub")):
+            try:
+                fingerprint = key_fingerprint(path.read_bytes())
+            except (OSError, IndexError, ValueError):
+                fingerprint = "unreadable"
+            rows.append((path.stem, state, fingerprint))
+    return rows
+
+
+def remove_site_key(directory: Path, name: str) -> Path:
+    """Revoke site ``name``: move ``DIR/sites/NAME.pub`` to ``DIR/revoked/``. A running
+    coordinator disconnects and refuses that site within a second; a restarted one never
+    registers it."""
+    source = directory / SITE_KEYS_DIR / f"{name}.pub"
+    if not source.is_file():
+        known = ", ".join(path.stem for path in registered_site_keys(directory)) or "none"
+        raise UserError(
+            f"no registered site {name!r} in {directory / SITE_KEYS_DIR} (registered: {known}); "
+            f"see `fedweave sites list {directory}`"
+        )
+    target = directory / REVOKED_KEYS_DIR / f"{name}.pub"
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        source.replace(target)
+    except OSError as exc:
+        raise UserError(f"cannot move {source} to {target} ({exc.strerror or exc})") from exc
+    return target

@@ -75,3 +75,34 @@ def sites_add_key(
     typer.echo(
         f"registered {target.stem} ({target}); a running coordinator admits it within seconds"
     )
+
+
+@sites_app.command("list")
+def sites_list(
+    directory: Annotated[Path, typer.Argument(help="The coordinator's --tls-dir.")],
+) -> None:
+    """List the site keys: registered (admitted) and revoked, with their fingerprints."""
+    from fedweave.certs import site_keys_table
+
+    rows = site_keys_table(directory)
+    if not rows:
+        typer.echo(f"no site keys in {directory}; add one with `fedweave sites add-key`")
+        return
+    width = max(len(name) for name, _, _ in rows)
+    for name, state, fingerprint in rows:
+        typer.echo(f"{name:<{width}}  {state:<10}  {fingerprint}")
+
+
+@sites_app.command("remove-key")
+def sites_remove_key(
+    directory: Annotated[Path, typer.Argument(help="The coordinator's --tls-dir.")],
+    name: Annotated[str, typer.Argument(help="The site's name (see `fedweave sites list`).")],
+) -> None:
+    """Revoke a site's key: a running coordinator disconnects and refuses it within a second."""
+    from fedweave.certs import remove_site_key
+
+    target = remove_site_key(directory, name)
+    typer.echo(
+        f"revoked {name} (key moved to {target}); a running coordinator disconnects and "
+        "refuses it within a second"
+    )

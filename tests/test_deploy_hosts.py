@@ -65,7 +65,7 @@ def test_coordinator_and_sites_on_separate_hosts_with_link_loss_and_coordinator_
     coordinator_args = [
         "coordinator", "--address", address, "--task", "digits", "--rounds", str(ROUNDS),
         "--min-clients", str(SITES), "--db", db, "--tls-dir", "tls",
-        "--require-registered-sites", "--test-data", "split/test.npz", "--once",
+        "--test-data", "split/test.npz", "--once",
         "--round-timeout", str(DEADLINE),
     ]  # fmt: skip
     procs = Processes(tmp_path)

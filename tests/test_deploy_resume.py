@@ -42,13 +42,15 @@ def test_coordinator_kill_9_mid_run_then_resume(tmp_path):
             lambda: procs.output("coordinator"),
         )
 
+        children = f"FEDWEAVE_COORDINATOR_PID={first.pid}"  # in every Flower process's env
+        assert processes_mentioning(children), "the coordinator's Flower processes not found"
         os.kill(first.pid, signal.SIGKILL)  # the coordinator only: its children must follow
         first.wait(10)
         wait_for(
-            lambda: not processes_mentioning(str(db_path)),
+            lambda: not processes_mentioning(children),
             30,
             "the SuperLink and ServerApp to die with the coordinator",
-            log=lambda: str(processes_mentioning(str(db_path))),
+            log=lambda: str(processes_mentioning(children)),
         )
         rounds, _, run = recorded(db)
         done_before = [r["round"] for r in rounds]

@@ -243,7 +243,6 @@ def coordinator_args(port: int, db: str, rounds: int, sites: int, *extra: str) -
         db,
         "--tls-dir",
         "tls",
-        "--require-registered-sites",
         "--test-data",
         "split/test.npz",
         "--local-epochs",
@@ -274,7 +273,7 @@ def site_args(port: int, index: int, key_index: int | None = None, *extra: str) 
 
 def processes_mentioning(text: str) -> list[int]:
     """Pids whose command line or environment contains ``text`` (finds every Flower process
-    a coordinator started: they inherit its ``FEDWEAVE_DEPLOY_DB``)."""
+    a coordinator started: they inherit its ``FEDWEAVE_COORDINATOR_PID``)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():

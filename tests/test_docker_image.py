@@ -127,6 +127,8 @@ def test_a_coordinator_and_a_site_in_containers_run_two_rounds(image, tmp_path) 
         assert done.returncode == 0, done.stdout + done.stderr
 
     fedweave("certs", "init", "--out", "pki", "--host", "127.0.0.1")
+    fedweave("sites", "new-key", "--out", "site.key")  # registered sites only, by default
+    fedweave("sites", "add-key", "pki", "site.pub")
     fedweave("data", "split", "--task", "digits", "--clients", "2", "--partition", "iid",
              "--seed", "0", "--out", "split")  # fmt: skip
     port = free_port()
@@ -139,7 +141,8 @@ def test_a_coordinator_and_a_site_in_containers_run_two_rounds(image, tmp_path) 
     ]  # fmt: skip
     site = [
         "client", "--coordinator", f"127.0.0.1:{port}", "--task", "digits",
-        "--data", "split/site-0.npz", "--ca-cert", "pki/ca.pem", "--log-file", "site.log",
+        "--data", "split/site-0.npz", "--ca-cert", "pki/ca.pem", "--site-key", "site.key",
+        "--log-file", "site.log",
     ]  # fmt: skip
     try:
         for name, args in zip(names, (coordinator, site)):

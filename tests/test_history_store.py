@@ -241,6 +241,9 @@ def test_unreachable_or_wrong_urls_fail_at_open_with_masked_password(tmp_path: P
         open_store("mysql://bob:pw@db/history")
     with pytest.raises(UserError, match="not a database URL"):
         open_store("history.db")
+    with pytest.raises(UserError, match="not a database URL") as caught:
+        open_store("postgresql+psycopg://fw:s3cretPW@db.lan:notaport/fw")  # a port, mistyped
+    assert "s3cretPW" not in str(caught.value)
     (tmp_path / "text.db").write_text("these are not the tables you are looking for")
     with pytest.raises(UserError, match="must be a writable SQLite file"):
         open_store(f"sqlite:///{tmp_path / 'text.db'}")

@@ -155,6 +155,15 @@ class GossipSection:
     group_exchange: bool = setting(
         False, "Gossip pairwise: average with all of a round's neighbours at once."
     )
+    example_ratio: float = setting(
+        10.0, "Gossip pairwise: a neighbour's stated example count weighs at most this many "
+        "times this peer's own (its word is bounded, not trusted).", minimum=1,
+    )
+    distance_factor: float = setting(
+        5.0, "Gossip: refuse a neighbour's model farther from ours than this many times the "
+        "90th percentile of the last 32 accepted distances (0: only the fixed limit of 100 "
+        "model lengths).", minimum=0,
+    )
     round_interval: float | None = setting(
         None,
         "Gossip slot length in seconds: peers train together, then mix. Default: agreed by "
@@ -251,22 +260,25 @@ class ConnectionSection:
     """TLS and site authentication between sites and the coordinator."""
 
     insecure: bool = setting(
-        False, "No TLS (testing only; TLS is on by default).", identity=False
+        False, "No TLS (testing only; TLS is on by default). Gossip: no CURVE between peers "
+        "(plaintext, unauthenticated; CURVE is on by default).", identity=False
     )
     tls_dir: Path | None = setting(
         None, "Coordinator: directory from `fedweave certs init` (ca.pem, server.pem, "
-        "server.key, sites/).", identity=False,
+        "server.key, sites/).", identity=False, stored=False,
     )
     ca_cert: Path | None = setting(
-        None, "Site: the coordinator's ca.pem (TLS is on by default).", identity=False
+        None, "Site: the coordinator's ca.pem (TLS is on by default).", identity=False,
+        stored=False,
     )
     site_key: Path | None = setting(
         None, "Site: its private key (`fedweave sites new-key`), when the coordinator "
         "requires registered sites.", identity=False, stored=False,
     )
-    require_registered_sites: bool = setting(
-        False, "Coordinator: refuse sites whose key was not added with `fedweave sites "
-        "add-key`.", identity=False,
+    allow_unregistered_sites: bool = setting(
+        False, "Coordinator: admit any site that holds the CA certificate. By default (with "
+        "TLS) only sites whose key was added with `fedweave sites add-key` are admitted.",
+        identity=False,
     )
     connect_timeout: float = setting(
         300.0, "Give up after this many seconds without reaching the coordinator (a site) or "
@@ -336,7 +348,9 @@ class PeerSection:
         "", "Comma-separated seeds: tcp://A:P or PEERID@tcp://A:P.", identity=False
     )
     keys: Path | None = setting(
-        None, "CURVE key directory (`fedweave keys new`); default plaintext.", identity=False
+        None, "CURVE key directory (`fedweave keys new`); default ./peer-keys, made on first "
+        "start. Peers are allowed by copying their peer.key into DIR/allowed/.",
+        identity=False, stored=False,
     )
     threads: int = setting(1, "torch CPU threads (0 keeps torch's default).", minimum=0,
                            identity=False)
@@ -395,13 +409,13 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
     "simulate": (
         "mode", *_SPLIT, *_TRAINING, *_FEDERATION, *_SECAGG, *_PRIVACY,
         "stragglers", "fanout", "mix", "group_exchange", "round_interval", "exchange_timeout",
-        "kill",
+        "kill", "insecure",
         "gpus_per_client", "gpus_per_peer", "ray_address", "split_dir", "out", "db",
         "checkpoint_dir", "resume", "track", "verbose",
     ),
     "coordinator": (
         "task", "test_data", *_TRAINING, "min_clients", *_FEDERATION, *_SECAGG, *_PRIVACY,
-        "address", "insecure", "tls_dir", "require_registered_sites", "site_timeout",
+        "address", "insecure", "tls_dir", "allow_unregistered_sites", "site_timeout",
         "max_clock_skew", "state_dir", "once", "db", "checkpoint_dir", "resume",
     ),
     "client": (
@@ -410,9 +424,10 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
     ),
     "peer": (
         "listen", "advertise", "seeds", "task", "data", "label_column", "test_data", *_TRAINING,
-        "fanout", "mix", "clip_tau", "trim_fraction", "group_exchange", "round_interval",
-        "exchange_timeout", "drop_after", "max_message_mb", "wait_for_peers", "linger",
-        "connect_timeout", "keys", "threads", "log_level", "db",
+        "fanout", "mix", "clip_tau", "trim_fraction", "group_exchange", "example_ratio",
+        "distance_factor", "round_interval", "exchange_timeout", "drop_after", "max_message_mb",
+        "wait_for_peers", "linger", "connect_timeout", "keys", "insecure", "threads",
+        "log_level", "db",
         "run_id", "results", "dump_models", "vector", "vector_examples",
     ),
     "data split": (*_SPLIT, "seed"),

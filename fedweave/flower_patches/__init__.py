@@ -43,6 +43,13 @@ The patches, and why each exists:
     seed (slow, and brute-forceable); fedweave uses AES-256-CTR keyed by the whole seed, and
     quantizes into one flat uint32 vector with rounding seeded by the update (a seeded run
     repeats exactly).
+``admin_apis``, ``run_bundles``, ``tls_suites`` (security: never skipped)
+    Flower 1.41 serves its Control and Runtime APIs on the sites' public address with no
+    authentication, accepts any app bundle in ``StartRun``, and offers CBC suites in TLS 1.2.
+    fedweave answers the administrative APIs to the coordinator's own machine only, starts
+    only runs of its own apps, and offers AEAD suites only. These refuse to run on another
+    Flower version or on Flower code whose fingerprint differs (``fingerprints``): the
+    coordinator then stops with the reason rather than serve an open SuperLink.
 ``secagg_crypto``
     SecAgg+'s Shamir sharing goes through PyCryptodome's string-building GF(2^128)
     arithmetic (~6 ms to split a secret at a site, ~45 ms to rebuild one at the coordinator,
@@ -149,6 +156,44 @@ def _apply_speedup(name: str, consequence: str) -> bool:
         importlib.import_module(f"fedweave.flower_patches.{name}").install()
         _applied.add(name)
     return True
+
+
+SECURITY_PATCHES = ("admin_apis", "run_bundles", "tls_suites")
+"""Applied in the coordinator's SuperLink whatever ``FEDWEAVE_STOCK_FLOWER`` says."""
+
+
+def security_patch_problem() -> str | None:
+    """Why the SuperLink's security patches cannot be applied here, or None."""
+    from fedweave.flower_patches.fingerprints import mismatches
+
+    if not flower_is_patchable():
+        return (
+            f"flwr {installed_flower_version()} is installed; the coordinator's SuperLink is "
+            f"closed to outsiders only on flwr {PATCHED_FLOWER_VERSION}: install "
+            f"flwr=={PATCHED_FLOWER_VERSION}"
+        )
+    changed = [ref for patch in SECURITY_PATCHES for ref in mismatches(patch)]
+    if changed:
+        return (
+            f"Flower's code differs from flwr {PATCHED_FLOWER_VERSION}'s ({', '.join(changed)}); "
+            f"reinstall flwr=={PATCHED_FLOWER_VERSION}"
+        )
+    return None
+
+
+def close_control_surface() -> None:
+    """Administrative APIs for this machine only, fedweave's bundles only, AEAD TLS only, in
+    the SuperLink process; raises ``UserError`` where that cannot be guaranteed."""
+    if all(name in _applied for name in SECURITY_PATCHES):
+        return
+    problem = security_patch_problem()
+    if problem is not None:
+        raise UserError(problem)
+    import importlib
+
+    for name in SECURITY_PATCHES:
+        importlib.import_module(f"fedweave.flower_patches.{name}").install()
+        _applied.add(name)
 
 
 def use_fedweave_secagg() -> None:

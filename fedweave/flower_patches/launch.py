@@ -3,7 +3,9 @@ patches for its process applied first. ``COMMAND`` and ``ARGS`` are exactly Flow
 ``fedweave coordinator`` starts ``flower-superlink`` this way and ``fedweave client``
 ``flower-supernode``, so an operator never runs it by hand.
 
-- ``flower-superlink``: ``let_sites_rejoin_at_once`` (a restarted site takes its node back);
+- ``flower-superlink``: ``close_control_surface`` (administrative APIs for this machine only,
+  fedweave's bundles only, AEAD TLS) and ``let_sites_rejoin_at_once`` (a restarted site takes
+  its node back);
 - ``flower-supernode``: ``bound_supernode_waits`` (capped sleeps, a reply wait that ends).
 """
 
@@ -16,8 +18,13 @@ from collections.abc import Callable
 def _superlink() -> Callable[[], None]:
     from flwr.superlink.cli import flower_superlink
 
-    from fedweave.flower_patches import let_sites_rejoin_at_once
+    from fedweave.errors import UserError
+    from fedweave.flower_patches import close_control_surface, let_sites_rejoin_at_once
 
+    try:
+        close_control_surface()
+    except UserError as exc:
+        raise SystemExit(f"fedweave: {exc}") from None
     let_sites_rejoin_at_once()
     return flower_superlink
 

@@ -41,7 +41,7 @@ def normalize_url(url: str) -> URL:
             text = "postgresql+psycopg://" + text[len(prefix) :]
     try:
         parsed = make_url(text)
-    except ArgumentError:
+    except (ArgumentError, ValueError):  # ValueError: a port that is not a number
         raise UserError(f"'{mask_url_password(url)}' is not a database URL; {URL_HINT}") from None
     if parsed.get_backend_name() not in ("sqlite", "postgresql"):
         raise UserError(

@@ -1,0 +1,76 @@
+"""``fedweave sites remove-key`` during a run: the coordinator revokes the key within a
+second, Flower refuses the site's requests from then on (its in-flight reply, if any, never
+arrives), later rounds go on without it, and the site is told it was refused.
+
+Three registered sites on loopback, TLS, plain FedAvg (``--no-secure-agg``: the figures are
+about revocation, not SecAgg+'s dropout handling, which has its own tests).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+from test_deploy_support import (
+    Processes,
+    coordinator_args,
+    free_port,
+    make_deployment,
+    recorded,
+    run_fedweave,
+    site_args,
+    wait_for,
+    wait_for_success,
+)
+
+SITES = 3
+ROUNDS = 5
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_removed_key_is_refused_within_seconds(tmp_path):
+    make_deployment(tmp_path, SITES)  # --min-clients 2: rounds go on once site2 is revoked
+    db = f"sqlite:///{tmp_path / 'history.db'}"
+    port = free_port()
+    procs = Processes(tmp_path)
+    try:
+        sites = [procs.start(f"site{i}", *site_args(port, i)) for i in range(SITES)]
+        coordinator = procs.start(
+            "coordinator",
+            *coordinator_args(port, db, ROUNDS, SITES - 1, "--no-secure-agg", "--once",
+                              "--round-timeout", "30"),
+        )  # fmt: skip
+        wait_for(lambda: recorded(db)[0], 300, "round 1", coordinator,
+                 lambda: procs.output("coordinator"))  # fmt: skip
+        in_flight = len(recorded(db)[0]) + 1
+        started = time.monotonic()
+        done = run_fedweave("sites", "remove-key", "tls", "site2", cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        revoked = wait_for(
+            lambda: re.search(r"site key site2 revoked \(node (\d+) disconnected\)",
+                              procs.output("coordinator")),
+            10, "the coordinator to revoke site2", coordinator,
+            lambda: procs.output("coordinator"),
+        )  # fmt: skip
+        seconds = time.monotonic() - started
+        print(f"site2's key revoked {seconds:.2f} s after `sites remove-key` (round {in_flight})")
+        assert seconds < 5
+        node = revoked.group(1)
+        out = wait_for_success(procs, coordinator, "the run to complete")
+        wait_for(lambda: "refused this site" in procs.output("site2"), 60,
+                 "site2 to be told it is refused", log=lambda: procs.output("site2"))  # fmt: skip
+        assert sites[2].poll() is None or "refused" in procs.output("site2")
+    finally:
+        procs.close()
+    rounds, site_rows, run = recorded(db)
+    assert run.status == "completed" and len(rounds) == ROUNDS, out
+    assert rounds[-1]["eval_accuracy"] > 0.5
+    later = [s for s in site_rows if s["round"] > in_flight and str(s["site_id"]) == node]
+    assert all(s["status"] != "ok" for s in later), later  # never again counted
+    for s in site_rows:
+        if s["round"] == in_flight and str(s["site_id"]) == node:
+            print(f"site2 in round {in_flight} (in flight at revocation): {s['status']} "
+                  f"{s.get('reason') or ''}")  # fmt: skip
+    print("\n".join(line for line in out.splitlines() if "round " in line or "revoked" in line))
