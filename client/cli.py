@@ -195,11 +195,14 @@ def run_site(
     connect_timeout: float,
     verbose: bool = False,
     worker: list[str] | None = None,
+    key_fingerprint: str | None = None,
 ) -> int:
     """Run the SuperNode until it exits or we are stopped; returns our exit code.
 
     ``worker``: the command of the site's ClientApp worker, kept running beside the SuperNode
     (``WorkerSupervisor``); None when the SuperNode starts its own ClientApp processes.
+    ``key_fingerprint``: the site key's ``SHA256:...``, shown when the coordinator refuses it
+    (its console shows the same fingerprint).
 
     A SuperNode whose key the coordinator has not registered (yet) exits at once; the site
     then tries again with growing waits until ``connect_timeout``, because sites are often
@@ -219,6 +222,7 @@ def run_site(
     previous = signal.signal(signal.SIGTERM, raise_interrupt)
     _echo(f"site starting: connecting to {coordinator} (log: {log_path})")
     started, wait, rejoin_wait = time.monotonic(), 2.0, 2.0
+    refusals = 0
     proc: subprocess.Popen | None = None
     supervisor = None
     try:
@@ -245,11 +249,17 @@ def run_site(
             left = connect_timeout - (time.monotonic() - started)
             if not follower.refused or left <= 0:
                 break
+            key = f"key {key_fingerprint}" if key_fingerprint else "key"
             _echo(
-                f"coordinator {coordinator} refused this site (key not registered there yet, or "
-                "this site's clock off?); "
-                f"retrying in {min(wait, left):.0f} s"
+                f"coordinator {coordinator} refused this site's {key}: not registered there "
+                "(send site.pub to its operator: `fedweave sites add-key DIR site.pub`), "
+                "revoked, or this site's clock is off; retrying in "
+                f"{min(wait, left):.0f} s, for {left:.0f} s more (--connect-timeout)"
+                if not refusals
+                else f"coordinator {coordinator} refused this site again; retrying in "
+                f"{min(wait, left):.0f} s"
             )
+            refusals += 1
             time.sleep(min(wait, left))
             wait = min(wait * 2, 30.0)
     except KeyboardInterrupt:
@@ -285,6 +295,22 @@ def run_site(
     return 0
 
 
+def _site_key_fingerprint(site_key: Path | None) -> str | None:
+    """``SHA256:...`` of the site key's public half (what the coordinator's console shows)."""
+    if site_key is None:
+        return None
+    from cryptography.hazmat.primitives import serialization
+
+    from fedweave.certs import key_fingerprint
+
+    key = serialization.load_ssh_private_key(site_key.read_bytes(), None)  # checked before
+    return key_fingerprint(
+        key.public_key().public_bytes(
+            serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+        )
+    )
+
+
 def _client(config: RunConfig, _resolved: Resolved) -> None:
     from fedweave.errors import UserError
 
@@ -317,9 +343,15 @@ def _client(config: RunConfig, _resolved: Resolved) -> None:
     if use_worker:
         runtime_api = f"127.0.0.1:{runtime_port}"
         worker = worker_command(runtime_api, data.task, data.data, data.label_column)
+    if not use_worker:
+        _echo(
+            "warning: Flower's own executor runs this site's ClientApps (FEDWEAVE_STOCK_FLOWER=1 "
+            "or another flwr version): it loads whatever app a run names, without fedweave's "
+            "check that only fedweave's own app runs here"
+        )
     code = run_site(
         command, coordinator, site.log_file, connection.connect_timeout, config.output.verbose,
-        worker,
+        worker, _site_key_fingerprint(connection.site_key),
     )  # fmt: skip
     raise typer.Exit(code)
 

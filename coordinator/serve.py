@@ -28,6 +28,7 @@ from fedweave.coordinator.deployed_run import (
     DeployPlan,
     write_db_url_file,
 )
+from fedweave.coordinator.refused_keys import RefusedKeys
 from fedweave.coordinator.superlink import (
     SuperLinkOptions,
     build_fab,
@@ -37,6 +38,7 @@ from fedweave.coordinator.superlink import (
     start_superlink,
 )
 from fedweave.errors import UserError
+from fedweave.flower_patches.refused_keys import REFUSED_KEYS_FILE_ENV
 from fedweave.processes import raise_interrupt, stop_process_group
 
 POLL_S = 0.5
@@ -263,12 +265,18 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
     proc = client = None
     finished = False
     secrets = link_options.state_dir / "secrets"
+    refused_notes = link_options.state_dir / "refused-keys.jsonl"
     try:
         db_url_file = write_db_url_file(secrets, db_url)
+        refused_notes.unlink(missing_ok=True)
         proc, client = start_superlink(
             link_options,
-            child_env({DB_URL_FILE_ENV: str(db_url_file), COORDINATOR_PID_ENV: str(os.getpid())}),
-        )
+            child_env({
+                DB_URL_FILE_ENV: str(db_url_file),
+                COORDINATOR_PID_ENV: str(os.getpid()),
+                REFUSED_KEYS_FILE_ENV: str(refused_notes),
+            }),
+        )  # fmt: skip
         scheme = "https" if tls else "http (insecure)"
         _echo(
             f"coordinator listening on {host}:{port} ({scheme}); "
@@ -276,7 +284,12 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
         )
         known: dict[Path, bytes] = {}
         revoked: dict[str, str] = {}
-        keys = lambda: _sync_site_keys(client, connection.tls_dir, known, revoked)  # noqa: E731
+        refused = RefusedKeys(refused_notes, connection.tls_dir, _echo)
+
+        def keys() -> None:
+            _sync_site_keys(client, connection.tls_dir, known, revoked)
+            refused.poll()
+
         keys()
         _wait_for_sites(client, proc, min_clients, deployment.site_timeout or None, keys)
         flower_run = client.start_run(build_fab(plan.to_run_config()))

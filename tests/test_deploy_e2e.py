@@ -86,6 +86,7 @@ def test_three_sites_tls_auth_secagg_with_a_site_killed_in_round_2(tmp_path):
         assert "refused this site: its key is not registered" in procs.output("intruder")
 
         out = wait_for_success(procs, coord, "the run to complete")
+        assert "refused site key SHA256:" in out and "not registered" in out, out
     finally:
         procs.close()
 

@@ -43,11 +43,12 @@ The patches, and why each exists:
     seed (slow, and brute-forceable); fedweave uses AES-256-CTR keyed by the whole seed, and
     quantizes into one flat uint32 vector with rounding seeded by the update (a seeded run
     repeats exactly).
-``admin_apis``, ``run_bundles``, ``tls_suites`` (security: never skipped)
+``admin_apis``, ``run_bundles``, ``tls_suites``, ``refused_keys`` (security: never skipped)
     Flower 1.41 serves its Control and Runtime APIs on the sites' public address with no
     authentication, accepts any app bundle in ``StartRun``, and offers CBC suites in TLS 1.2.
     fedweave answers the administrative APIs to the coordinator's own machine only, starts
-    only runs of its own apps, and offers AEAD suites only. These refuse to run on another
+    only runs of its own apps, offers AEAD suites only, and notes each refused site key for
+    the coordinator's console (Flower logs it at DEBUG level). These refuse to run on another
     Flower version or on Flower code whose fingerprint differs (``fingerprints``): the
     coordinator then stops with the reason rather than serve an open SuperLink.
 ``secagg_crypto``
@@ -158,7 +159,7 @@ def _apply_speedup(name: str, consequence: str) -> bool:
     return True
 
 
-SECURITY_PATCHES = ("admin_apis", "run_bundles", "tls_suites")
+SECURITY_PATCHES = ("admin_apis", "run_bundles", "tls_suites", "refused_keys")
 """Applied in the coordinator's SuperLink whatever ``FEDWEAVE_STOCK_FLOWER`` says."""
 
 

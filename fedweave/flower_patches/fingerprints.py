@@ -21,6 +21,10 @@ WRAPPED: dict[str, dict[str, str]] = {
         "flwr.superlink.servicer.control.control_handlers:start_run": "7f9355f11d8a76fc",
         "flwr.superlink.routers.control.router:start_run": "b2ba60f841634a30",
     },
+    "refused_keys": {
+        "flwr.superlink.servicer.fleet.fleet_handlers:activate_node": "0370edbbeb924eac",
+        "flwr.superlink.routers.fleet.router:fleet_activate_node": "edb39539bc1a345a",
+    },
     "tls_suites": {
         "flwr.superlink.cli.flower_superlink:_run_superlink_http_api": "eb0d78b85f999576",
     },
