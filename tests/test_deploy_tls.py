@@ -39,8 +39,10 @@ def test_coordinator_offers_only_aead_suites(tmp_path):
             "--min-clients", "3", "--db", f"sqlite:///{tmp_path / 'h.db'}", "--tls-dir", "tls",
             "--test-data", "split/test.npz", "--once",
         )  # fmt: skip
-        wait_for(lambda: "sites connected" in procs.output("coordinator"), 120,
-                 "the SuperLink to listen", coordinator, lambda: procs.output("coordinator"))  # fmt: skip
+        wait_for(
+            lambda: "sites connected" in procs.output("coordinator"), 120,
+            "the SuperLink to listen", coordinator, lambda: procs.output("coordinator"),
+        )  # fmt: skip
         suites = subprocess.run(
             ["openssl", "ciphers", "-tls1_2", "ALL:COMPLEMENTOFALL"],
             capture_output=True, text=True, check=True,
