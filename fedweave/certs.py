@@ -273,8 +273,8 @@ def add_site_key(directory: Path, public_key: Path, name: str | None = None) -> 
     """Register a site's public key with the coordinator's TLS directory (``DIR/sites/NAME.pub``).
 
     The coordinator registers every key found there with its SuperLink (at start, and keys
-    added later within seconds); with
-    ``--require-registered-sites`` a SuperNode whose key is not there is refused.
+    added later within seconds), and admits only sites whose key is there (unless
+    ``--allow-unregistered-sites``).
     """
     data = load_site_public_key(public_key)
     stem = name or public_key.stem
