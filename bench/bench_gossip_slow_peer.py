@@ -30,12 +30,15 @@ from pathlib import Path
 import numpy as np
 
 from fedweave.addresses import free_ports
+from fedweave.gossip.keys import new_key_group
 from fedweave.processes import stop_process_group, tied_to_us
 
 
 def spawn_peers(args: argparse.Namespace, work: Path) -> list[subprocess.Popen[bytes]]:
     ports = free_ports(args.peers)
     env = dict(os.environ, OMP_NUM_THREADS="1", FEDWEAVE_DB="none")
+    keys = [work / f"keys-{i}" for i in range(args.peers)]
+    new_key_group(keys)  # CURVE, as default peers run
     procs = []
     for i in range(args.peers):
         np.save(work / f"v{i}.npy", np.full(args.dim, float(i), dtype=np.float32))
@@ -48,6 +51,7 @@ def spawn_peers(args: argparse.Namespace, work: Path) -> list[subprocess.Popen[b
             "--exchange-timeout", str(args.exchange_timeout),
             "--wait-for-peers", str(args.peers), "--connect-timeout", "60",
             "--log-level", "warning", "--results", str(work / f"r{i}.jsonl"),
+            "--keys", str(keys[i]),
         ]  # fmt: skip
         if i:
             argv += ["--seeds", f"tcp://127.0.0.1:{ports[0]}"]

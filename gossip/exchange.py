@@ -10,6 +10,12 @@ from larger to smaller ids and never form a cycle. The robust rules (``clipped``
 answer every offer, collect the models of a round and mix them once (``mix_collected``). A
 pull offer (a late joiner's catch-up) asks for a model and mixes nothing. Every wait takes an
 explicit ``timeout`` and ends early when the peer stops.
+
+A neighbour's word is bounded, not trusted (``guard.py``): its example count and ``share``
+are capped relative to ours, a model too far from ours is refused (an offer is answered
+``refused``, a reply is not mixed) and counted as a drop, and an offer from a peer that is not
+a member (not on the CURVE allow-list; without CURVE, not introduced by a ``hello`` or a peer
+list) gets a ``refused`` answer, never our model.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import numpy as np
 from fedweave.config import RunConfig
 from fedweave.gossip import averaging, wire
 from fedweave.gossip.discovery import Discovery
+from fedweave.gossip.guard import DistanceGuard, capped_share, counted_examples
 from fedweave.gossip.inbox import Inbox
 from fedweave.gossip.membership import Membership
 from fedweave.gossip.state import PeerState
@@ -100,6 +107,23 @@ class Exchange:
         self.refused_by: set[str] = set()
         """Peers whose refusal was logged (once each: a misconfigured peer is told once)."""
         self.mixes = 0
+        self.guard = DistanceGuard(config.gossip.distance_factor)
+        self.warned: set[tuple[str, str]] = set()
+        """(peer, reason) pairs already logged: each refusal reason once per neighbour."""
+
+    def _counted(self, claimed: int) -> int:
+        """A neighbour's example count as we weigh it (``guard.counted_examples``)."""
+        return counted_examples(claimed, self.state.num_examples, self.config.gossip.example_ratio)
+
+    def _refused_model(self, sender: str, reason: str, detail: str) -> None:
+        """Count a model we would not mix like a drop (per reason) and log it once per
+        neighbour and reason."""
+        self.inbox.drops[reason] += 1
+        if (sender, reason) not in self.warned:
+            self.warned.add((sender, reason))
+            if len(self.warned) > 10_000:
+                self.warned.clear()
+            log.warning("refused the model of %s: %s", sender, detail)
 
     # -- our offers ----------------------------------------------------------------------
 
@@ -210,10 +234,18 @@ class Exchange:
 
     # -- messages from neighbours --------------------------------------------------------
 
-    def on_offer(self, route: bytes, msg: wire.Message) -> None:
-        """An offer on the inbox: hold it, refuse it (``busy``) or answer it and mix."""
+    def on_offer(self, route: bytes, msg: wire.Message, member: bool = True) -> None:
+        """An offer on the inbox: hold it, refuse it (``busy``) or answer it and mix.
+
+        ``member``: whether the sender was a member before this message (``Peer`` asks the
+        member table); a non-member hears ``refused`` and never gets our model."""
+        if not member:
+            detail = "not-a-member: this peer does not know you; join through a seed first"
+            self._refused_model(msg.sender, "not-a-member", "not a member of this network")
+            self.refuse(route, msg, detail)
+            return
         if msg.tensors:
-            self.known_n[msg.sender] = msg.num_examples
+            self.known_n[msg.sender] = self._counted(msg.num_examples)
         state = self.state
         mine = state.weights
         if self.config.gossip.mix == "pairwise" and self.awaiting and not msg.pull:
@@ -229,6 +261,12 @@ class Exchange:
                 return
             self._answer(route, msg, "busy")
             return
+        if not msg.pull:
+            why = self.guard.check(msg.sender, msg.tensors, mine)
+            if why is not None:
+                self._refused_model(msg.sender, "too-far", why)
+                self.refuse(route, msg, why)
+                return
         reply = state.message(
             wire.REPLY,
             msg.xid,
@@ -240,12 +278,14 @@ class Exchange:
         if not self.transport.reply(route, wire.encode(reply)) or msg.pull:
             return  # no reply went out: do not mix either, so the sum stays exact
         self.mixes += 1
+        n_other = self._counted(msg.num_examples)
         if self.config.gossip.mix == "pairwise":
+            share = capped_share(msg.share, n_other, state.num_examples)
             state.weights = averaging.pairwise_update(
-                mine, mine, msg.tensors, state.num_examples, msg.num_examples, share=msg.share
+                mine, mine, msg.tensors, state.num_examples, n_other, share=share
             )
         else:
-            self.buffered[msg.sender] = (msg.tensors, msg.num_examples)
+            self.buffered[msg.sender] = (msg.tensors, n_other)
 
     def refuse(self, route: bytes, msg: wire.Message, reason: str) -> None:
         """Answer an offer we will not take with ``refused`` and why (PROTOCOL.md §4)."""
@@ -273,8 +313,6 @@ class Exchange:
 
     def on_reply(self, msg: wire.Message) -> None:
         """A reply to one of our offers: mix it in (or keep it for the round's robust mix)."""
-        if msg.tensors:
-            self.known_n[msg.sender] = msg.num_examples
         pending = self.pending.get(msg.xid)
         if pending is None or pending.peer_id != msg.sender:
             raise wire.WireError("stale-reply", f"xid {msg.xid}")
@@ -294,23 +332,30 @@ class Exchange:
             return
         if not msg.tensors:
             raise wire.WireError("malformed", "an ok reply without tensors")
+        n_other = self._counted(msg.num_examples)
+        self.known_n[msg.sender] = n_other
+        # a pull is compared with our fresh model, which says nothing of the network's spread
+        why = self.guard.check(msg.sender, msg.tensors, pending.snapshot, record=not pending.pull)
+        if why is not None:
+            self._refused_model(msg.sender, "too-far", why)
+            return
         if pending.pull:
             self.pulled.append((msg.round, msg.tensors))  # the joiner decides what to adopt
         elif self.config.gossip.mix == "pairwise":
             self.mixes += 1
             share = None
             if pending.group_total:
-                share = min(1.0, msg.num_examples / pending.group_total)
+                share = min(1.0, n_other / pending.group_total)
             self.state.weights = averaging.pairwise_update(
                 self.state.weights,
                 pending.snapshot,
                 msg.tensors,
                 self.state.num_examples,
-                msg.num_examples,
+                n_other,
                 share,
             )
         else:
-            self.replies.append((msg.sender, msg.tensors, msg.num_examples))
+            self.replies.append((msg.sender, msg.tensors, n_other))
 
     # -- the robust rules: one mix per round ---------------------------------------------
 

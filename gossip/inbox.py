@@ -59,6 +59,10 @@ class Inbox:
     def serve(self, timeout_s: float) -> None:
         """Handle whatever arrives within ``timeout_s`` seconds (0: only what is queued)."""
         for incoming in self.transport.poll(timeout_s):
+            if incoming.oversize:
+                limit = self.transport.max_total_bytes
+                self._drop(incoming.origin, "too-large", f"{incoming.nbytes} bytes, over {limit}")
+                continue
             try:
                 self.dispatch(incoming, self._check(incoming))
             except wire.WireError as exc:

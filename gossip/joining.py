@@ -7,6 +7,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
@@ -16,7 +17,7 @@ from fedweave.gossip import averaging, wire
 from fedweave.gossip.discovery import SEED_PREFIX, Discovery
 from fedweave.gossip.exchange import Exchange
 from fedweave.gossip.inbox import Inbox
-from fedweave.gossip.keys import KeyRing
+from fedweave.gossip.keys import DEFAULT_KEYS_DIR, KeyRing
 from fedweave.gossip.membership import Membership
 from fedweave.gossip.state import PeerState
 from fedweave.gossip.transport import Transport, wait_until
@@ -127,7 +128,7 @@ class Joining:
                 failed.append(spec)
         if not seeds or len(refused) + len(failed) < len(seeds):
             return
-        keys = self.config.peer.keys
+        keys = self._keys_dir()
         if refused:
             raise UserError(
                 f"seed {', '.join(refused)} refuses this peer's key: copy {keys}/peer.key into "
@@ -137,6 +138,10 @@ class Joining:
             f"every CURVE handshake with seed {', '.join(failed)} fails: the peer there does "
             f"not hold the key given for it in {keys}/allowed/ (check the id before @)"
         )
+
+    def _keys_dir(self) -> Path:
+        """The key directory this peer runs with (``--keys``, or the default one)."""
+        return self.config.peer.keys or DEFAULT_KEYS_DIR
 
     def _open_seeds(self, seeds: list[str]) -> None:
         for spec in seeds:
@@ -148,7 +153,7 @@ class Joining:
             elif peer_id:
                 if peer_id not in self.keyring.allowed:
                     raise UserError(
-                        f"seed {peer_id} has no public key in {self.config.peer.keys}/allowed/"
+                        f"seed {peer_id} has no public key in {self._keys_dir()}/allowed/"
                     )
                 self.transport.connect(
                     f"{SEED_PREFIX}{addr}", addr, self.keyring.allowed[peer_id], watch=True

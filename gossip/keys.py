@@ -7,11 +7,16 @@ are pyzmq's ``zmq.auth`` certificate format (readable by any ZeroMQ binding):
     DIR/peer.key          public key (share it: it goes into other peers' ``allowed/``)
     DIR/peer.key_secret   secret key (mode 0600, never leaves the site)
     DIR/allowed/*.key     public keys this peer accepts, its own included
+
+CURVE is the default (``fedweave peer`` without ``--insecure``): a peer started without
+``--keys`` uses ``./peer-keys`` and makes a key pair there on its first start
+(``open_keyring``). Plaintext needs an explicit ``--insecure``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -19,8 +24,14 @@ from pathlib import Path
 
 from fedweave.errors import UserError
 
+log = logging.getLogger("fedweave.gossip")
+
 KEY_NAME = "peer"
 ALLOWED_DIR = "allowed"
+DEFAULT_KEYS_DIR = Path("peer-keys")
+"""Where a peer keeps its keys without ``--keys``: relative to its working directory, like
+the history database and checkpoints (one directory per peer: two peers sharing one would
+share an id)."""
 
 
 @dataclass(frozen=True)
@@ -58,11 +69,12 @@ def anonymous_peer_id(listen_addr: str) -> str:
     return "anon-" + hashlib.sha256(listen_addr.encode()).hexdigest()[:24]
 
 
-def new_keys(out_dir: str | Path, force: bool = False) -> Identity:
+def new_keys(out_dir: str | Path, force: bool = False, flag: str = "--out") -> Identity:
     """Create a CURVE key pair in ``out_dir`` and allow it in ``out_dir/allowed/``.
 
     Refuses to overwrite an existing pair unless ``force`` (a lost secret key changes the
-    peer's id, which every other site would have to re-allow).
+    peer's id, which every other site would have to re-allow). ``flag`` names the option
+    that chose ``out_dir`` in error messages.
     """
     import zmq
     import zmq.auth
@@ -72,7 +84,7 @@ def new_keys(out_dir: str | Path, force: bool = False) -> Identity:
     out = Path(out_dir)
     public_file = out / f"{KEY_NAME}.key"
     if public_file.exists() and not force:
-        raise UserError(f"{public_file} already exists; use another --out or pass --force")
+        raise UserError(f"{public_file} already exists; use another {flag} or pass --force")
     try:
         (out / ALLOWED_DIR).mkdir(parents=True, exist_ok=True)
         public_path, secret_path = zmq.auth.create_certificates(str(out), KEY_NAME)
@@ -82,7 +94,7 @@ def new_keys(out_dir: str | Path, force: bool = False) -> Identity:
         shutil.copyfile(public_path, out / ALLOWED_DIR / f"{identity.peer_id}.key")
     except OSError as exc:
         raise UserError(
-            f"cannot write keys to {out}: {exc.strerror}; pick a writable --out"
+            f"cannot write keys to {out}: {exc.strerror}; pick a writable {flag}"
         ) from exc
     return identity
 
@@ -131,3 +143,52 @@ def load_allowed(keys_dir: str | Path) -> dict[str, bytes]:
 def load_keyring(keys_dir: str | Path) -> KeyRing:
     """Identity and allow-list from one ``--keys`` directory."""
     return KeyRing(load_identity(keys_dir), load_allowed(keys_dir))
+
+
+def open_keyring(keys_dir: Path | None) -> KeyRing:
+    """The keys ``fedweave peer`` runs with: ``--keys DIR`` as given, or ``DEFAULT_KEYS_DIR``,
+    where a key pair is made on first start (said once on the console).
+
+    A peer whose allow-list holds no key but its own could talk to nobody: that is refused
+    now, naming the fix, instead of after ``--connect-timeout``."""
+    where = keys_dir if keys_dir is not None else DEFAULT_KEYS_DIR
+    made = ""
+    if keys_dir is None and not (where / f"{KEY_NAME}.key_secret").exists():
+        if (where / f"{KEY_NAME}.key").exists():
+            raise UserError(
+                f"{where / KEY_NAME}.key has no {KEY_NAME}.key_secret beside it: restore it, or "
+                f"remove {where} to make a new key pair (a new peer id the others must allow)"
+            )
+        identity = new_keys(where, flag="--keys DIR")
+        made = f"made a CURVE key pair in {where}/ (peer id {identity.peer_id}); "
+        log.warning(
+            "%sshare %s with the other peers (it goes into their %s/), keep %s here",
+            made,
+            where / f"{KEY_NAME}.key",
+            ALLOWED_DIR,
+            where / f"{KEY_NAME}.key_secret",
+        )
+    keyring = load_keyring(where)
+    others = set(keyring.allowed) - {keyring.identity.peer_id}
+    log.info(
+        "CURVE keys from %s/ (peer id %s; %d other peers allowed)",
+        where,
+        keyring.identity.peer_id,
+        len(others),
+    )
+    if not others:
+        raise UserError(
+            f"{made}{where / ALLOWED_DIR}/ holds no other peer's public key: copy the other "
+            f"peers' peer.key files into it and {where / KEY_NAME}.key into theirs, then start "
+            "again (or pass --insecure for plaintext gossip, testing only)"
+        )
+    return keyring
+
+
+def new_key_group(dirs: list[Path]) -> list[Identity]:
+    """Key pairs in ``dirs`` that all allow each other (a simulation's peers, tests)."""
+    identities = [new_keys(d) for d in dirs]
+    for d in dirs:
+        for other, identity in zip(dirs, identities, strict=True):
+            shutil.copyfile(other / f"{KEY_NAME}.key", d / ALLOWED_DIR / f"{identity.peer_id}.key")
+    return identities

@@ -104,6 +104,15 @@ class Membership:
                 member.round = max(member.round, entry.round)
         return changed
 
+    def is_member(self, peer_id: str) -> bool:
+        """Whether ``peer_id`` may get our model: with CURVE, a key on the allow-list (a key
+        costs an operator's decision); without, a peer already in the table (introduced by a
+        ``hello`` or a peer list, not by the offer itself) that did not leave."""
+        if self.allowed_ids is not None:
+            return peer_id in self.allowed_ids
+        member = self.members.get(peer_id)
+        return member is not None and member.state != LEFT
+
     def _acceptable(self, peer_id: str, addr: str) -> bool:
         if not valid_peer_id(peer_id) or (addr and not valid_addr(addr)):
             return False

@@ -40,7 +40,7 @@ from fedweave.gossip.exchange import Exchange
 from fedweave.gossip.fanout import Fanout
 from fedweave.gossip.inbox import Inbox
 from fedweave.gossip.joining import Joining
-from fedweave.gossip.keys import KeyRing, anonymous_peer_id, load_keyring
+from fedweave.gossip.keys import KeyRing, anonymous_peer_id, open_keyring
 from fedweave.gossip.learner import Learner, build_learner
 from fedweave.gossip.membership import Membership
 from fedweave.gossip.recording import Recorder, RoundReport
@@ -90,7 +90,17 @@ class Peer:
         check_settings(config, "peer")  # the CLI did; a peer built in code gets the same checks
         self.config = config
         check_endpoints(config.peer.listen or "", config.peer.advertise)
-        self.keyring: KeyRing | None = load_keyring(config.peer.keys) if config.peer.keys else None
+        self.keyring: KeyRing | None = None
+        if config.connection.insecure:
+            if config.peer.keys is not None:
+                raise UserError("--insecure turns CURVE off: leave out --keys (or --insecure)")
+            log.warning(
+                "plaintext gossip (--insecure): no encryption, and any host that reaches "
+                "%s can claim any peer id",
+                config.peer.listen,
+            )
+        else:
+            self.keyring = open_keyring(config.peer.keys)
         max_bytes = config.gossip.max_message_mb * (1 << 20)
         self.transport = Transport(config.peer.listen, self.keyring, max_bytes)
         addr = config.peer.advertise or self.transport.address
@@ -100,10 +110,13 @@ class Peer:
             self.members.allowed_ids = set(self.keyring.allowed)
         try:
             self.learner: Learner = build_learner(config, peer_id)
+            weights = self.learner.weights()
+            # no valid frame is larger than our largest tensor (or a header): cut the rest
+            # inside libzmq, before a multipart message is buffered whole (PROTOCOL.md §6)
+            self.transport.limit_frames(max((a.nbytes for a in weights.values()), default=0))
         except BaseException:
             self.transport.close()
             raise
-        weights = self.learner.weights()
         self.state = PeerState(
             peer_id,
             addr,
@@ -149,7 +162,12 @@ class Peer:
         status, reason, completed = "completed", None, False
         try:
             self.recorder.start(self.state.addr)
-            log.info("peer %s listening on %s", self.state.peer_id, self.state.addr)
+            log.info(
+                "peer %s listening on %s (%s)",
+                self.state.peer_id,
+                self.state.addr,
+                "CURVE" if self.keyring is not None else "plaintext: --insecure",
+            )
             self.joining.join(timeout=config.connection.connect_timeout)
             self.joining.catch_up(timeout=config.gossip.exchange_timeout)
             last = config.training.rounds
@@ -192,6 +210,7 @@ class Peer:
             self.exchange.peer_left(msg.sender)
             self.discovery.left(msg.sender)
             return
+        member = msg.type != wire.OFFER or self.members.is_member(msg.sender)  # before learn
         self.discovery.learn(msg)
         if self.state.schedule is not None:
             self.state.schedule.observe(msg.sender, msg.slot, time.monotonic())
@@ -200,7 +219,7 @@ class Peer:
         elif msg.type == wire.PEERS:
             self.discovery.take_peers(inc, msg)
         elif msg.type == wire.OFFER:
-            self.exchange.on_offer(inc.route or b"", msg)
+            self.exchange.on_offer(inc.route or b"", msg, member=member)
         elif msg.type == wire.REPLY:
             self.exchange.on_reply(msg)
 

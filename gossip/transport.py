@@ -8,6 +8,12 @@ marks (a slow peer cannot make us buffer many models), ``MAXMSGSIZE`` (oversized
 the connection inside libzmq before they reach Python) and every wait is ``poll(timeout_s)``.
 Sends are non-blocking and zero-copy; a full queue or a vanished route returns ``False``.
 
+``MAXMSGSIZE`` bounds one frame, not a message: messages are read frame by frame and one
+whose frames add up to more than the limit is released as it is read and marked
+``oversize`` (the inbox counts it ``too-large``). ZeroMQ delivers a multipart message whole,
+so libzmq has buffered all of it by then; only a small ``MAXMSGSIZE`` (``limit_frames``: a
+peer's largest tensor) stops big frames before they are buffered (PROTOCOL.md §6).
+
 With a ``KeyRing`` every socket speaks CURVE: the inbox is a CURVE server whose ZAP handler
 (``zmq.auth.ThreadAuthenticator``) accepts only public keys in ``allowed/``; each DEALER pins
 its neighbour's public key, so it only ever talks to that peer.
@@ -24,7 +30,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from fedweave.gossip.keys import KeyRing, peer_id_from_public_key
-from fedweave.gossip.wire import DEFAULT_MAX_MESSAGE_BYTES
+from fedweave.gossip.wire import DEFAULT_MAX_MESSAGE_BYTES, MAX_HEADER_BYTES
 
 log = logging.getLogger("fedweave.gossip.transport")
 
@@ -56,6 +62,8 @@ class Incoming:
     authenticated_id: str | None
     nbytes: int
     peer_address: str | None = None
+    oversize: bool = False
+    """Its frames added up to more than the whole-message limit: only the header was kept."""
 
     @property
     def origin(self) -> str:
@@ -76,8 +84,14 @@ class Transport:
         listen: endpoint to bind, e.g. ``tcp://0.0.0.0:7000`` (port 0 picks a free one;
             ``address`` then holds the real endpoint).
         keyring: CURVE identity and allow-list, or ``None`` for plaintext (default).
-        max_message_bytes: ``MAXMSGSIZE`` per frame (default 1 GiB).
+        max_message_bytes: the largest accepted message, all its tensor frames together
+            (default 1 GiB); a message over it (plus one header) is dropped as it is read.
         hwm: send/receive high-water mark in messages per connection (default 8).
+        max_frame_bytes: ``MAXMSGSIZE``, the largest single frame libzmq accepts before it
+            drops the connection (default: ``max_message_bytes``). A peer knows its model, so
+            it sets this to its largest tensor: libzmq keeps every frame of a multipart
+            message until the last one arrives, and only this per-frame cut happens before
+            that (PROTOCOL.md §6).
     """
 
     def __init__(
@@ -86,9 +100,13 @@ class Transport:
         keyring: KeyRing | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         hwm: int = DEFAULT_HWM,
+        max_frame_bytes: int | None = None,
     ) -> None:
         self.keyring = keyring
         self.max_message_bytes = max_message_bytes
+        self.max_total_bytes = max_message_bytes + MAX_HEADER_BYTES
+        """Whole-message limit as read: the tensors' limit plus one header frame."""
+        self.max_frame_bytes = _frame_limit(max_message_bytes, max_frame_bytes)
         self.hwm = hwm
         self.context = zmq.Context()
         self._auth: Any = None
@@ -118,11 +136,36 @@ class Transport:
         self.address = self.inbox.getsockopt_string(zmq.LAST_ENDPOINT)
         self._poller.register(self.inbox, zmq.POLLIN)
 
+    def limit_frames(self, max_frame_bytes: int) -> None:
+        """Lower ``MAXMSGSIZE`` once the model is known (its largest tensor), before anyone
+        connects. libzmq copies socket options into a listener when it binds, so the inbox is
+        bound again on the same endpoint."""
+        limit = _frame_limit(self.max_message_bytes, max_frame_bytes)
+        if limit == self.max_frame_bytes:
+            return
+        self.max_frame_bytes = limit
+        self.inbox.unbind(self.address)
+        self.inbox.setsockopt(zmq.MAXMSGSIZE, limit)
+        deadline = time.monotonic() + 5.0
+        while True:  # unbind closes the listener in libzmq's I/O thread, a moment later
+            try:
+                self.inbox.bind(self.address)
+                return
+            except zmq.ZMQError as exc:
+                if exc.errno != zmq.EADDRINUSE or time.monotonic() > deadline:
+                    from fedweave.errors import UserError
+
+                    raise UserError(
+                        f"cannot listen on {self.address} again ({exc.strerror}); is another "
+                        "program taking this port? pick a free --listen tcp://HOST:PORT"
+                    ) from exc
+                time.sleep(0.01)
+
     def _configure(self, sock: zmq.Socket) -> None:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, self.hwm)
         sock.setsockopt(zmq.RCVHWM, self.hwm)
-        sock.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.max_frame_bytes)
         sock.setsockopt(zmq.RECONNECT_IVL, 100)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
         sock.setsockopt(zmq.HANDSHAKE_IVL, 5000)
@@ -300,20 +343,48 @@ class Transport:
         for sock in events:
             for _ in range(MAX_MESSAGES_PER_POLL):
                 try:
-                    frames = sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+                    frames, nbytes, oversize = self._recv_bounded(sock, sock is self.inbox)
                 except zmq.Again:
                     break
-                nbytes = _nbytes(frames)
                 self.bytes_in += nbytes
                 if sock is self.inbox:
                     route, frames = frames[0].bytes, frames[1:]
                     address = _property(frames, "Peer-Address")
-                    out.append(
-                        Incoming(frames, route, None, self._user_id(frames), nbytes, address)
-                    )
+                    incoming = Incoming(frames, route, None, self._user_id(frames), nbytes, address)
                 else:
-                    out.append(Incoming(frames, None, names.get(sock), None, nbytes))
+                    incoming = Incoming(frames, None, names.get(sock), None, nbytes)
+                incoming.oversize = oversize
+                out.append(incoming)
         return out
+
+    def _recv_bounded(self, sock: zmq.Socket, routed: bool) -> tuple[list[Any], int, bool]:
+        """One message, read frame by frame (``RCVMORE``) against the whole-message limit.
+
+        ``MAXMSGSIZE`` bounds each frame only, so twenty frames just under it would add up
+        to twenty times the limit. Once the running total passes ``max_total_bytes`` the
+        frames read so far are released and the rest of the message is read and released
+        one frame at a time: Python never holds more than the limit plus one frame, and the
+        message is never decoded. Returns (frames kept, bytes of the whole message, whether
+        it was over the limit: then the frames kept are only the routing id and header, for
+        counting and logging). ``zmq.Again`` when nothing is queued.
+        """
+        first = sock.recv(flags=zmq.NOBLOCK, copy=False)
+        frames: list[Any] = [first]
+        total = _nbytes(frames)
+        keep = 2 if routed else 1  # routing id and header survive an oversize drop
+        oversize = False
+        more = first.more
+        while more:
+            frame = sock.recv(copy=False)  # the rest of a message is already queued
+            more = frame.more
+            total += memoryview(frame.buffer).nbytes
+            if oversize:
+                continue  # released at once: never kept
+            frames.append(frame)
+            if total > self.max_total_bytes:
+                oversize = True
+                del frames[keep:]
+        return frames, total, oversize
 
     def _user_id(self, frames: list[Any]) -> str | None:
         if self.keyring is None or not frames:
@@ -343,6 +414,11 @@ class Transport:
             self._auth.stop()
             self._auth = None
         self.context.term()
+
+
+def _frame_limit(max_message_bytes: int, max_frame_bytes: int | None) -> int:
+    """Per-frame limit: at most the message limit, at least room for a header frame."""
+    return max(min(max_message_bytes, max_frame_bytes or max_message_bytes), MAX_HEADER_BYTES)
 
 
 def _property(frames: list[Any], name: str) -> str | None:

@@ -73,7 +73,7 @@ def _simulate(config: RunConfig, resolved: Resolved) -> None:
             )
         from fedweave.simulations.gossip import GossipSimulation, run_gossip_and_report
 
-        run_gossip_and_report(GossipSimulation(config))
+        run_gossip_and_report(GossipSimulation(config, secure=not config.connection.insecure))
         return
     from fedweave.simulations.federated import server_settings
     from fedweave.simulations.run import run_and_report

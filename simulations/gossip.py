@@ -49,7 +49,10 @@ class GossipSimulation:
             nothing). Local training defaults are the same as in every other mode.
         late: ``"COUNT@ROUND"``: hold back COUNT peers and start them once a peer has reached
             ROUND (late joiners; default none).
-        secure: give every peer a CURVE key pair and a shared allow-list (default False).
+        secure: give every peer a CURVE key pair and a shared allow-list (default True, as
+            ``fedweave peer`` does; ``simulate --insecure`` runs plaintext).
+        allow: public key files (``peer.key``) every peer also accepts: a site joining by
+            hand, or a benchmark's compromised member (default none).
         timeout_s: give up (and kill every peer) after this long (default: scaled by rounds).
         hosts: run peer ``i`` inside network namespace ``hosts[i]`` (``simulations/netns.py``),
             listening on the wildcard address and advertising the host's own, as one peer per
@@ -58,7 +61,8 @@ class GossipSimulation:
 
     config: RunConfig
     late: str | None = None
-    secure: bool = False
+    secure: bool = True
+    allow: tuple[Path, ...] = ()
     timeout_s: float | None = None
     hosts: list[Host] | None = None
 
@@ -156,15 +160,16 @@ def _gpu_count() -> int:
         return 0
 
 
-def _make_keys(work: Path, clients: int) -> list[Path]:
-    from fedweave.gossip.keys import new_keys
+def _make_keys(work: Path, clients: int, allow: tuple[Path, ...] = ()) -> list[Path]:
+    from fedweave.gossip.keys import new_key_group
 
     dirs = [work / f"keys-{i}" for i in range(clients)]
     for d in dirs:
-        new_keys(d)
+        shutil.rmtree(d, ignore_errors=True)  # a reused work dir: fresh keys each run
+    new_key_group(dirs)
     for d in dirs:
-        for other in dirs:
-            shutil.copyfile(other / "peer.key", d / "allowed" / f"{other.name}.key")
+        for j, extra in enumerate(allow):
+            shutil.copyfile(extra, d / "allowed" / f"extra-{j}.key")
     return dirs
 
 
@@ -186,7 +191,7 @@ def _launch_plan(
     ports = [HOST_PORT] * data.clients if sim.hosts else free_ports(data.clients)
     listen = "0.0.0.0" if sim.hosts else "127.0.0.1"
     dial = [h.address for h in sim.hosts] if sim.hosts else [listen] * data.clients
-    keys = _make_keys(work, data.clients) if sim.secure else None
+    keys = _make_keys(work, data.clients, sim.allow) if sim.secure else None
     gpus = _gpu_count() if gpus_per_peer > 0 else 0
     if gpus_per_peer > 0 and gpus == 0:
         raise UserError("--gpus-per-peer needs a visible CUDA GPU; drop the flag to train on CPU")
@@ -248,6 +253,8 @@ def _launch_plan(
             argv += ["--seeds", f"tcp://{dial[0]}:{ports[0]}"]
         if keys is not None:
             argv += ["--keys", str(keys[i])]
+        else:
+            argv.append("--insecure")
         if sim.db is not None and run_id is not None:
             argv += ["--db", sim.db, "--run-id", run_id]
         else:

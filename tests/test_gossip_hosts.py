@@ -88,6 +88,8 @@ def test_peers_on_four_hosts_find_each_other_converge_and_survive_a_killed_host(
                 argv += ["--seeds", f"{identities[0].peer_id}@{seed}" if keys else seed]
             if keys:
                 argv += ["--keys", str(keys[i])]
+            else:
+                argv.append("--insecure")  # plaintext is an explicit choice (CURVE by default)
             with (tmp_path / f"peer-{i}.log").open("wb") as log:
                 procs.append(
                     subprocess.Popen(

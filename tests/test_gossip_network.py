@@ -65,11 +65,28 @@ def _rss_kib(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
+def _key_group(tmp: Path, count: int) -> list[str]:
+    """``--keys DIR`` for ``count`` peers that all allow each other (CURVE, the default)."""
+    from fedweave.gossip.keys import new_key_group
+
+    dirs = [tmp / f"group-keys-{i}" for i in range(count)]
+    new_key_group(dirs)
+    return [str(d) for d in dirs]
+
+
 def _vector_peers(
-    tmp: Path, values: list[np.ndarray], extra: list[list[str]] | None = None, rounds: int = 30
+    tmp: Path,
+    values: list[np.ndarray],
+    extra: list[list[str]] | None = None,
+    rounds: int = 30,
+    insecure: bool = False,
 ) -> tuple[list[subprocess.Popen[bytes]], list[int]]:
+    """Peers gossiping vectors; with CURVE keys that allow each other unless ``extra`` gives
+    ``--keys`` itself or ``insecure`` (a test about plaintext) asks for none."""
     ports = free_ports(len(values))
     procs = []
+    own_keys = extra is not None and any("--keys" in e for e in extra)
+    group = [] if insecure or own_keys else _key_group(tmp, len(values))
     for i, value in enumerate(values):
         np.save(tmp / f"v{i}.npy", value)
         args = [
@@ -96,6 +113,10 @@ def _vector_peers(
         ]
         if i:
             args += ["--seeds", f"tcp://127.0.0.1:{ports[0]}"]
+        if insecure:
+            args.append("--insecure")
+        elif group:
+            args += ["--keys", group[i]]
         procs.append(_spawn(args + (extra[i] if extra else []), tmp / f"p{i}.log"))
     return procs, ports
 
@@ -209,6 +230,8 @@ def test_unreachable_seeds_exit_nonzero_with_a_clear_message(tmp_path: Path) -> 
             str(tmp_path / "v.npy"),
             "--connect-timeout",
             "2",
+            "--keys",
+            _key_group(tmp_path, 2)[0],
         ],
         env=_env(),
         cwd=REPO,
@@ -225,17 +248,24 @@ def test_unreachable_seeds_exit_nonzero_with_a_clear_message(tmp_path: Path) -> 
 def test_bad_flags_are_one_line_errors(tmp_path: Path) -> None:
     np.save(tmp_path / "v.npy", np.zeros(3))
     base = [sys.executable, "-m", "fedweave.gossip", "peer", "--listen", "tcp://127.0.0.1:0"]
+    keys = _key_group(tmp_path, 2)[0]
     cases = {
         "--mix": ["--vector", str(tmp_path / "v.npy"), "--mix", "median"],
         "keys new": ["--keys", str(tmp_path / "nokeys")],
-        "bad seed": ["--vector", str(tmp_path / "v.npy"), "--seeds", "localhost:1"],
+        "bad seed": ["--vector", str(tmp_path / "v.npy"), "--seeds", "localhost:1", "--keys", keys],
+        "leave out --keys": ["--vector", str(tmp_path / "v.npy"), "--insecure", "--keys", keys],
+        # CURVE by default: the first start makes a key pair in ./peer-keys, then says who
+        # must be allowed before it can talk to anyone
+        "holds no other peer's public key": ["--vector", str(tmp_path / "v.npy")],
     }
     for fix, extra in cases.items():
         proc = subprocess.run(
-            base + extra, env=_env(), cwd=REPO, capture_output=True, text=True, timeout=60
+            base + extra, env=_env(), cwd=tmp_path, capture_output=True, text=True, timeout=60
         )
         assert proc.returncode == 2, proc.stderr
         assert fix in proc.stderr and "Traceback" not in proc.stderr
+    assert (tmp_path / "peer-keys" / "peer.key_secret").is_file()
+    assert "made a CURVE key pair in peer-keys/" in proc.stderr
 
 
 def _flood(port: int, count: int, rng: np.random.Generator) -> None:
@@ -311,6 +341,7 @@ def test_a_flood_of_malformed_frames_leaves_the_peer_alive_and_flat(tmp_path: Pa
             "1",
             "--results",
             str(results),
+            "--insecure",  # the parser under fire: with CURVE only allowed keys reach it
         ],
         tmp_path / "p.log",
     )
@@ -419,7 +450,8 @@ class _Poisoner:
 def test_robust_mixing_contains_a_poisoned_peer(tmp_path: Path, mix: str) -> None:
     values = [np.full(8, float(i)) for i in range(4)]
     extra = [["--mix", mix, "--fanout", "3"]] * 4
-    procs, ports = _vector_peers(tmp_path, values, extra, rounds=60)
+    # plaintext: mallory is a free id (with CURVE it could not even connect)
+    procs, ports = _vector_peers(tmp_path, values, extra, rounds=60, insecure=True)
     poisoner = _Poisoner(ports[0], 8, 1e6)
     try:
         poisoner.run(seconds=8.0)
@@ -454,6 +486,8 @@ def test_sigterm_stops_a_standalone_peer_cleanly_and_marks_its_run_interrupted(
             url,
             "--results",
             str(results),
+            "--keys",
+            _key_group(tmp_path, 2)[0],
         ],
         tmp_path / "p.log",
     )
@@ -478,7 +512,10 @@ def test_an_offer_during_our_own_exchange_waits_and_is_then_mixed_exactly(tmp_pa
 
     np.save(tmp_path / "v.npy", np.full(4, 10.0))
     (port,) = free_ports(1)
-    peer = Peer(RunConfig.of(listen=f"tcp://127.0.0.1:{port}", vector=tmp_path / "v.npy"))
+    # plaintext: the offers below come from raw sockets with made-up ids
+    listen = f"tcp://127.0.0.1:{port}"
+    config = RunConfig.of(listen=listen, vector=tmp_path / "v.npy", insecure=True)
+    peer = Peer(config)
     ctx = zmq.Context()
     socks = []
     try:
@@ -496,6 +533,8 @@ def test_an_offer_during_our_own_exchange_waits_and_is_then_mixed_exactly(tmp_pa
             return sock
 
         assert "aaaa" < peer.state.peer_id < "zzzz"
+        for known in ("aaaa", "zzzz"):  # members (as after a hello): they may get our model
+            peer.members.heard_from(known, "tcp://127.0.0.1:1", 1)
         peer.exchange.awaiting = {1}  # as if our own offer were out
         larger, smaller = offer_from("zzzz", 2.0), offer_from("aaaa", 6.0)
         for _ in range(20):
@@ -521,15 +560,16 @@ def test_a_peer_on_another_model_is_refused_with_a_reason_it_logs(tmp_path: Path
     np.save(tmp_path / "a.npy", np.zeros(64))
     np.save(tmp_path / "b.npy", np.zeros(32))  # another model: its schema hash differs
     ports = free_ports(2)
+    keys = _key_group(tmp_path, 2)
     common = ["--rounds", "3", "--round-interval", "0", "--exchange-timeout", "2"]
     a = _spawn(
         ["--listen", f"tcp://127.0.0.1:{ports[0]}", "--vector", str(tmp_path / "a.npy"),
-         "--linger", "10", *common],
+         "--linger", "10", "--keys", keys[0], *common],
         tmp_path / "a.log",
     )  # fmt: skip
     b = _spawn(
         ["--listen", f"tcp://127.0.0.1:{ports[1]}", "--vector", str(tmp_path / "b.npy"),
-         "--seeds", f"tcp://127.0.0.1:{ports[0]}", *common],
+         "--seeds", f"tcp://127.0.0.1:{ports[0]}", "--keys", keys[1], *common],
         tmp_path / "b.log",
     )  # fmt: skip
     try:
@@ -540,3 +580,39 @@ def test_a_peer_on_another_model_is_refused_with_a_reason_it_logs(tmp_path: Path
     log = (tmp_path / "b.log").read_text()
     assert "refused our model: schema-mismatch" in log and "task describe" in log, log[-2000:]
     assert "missed" not in log and "Traceback" not in log
+
+
+def test_a_message_over_the_limit_in_frames_under_it_is_dropped_and_the_inbox_goes_on() -> None:
+    """``MAXMSGSIZE`` bounds each frame; the whole message is bounded as it is read: frames
+    each under the limit that add up to more are dropped (``too-large``), never decoded."""
+    from fedweave.gossip.inbox import Inbox
+    from fedweave.gossip.transport import Transport
+
+    limit = 1 << 20
+    model = {"x": np.zeros(1000, dtype=np.float32)}
+    schema = wire.schema_hash(model)
+    seen: list[wire.Message] = []
+    receiver = Transport("tcp://127.0.0.1:0", None, limit)
+    inbox = Inbox(receiver, schema, limit, lambda inc, msg: seen.append(msg), lambda: False)
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(receiver.address)
+        header = wire.encode(wire.Message(wire.HELLO, "big", "tcp://127.0.0.1:9"))[0]
+        chunk = bytes(limit - 1024)  # each frame passes MAXMSGSIZE
+        sock.send_multipart([header, chunk, chunk, chunk])  # 3 MiB in all
+        sock.send_multipart(wire.encode(wire.Message(wire.HELLO, "small", "tcp://127.0.0.1:9")))
+        deadline = time.monotonic() + 10
+        while not seen and time.monotonic() < deadline:
+            inbox.serve(0.1)
+        assert inbox.drops == {"too-large": 1}, inbox.drops
+        assert [m.sender for m in seen] == ["small"]  # the connection and the inbox go on
+        # a peer lowers the per-frame limit to its largest tensor: libzmq then cuts a big
+        # frame before it is ever buffered
+        receiver.limit_frames(model["x"].nbytes)
+        assert receiver.max_frame_bytes == wire.MAX_HEADER_BYTES
+    finally:
+        sock.close(0)
+        ctx.term()
+        receiver.close()

@@ -390,3 +390,18 @@ def test_a_refused_reply_is_a_valid_answer_not_a_drop() -> None:
     exchange.on_reply(refused)  # no WireError: nothing counted as a dropped message
     assert exchange.outcomes[7] == "refused" and exchange.refusals == 1
     assert exchange.mixes == 0 and 7 not in exchange.pending
+
+
+def test_a_peers_stored_config_keeps_no_key_path_but_shows_plaintext() -> None:
+    """Key paths are never stored with a run; opting out of CURVE is, so it shows in the
+    history."""
+    from pathlib import Path
+
+    from fedweave.config import RunConfig
+    from fedweave.config.resume import stored_run_config
+
+    config = RunConfig.of(listen="tcp://127.0.0.1:7000", keys=Path("/site/secret-keys"))
+    stored = stored_run_config(config, "peer")
+    assert "secret-keys" not in str(stored)
+    plain = stored_run_config(RunConfig.of(listen="tcp://127.0.0.1:7000", insecure=True), "peer")
+    assert "'insecure': True" in str(plain)

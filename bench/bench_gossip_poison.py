@@ -1,0 +1,231 @@
+"""Benchmark: the review's poisoning attack against default gossip peers, measured.
+
+Three default peers (CURVE, default ``pairwise`` mixing; started by the simulation launcher,
+``fedweave.simulations.gossip``, exactly as ``fedweave simulate --mode gossip`` does) learn
+``digits``. An outsider written from ``gossip/PROTOCOL.md`` (raw pyzmq + ``wire``) attacks once
+the peers reach ``--attack-round``, with the review's message: an offer of finite weights of
+1e30 and ``num_examples`` = 2^53.
+
+Variants:
+  none              no attacker (the reference)
+  outsider          one offer to each peer from a key not on the allow-list
+  outsider-4-ids    the same under four made-up sender ids
+  member            the outsider's key IS on every allow-list (a compromised site): one offer
+                    to each peer, so the distance bound itself is what stops it
+  member-4-ids      a member's key under four made-up ids
+  member-flood      a member offering to every peer every 2 s until the run ends
+  insecure-4-ids    ``--insecure`` peers (plaintext) and four made-up ids, each saying hello
+                    first: the bounds without CURVE
+
+Prints per variant the final accuracy (mean over the peers' own models), its difference to
+the unattacked run, the models the attacker got back (``ok`` replies) and the refusals the
+peers counted. Goal: every attacked run within 2 points of the unattacked one, and no model
+handed to the outsider. Gossip is not deterministic (message timing): ``--repeats`` runs the
+reference more than once to show the noise.
+
+    python bench/bench_gossip_poison.py [--rounds 20] [--variants none,member,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zmq
+import zmq.auth
+
+from fedweave.config import RunConfig
+from fedweave.gossip import wire
+from fedweave.gossip.keys import load_keyring, new_keys
+from fedweave.learning.task import load_task
+from fedweave.learning.weights import get_named_weights
+from fedweave.simulations.gossip import GossipSimulation, run_gossip_simulation
+
+VARIANTS = (
+    "none", "outsider", "outsider-4-ids", "member", "member-4-ids", "member-flood",
+    "insecure-4-ids",
+)  # fmt: skip
+POISON = 1e30
+CLAIMED = 2**53
+
+
+class Outsider(threading.Thread):
+    """The attacker: waits for the peers' addresses and round, then sends its offers."""
+
+    def __init__(self, work: Path, peers: int, variant: str, keys: Path, attack_round: int):
+        super().__init__(daemon=True)
+        self.work, self.count, self.variant = work, peers, variant
+        self.keys, self.attack_round = keys, attack_round
+        self.stop = threading.Event()
+        self.sent = 0
+        self.statuses: dict[str, int] = {}
+        self.models_received = 0
+        self.error: str | None = None
+        specs = wire.tensor_specs(get_named_weights(load_task("digits").build_model()))
+        self.poison = {n: np.full(s, POISON, dtype=np.dtype(d)) for n, d, s in specs}
+
+    def _events(self, i: int) -> list[dict[str, Any]]:
+        path = self.work / f"peer-{i}.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(x) for x in path.read_text().splitlines() if x.endswith("}")]
+
+    def _targets(self) -> list[tuple[str, Path]] | None:
+        addrs, top = [], 0
+        for i in range(self.count):
+            events = self._events(i)
+            ready = [e for e in events if e["event"] == "ready"]
+            if not ready:
+                return None
+            addrs.append((ready[0]["addr"], self.work / f"keys-{i}" / "peer.key"))
+            top = max([top] + [e["round"] for e in events if e["event"] == "round"])
+        return addrs if top >= self.attack_round else None
+
+    def run(self) -> None:
+        try:
+            self._attack()
+        except Exception as exc:  # a bench thread: report, never hang the run
+            self.error = f"{type(exc).__name__}: {exc}"
+
+    def _attack(self) -> None:
+        targets = None
+        while targets is None and not self.stop.is_set():
+            targets = self._targets()
+            time.sleep(0.1)
+        if targets is None:
+            return
+        ctx = zmq.Context()
+        me = load_keyring(self.keys).identity
+        plaintext = self.variant.startswith("insecure")
+        ids = ["fake-a", "fake-b", "fake-c", "fake-d"] if "4-ids" in self.variant else [me.peer_id]
+        socks = []
+        for addr, server_key in targets:
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            if not plaintext:
+                sock.curve_secretkey, sock.curve_publickey = me.secret_key, me.public_key
+                sock.curve_serverkey = zmq.auth.load_certificate(str(server_key))[0]
+            sock.connect(addr)
+            socks.append(sock)
+        rounds = 0
+        while not self.stop.is_set():
+            for sock in socks:
+                for sender in ids:
+                    if plaintext:  # without CURVE a hello first makes a member of anyone
+                        sock.send_multipart(wire.encode(wire.Message(wire.HELLO, sender, "")))
+                    offer = wire.Message(
+                        wire.OFFER, sender, "", 1, 1000 + self.sent, num_examples=CLAIMED,
+                        tensors=self.poison,
+                    )  # fmt: skip
+                    sock.send_multipart(wire.encode(offer), copy=False)
+                    self.sent += 1
+            deadline = time.monotonic() + 2.0
+            while time.monotonic() < deadline and not self.stop.is_set():
+                for sock in socks:
+                    while sock.poll(0):
+                        self._answer(sock.recv_multipart())
+                time.sleep(0.02)
+            rounds += 1
+            if self.variant != "member-flood":
+                break
+        for sock in socks:
+            sock.close(0)
+        ctx.term()
+
+    def _answer(self, frames: list[bytes]) -> None:
+        msg = wire.decode(frames, check_finite=False)
+        if msg.type == wire.REPLY:
+            self.statuses[msg.status] = self.statuses.get(msg.status, 0) + 1
+            self.models_received += bool(msg.tensors)
+
+
+def run_variant(variant: str, rounds: int, seed: int, attack_round: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="bench-poison-") as tmp:
+        work = Path(tmp)
+        outsider_keys = work / "outsider"
+        new_keys(outsider_keys)
+        member = variant.startswith("member")
+        config = RunConfig.of(
+            task="digits", clients=3, rounds=rounds, seed=seed, partition="iid", db="none"
+        )
+        sim = GossipSimulation(
+            config,
+            secure=not variant.startswith("insecure"),
+            allow=(outsider_keys / "peer.key",) if member else (),
+            timeout_s=600,
+        )
+        attacker = None
+        if variant != "none":
+            attacker = Outsider(work / "run", 3, variant, outsider_keys, attack_round)
+            attacker.start()
+        started = time.monotonic()
+        try:
+            report = run_gossip_simulation(sim, work_dir=work / "run")
+        finally:
+            if attacker is not None:
+                attacker.stop.set()
+                attacker.join(timeout=10)
+        drops: dict[str, int] = {}
+        for p in report["peers"]:
+            for reason, n in p["drops"].items():
+                drops[reason] = drops.get(reason, 0) + n
+        accuracies = [r["accuracy"] for r in report["rounds"]]
+        return {
+            "variant": variant,
+            "final": report["final_accuracy"],
+            "worst_after_attack": min(accuracies[attack_round:], default=float("nan")),
+            "seconds": time.monotonic() - started,
+            "sent": attacker.sent if attacker else 0,
+            "answers": attacker.statuses if attacker else {},
+            "models_to_attacker": attacker.models_received if attacker else 0,
+            "attacker_error": attacker.error if attacker else None,
+            "drops": drops,
+        }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--attack-round", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=2, help="runs of the reference")
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    args = parser.parse_args()
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = set(variants) - set(VARIANTS)
+    if unknown:
+        raise SystemExit(f"unknown variants {sorted(unknown)}; pick from {', '.join(VARIANTS)}")
+    print(f"3 default peers (CURVE, pairwise) on digits, {args.rounds} rounds, seed {args.seed}; "
+          f"attack once a peer reaches round {args.attack_round}")  # fmt: skip
+    refs = [run_variant("none", args.rounds, args.seed, args.attack_round)
+            for _ in range(max(1, args.repeats))]  # fmt: skip
+    reference = float(np.mean([r["final"] for r in refs]))
+    results = refs + [
+        run_variant(v, args.rounds, args.seed, args.attack_round) for v in variants if v != "none"
+    ]
+    header = (f"{'variant':<16} {'final acc':>9} {'vs none':>8} {'worst':>6} {'sent':>5} "
+              f"{'models to attacker':>18}  answers / refusals counted by the peers")  # fmt: skip
+    print(header)
+    for r in results:
+        diff = 100 * (r["final"] - reference)
+        print(
+            f"{r['variant']:<16} {r['final']:>9.3f} {diff:>+7.1f}p {r['worst_after_attack']:>6.3f} "
+            f"{r['sent']:>5} {r['models_to_attacker']:>18}  {r['answers']} / {r['drops']}"
+            + (f"  attacker error: {r['attacker_error']}" if r["attacker_error"] else "")
+        )
+    attacked = [r for r in results if r["variant"] != "none"]
+    worst = max((abs(100 * (r["final"] - reference)) for r in attacked), default=0.0)
+    handed = sum(r["models_to_attacker"] for r in attacked if not r["variant"].startswith("member"))
+    print(f"reference (mean of {len(refs)} unattacked runs): {reference:.3f}; largest difference "
+          f"under attack: {worst:.1f} points (goal <= 2); models handed to a non-member: "
+          f"{handed}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
