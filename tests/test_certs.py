@@ -13,9 +13,12 @@ from cryptography.x509.oid import ExtensionOID
 from fedweave.certs import (
     add_site_key,
     init_certificates,
+    key_fingerprint,
     load_site_public_key,
     new_site_key,
     registered_site_keys,
+    remove_site_key,
+    site_keys_table,
 )
 from fedweave.errors import UserError
 
@@ -86,6 +89,27 @@ def test_add_key_registers_checks_and_refuses_duplicates(tmp_path):
         add_site_key(tls, garbage)
     with pytest.raises(UserError, match="cannot read"):
         add_site_key(tls, tmp_path / "missing.pub")
+
+
+def test_remove_key_revokes_for_good_and_lists_both(tmp_path):
+    import subprocess
+
+    tls = tmp_path / "tls"
+    _, pub_a = new_site_key(tmp_path / "a.key")
+    _, pub_b = new_site_key(tmp_path / "b.key")
+    add_site_key(tls, pub_a)
+    add_site_key(tls, pub_b)
+    remove_site_key(tls, "a")
+    # what a (re)started coordinator registers: the revoked key is not among them
+    assert [p.stem for p in registered_site_keys(tls)] == ["b"]
+    table = site_keys_table(tls)
+    assert [(name, state) for name, state, _ in table] == [("b", "registered"), ("a", "revoked")]
+    ssh = subprocess.run(["ssh-keygen", "-lf", str(pub_a)], capture_output=True, text=True)
+    if ssh.returncode == 0:  # the same fingerprint an operator gets from OpenSSH
+        assert ssh.stdout.split()[1] == key_fingerprint(pub_a.read_bytes())
+    assert table[1][2] == key_fingerprint(pub_a.read_bytes())
+    with pytest.raises(UserError, match="no registered site 'a'.*registered: b"):
+        remove_site_key(tls, "a")
 
 
 def test_init_takes_several_names_and_addresses_and_refuses_anything_else(tmp_path):

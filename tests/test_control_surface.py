@@ -1,0 +1,135 @@
+"""The pieces that close the coordinator's doors, one by one (the whole, against real Flower
+processes from another network namespace, is ``test_deploy_outsider.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+import zipfile
+from types import SimpleNamespace
+
+import pytest
+
+from fedweave.app_bundle import bundle_problem
+from fedweave.coordinator.superlink import build_fab
+from fedweave.flower_patches import fingerprints, security_patch_problem
+from fedweave.flower_patches.admin_apis import LocalAdminOnly, is_local_caller
+
+
+@pytest.mark.parametrize(
+    ("client", "server", "local"),
+    [
+        ("127.0.0.1", "127.0.0.1", True),
+        ("127.0.0.5", "10.0.0.1", True),  # any loopback address
+        ("::1", "::1", True),
+        ("::ffff:127.0.0.1", "0.0.0.0", True),
+        ("10.0.0.1", "10.0.0.1", True),  # this host reaching its own address (the SuperExec)
+        ("10.0.0.2", "10.0.0.1", False),  # another host
+        ("fd00::2", "fd00::1", False),
+        ("testclient", "testserver", False),  # not an address: never trusted
+        (None, "10.0.0.1", False),
+    ],
+)
+def test_local_caller(client, server, local):
+    assert is_local_caller(client, server) is local
+
+
+def _call(path: str, client: str, server: str = "10.0.0.1") -> tuple[int, list]:
+    reached = []
+
+    async def app(scope, receive, send):
+        reached.append(scope["path"])
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    async def receive():
+        return {"type": "http.request", "body": b""}
+
+    scope = {"type": "http", "path": path, "client": (client, 40000), "server": (server, 9092)}
+    asyncio.run(LocalAdminOnly(app)(scope, receive, send))
+    return sent[0]["status"], reached
+
+
+def test_admin_paths_answer_this_machine_only():
+    for path in ("/v1/control/start-run", "/v1/control/register-node",
+                 "/v1/runtime/acquire-task", "/docs", "/openapi.json"):  # fmt: skip
+        assert _call(path, "10.0.0.2") == (403, []), path
+        assert _call(path, "127.0.0.1") == (200, [path]), path
+    # the sites' Fleet API and health checks stay open to everyone
+    assert _call("/v1/fleet/pull-messages", "10.0.0.2") == (200, ["/v1/fleet/pull-messages"])
+    assert _call("/health", "10.0.0.2")[0] == 200
+
+
+def _fab(files: dict[str, bytes]) -> bytes:
+    from flwr.cli.build import build_fab_from_files
+
+    return build_fab_from_files(files)[0]
+
+
+def _pyproject(serverapp: str, clientapp: str) -> bytes:
+    return (
+        '[build-system]\nrequires = ["hatchling"]\nbuild-backend = "hatchling.build"\n'
+        '[project]\nname = "x"\nversion = "1.0.0"\ndependencies = []\n'
+        '[tool.flwr.app]\npublisher = "x"\n[tool.flwr.app.components]\n'
+        f'serverapp = "{serverapp}"\nclientapp = "{clientapp}"\n[tool.flwr.app.config]\n'
+    ).encode()
+
+
+def test_only_fedweaves_own_bundles_pass():
+    from fedweave.contract import CLIENT_APP_REF, SERVER_APP_REF
+
+    assert bundle_problem(build_fab({"rounds": 3})) is None
+    ours = _pyproject(SERVER_APP_REF, CLIENT_APP_REF)
+    carrying = _fab({"pyproject.toml": ours, "README.md": b"x", "evil.py": b"import os"})
+    assert "carries files (evil.py)" in bundle_problem(carrying)
+    shadowing = _fab({"pyproject.toml": ours, "README.md": b"x",
+                      "fedweave/client/deployed_app.py": b"app = None"})  # fmt: skip
+    assert "carries files" in bundle_problem(shadowing)
+    foreign = _fab({"pyproject.toml": _pyproject("evil:app", CLIENT_APP_REF), "README.md": b"x"})
+    assert "serverapp 'evil:app'" in bundle_problem(foreign)
+    foreign = _fab({"pyproject.toml": _pyproject(SERVER_APP_REF, "evil:app"), "README.md": b"x"})
+    assert "clientapp 'evil:app'" in bundle_problem(foreign)
+    assert "not a FAB" in bundle_problem(b"not a zip")
+    empty = io.BytesIO()
+    zipfile.ZipFile(empty, "w").close()
+    assert "not a FAB" in bundle_problem(empty.getvalue())
+    assert "bytes" in bundle_problem(b"x" * (2 << 20))
+
+
+def test_the_site_worker_runs_fedweaves_app_and_refuses_any_other(capsys):
+    from flwr.supercore.fab import Fab
+
+    from fedweave.client.deployed_app import app as our_app
+    from fedweave.client.worker import NOTICE_PREFIX, ClientAppRunner, ForeignRunRefused
+
+    def fab(content: bytes) -> Fab:
+        return Fab(hashlib.sha256(content).hexdigest(), content, {})
+
+    runner = ClientAppRunner("127.0.0.1:1")  # no connection is made for this
+    run = SimpleNamespace(run_id=42, fab_id="x", fab_version="1")
+    assert runner._client_app(run, fab(build_fab({"rounds": 1}))) is our_app
+    from fedweave.contract import CLIENT_APP_REF, SERVER_APP_REF
+
+    evil = fab(_fab({"pyproject.toml": _pyproject(SERVER_APP_REF, CLIENT_APP_REF),
+                     "README.md": b"x", "evil.py": b"raise SystemExit"}))  # fmt: skip
+    for _ in range(2):
+        with pytest.raises(ForeignRunRefused, match="fedweave-refused: run 42: the bundle"):
+            runner._client_app(run, evil)
+    out = capsys.readouterr().out.splitlines()
+    notices = [line for line in out if line.startswith(NOTICE_PREFIX)]
+    assert notices == [NOTICE_PREFIX + "refused run 42: the bundle carries files (evil.py); "
+                       "code never travels"]  # fmt: skip
+
+
+def test_security_patches_check_their_fingerprints(monkeypatch):
+    assert security_patch_problem() is None  # the pinned Flower, unmodified
+    ref = "flwr.superlink.main:_get_middleware"
+    monkeypatch.setitem(fingerprints.WRAPPED, "admin_apis", {ref: "0" * 16})
+    problem = security_patch_problem()
+    assert problem is not None and ref in problem and "reinstall flwr==" in problem
