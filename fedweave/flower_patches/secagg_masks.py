@@ -50,7 +50,7 @@ def quantize_flat(
     scaled = np.concatenate([np.ravel(array) for array in parameters], dtype=np.float64)
     # the digest of the float64 values, as ever: seeded runs repeat their recorded numbers
     digest = hashlib.blake2b(scaled.data, digest_size=16).digest()
-    noise = np.random.default_rng(int.from_bytes(digest)).random(scaled.size)
+    noise = np.random.default_rng(int.from_bytes(digest, "big")).random(scaled.size)
     np.clip(scaled, -clipping_range, clipping_range, out=scaled)
     scaled += clipping_range
     scaled *= target_range / (2 * clipping_range)
