@@ -78,3 +78,48 @@ def test_a_restarted_site_takes_its_online_node_back(monkeypatch):
     assert info.status == NodeStatus.ONLINE
     unknown = 12345
     assert state.activate_node(unknown, 30) is False  # no node, nothing to take over
+
+
+def _fresh_python(code: str) -> str:
+    """Run ``code`` in a new interpreter (no patch applied yet: an applied patch has replaced
+    the very functions whose source is fingerprinted); its stdout."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout + done.stderr
+
+
+def test_every_flower_function_a_patch_relies_on_matches_its_fingerprint():
+    import json
+
+    out = _fresh_python(
+        "import json\n"
+        "from fedweave.flower_patches.fingerprints import WRAPPED, mismatches\n"
+        "print(json.dumps({patch: mismatches(patch) for patch in WRAPPED}))\n"
+    )
+    changed = json.loads(out.strip().splitlines()[-1])
+    assert len(changed) >= 11  # every patch, the site's ClientApp worker included
+    assert not any(changed.values()), f"Flower code changed under these patches: {changed}"
+
+
+def test_an_altered_flower_function_is_named_and_its_patch_not_applied():
+    out = _fresh_python(
+        "import logging\n"
+        "logging.basicConfig(level=logging.WARNING)\n"
+        "from flwr.superlink.grid import http_grid\n"
+        "def send_and_receive(self, messages, *, timeout=None):\n"
+        "    return []  # an edited copy of Flower\n"
+        "http_grid.HttpGrid.send_and_receive = send_and_receive\n"
+        "import flwr.superlink.main as main\n"
+        "main._get_middleware = lambda: []\n"
+        "from fedweave import flower_patches\n"
+        "print('speed-up applied:', flower_patches.tune_deployed_polling())\n"
+        "print('security:', flower_patches.security_patch_problem())\n"
+    )
+    assert "speed-up applied: False" in out
+    assert "changed here: flwr.superlink.grid.http_grid:HttpGrid.send_and_receive" in out
+    assert "security: Flower's code differs from flwr 1.41.0's " \
+           "(flwr.superlink.main:_get_middleware)" in out

@@ -86,15 +86,25 @@ def flower_is_patchable() -> bool:
     return installed_flower_version() == PATCHED_FLOWER_VERSION
 
 
+def _changed(patch: str) -> list[str]:
+    """The Flower functions ``patch`` relies on whose source differs from 1.41.0's (checked
+    before the patch is applied; ``fingerprints``)."""
+    from fedweave.flower_patches.fingerprints import mismatches
+
+    return mismatches(patch)
+
+
 def _warn_once(patch: str, consequence: str) -> None:
     if patch in _warned:
         return
     _warned.add(patch)
+    changed = _changed(patch) if flower_is_patchable() else []
     log.warning(
-        "flwr %s installed, fedweave's '%s' patch is for %s only: %s",
+        "flwr %s installed, fedweave's '%s' patch is for %s%s only: %s",
         installed_flower_version(),
         patch,
         PATCHED_FLOWER_VERSION,
+        f" as released (changed here: {', '.join(changed)})" if changed else "",
         consequence,
     )
 
@@ -134,7 +144,7 @@ def clientapp_worker_usable() -> bool:
     process per message) on another Flower version or with ``FEDWEAVE_STOCK_FLOWER=1``."""
     if os.environ.get(STOCK_FLOWER_ENV) == "1":
         return False
-    if not flower_is_patchable():
+    if not flower_is_patchable() or _changed("clientapp_worker"):
         _warn_once("clientapp_worker", "each message starts a new flwr-clientapp process")
         return False
     return True
@@ -149,6 +159,9 @@ def _apply_speedup(name: str, consequence: str) -> bool:
     if os.environ.get(STOCK_FLOWER_ENV) == "1":
         return False
     if not flower_is_patchable():
+        _warn_once(name, consequence)
+        return False
+    if name not in _applied and _changed(name):
         _warn_once(name, consequence)
         return False
     if name not in _applied:
@@ -209,6 +222,16 @@ def use_fedweave_secagg() -> None:
             ": fedweave replaces its mask generator on every side, and another version would "
             f"mix masks that do not cancel; install flwr=={PATCHED_FLOWER_VERSION} or pass "
             "--no-secure-agg"
+        )
+    changed = [
+        ref for name in ("secagg_masks", "secagg_crypto") if name not in _applied
+        for ref in _changed(name)
+    ]  # fmt: skip
+    if changed:
+        raise UserError(
+            f"SecAgg+ needs flwr {PATCHED_FLOWER_VERSION} as released; Flower's "
+            f"{', '.join(changed)} differ here: reinstall flwr=={PATCHED_FLOWER_VERSION} or "
+            "pass --no-secure-agg"
         )
     if "secagg_masks" not in _applied:
         from fedweave.flower_patches import secagg_masks

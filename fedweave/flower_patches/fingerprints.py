@@ -1,9 +1,13 @@
-"""Fingerprints of the Flower code each security patch wraps, so a patch never lands on code
-it was not written against.
+"""Fingerprints of the Flower code each patch replaces or relies on, so a patch never lands on
+code it was not written against.
 
 The version guard (``PATCHED_FLOWER_VERSION``) catches a different release; a fingerprint
-also catches an edited or vendored copy of the same version. Each entry is the SHA-256 (first
-16 hex digits) of ``inspect.getsource`` of one Flower function, taken from flwr 1.41.0.
+also catches an edited or vendored copy of the same version, and tells a Flower upgrade which
+functions changed (``tests/test_flower_patches.py`` checks every entry). Each entry is the
+SHA-256 (first 16 hex digits) of ``inspect.getsource`` of one Flower function or method,
+taken from flwr 1.41.0. A security or correctness patch (``admin_apis``, ``run_bundles``,
+``tls_suites``, ``refused_keys``, ``secagg_masks``, ``secagg_crypto``) refuses to run on a
+mismatch; a speed-up falls back to Flower's stock code with a warning.
 """
 
 from __future__ import annotations
@@ -11,6 +15,10 @@ from __future__ import annotations
 import hashlib
 import importlib
 import inspect
+
+_SECAGG_MOD = "flwr.client.mod.secure_aggregation.secaggplus_mod"
+_SECAGG_WORKFLOW = "flwr.server.workflow.secure_aggregation.secaggplus_workflow"
+_LINKSTATE = "flwr.server.superlink.linkstate.in_memory_linkstate"
 
 WRAPPED: dict[str, dict[str, str]] = {
     "admin_apis": {
@@ -28,6 +36,39 @@ WRAPPED: dict[str, dict[str, str]] = {
     "tls_suites": {
         "flwr.superlink.cli.flower_superlink:_run_superlink_http_api": "eb0d78b85f999576",
     },
+    "deployed_polling": {
+        "flwr.superlink.grid.http_grid:HttpGrid.send_and_receive": "699c9f048f3cff74",
+        "flwr.supercore.inflatable.inflatable_utils:pull_objects": "31bb2de46b450e6a",
+    },
+    "supernode_waits": {
+        "flwr.supernode.start_client_internal:start_client_internal": "9e89a6eb68fbec68",
+        "flwr.supernode.start_client_internal:_push_messages": "00bb86faffdec114",
+        "flwr.supercore.inflatable.inflatable_utils:pull_objects": "31bb2de46b450e6a",
+    },
+    "node_restarts": {
+        f"{_LINKSTATE}:InMemoryLinkState.activate_node": "ddd272f4a52bcc3e",
+    },
+    "simulation_engine": {
+        "flwr.server.superlink.fleet.vce.vce_api:add_messages_to_queue": "953f4bd41a931a77",
+        "flwr.server.superlink.fleet.vce.backend.raybackend:RayBackend.build": "6a0c387457a6dbc1",
+        "flwr.superlink.grid:InMemoryGrid.__init__": "028fa3ed6b4181bb",
+    },
+    "secagg_masks": {
+        f"{_SECAGG_MOD}:quantize": "5371722c0320e506",
+        f"{_SECAGG_MOD}:pseudo_rand_gen": "19ee2545ed58c017",
+        f"{_SECAGG_WORKFLOW}:pseudo_rand_gen": "19ee2545ed58c017",
+    },
+    "secagg_crypto": {
+        f"{_SECAGG_MOD}:create_shares": "d922b6370cd57ff1",
+        f"{_SECAGG_MOD}:generate_key_pairs": "e551269ddc680868",
+        f"{_SECAGG_MOD}:bytes_to_private_key": "ed52cf7696efe92c",
+        f"{_SECAGG_WORKFLOW}:combine_shares": "e9339f2cd706eed4",
+    },
+    "clientapp_worker": {
+        "flwr.supernode.runtime.run_clientapp:pull_task_input": "5607a23e1673ee87",
+        "flwr.supernode.runtime.run_clientapp:push_message": "07cb512c93e065a9",
+        "flwr.supernode.runtime.run_clientapp:push_task_output": "9206407456e79e17",
+    },
 }
 """Patch name → {``module:function`` it relies on → fingerprint of that function's source}."""
 
@@ -35,7 +76,9 @@ WRAPPED: dict[str, dict[str, str]] = {
 def fingerprint(ref: str) -> str:
     """The fingerprint of ``module:function`` as installed (its source's SHA-256, 16 digits)."""
     module_name, _, name = ref.partition(":")
-    target = getattr(importlib.import_module(module_name), name)
+    target = importlib.import_module(module_name)
+    for part in name.split("."):  # a method: Class.method
+        target = getattr(target, part)
     target = getattr(target, "__wrapped__", target)
     return hashlib.sha256(inspect.getsource(target).encode()).hexdigest()[:16]
 
