@@ -133,3 +133,39 @@ def test_security_patches_check_their_fingerprints(monkeypatch):
     monkeypatch.setitem(fingerprints.WRAPPED, "admin_apis", {ref: "0" * 16})
     problem = security_patch_problem()
     assert problem is not None and ref in problem and "reinstall flwr==" in problem
+
+
+def test_flowers_real_app_refuses_other_hosts_whatever_the_path_spelling():
+    """Flower's own SuperLink app with the patches on, called as another host would: every
+    spelling that reaches an administrative route is refused, the rest route nowhere (fresh
+    interpreter: the patches replace Flower functions process-wide)."""
+    import subprocess
+    import sys
+
+    code = (
+        "from starlette.testclient import TestClient\n"
+        "from fedweave.flower_patches import close_control_surface\n"
+        "close_control_surface()\n"
+        "from flwr.superlink.main import create_app\n"
+        "client = TestClient(create_app(), client=('10.0.0.2', 5555),\n"
+        "                    base_url='http://10.0.0.1:9092')\n"
+        "for path in ['/v1/control/list-nodes', '/v1/control/list-nodes/',\n"
+        "             '/v1/%63ontrol/list-nodes', '//v1/control/list-nodes',\n"
+        "             '/V1/control/list-nodes', '/v1/runtime/acquire-task', '/openapi.json']:\n"
+        "    response = client.post(path, content=b'',\n"
+        "                           headers={'content-type': 'application/protobuf'})\n"
+        "    print(path, response.status_code)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    status = dict(line.split() for line in done.stdout.splitlines())
+    assert status == {
+        "/v1/control/list-nodes": "403",
+        "/v1/control/list-nodes/": "403",
+        "/v1/%63ontrol/list-nodes": "403",  # percent-decoded before the gate and the router
+        "//v1/control/list-nodes": "404",  # matches no route either
+        "/V1/control/list-nodes": "404",
+        "/v1/runtime/acquire-task": "403",
+        "/openapi.json": "403",
+    }, status
