@@ -30,6 +30,8 @@ def _setup_logging(level: str) -> None:
         level=getattr(logging, level.upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # a fresh history database's migrations are not the operator's business (15 lines)
+    logging.getLogger("alembic").setLevel(max(logging.WARNING, logging.root.level))
 
 
 def _peer(config: RunConfig, _resolved: Resolved) -> None:

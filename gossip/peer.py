@@ -35,6 +35,7 @@ from fedweave.config import RunConfig
 from fedweave.config.commands import check_settings
 from fedweave.errors import UserError
 from fedweave.gossip import wire
+from fedweave.gossip.console import PeerConsole
 from fedweave.gossip.discovery import Discovery
 from fedweave.gossip.exchange import Exchange
 from fedweave.gossip.fanout import Fanout
@@ -126,6 +127,7 @@ class Peer:
             schedule=schedule_for(config.gossip.round_interval),
         )
         self.recorder = Recorder(config, peer_id)
+        self.console = PeerConsole(config.training.rounds)
         self._stop_signal = 0
         stopping = self.stopping
         self.inbox = Inbox(self.transport, self.state.schema, max_bytes, self._dispatch, stopping)
@@ -203,6 +205,7 @@ class Peer:
         self.recorder.final(self.state.round, status, dict(self.inbox.drops), self.members.counts())
         self.transport.close(linger_ms=200)  # let the byes leave, but never wait longer
         self.recorder.finish(status, reason)
+        self.console.summary(status)
 
     def _dispatch(self, inc: Incoming, msg: wire.Message) -> None:
         """Route one checked message to the part it concerns."""
@@ -271,6 +274,7 @@ class Peer:
             mixes=self.exchange.mixes,
         )
         self.recorder.round(report, self.state.weights)
+        self.console.round(report)
 
     def _wait_for_slot(self) -> tuple[int, tuple[float, float] | None]:
         """The next round and its slot (start, length; monotonic), serving others until the

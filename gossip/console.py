@@ -1,0 +1,85 @@
+"""What a peer's operator reads: one line per round, a warning the moment the peer trains
+alone, and a summary at the end.
+
+A peer that mixes with nobody still "completes" its rounds; its model is then its own data's
+alone. The results log and the history have every number, but the operator watches the
+console, so being alone is said when it starts (and every ``REMIND_EVERY`` rounds while it
+lasts), when it ends, and in the summary.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fedweave.gossip.recording import RoundReport
+
+log = logging.getLogger("fedweave.gossip")
+
+REMIND_EVERY = 10
+"""Rounds alone between two reminders."""
+
+
+class PeerConsole:
+    """Turns each round's report into the operator's lines.
+
+    Args:
+        rounds: the run's last round (0: until stopped), for ``round r/N``.
+    """
+
+    def __init__(self, rounds: int) -> None:
+        self.rounds = rounds
+        self._mixes = 0
+        self.rounds_seen = 0
+        self.rounds_alone = 0
+        self._alone_since: int | None = None
+
+    def round(self, report: RoundReport) -> None:
+        mixed = report.mixes - self._mixes
+        self._mixes = report.mixes
+        self.rounds_seen += 1
+        accuracy = report.evaluation.get("accuracy")
+        loss = report.evaluation.get("loss")
+        metrics = "".join(
+            f"{name} {value:.4f}; "
+            for name, value in (("accuracy", accuracy), ("loss", loss))
+            if value is not None
+        )
+        of = f"/{self.rounds}" if self.rounds > 0 else ""
+        log.info(
+            "round %d%s: %smixed %d time(s); %d of %d neighbour(s) answered; %d member(s) live",
+            report.round, of, metrics, mixed, len(report.contacted) - len(report.failed),
+            len(report.contacted), report.live_members,
+        )  # fmt: skip
+        if mixed > 0:
+            if self._alone_since is not None:
+                log.info(
+                    "mixing again after %d round(s) alone (rounds %d-%d)",
+                    report.round - self._alone_since, self._alone_since, report.round - 1,
+                )  # fmt: skip
+                self._alone_since = None
+            return
+        self.rounds_alone += 1
+        if self._alone_since is None:
+            self._alone_since = report.round
+        alone_for = report.round - self._alone_since
+        if alone_for % REMIND_EVERY == 0:
+            log.warning(
+                "training alone since round %d: no neighbour mixed with this peer (%d member(s) "
+                "live); its model learns from this site's data only until one does",
+                self._alone_since, report.live_members,
+            )  # fmt: skip
+
+    def summary(self, status: str) -> None:
+        """The last line: how many rounds mixed, how many alone."""
+        mixed = self.rounds_seen - self.rounds_alone
+        if self.rounds_seen and mixed == 0:
+            log.warning(
+                "%s: %d round(s), never mixed with another peer: this model is this site's "
+                "alone (start the others, check --seeds and the allowed keys)",
+                status, self.rounds_seen,
+            )  # fmt: skip
+            return
+        log.info(
+            "%s: %d round(s), mixed with neighbours in %d, alone in %d",
+            status, self.rounds_seen, mixed, self.rounds_alone,
+        )  # fmt: skip
