@@ -299,16 +299,12 @@ def _site_key_fingerprint(site_key: Path | None) -> str | None:
     """``SHA256:...`` of the site key's public half (what the coordinator's console shows)."""
     if site_key is None:
         return None
-    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.serialization import load_ssh_private_key
 
-    from fedweave.certs import key_fingerprint
+    from fedweave.certs import public_key_fingerprint
 
-    key = serialization.load_ssh_private_key(site_key.read_bytes(), None)  # checked before
-    return key_fingerprint(
-        key.public_key().public_bytes(
-            serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
-        )
-    )
+    key = load_ssh_private_key(site_key.read_bytes(), None)  # checked in _check_inputs
+    return public_key_fingerprint(key.public_key())
 
 
 def _client(config: RunConfig, _resolved: Resolved) -> None:
@@ -343,7 +339,7 @@ def _client(config: RunConfig, _resolved: Resolved) -> None:
     if use_worker:
         runtime_api = f"127.0.0.1:{runtime_port}"
         worker = worker_command(runtime_api, data.task, data.data, data.label_column)
-    if not use_worker:
+    else:
         _echo(
             "warning: Flower's own executor runs this site's ClientApps (FEDWEAVE_STOCK_FLOWER=1 "
             "or another flwr version): it loads whatever app a run names, without fedweave's "

@@ -73,8 +73,8 @@ class ClientAppRunner:
 
     def __init__(self, runtime_api_address: str) -> None:
         self.address = runtime_api_address
-        self._apps: dict[str, object] = {}  # app reference -> the loaded ClientApp
-        self._refused: set[str] = set()  # FAB hashes already refused and shown
+        self._app: object | None = None  # fedweave's ClientApp, imported on first use
+        self._verdicts: dict[bytes, str | None] = {}  # FAB content digest -> its problem
 
     def client(self, token: str | None):
         """A Runtime API client: with ``token`` for one task's calls, else for ``AcquireTask``."""
@@ -100,23 +100,28 @@ class ClientAppRunner:
     def _client_app(self, run, fab):
         """fedweave's installed ClientApp, once the run's FAB is checked to name it (code
         never travels: a FAB's own files are never installed or imported)."""
+        import hashlib
+
         from fedweave.app_bundle import bundle_problem
         from fedweave.contract import CLIENT_APP_REF, refusal
 
-        problem = bundle_problem(bytes(fab.content))
-        if problem is not None:
-            if fab.hash_str not in self._refused:
-                self._refused.add(fab.hash_str)
+        content = bytes(fab.content)
+        digest = hashlib.sha256(content).digest()  # our own digest: not the hash we were told
+        if digest not in self._verdicts:  # once per bundle, not once per message
+            problem = self._verdicts[digest] = bundle_problem(content)
+            if problem is not None:
                 notice = f"refused run {run.run_id}: {problem}"
                 log.error(notice)
                 print(NOTICE_PREFIX + notice, flush=True)
+        problem = self._verdicts[digest]
+        if problem is not None:
             raise ForeignRunRefused(refusal(f"run {run.run_id}: {problem}"))
-        if CLIENT_APP_REF not in self._apps:
+        if self._app is None:
             import importlib
 
             module, _, attribute = CLIENT_APP_REF.partition(":")
-            self._apps[CLIENT_APP_REF] = getattr(importlib.import_module(module), attribute)
-        return self._apps[CLIENT_APP_REF]
+            self._app = getattr(importlib.import_module(module), attribute)
+        return self._app
 
     def acquire(self, client) -> str | None:
         """A token for the next pending ClientApp task, or None."""

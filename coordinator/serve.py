@@ -264,10 +264,10 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
     )  # fmt: skip
     proc = client = None
     finished = False
-    secrets = link_options.state_dir / "secrets"
+    db_url_file: Path | None = None
     refused_notes = link_options.state_dir / "refused-keys.jsonl"
     try:
-        db_url_file = write_db_url_file(secrets, db_url)
+        db_url_file = write_db_url_file(link_options.state_dir / "secrets", db_url)
         refused_notes.unlink(missing_ok=True)
         proc, client = start_superlink(
             link_options,
@@ -354,6 +354,7 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
             client.close()
         if proc is not None:
             stop_process_group(proc)
-        (secrets / "history-db-url").unlink(missing_ok=True)
+        if db_url_file is not None:
+            db_url_file.unlink(missing_ok=True)
         signal.signal(signal.SIGTERM, previous)
         store.close()

@@ -194,13 +194,19 @@ class ControlClient:
     def online_nodes(self) -> list:
         return [n for n in self.nodes() if n.status == "online"]
 
-    def register(self, public_key_ssh: bytes, name: str) -> str:
-        """Register a site key; returns ``registered`` or ``known`` (already there)."""
+    @staticmethod
+    def _flower_key(public_key_ssh: bytes) -> bytes:
+        """A site key as written in ``DIR/sites/`` (OpenSSH) → as Flower stores it (PEM)."""
         from cryptography.hazmat.primitives import serialization
-        from flwr.proto.control_pb2 import RegisterNodeRequest
         from flwr.supercore.primitives.asymmetric import public_key_to_bytes
 
-        key = public_key_to_bytes(serialization.load_ssh_public_key(public_key_ssh))
+        return public_key_to_bytes(serialization.load_ssh_public_key(public_key_ssh))
+
+    def register(self, public_key_ssh: bytes, name: str) -> str:
+        """Register a site key; returns ``registered`` or ``known`` (already there)."""
+        from flwr.proto.control_pb2 import RegisterNodeRequest
+
+        key = self._flower_key(public_key_ssh)
         known = {bytes(n.public_key) for n in self.nodes()}
         if key in known:
             return "known"
@@ -210,11 +216,9 @@ class ControlClient:
     def unregister(self, public_key_ssh: bytes) -> list[int]:
         """Remove every node holding this site key; returns their node ids. Flower then
         refuses the key's requests (its signature names no node) and forgets its node."""
-        from cryptography.hazmat.primitives import serialization
         from flwr.proto.control_pb2 import UnregisterNodeRequest
-        from flwr.supercore.primitives.asymmetric import public_key_to_bytes
 
-        key = public_key_to_bytes(serialization.load_ssh_public_key(public_key_ssh))
+        key = self._flower_key(public_key_ssh)
         removed = []
         for node in self.nodes():
             if bytes(node.public_key) == key:

@@ -310,6 +310,14 @@ def key_fingerprint(public_key: bytes) -> str:
     return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
 
 
+def public_key_fingerprint(key: ec.EllipticCurvePublicKey) -> str:
+    """``key_fingerprint`` of a loaded public key (a site key's public half, or a key Flower
+    received in PEM form)."""
+    return key_fingerprint(
+        key.public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    )
+
+
 def site_keys_table(directory: Path) -> list[tuple[str, str, str]]:
     """(name, state, fingerprint) of every site key in ``directory``: ``registered`` ones first,
     then ``revoked`` ones."""

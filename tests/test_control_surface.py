@@ -169,3 +169,41 @@ def test_flowers_real_app_refuses_other_hosts_whatever_the_path_spelling():
         "/v1/runtime/acquire-task": "403",
         "/openapi.json": "403",
     }, status
+
+
+def test_what_an_outsider_sends_cannot_grow_the_coordinators_memory_or_disk(tmp_path, monkeypatch):
+    """Refused callers are logged once each, up to a bound; refused site keys are noted once
+    each, up to a bound (anyone with the CA certificate can sign with fresh keys)."""
+    import json
+
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from flwr.supercore.primitives.asymmetric import public_key_to_bytes
+
+    from fedweave.flower_patches import admin_apis, refused_keys
+
+    monkeypatch.setattr(admin_apis, "MAX_LOGGED_CALLERS", 3)
+    gate = LocalAdminOnly(None)  # never reaches the app: every caller below is refused
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    for i in range(10):
+        for path in ("/v1/control/a", "/v1/control/b"):
+            scope = {"type": "http", "path": path, "client": (f"10.0.0.{i + 2}", 1),
+                     "server": ("10.0.0.1", 9092)}  # fmt: skip
+            asyncio.run(gate(scope, None, send))
+    assert len(gate._logged) == 3
+    assert [m["status"] for m in sent if "status" in m] == [403] * 20
+
+    monkeypatch.setattr(refused_keys, "MAX_NOTED_KEYS", 4)
+    notes, noted = tmp_path / "refused.jsonl", set()
+    keys = [public_key_to_bytes(ec.generate_private_key(ec.SECP384R1()).public_key())
+            for _ in range(6)]  # fmt: skip
+    for key in keys + keys:  # every key tried twice
+        refused_keys.note_refusal(str(notes), key, noted)
+    lines = [json.loads(line) for line in notes.read_text().splitlines()]
+    assert [line["fingerprint"] for line in lines] == [
+        refused_keys.ssh_fingerprint(key) for key in keys[:4]
+    ]
+    assert all(line["fingerprint"].startswith("SHA256:") for line in lines)

@@ -53,12 +53,17 @@ def is_admin_path(path: str) -> bool:
     return path.startswith(ADMIN_PATH_PREFIXES)
 
 
+MAX_LOGGED_CALLERS = 1000
+"""Caller addresses remembered for logging each once; past that, refusals go unlogged (the
+403 stands): an outsider must not grow this process's memory or log."""
+
+
 class LocalAdminOnly:
     """ASGI middleware: administrative paths answer 403 to callers on other machines."""
 
     def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]]) -> None:
         self.app = app
-        self._refused: set[str] = set()
+        self._logged: set[str | None] = set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and is_admin_path(scope.get("path", "")):
@@ -70,11 +75,10 @@ class LocalAdminOnly:
         await self.app(scope, receive, send)
 
     async def _refuse(self, scope: Scope, send: Send, client: str | None) -> None:
-        path = scope.get("path", "")
-        if f"{client} {path}" not in self._refused:  # one line per caller and path
-            self._refused.add(f"{client} {path}")
+        if client not in self._logged and len(self._logged) < MAX_LOGGED_CALLERS:
+            self._logged.add(client)  # one line per caller
             log.warning("refused %s from %s: administrative APIs answer this machine only",
-                        path, client)  # fmt: skip
+                        scope.get("path", ""), client)  # fmt: skip
         body = json.dumps(
             {"detail": "administrative API: this SuperLink answers its own machine only"}
         ).encode()

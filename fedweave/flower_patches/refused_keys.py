@@ -3,8 +3,8 @@ its process by ``fedweave.flower_patches.launch``).
 
 With site authentication, a SuperNode whose key is not registered (never added, or revoked)
 fails ``ActivateNode``; Flower logs it at DEBUG level in its own words and the operator sees
-nothing. This wraps Flower's handler: a refusal whose key names no node appends one JSON
-line, ``{"time": ..., "fingerprint": "SHA256:..."}``, to the file named by
+nothing. This wraps Flower's handler: the first refusal of a key that names no node appends
+one JSON line, ``{"time": ..., "fingerprint": "SHA256:..."}``, to the file named by
 ``FEDWEAVE_REFUSED_KEYS_FILE`` (set by ``fedweave coordinator``), which the coordinator reads
 (``coordinator.refused_keys``). Structured data in a file fedweave owns, not Flower's log.
 """
@@ -16,24 +16,30 @@ import os
 import time
 
 REFUSED_KEYS_FILE_ENV = "FEDWEAVE_REFUSED_KEYS_FILE"
+MAX_NOTED_KEYS = 1000
+"""Distinct keys noted: anyone holding the CA certificate can sign with fresh keys, so the
+notes file must not grow with what an outsider sends."""
 
 
 def ssh_fingerprint(pem_public_key: bytes) -> str:
     """``SHA256:...`` (as ``ssh-keygen -l`` and ``fedweave sites list`` print it) of a key in
     Flower's PEM form; ``unreadable`` for anything else."""
-    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
-    from fedweave.certs import key_fingerprint
+    from fedweave.certs import public_key_fingerprint
 
     try:
-        key = serialization.load_pem_public_key(pem_public_key)
-        ssh = key.public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+        return public_key_fingerprint(load_pem_public_key(pem_public_key))
     except (ValueError, TypeError):
         return "unreadable"
-    return key_fingerprint(ssh)
 
 
-def note_refusal(path: str, public_key: bytes) -> None:
+def note_refusal(path: str, public_key: bytes, noted: set[bytes]) -> None:
+    """Append ``public_key``'s refusal to ``path`` once (``noted``: keys already written),
+    for at most ``MAX_NOTED_KEYS`` keys."""
+    if public_key in noted or len(noted) >= MAX_NOTED_KEYS:
+        return
+    noted.add(public_key)
     line = json.dumps({"time": time.time(), "fingerprint": ssh_fingerprint(public_key)})
     try:
         with open(path, "a", encoding="utf-8") as out:
@@ -49,10 +55,11 @@ def install() -> None:
     if getattr(stock, "fedweave_patch", False):
         return
     path = os.environ.get(REFUSED_KEYS_FILE_ENV)
+    noted: set[bytes] = set()
 
     def activate_node(request, state):  # Flower's signature
         if path and state.get_node_id_by_public_key(request.public_key) is None:
-            note_refusal(path, bytes(request.public_key))
+            note_refusal(path, bytes(request.public_key), noted)
         return stock(request, state)
 
     activate_node.fedweave_patch = True  # type: ignore[attr-defined]
