@@ -32,8 +32,8 @@ def data_split(
     from fedweave.simulations.partition import label_skew
     from fedweave.simulations.split import test_file, write_split
 
-    for name, value in (("clients", clients), ("partition", partition), ("alpha", alpha),
-                        ("shards_per_client", shards_per_client)):
+    given = {"clients": clients, "partition": partition, "alpha": alpha}
+    for name, value in {**given, "shards_per_client": shards_per_client}.items():
         check_value(SETTINGS[name], value, SETTINGS[name].flag)
     task_obj = load_task(task)
     paths = write_split(task_obj, out, clients, partition, alpha, shards_per_client, seed)
@@ -59,7 +59,10 @@ def _simulate(config: RunConfig, resolved: Resolved) -> None:
     if per_round is not None and not 1 <= per_round <= data.clients:
         raise UserError(f"--clients-per-round must be between 1 and --clients ({data.clients})")
     check_writable(config.simulation.out)
+    from fedweave.simulations.gpus import check_gpu_share
+
     if config.simulation.mode == "gossip":
+        check_gpu_share("--gpus-per-peer", config.simulation.gpus_per_peer, pooled=False)
         if config.simulation.stragglers > 0:
             raise UserError("--stragglers is for federated simulations; leave it out with gossip")
         if config.simulation.ray_address:
@@ -79,6 +82,9 @@ def _simulate(config: RunConfig, resolved: Resolved) -> None:
     from fedweave.simulations.run import run_and_report
 
     server_settings(config).check()  # impossible combinations fail before anything starts
+    check_gpu_share(
+        "--gpus-per-client", config.simulation.gpus_per_client, config.simulation.ray_address
+    )
     if config.simulation.split_dir is not None:
         try:
             config.simulation.split_dir.mkdir(parents=True, exist_ok=True)
