@@ -22,6 +22,7 @@ _PUBLIC = {
     "Task": "fedweave.learning.task",
     "load_task": "fedweave.learning.task",
     "ClassificationTask": "fedweave.learning.tasks.classification",
+    "ImageFolderTask": "fedweave.learning.images",
     "TrainConfig": "fedweave.learning.training",
     "train_epochs": "fedweave.learning.training",
     "evaluate_model": "fedweave.learning.training",
