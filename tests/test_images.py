@@ -179,6 +179,9 @@ def test_damaged_pixel_data_is_refused_at_first_read_with_its_path(tmp_path):
     with pytest.raises(UserError) as exc:
         data[0]
     assert _message(exc).startswith(f"{path}: image does not decode (")
+    with pytest.raises(UserError) as exc:  # from a worker process: still the one line
+        next(iter(DataLoader(data, batch_size=1, num_workers=1)))
+    assert _message(exc).startswith(f"{path}: image does not decode (")
 
 
 @pytest.mark.parametrize(

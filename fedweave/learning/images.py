@@ -50,6 +50,22 @@ DECODE_ERRORS = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
 ``UnidentifiedImageError`` and truncated data are ``OSError``; some plugins raise the others."""
 
 
+class ImageDecodeError(UserError):
+    """An image that does not decode, found when a ``DataLoader`` worker first reads it.
+
+    torch re-raises a worker's exception in the training process as
+    ``type(exc)("Caught ... in DataLoader worker process N.\nOriginal Traceback ...")``; this
+    class keeps only its own one-line message from that text, so the site still ends with one
+    line naming the file, not a worker's traceback.
+    """
+
+    def __init__(self, message: str) -> None:
+        marker = f"{type(self).__name__}: "
+        if message.startswith("Caught ") and marker in message:
+            message = message.rsplit(marker, 1)[1].strip().splitlines()[0]
+        super().__init__(message)
+
+
 def image_extensions() -> frozenset[str]:
     """File suffixes Pillow can open (``.png``, ``.jpg``, ...): other files in a class folder
     (notes, ``Thumbs.db``) are not examples and are skipped, as image tools do."""
@@ -99,7 +115,7 @@ class ImageFiles(Dataset):
                     image = image.resize((width, height), Image.Resampling.BILINEAR)
                 pixels = np.asarray(image, dtype=np.uint8)
         except DECODE_ERRORS as exc:
-            raise UserError(
+            raise ImageDecodeError(
                 f"{path}: image does not decode ({exc}); remove or replace the file"
             ) from None
         x = torch.from_numpy(pixels.copy()).to(torch.float32).div_(255.0)
