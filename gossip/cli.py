@@ -71,8 +71,32 @@ def keys_new(
 
     identity = new_keys(out, force=force)
     typer.echo(f"peer id {identity.peer_id}")
-    typer.echo(f"public key {out / 'peer.key'}  (copy it into other peers' allowed/)")
+    typer.echo(
+        f"public key {out / 'peer.key'}  (give it to the other sites: there, `fedweave keys "
+        "allow peer.key --keys DIR` puts it into DIR/allowed/)"
+    )
     typer.echo(f"secret key {out / 'peer.key_secret'}  (keep it here)")
+
+
+@keys_app.command("allow")
+def keys_allow(
+    files: Annotated[
+        list[Path],
+        typer.Argument(help="Other sites' public key files (their peer.key).", show_default=False),
+    ],
+    keys: Annotated[
+        Path, typer.Option(help="This site's key directory (the peer's --keys).")
+    ] = Path("peer-keys"),
+) -> None:
+    """Accept other peers: copy each public key into KEYS/allowed/<peer id>.key (one file per
+    peer, whatever the file was called); a running peer reads them when it starts."""
+    from fedweave.errors import user_errors_as_one_line
+    from fedweave.gossip.keys import allow_key
+
+    with user_errors_as_one_line():
+        for path in files:
+            peer_id, target, new = allow_key(keys, path)
+            typer.echo(f"{'allowed' if new else 'already allowed'} peer {peer_id} ({target})")
 
 
 @task_app.command("describe")

@@ -69,14 +69,24 @@ class PeerConsole:
                 self._alone_since, report.live_members,
             )  # fmt: skip
 
-    def summary(self, status: str) -> None:
-        """The last line: how many rounds mixed, how many alone."""
+    def summary(self, status: str, reason: str | None = None) -> None:
+        """The last line: how many rounds mixed, how many alone, and (``completed-alone``)
+        that the run did not learn together."""
         mixed = self.rounds_seen - self.rounds_alone
+        if not self.rounds_seen and status == "failed":
+            return  # the error line says it all
         if self.rounds_seen and mixed == 0:
             log.warning(
                 "%s: %d round(s), never mixed with another peer: this model is this site's "
                 "alone (start the others, check --seeds and the allowed keys)",
                 status, self.rounds_seen,
+            )  # fmt: skip
+            return
+        if status == "completed-alone":
+            log.warning(
+                "%s: %d round(s), mixed with neighbours in %d, alone in %d: %s; this model "
+                "learned mostly from this site's data",
+                status, self.rounds_seen, mixed, self.rounds_alone, reason,
             )  # fmt: skip
             return
         log.info(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 
+from fedweave.errors import UserError
 from fedweave.gossip import wire
 from fedweave.gossip.keys import KeyRing
 from fedweave.gossip.membership import Membership
@@ -80,7 +81,7 @@ class Discovery:
 
     def learn(self, msg: wire.Message) -> None:
         """The sender is alive, and so are the peers it lists: greet the ones new to us."""
-        if self.members.heard_from(msg.sender, msg.addr, msg.round):
+        if self.members.heard_from(msg.sender, msg.addr, msg.round, msg.done):
             log.info("peer %s is live (%s)", msg.sender, msg.addr)
         for new in self.members.merge(msg.peers)[:8]:
             if new not in self.greeted:
@@ -93,8 +94,17 @@ class Discovery:
         )
         self.transport.reply(inc.route or b"", wire.encode(answer))
 
+    def refuse_hello(self, inc: Incoming, reason: str) -> None:
+        """Answer a ``hello`` with a ``peers`` message that carries why we will not take its
+        sender as a member (PROTOCOL.md §4), and no peer list."""
+        answer = self.state.message(wire.PEERS, reason=reason)
+        self.transport.reply(inc.route or b"", wire.encode(answer))
+
     def take_peers(self, inc: Incoming, msg: wire.Message) -> None:
-        """A ``peers`` answer: if it came through a seed's DEALER, we now know the seed's id."""
+        """A ``peers`` answer: if it came through a seed's DEALER, we now know the seed's id.
+        One that carries a ``reason`` refused us (a duplicate key): that ends this peer."""
+        if msg.reason:
+            raise UserError(f"peer {msg.sender} ({msg.addr}) refuses this peer: {msg.reason}")
         if inc.neighbour is not None and inc.neighbour.startswith(SEED_PREFIX):
             self.transport.rename(inc.neighbour, msg.sender)
 

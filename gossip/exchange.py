@@ -30,10 +30,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedweave.config import RunConfig
+from fedweave.errors import UserError
 from fedweave.gossip import averaging, wire
 from fedweave.gossip.discovery import Discovery
 from fedweave.gossip.guard import DistanceGuard, capped_share, counted_examples
 from fedweave.gossip.inbox import Inbox
+from fedweave.gossip.keys import DEFAULT_KEYS_DIR
 from fedweave.gossip.membership import Membership
 from fedweave.gossip.state import PeerState
 from fedweave.gossip.transport import Transport, wait_until
@@ -110,6 +112,11 @@ class Exchange:
         self.guard = DistanceGuard(config.gossip.distance_factor)
         self.warned: set[tuple[str, str]] = set()
         """(peer, reason) pairs already logged: each refusal reason once per neighbour."""
+        self.schema_refused: dict[str, str] = {}
+        """Peers that refused our model for its schema, with their reason (when every live
+        peer does, this peer can learn with nobody: ``Peer`` stops it)."""
+        self.key_refusals: set[str] = set()
+        """Peers whose CURVE handshake refused our key (each said once)."""
 
     def _counted(self, claimed: int) -> int:
         """A neighbour's example count as we weigh it (``guard.counted_examples``)."""
@@ -142,7 +149,8 @@ class Exchange:
         replies (holding or refusing other offers meanwhile), then answer the held offers.
 
         Returns each peer's outcome: ``ok``, ``busy``, ``refused``, ``left`` (said bye meanwhile),
-        ``unsent`` (the offer could not be sent) or ``missed`` (no answer in time).
+        ``key-refused`` (its CURVE handshake refused our key), ``unsent`` (the offer could not
+        be sent) or ``missed`` (no answer in time).
         """
         xids = {pid: self.offer(pid, group_total=group_total) for pid in peer_ids}
         self.awaiting = {x for x in xids.values() if x}
@@ -211,7 +219,29 @@ class Exchange:
                 wait = min(wait, max(0.0, self.deferred[0][2] + max_hold - time.monotonic()))
             self.inbox.serve(wait)
             self._release_overdue_holds(max_hold)
+            self._end_key_refused(waiting)
         return True
+
+    def _end_key_refused(self, xids: set[int]) -> None:
+        """Stop waiting on neighbours whose CURVE handshake refused our key: they never
+        answer, and that is a key to exchange, not a dead peer (say so, once each)."""
+        for xid in [x for x in xids if x in self.pending]:
+            peer_id = self.pending[xid].peer_id
+            if not self.transport.key_refused(peer_id):
+                continue
+            del self.pending[xid]
+            self.outcomes[xid] = "key-refused"
+            self.members.refused_our_key(peer_id)
+            self.transport.disconnect(peer_id)  # libzmq stops retrying: a fresh one later
+            if peer_id not in self.key_refusals:
+                self.key_refusals.add(peer_id)
+                keys = self.config.peer.keys or DEFAULT_KEYS_DIR
+                log.warning(
+                    "peer %s refuses our key (this peer is %s): copy %s/peer.key into its "
+                    "allowed/ there (`fedweave keys allow peer.key --keys DIR`) and restart it; "
+                    "until then it is not chosen",
+                    peer_id, self.state.peer_id, keys,
+                )  # fmt: skip
 
     def _release_overdue_holds(self, max_hold: float) -> None:
         """Answer ``busy`` to offers held longer than ``max_hold`` seconds."""
@@ -324,6 +354,10 @@ class Exchange:
             return
         if msg.status == "refused":
             self.refusals += 1  # a valid answer (PROTOCOL.md §4): no mix, no drop, no miss
+            if msg.reason.startswith("duplicate-id"):
+                raise UserError(f"peer {msg.sender} ({msg.addr}) refuses this peer: {msg.reason}")
+            if msg.reason.startswith("schema-mismatch"):
+                self.schema_refused[msg.sender] = msg.reason
             if msg.sender not in self.refused_by:
                 self.refused_by.add(msg.sender)
                 log.warning(

@@ -87,7 +87,8 @@ class Fanout:
                 if outcome in ("ok", "busy"):
                     continue
                 failed.append(pid)  # refused, left or missed: no exchange this round
-                if outcome not in ("left", "refused") and self.members.missed(pid) == DEAD:
+                answered = outcome in ("left", "refused", "key-refused")
+                if not answered and self.members.missed(pid) == DEAD:
                     log.warning(
                         "dropped neighbour %s after %d missed deadlines",
                         pid,

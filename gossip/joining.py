@@ -66,24 +66,24 @@ class Joining:
         self.stopping = stopping
 
     def join(self, timeout: float) -> None:
-        """Say hello to the seeds until one answers, then wait for ``wait_for_peers``; both
-        within ``timeout`` seconds (``UserError`` if no seed answers in time)."""
-        deadline = time.monotonic() + timeout
+        """Say hello to the seeds until one answers (``UserError`` naming them after
+        ``--seed-timeout``), then wait until ``--wait-for-peers`` peers are live, saying so;
+        both within ``timeout`` seconds (``UserError`` if too few peers came)."""
+        started = time.monotonic()
+        deadline = started + timeout
         addr = self.state.addr
         listed = self.config.peer.seeds.split(",")
         seeds = [s.strip() for s in listed if s.strip() and s.strip() != addr]
         if seeds:
             self._open_seeds(seeds)
+            seed_deadline = min(deadline, started + self.config.gossip.seed_timeout)
             backoff, next_try, tries = 0.5, 0.0, 0
             while not self.members.live() and not self.stopping():
+                self._refuse_on_mechanism_mismatch(seeds)
                 self._refuse_if_no_seed_key_works(seeds)
                 now = time.monotonic()
-                if now >= deadline:
-                    raise UserError(
-                        f"no seed answered within {timeout:g}s "
-                        f"({', '.join(seeds)}): check the addresses and that a seed is running "
-                        "(and accepts our key), or raise --connect-timeout"
-                    )
+                if now >= seed_deadline:
+                    raise UserError(self._no_seed_answered(seeds, now - started))
                 if now >= next_try:
                     if tries:
                         log.warning("no seed answered yet; retrying in %.1fs", backoff)
@@ -91,20 +91,86 @@ class Joining:
                         [k for k in self.transport.neighbour_keys() if k.startswith(SEED_PREFIX)]
                     )
                     next_try, backoff, tries = now + backoff, min(backoff * 2, 5.0), tries + 1
-                self.inbox.serve(min(0.1, wait_until(deadline)))
+                self.inbox.serve(min(0.1, wait_until(seed_deadline)))
             for key in self.transport.neighbour_keys():
-                self.transport.unwatch_handshakes(key)
-                if key.startswith(SEED_PREFIX):
+                if key.startswith(SEED_PREFIX):  # a seed's DEALER renamed to its id stays
                     self.transport.disconnect(key)
+        self._wait_for_peers(deadline, timeout)
+
+    def _wait_for_peers(self, deadline: float, timeout: float) -> None:
+        """Before round 1, wait until ``--wait-for-peers`` peers (this one included) are
+        live: a peer that started first must not run its rounds alone (PROTOCOL.md §7)."""
         want = self.config.gossip.wait_for_peers - 1
-        next_hello = 0.0
-        while (
-            len(self.members.live()) < want and time.monotonic() < deadline and not self.stopping()
-        ):
-            if time.monotonic() >= next_hello:
+        if len(self.members.live()) >= want or self.stopping():
+            return
+        log.info(
+            "waiting for %d more peer(s) before round 1 (--wait-for-peers %d; at most %gs, "
+            "--connect-timeout)",
+            want - len(self.members.live()), want + 1, timeout,
+        )  # fmt: skip
+        next_hello, next_note = 0.0, time.monotonic() + 30.0
+        while len(self.members.live()) < want and not self.stopping():
+            now = time.monotonic()
+            if now >= deadline:
+                live = len(self.members.live())
+                raise UserError(
+                    f"only {live + 1} of --wait-for-peers {want + 1} peers live after "
+                    f"{timeout:g}s: start the others with --seeds {self.state.addr} (or raise "
+                    "--connect-timeout; --wait-for-peers 1 trains alone)"
+                )
+            if now >= next_note:
+                log.info("still waiting: %d of %d peers live", len(self.members.live()) + 1,
+                         want + 1)  # fmt: skip
+                next_note = now + 30.0
+            if now >= next_hello:
                 self.discovery.hello([m.peer_id for m in self.members.pick(2)])
-                next_hello = time.monotonic() + 0.3
-            self.inbox.serve(0.05)
+                next_hello = now + 0.3
+            self.inbox.serve(min(0.05, wait_until(deadline)))
+        if self.members.live():
+            log.info("%d peer(s) live: starting round 1", len(self.members.live()) + 1)
+
+    def _no_seed_answered(self, seeds: list[str], waited: float) -> str:
+        """Why no seed answered, per seed: nothing listens there, or it is silent."""
+        parts = []
+        for spec in seeds:
+            addr = spec.rpartition("@")[2]
+            keys = self._seed_keys(addr)
+            refused = any(self.transport.connect_refused(k) for k in keys)
+            connected = any(self.transport.connected_once(k) for k in keys)
+            if connected:
+                parts.append(f"{addr} accepted the connection but never answered")
+            elif refused:
+                parts.append(f"{addr} refuses connections (no peer listens there)")
+            else:
+                parts.append(f"{addr} cannot be reached")
+        return (
+            f"no seed answered within {waited:.0f}s: {'; '.join(parts)}; check --seeds and "
+            "that a peer runs there (--seed-timeout waits longer)"
+        )
+
+    def _seed_keys(self, addr: str) -> list[str]:
+        """The DEALER keys opened for the seed at ``addr``."""
+        return [
+            k for k in self.transport.neighbour_keys()
+            if k == f"{SEED_PREFIX}{addr}" or k.startswith(f"{SEED_PREFIX}{addr}#")
+        ]  # fmt: skip
+
+    def _refuse_on_mechanism_mismatch(self, seeds: list[str]) -> None:
+        """A plaintext peer dialling a CURVE seed, or the other way round, fails every
+        handshake with a mechanism mismatch: say which, at once (``UserError``)."""
+        for spec in seeds:
+            addr = spec.rpartition("@")[2]
+            if not any(self.transport.mechanism_mismatch(k) for k in self._seed_keys(addr)):
+                continue
+            if self.keyring is None:
+                raise UserError(
+                    f"seed {addr} speaks CURVE and this peer plaintext (--insecure): drop "
+                    "--insecure and exchange keys with that site (docs/gossip.md)"
+                )
+            raise UserError(
+                f"seed {addr} runs plaintext (--insecure) and this peer CURVE: start every "
+                "peer the same way (without --insecure, and keys exchanged)"
+            )
 
     def _refuse_if_no_seed_key_works(self, seeds: list[str]) -> None:
         """With CURVE, a seed that refused our key, or whose every pinned key failed
@@ -116,10 +182,7 @@ class Joining:
         refused, failed = [], []
         for spec in seeds:
             addr = spec.rpartition("@")[2]
-            counts = [
-                self.transport.handshakes(k) for k in self.transport.neighbour_keys()
-                if k == f"{SEED_PREFIX}{addr}" or k.startswith(f"{SEED_PREFIX}{addr}#")
-            ]  # fmt: skip
+            counts = [self.transport.handshakes(k) for k in self._seed_keys(addr)]
             if not counts or any(ok for _, ok, _ in counts):
                 continue
             if any(no for _, _, no in counts):
@@ -134,9 +197,17 @@ class Joining:
                 f"seed {', '.join(refused)} refuses this peer's key: copy {keys}/peer.key into "
                 "its allowed/ (and restart it)"
             )
+        named = [spec for spec in failed if "@" in spec]
+        if named:
+            raise UserError(
+                f"every CURVE handshake with seed {', '.join(named)} fails: the peer there "
+                f"does not hold the key given for that id in {keys}/allowed/ (check the id "
+                "before @)"
+            )
         raise UserError(
-            f"every CURVE handshake with seed {', '.join(failed)} fails: the peer there does "
-            f"not hold the key given for it in {keys}/allowed/ (check the id before @)"
+            f"every CURVE handshake with seed {', '.join(failed)} fails: none of the "
+            f"{len(self.keyring.allowed) - 1} key(s) in {keys}/allowed/ is the key of the peer "
+            "there; copy its peer.key in with `fedweave keys allow FILE`"
         )
 
     def _keys_dir(self) -> Path:
@@ -149,7 +220,7 @@ class Joining:
             if not wire.valid_addr(addr):
                 raise UserError(f"bad seed '{spec}': use tcp://HOST:PORT or PEERID@tcp://HOST:PORT")
             if self.keyring is None:
-                self.transport.connect(f"{SEED_PREFIX}{addr}", addr)
+                self.transport.connect(f"{SEED_PREFIX}{addr}", addr, watch=True)
             elif peer_id:
                 if peer_id not in self.keyring.allowed:
                     raise UserError(

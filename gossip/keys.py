@@ -178,11 +178,45 @@ def open_keyring(keys_dir: Path | None) -> KeyRing:
     )
     if not others:
         raise UserError(
-            f"{made}{where / ALLOWED_DIR}/ holds no other peer's public key: copy the other "
-            f"peers' peer.key files into it and {where / KEY_NAME}.key into theirs, then start "
-            "again (or pass --insecure for plaintext gossip, testing only)"
+            f"{made}{where / ALLOWED_DIR}/ holds no other peer's public key: add each other "
+            f"site's peer.key with `fedweave keys allow THEIR.key --keys {where}`, give them "
+            f"{where / KEY_NAME}.key, then start again (or pass --insecure for plaintext "
+            "gossip, testing only)"
         )
     return keyring
+
+
+def allow_key(keys_dir: str | Path, public_file: str | Path) -> tuple[str, Path, bool]:
+    """Copy another peer's public key file into ``keys_dir/allowed/<peer id>.key``.
+
+    Named by the key's peer id, so every site's ``peer.key`` gets its own file (they are all
+    called ``peer.key`` where they were made). Returns (peer id, the file written, whether it
+    was new). A secret key file, or anything that is not a public key, is refused."""
+    import zmq.auth
+
+    source = Path(public_file)
+    try:
+        public, secret = zmq.auth.load_certificate(str(source))
+    except (OSError, ValueError) as exc:
+        raise UserError(
+            f"{source} is not a CURVE public key file ({exc}); pass the other site's {KEY_NAME}.key"
+        ) from None
+    if secret:
+        raise UserError(
+            f"{source} holds a secret key: never copy it; pass the other site's public "
+            f"{KEY_NAME}.key"
+        )
+    peer_id = peer_id_from_public_key(public)
+    allowed = Path(keys_dir) / ALLOWED_DIR
+    if not allowed.is_dir():
+        raise UserError(
+            f"{allowed} is missing: make this site's keys first (`fedweave keys new --out "
+            f"{keys_dir}`, or start the peer once)"
+        )
+    target = allowed / f"{peer_id}.key"
+    new = not target.exists()
+    shutil.copyfile(source, target)
+    return peer_id, target, new
 
 
 def new_key_group(dirs: list[Path]) -> list[Identity]:

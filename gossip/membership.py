@@ -12,6 +12,7 @@ so it is alive). A peer that said ``bye`` is *left* and comes back only by conta
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass
 
 from fedweave.gossip.wire import (
@@ -35,6 +36,12 @@ class Member:
     state: str = ALIVE
     misses: int = 0
     dropped_at_round: int = -1
+    done: bool = False
+    """Its last direct message said its rounds are over (it only answers, lingering)."""
+    heard_at: float = 0.0
+    """``time.monotonic()`` of its last direct message (0: only heard of through others)."""
+    refuses_us: bool = False
+    """Its CURVE handshake refused our key: never chosen until it contacts us itself."""
 
 
 class Membership:
@@ -68,21 +75,40 @@ class Membership:
 
     # -- learning about peers -----------------------------------------------------------
 
-    def heard_from(self, peer_id: str, addr: str, round_: int) -> bool:
+    def heard_from(self, peer_id: str, addr: str, round_: int, done: bool = False) -> bool:
         """Direct contact: the peer is alive. Returns True when it is new or re-admitted."""
         if peer_id == self.self_id or not self._acceptable(peer_id, addr):
             return False
+        now = time.monotonic()
         member = self.members.get(peer_id)
         if member is None:
             if len(self.members) >= self.max_members:
                 return False
-            self.members[peer_id] = Member(peer_id, addr, round_)
+            self.members[peer_id] = Member(peer_id, addr, round_, done=done, heard_at=now)
             return True
-        came_back = member.state in (DEAD, LEFT)
+        came_back = member.state in (DEAD, LEFT) or member.refuses_us
         member.addr = addr or member.addr
         member.round = max(member.round, round_)
         member.state, member.misses = ALIVE, 0
+        member.done, member.heard_at, member.refuses_us = done, now, False
         return came_back
+
+    def duplicate(self, peer_id: str, addr: str, within: float) -> str | None:
+        """The other address of ``peer_id`` when a live member with that id spoke to us from
+        an address other than ``addr`` in the last ``within`` seconds: two processes hold one
+        key pair (one id, two live addresses). ``None`` otherwise."""
+        member = self.members.get(peer_id)
+        if member is None or not addr or not member.addr or member.addr == addr:
+            return None
+        fresh = member.heard_at and time.monotonic() - member.heard_at < within
+        return member.addr if fresh and member.state in (ALIVE, SUSPECT) else None
+
+    def refused_our_key(self, peer_id: str) -> None:
+        """``peer_id``'s CURVE handshake refused our key: stop choosing it (it is not dead,
+        so no missed deadlines are counted; a message from it re-admits it)."""
+        member = self.members.get(peer_id)
+        if member is not None:
+            member.refuses_us = True
 
     def merge(self, entries: list[PeerEntry]) -> list[str]:
         """Fold a gossiped peer list in; return ids that are new or re-admitted."""
@@ -144,12 +170,22 @@ class Membership:
     # -- choosing -------------------------------------------------------------------------
 
     def live(self) -> list[Member]:
-        return [m for m in self.members.values() if m.state in (ALIVE, SUSPECT)]
+        return [
+            m for m in self.members.values() if m.state in (ALIVE, SUSPECT) and not m.refuses_us
+        ]
+
+    def still_training(self, since: float, quiet_s: float) -> list[Member]:
+        """Live members that have not said their rounds are over and were heard from in
+        the last ``quiet_s`` seconds (counting from ``since`` at the earliest): the peers a
+        lingering peer still answers for. One that went quiet (killed, cut off) is not
+        waited for."""
+        cutoff = time.monotonic() - quiet_s
+        return [m for m in self.live() if not m.done and max(m.heard_at, since) > cutoff]
 
     def pick(self, k: int) -> list[Member]:
         """Up to ``k`` random live members we can dial, alive ones before suspects (a member
         without a dialable ``addr`` is never a neighbour: PROTOCOL.md §4)."""
-        dialable = [m for m in self.members.values() if dialable_addr(m.addr)]
+        dialable = [m for m in self.live() if dialable_addr(m.addr)]
         alive = [m for m in dialable if m.state == ALIVE]
         suspect = [m for m in dialable if m.state == SUSPECT]
         self.rng.shuffle(alive)

@@ -47,11 +47,18 @@ from fedweave.gossip.membership import Membership
 from fedweave.gossip.recording import Recorder, RoundReport
 from fedweave.gossip.schedule import schedule_for
 from fedweave.gossip.state import PeerState
-from fedweave.gossip.transport import Incoming, Transport
+from fedweave.gossip.transport import Incoming, Transport, wait_until
 
 log = logging.getLogger("fedweave.gossip")
 
-__all__ = ["Peer", "run_peer"]
+__all__ = ["Peer", "run_peer", "EXIT_ALONE", "ALONE_STATUS"]
+
+ALONE_STATUS = "completed-alone"
+"""The run status of a peer that trained alone in more than ``--max-alone`` of its rounds."""
+EXIT_ALONE = 3
+"""Its exit code: the rounds ran, but not together (0 would tell a script all was well)."""
+DUPLICATE_WINDOW_S = 15.0
+"""A member heard from this recently at one address and now at another is two processes."""
 
 
 def check_endpoints(listen: str, advertise: str | None) -> None:
@@ -129,6 +136,7 @@ class Peer:
         self.recorder = Recorder(config, peer_id)
         self.console = PeerConsole(config.training.rounds)
         self._stop_signal = 0
+        self._duplicates_told: set[tuple[str, str]] = set()
         stopping = self.stopping
         self.inbox = Inbox(self.transport, self.state.schema, max_bytes, self._dispatch, stopping)
         self.discovery = Discovery(self.state, self.members, self.transport, self.keyring)
@@ -159,7 +167,10 @@ class Peer:
         return self._stop_signal != 0
 
     def run(self) -> int:
-        """Join, run the rounds, linger, leave; always closes sockets and the history run."""
+        """Join, run the rounds, linger, leave; always closes sockets and the history run.
+
+        Returns the exit code: 0 completed, ``EXIT_ALONE`` when the peer trained alone in
+        more than ``--max-alone`` of its rounds, 128 + signal when stopped before the end."""
         config = self.config
         status, reason, completed = "completed", None, False
         try:
@@ -172,22 +183,26 @@ class Peer:
             )
             self.joining.join(timeout=config.connection.connect_timeout)
             self.joining.catch_up(timeout=config.gossip.exchange_timeout)
-            last = config.training.rounds
+            # --rounds counts the rounds this peer trains: a late joiner that took over the
+            # network's round number still trains that many
+            rounds = config.training.rounds
+            last = self.state.round + rounds if rounds > 0 else 0
+            self.console.rounds = last
             while not self.stopping() and (last <= 0 or self.state.round < last):
                 r, slot = self._wait_for_slot()
                 if not self.stopping():
                     self._round(r, slot)
+                    self._stop_if_nobody_takes_our_model()
             # all rounds done counts as completed even if a signal came in meanwhile (the
             # simulation launcher ends a finished peer's linger with SIGTERM)
             completed = 0 < last <= self.state.round
             if not self.stopping():
                 self.exchange.drain(timeout=config.gossip.exchange_timeout)
             if completed:
+                status, reason = self._outcome()
                 table = [[m.peer_id, m.addr, m.state] for m in self.members.members.values()]
                 self.recorder.done(self.state.round, table)
-                # keep answering offers, so slower peers can still mix with our final model;
-                # short polls: a signal ends it soon
-                self.inbox.serve_for(config.gossip.linger, poll_s=0.2)
+                self._linger(config.gossip.linger)
             if self.stopping() and not completed:
                 status, reason = "interrupted", f"signal {self._stop_signal}"
         except UserError as exc:
@@ -198,20 +213,111 @@ class Peer:
             raise
         finally:
             self._leave(status, reason)
-        return 128 + self._stop_signal if self.stopping() and not completed else 0
+        if self.stopping() and not completed:
+            return 128 + self._stop_signal
+        return EXIT_ALONE if status == ALONE_STATUS else 0
+
+    def _outcome(self) -> tuple[str, str | None]:
+        """``completed``, or ``completed-alone`` with the counts when the share of rounds
+        without any mix passed ``--max-alone`` (the model is then mostly this site's)."""
+        seen, alone = self.console.rounds_seen, self.console.rounds_alone
+        bound = self.config.gossip.max_alone
+        if seen and alone / seen > bound:
+            return ALONE_STATUS, (
+                f"trained alone in {alone} of {seen} rounds ({alone / seen:.0%}, more than "
+                f"--max-alone {bound:g})"
+            )
+        return "completed", None
+
+    def _stop_if_nobody_takes_our_model(self) -> None:
+        """Every live peer refused our model for its schema and none ever mixed with us:
+        this peer runs another task or model than the network and cannot learn with it."""
+        refused = self.exchange.schema_refused
+        live = self.members.live()
+        if self.exchange.mixes or not live or any(m.peer_id not in refused for m in live):
+            return
+        task = self.config.data.task
+        raise UserError(
+            f"every live peer ({len(live)}) refuses this peer's model: "
+            f"{refused[live[0].peer_id]}; this peer runs --task {task} (schema "
+            f"{self.state.schema[:16]}): start it with the network's task and model"
+        )
+
+    def _linger(self, seconds: float) -> None:
+        """After the last round: keep answering offers while a live peer still trains, at
+        most ``seconds``. Every message now says ``done``; hellos to the others every
+        second learn whether they are done too, so the last peers leave together instead of
+        one of them training its last rounds alone."""
+        self.state.done = True
+        deadline = time.monotonic() + seconds
+        quiet = 3 * self.config.gossip.exchange_timeout
+        started = time.monotonic()
+        waiting = self.members.still_training(started, quiet)
+        if seconds <= 0:
+            return
+        if waiting:
+            log.info(
+                "rounds done; answering the %d peer(s) still training (at most %gs, --linger)",
+                len(waiting), seconds,
+            )  # fmt: skip
+        next_hello = 0.0
+        while not self.stopping() and time.monotonic() < deadline:
+            waiting = self.members.still_training(started, quiet)
+            if not waiting:
+                break
+            if time.monotonic() >= next_hello:
+                self.discovery.hello([m.peer_id for m in waiting])
+                next_hello = time.monotonic() + 1.0
+            self.inbox.serve(min(0.2, wait_until(deadline)))
+        else:
+            if not self.stopping() and self.members.still_training(started, quiet):
+                log.warning(
+                    "leaving after --linger %gs while %d peer(s) still train",
+                    seconds, len(self.members.still_training(started, quiet)),
+                )  # fmt: skip
+            return
+        log.info("every peer has finished or left: leaving")
+
+    def _refused_duplicate(self, inc: Incoming, msg: wire.Message) -> bool:
+        """With CURVE, one id live at two addresses means two processes hold one key pair:
+        the histories could not tell them apart and each would take the other's place.
+        The first one stays; a ``hello`` or offer from the other is answered with a
+        ``duplicate-id`` refusal, which stops that peer (PROTOCOL.md §4)."""
+        if self.keyring is None or inc.route is None or msg.type not in (wire.HELLO, wire.OFFER):
+            return False
+        if msg.sender == self.state.peer_id:
+            other = self.state.addr if msg.addr != self.state.addr else None
+        else:
+            other = self.members.duplicate(msg.sender, msg.addr, DUPLICATE_WINDOW_S)
+        if other is None:
+            return False
+        reason = (
+            f"duplicate-id: peer id {msg.sender} is live at {other} too, so two peers hold "
+            "one key pair; give each site its own (`fedweave keys new`)"
+        )
+        if (msg.sender, msg.addr) not in self._duplicates_told and len(self._duplicates_told) < 64:
+            self._duplicates_told.add((msg.sender, msg.addr))
+            log.warning("refused %s at %s: %s", msg.sender, msg.addr, reason)
+        if msg.type == wire.HELLO:
+            self.discovery.refuse_hello(inc, reason)
+        else:
+            self.exchange.refuse(inc.route, msg, reason)
+        return True
 
     def _leave(self, status: str, reason: str | None) -> None:
         self.discovery.say_bye()
         self.recorder.final(self.state.round, status, dict(self.inbox.drops), self.members.counts())
         self.transport.close(linger_ms=200)  # let the byes leave, but never wait longer
         self.recorder.finish(status, reason)
-        self.console.summary(status)
+        self.console.summary(status, reason)
 
     def _dispatch(self, inc: Incoming, msg: wire.Message) -> None:
         """Route one checked message to the part it concerns."""
         if msg.type == wire.BYE:
             self.exchange.peer_left(msg.sender)
             self.discovery.left(msg.sender)
+            return
+        if self._refused_duplicate(inc, msg):
             return
         member = msg.type != wire.OFFER or self.members.is_member(msg.sender)  # before learn
         self.discovery.learn(msg)

@@ -31,6 +31,8 @@ class PeerState:
         schema: ``wire.schema_hash`` of the model; messages with another one are dropped.
         round: the last completed round (or the round a late joiner caught up to).
         schedule: the slot lattice every message advertises (``None``: back-to-back rounds).
+        done: its rounds are over and it only answers others (lingering); every message
+            says so, so lingering peers know when nobody needs them any more.
     """
 
     peer_id: str
@@ -40,8 +42,11 @@ class PeerState:
     schema: str
     round: int = 0
     schedule: SlotSchedule | None = None
+    done: bool = False
 
     def message(self, type_: str, xid: int = 0, **fields: Any) -> wire.Message:
         """A message from this peer at its current round, carrying its slot."""
         slot = None if self.schedule is None else self.schedule.advertise(time.monotonic())
-        return wire.Message(type_, self.peer_id, self.addr, self.round, xid, slot=slot, **fields)
+        return wire.Message(
+            type_, self.peer_id, self.addr, self.round, xid, slot=slot, done=self.done, **fields
+        )

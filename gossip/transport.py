@@ -174,14 +174,26 @@ class Transport:
         from zmq.auth.thread import ThreadAuthenticator
 
         allowed = set(keyring.allowed.values())
+        told: set[bytes] = set()
 
         class _AllowList:
-            """ZAP callback: accept exactly the Z85 keys of ``allowed/``."""
+            """ZAP callback: accept exactly the Z85 keys of ``allowed/``; say once per key
+            which peer id was refused (the id the other side goes by, not key bytes)."""
 
             def callback(self, domain: str, key: bytes) -> bool:
                 ok = key in allowed
-                if not ok:
-                    log.warning("refused a connection with an unknown CURVE key %s", key[:8])
+                if not ok and key not in told and len(told) < 1000:
+                    told.add(key)
+                    try:
+                        who = f"peer {peer_id_from_public_key(key)}"
+                    except ValueError:
+                        who = "a peer with a malformed key"
+                    log.warning(
+                        "refused a connection from %s: its key is not in this peer's "
+                        "allowed/ (if it belongs, copy its peer.key in with `fedweave keys "
+                        "allow FILE` and restart)",
+                        who,
+                    )
                 return ok
 
         self._auth = ThreadAuthenticator(self.context, log=logging.getLogger("fedweave.zap"))
@@ -195,9 +207,10 @@ class Transport:
     ) -> None:
         """Open (or keep) a DEALER named ``key`` to ``addr``; with CURVE, pin ``server_key``.
 
-        ``watch`` counts its CURVE handshakes (read with ``handshakes``) from before the first
-        one: a refusal ends libzmq's reconnecting, so a monitor attached after ``connect``
-        can miss the only event there will ever be."""
+        ``watch`` (always on with CURVE) counts its connection events (read with
+        ``handshakes`` and the like) from before the first one: a refusal ends libzmq's
+        reconnecting, so a monitor attached after ``connect`` can miss the only event there
+        will ever be."""
         if key in self._dealers:
             return
         sock = self.context.socket(zmq.DEALER)
@@ -209,7 +222,7 @@ class Transport:
             sock.curve_secretkey = self.keyring.identity.secret_key
             sock.curve_publickey = self.keyring.identity.public_key
             sock.curve_serverkey = server_key
-        if watch:
+        if watch or self.keyring is not None:
             self._watch_handshakes(key, sock)
         sock.connect(addr)
         self._dealers[key] = sock
@@ -254,40 +267,78 @@ class Transport:
     # -- handshakes (seeds) --------------------------------------------------------------
 
     def _watch_handshakes(self, key: str, sock: zmq.Socket) -> None:
-        """Count the CURVE handshakes of DEALER ``key``: with a seed whose key is not the one
-        pinned, or that does not allow ours, every one fails."""
+        """Count the connection events of DEALER ``key`` (``handshakes``, ``key_refused``,
+        ``mechanism_mismatch``, ``connect_refused``): a seed or neighbour whose key is not
+        the one pinned, that does not allow ours, that speaks the other mechanism (CURVE
+        against plaintext) or where nothing listens never answers, and these say which."""
         events = (
-            zmq.EVENT_HANDSHAKE_SUCCEEDED
+            zmq.EVENT_CONNECTED
+            | zmq.EVENT_CONNECT_RETRIED
+            | zmq.EVENT_HANDSHAKE_SUCCEEDED
             | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
             | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
             | zmq.EVENT_HANDSHAKE_FAILED_AUTH
         )
-        self._monitors[key] = (sock.get_monitor_socket(events), [0, 0, 0])
+        monitor = sock.get_monitor_socket(events)
+        self._monitors[key] = (monitor, [0] * len(_COUNTS))
+        self._poller.register(monitor, zmq.POLLIN)
 
-    def handshakes(self, key: str) -> tuple[int, int, int]:
-        """(failed, succeeded, refused) CURVE handshakes of a watched DEALER so far; refused:
-        the other side checked our key and said no (libzmq then stops reconnecting)."""
+    def _drain_monitor(self, key: str) -> list[int]:
         entry = self._monitors.get(key)
         if entry is None:
-            return 0, 0, 0
+            return [0] * len(_COUNTS)
         monitor, counts = entry
-        while True:
+        for _ in range(1000):  # bounded: events arrive a few per reconnect
             try:
                 event = recv_monitor_message(monitor, zmq.NOBLOCK)
             except zmq.Again:
                 break
-            if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                counts[1] += 1
-            elif event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-                counts[2] += 1
+            kind, value = event["event"], event["value"]
+            if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                counts[_OK] += 1
+            elif kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                counts[_REFUSED] += 1
+            elif kind == zmq.EVENT_CONNECTED:
+                counts[_CONNECTED] += 1
+            elif kind == zmq.EVENT_CONNECT_RETRIED:
+                counts[_RETRIED] += 1
             else:
-                counts[0] += 1
-        return counts[0], counts[1], counts[2]
+                counts[_FAILED] += 1
+                if value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+                    counts[_MISMATCH] += 1
+        return counts
+
+    def handshakes(self, key: str) -> tuple[int, int, int]:
+        """(failed, succeeded, refused) CURVE handshakes of a watched DEALER so far; refused:
+        the other side checked our key and said no (libzmq then stops reconnecting)."""
+        counts = self._drain_monitor(key)
+        return counts[_FAILED], counts[_OK], counts[_REFUSED]
+
+    def key_refused(self, key: str) -> bool:
+        """The peer behind DEALER ``key`` refused our CURVE key and never accepted it."""
+        counts = self._drain_monitor(key)
+        return counts[_REFUSED] > 0 and counts[_OK] == 0
+
+    def mechanism_mismatch(self, key: str) -> bool:
+        """A handshake of DEALER ``key`` failed because one side speaks CURVE and the other
+        plaintext."""
+        return self._drain_monitor(key)[_MISMATCH] > 0
+
+    def connect_refused(self, key: str) -> bool:
+        """DEALER ``key`` retried its TCP connection (nothing accepted it) and never
+        connected."""
+        counts = self._drain_monitor(key)
+        return counts[_RETRIED] > 0 and counts[_CONNECTED] == 0
+
+    def connected_once(self, key: str) -> bool:
+        """DEALER ``key`` had a TCP connection at some point."""
+        return self._drain_monitor(key)[_CONNECTED] > 0
 
     def unwatch_handshakes(self, key: str) -> None:
         entry = self._monitors.pop(key, None)
         if entry is None:
             return
+        self._poller.unregister(entry[0])
         sock = self._dealers.get(key)
         if sock is not None:
             sock.disable_monitor()
@@ -340,7 +391,11 @@ class Transport:
         if not events:
             return out
         names = {sock: key for key, sock in self._dealers.items()}
+        monitors = {entry[0]: key for key, entry in self._monitors.items()}
         for sock in events:
+            if sock in monitors:
+                self._drain_monitor(monitors[sock])
+                continue
             for _ in range(MAX_MESSAGES_PER_POLL):
                 try:
                     frames, nbytes, oversize = self._recv_bounded(sock, sock is self.inbox)
@@ -414,6 +469,11 @@ class Transport:
             self._auth.stop()
             self._auth = None
         self.context.term()
+
+
+_FAILED, _OK, _REFUSED, _MISMATCH, _CONNECTED, _RETRIED = range(6)
+_COUNTS = range(6)
+"""Indices of a watched DEALER's event counters."""
 
 
 def _frame_limit(max_message_bytes: int, max_frame_bytes: int | None) -> int:

@@ -105,6 +105,7 @@ class Message:
     share: float | None = None
     slot: tuple[int, float, float] | None = None
     reason: str = ""
+    done: bool = False
     tensors: OrderedDict[str, np.ndarray] = field(default_factory=OrderedDict)
 
 
@@ -148,6 +149,10 @@ def encode(message: Message) -> list[Any]:
     if message.slot is not None:
         round_, offset, length = message.slot
         header["slot"] = [int(round_), round(float(offset), 6), round(float(length), 6)]
+    if message.done:
+        header["done"] = True
+    if message.reason and message.type not in MODEL_TYPES:
+        header["reason"] = message.reason[:MAX_REASON_CHARS]
     buffers: list[Any] = []
     if message.type in MODEL_TYPES:
         header["num_examples"] = int(message.num_examples)
@@ -307,6 +312,11 @@ def decode(
         peers=_peers(header.get("peers")),
         slot=_slot(header.get("slot")),
     )
+    done = header.get("done", False)
+    if not isinstance(done, bool):
+        raise WireError("bad-header", "done must be true or false")
+    message.done = done
+    message.reason = _str(header, "reason", _REASON_RE, MAX_REASON_CHARS)
     if mtype not in MODEL_TYPES:
         if len(frames) != 1:
             raise WireError("malformed", f"{mtype} carries no tensor frames")
@@ -317,7 +327,6 @@ def decode(
     if not isinstance(pull, bool) or status not in ("ok", "busy", "refused"):
         raise WireError("bad-header", "pull/status")
     message.pull, message.status = pull, status
-    message.reason = _str(header, "reason", _REASON_RE, MAX_REASON_CHARS)
     share = header.get("share")
     if share is not None:
         if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:

@@ -251,6 +251,10 @@ def _launch_plan(
             argv += ["--round-interval", str(gossip.round_interval)]
         if i > 0:
             argv += ["--seeds", f"tcp://{dial[0]}:{ports[0]}"]
+        late = parse_at(sim.late, "--late", fraction=False)
+        if late and i >= on_time:  # --rounds counts the rounds a peer trains, late or not
+            at = argv.index("--rounds") + 1
+            argv[at] = str(max(1, training.rounds - int(late[1])))
         if keys is not None:
             argv += ["--keys", str(keys[i])]
         else:
@@ -353,7 +357,10 @@ def run_gossip_simulation(
                 time.sleep(0.2)
             for p in peers:
                 p.read()
-            crashed = [p for p in peers if not p.killed and p.proc and p.proc.returncode != 0]
+            # exit 3: completed-alone (its rounds ran, mostly without partners: reported)
+            crashed = [
+                p for p in peers if not p.killed and p.proc and p.proc.returncode not in (0, 3)
+            ]
             if crashed:
                 first = crashed[0]
                 code = first.proc.returncode if first.proc else "?"

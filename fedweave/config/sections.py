@@ -180,12 +180,23 @@ class GossipSection:
         1024, "Gossip: largest accepted message, MiB.", minimum=1, identity=False
     )
     wait_for_peers: int = setting(
-        0, "Gossip: before round 1, wait until this many peers are known.", minimum=0,
-        identity=False,
+        2, "Gossip: before round 1, wait (at most --connect-timeout) until this many peers, "
+        "this one included, are live; the default 2 waits for one other. 1: start at once, "
+        "alone.", minimum=1, identity=False,
+    )
+    seed_timeout: float = setting(
+        30.0, "Gossip: seconds for a seed to answer before the peer stops, naming it.",
+        above=0, identity=False,
     )
     linger: float = setting(
-        0.0, "Gossip: after the last round, keep answering offers this many seconds.",
-        minimum=0, identity=False,
+        120.0, "Gossip: after the last round, keep answering other peers' offers until every "
+        "live peer has finished its rounds too (or left), at most this many seconds (0: leave "
+        "at once).", minimum=0, identity=False,
+    )
+    max_alone: float = setting(
+        0.2, "Gossip: share of rounds a peer may train without mixing with anyone; above it "
+        "the run ends 'completed-alone' (exit code 3), not 'completed'.", minimum=0, maximum=1,
+        identity=False,
     )
 
 
@@ -281,8 +292,8 @@ class ConnectionSection:
         identity=False,
     )
     connect_timeout: float = setting(
-        300.0, "Give up after this many seconds without reaching the coordinator (a site) or "
-        "any seed (a gossip peer).", above=0, identity=False,
+        300.0, "Give up after this many seconds without reaching the coordinator (a site), or "
+        "without --wait-for-peers peers live (a gossip peer).", above=0, identity=False,
     )
 
 
@@ -426,8 +437,8 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         "listen", "advertise", "seeds", "task", "data", "label_column", "test_data", *_TRAINING,
         "fanout", "mix", "clip_tau", "trim_fraction", "group_exchange", "example_ratio",
         "distance_factor", "round_interval", "exchange_timeout", "drop_after", "max_message_mb",
-        "wait_for_peers", "linger", "connect_timeout", "keys", "insecure", "threads",
-        "log_level", "db",
+        "wait_for_peers", "seed_timeout", "linger", "max_alone", "connect_timeout", "keys",
+        "insecure", "threads", "log_level", "db",
         "run_id", "results", "dump_models", "vector", "vector_examples",
     ),
     "data split": (*_SPLIT, "seed"),

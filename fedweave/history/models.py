@@ -31,11 +31,12 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-SCHEMA_REVISION = "0002"
+SCHEMA_REVISION = "0003"
 """The Alembic revision these models describe; equal to the newest migration (tested)."""
 
 RUN_MODES = ("federated", "gossip")
-RUN_STATUSES = ("running", "completed", "failed", "interrupted")
+RUN_STATUSES = ("running", "completed", "completed-alone", "failed", "interrupted")
+"""``completed-alone``: a gossip peer ran its rounds, but more than its bound without partners."""
 SITE_STATUSES = ("ok", "failed", "rejected", "late")
 
 NAMING = {

@@ -43,7 +43,7 @@ from fedweave.history.models import RUN_MODES, SITE_STATUSES, Checkpoint, Round,
 from fedweave.history.records import CheckpointRef, RoundRecord, RunInfo, SiteResult
 
 T = TypeVar("T")
-FINISHED_STATUSES = ("completed", "failed", "interrupted")
+FINISHED_STATUSES = ("completed", "completed-alone", "failed", "interrupted")
 
 
 def _now() -> datetime:
@@ -209,7 +209,7 @@ class HistoryStore:
     def finish_run(
         self, run_id: str, status: str, reason: str | None = None, retry_seconds: float = 10.0
     ) -> None:
-        """Set the final status (completed, failed or interrupted) and the end time."""
+        """Set the final status (``FINISHED_STATUSES``) and the end time."""
         if status not in FINISHED_STATUSES:
             raise ValueError(f"status must be one of {FINISHED_STATUSES}, not {status!r}")
 
