@@ -8,8 +8,10 @@ data in hand, write ``mnist5k``'s images as such a folder::
     from fedweave.learning.images import write_image_folder
     from fedweave.learning.tasks.mnist5k import Mnist5kTask
 
-    train, _ = Mnist5kTask().load_data()
-    write_image_folder(Path("site-a"), train.x[:2000], train.y[:2000], DigitFoldersTask.classes)
+    train, _ = Mnist5kTask().load_data()  # ordered by class: take every other image
+    for i, site in enumerate(["site-a", "site-b"]):
+        part = slice(i, None, 2)
+        write_image_folder(Path(site), train.x[part], train.y[part], DigitFoldersTask.classes)
 
 For your own: copy this class into your module, set the four attributes, and pass
 ``--task my_module:MyTask``; override ``build_model`` for another model.
