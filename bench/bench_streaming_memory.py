@@ -241,9 +241,9 @@ def _try_v2(name: str) -> CgroupV2 | None:
         except CgroupUnavailable:
             own = root
         for parent in dict.fromkeys([own, root]):
-            if "memory" not in (parent / "cgroup.controllers").read_text().split():
-                continue
             try:
+                if "memory" not in (parent / "cgroup.controllers").read_text().split():
+                    continue
                 if "memory" not in (parent / "cgroup.subtree_control").read_text().split():
                     (parent / "cgroup.subtree_control").write_text("+memory")
                 (parent / name).mkdir()
@@ -349,10 +349,17 @@ def run(args: argparse.Namespace) -> int:
     limit = args.limit_mb * MB
     try:
         probe = make_memory_cgroup(limit)
-        probe.remove()
     except CgroupUnavailable as exc:
         print(f"cgroups not usable here: {exc}", file=sys.stderr)
         return NOT_USABLE
+    try:  # a process can be moved in (v2 refuses some cgroups that it lets one make)
+        subprocess.run(["true"], preexec_fn=probe.enter, check=True)
+    except (OSError, subprocess.SubprocessError) as exc:
+        print(f"cgroups not usable here: cannot move a process into {probe.path} ({exc})",
+              file=sys.stderr)  # fmt: skip
+        return NOT_USABLE
+    finally:
+        probe.remove()
     made_dir = args.dir is None
     args.dir = Path(tempfile.mkdtemp(prefix="fedweave-stream-")) if made_dir else args.dir
     try:
