@@ -83,6 +83,19 @@ def test_pixels_are_scaled_not_changed(tmp_path):
     assert np.allclose(x[0].numpy(), pixels / 255.0)
 
 
+def test_a_16_bit_image_is_scaled_by_its_depth_not_clipped(tmp_path):
+    pixels = np.array([[0, 1000], [30000, 65535]], dtype=np.uint16)
+    path = tmp_path / "site" / "ant" / "scan.png"
+    path.parent.mkdir(parents=True)
+    Image.fromarray(pixels).save(path)
+    data = read_image_folder(tmp_path / "site", (2, 2), 1, CLASSES)
+    assert np.allclose(data[0][0][0].numpy(), pixels / 65535.0, atol=1e-6)
+    rgb = read_image_folder(tmp_path / "site", (4, 4), 3, CLASSES)[-1][0]
+    assert rgb.shape == (3, 4, 4) and torch.equal(rgb[0], rgb[2]) and float(rgb.max()) <= 1.0
+    with pytest.raises(IndexError):
+        data[1]
+
+
 def test_a_csv_of_paths_and_labels(tmp_path):
     _site(tmp_path / "imgs")
     csv = tmp_path / "labels.csv"

@@ -67,6 +67,15 @@ class ImageDecodeError(UserError):
         super().__init__(message)
 
 
+HIGH_DEPTH_SCALE = {
+    "I;16": 65535.0, "I;16L": 65535.0, "I;16B": 65535.0, "I;16N": 65535.0,
+    "I": 65535.0,  # how some Pillow versions open a 16-bit PNG
+    "F": 1.0,  # float TIFFs: taken as already in [0, 1]
+}  # fmt: skip
+"""Grayscale modes deeper than 8 bits (medical and scientific images), and the value that
+maps to 1.0."""
+
+
 def image_extensions() -> frozenset[str]:
     """File suffixes Pillow can open (``.png``, ``.jpg``, ...): other files in a class folder
     (notes, ``Thumbs.db``) are not examples and are skipped, as image tools do."""
@@ -121,23 +130,40 @@ class ImageFiles(Dataset):
         return [self.path(i) for i in range(len(self))]
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        index = range(len(self))[index]  # an IndexError out of range, as a sequence gives
         path = self.path(index)
-        height, width = self.image_size
-        mode = "L" if self.channels == 1 else "RGB"
         try:
-            with Image.open(path) as image:
-                image.draft(mode, (width, height))  # JPEG: decode at a reduced scale, faster
-                image = image.convert(mode)
-                if image.size != (width, height):
-                    image = image.resize((width, height), Image.Resampling.BILINEAR)
-                pixels = np.asarray(image, dtype=np.uint8)
+            x = self._decode(path)
         except DECODE_ERRORS as exc:
             raise ImageDecodeError(
                 f"{path}: image does not decode ({exc}); remove or replace the file"
             ) from None
-        x = torch.from_numpy(pixels.copy()).to(torch.float32).div_(255.0)
-        x = x.unsqueeze(0) if self.channels == 1 else x.permute(2, 0, 1).contiguous()
         return x, torch.tensor(self.labels[index], dtype=torch.int64)
+
+    def _decode(self, path: str) -> torch.Tensor:
+        height, width = self.image_size
+        size = (width, height)
+        with Image.open(path) as image:
+            if image.mode in HIGH_DEPTH_SCALE:
+                return self._high_depth(image, size)
+            mode = "L" if self.channels == 1 else "RGB"
+            image.draft(mode, size)  # JPEG: decode at a reduced scale, faster
+            image = image.convert(mode)
+            if image.size != size:
+                image = image.resize(size, Image.Resampling.BILINEAR)
+            pixels = np.array(image, dtype=np.uint8)
+        x = torch.from_numpy(pixels).to(torch.float32).div_(255.0)
+        return x.unsqueeze(0) if self.channels == 1 else x.permute(2, 0, 1).contiguous()
+
+    def _high_depth(self, image: Image.Image, size: tuple[int, int]) -> torch.Tensor:
+        """A 16-bit (or 32-bit int, or float) grayscale image, scaled by its own depth:
+        Pillow's ``convert("L")`` clips every value above 255 to white."""
+        scale = HIGH_DEPTH_SCALE[image.mode]
+        gray = Image.fromarray(np.asarray(image, dtype=np.float32) / scale)
+        if gray.size != size:
+            gray = gray.resize(size, Image.Resampling.BILINEAR)
+        x = torch.from_numpy(np.array(gray, dtype=np.float32)).clamp_(0.0, 1.0)
+        return x.unsqueeze(0).expand(self.channels, -1, -1).contiguous()
 
 
 def _check_headers(paths: Sequence[Path]) -> None:
