@@ -149,18 +149,25 @@ class Exchange:
         replies (holding or refusing other offers meanwhile), then answer the held offers.
 
         Returns each peer's outcome: ``ok``, ``busy``, ``refused``, ``left`` (said bye meanwhile),
-        ``key-refused`` (its CURVE handshake refused our key), ``unsent`` (the offer could not
-        be sent) or ``missed`` (no answer in time).
+        ``key-refused`` (its CURVE handshake refused our key), ``connecting`` (the offer could
+        not be sent on a connection still being made), ``unsent`` (could not be sent) or
+        ``missed`` (no answer in time).
         """
         xids = {pid: self.offer(pid, group_total=group_total) for pid in peer_ids}
         self.awaiting = {x for x in xids.values() if x}
         self.wait_for(self.awaiting, timeout)
         self.awaiting = set()
         self.answer_held()
-        return {
+        outcomes = {
             pid: (self.outcomes.pop(xid, None) or "missed") if xid else "unsent"
             for pid, xid in xids.items()
         }
+        for pid, outcome in outcomes.items():  # an offer that could not even be sent
+            if outcome in ("unsent", "missed") and self._refuses_our_key(pid):
+                outcomes[pid] = "key-refused"
+            elif outcome == "unsent" and self.transport.connecting(pid, timeout):
+                outcomes[pid] = "connecting"  # a fresh connection: not a miss
+        return outcomes
 
     def pull(self, peer_ids: list[str], timeout: float) -> list[tuple[int, OrderedDict]] | None:
         """Ask ``peer_ids`` for their models without mixing; wait up to ``timeout`` seconds.
@@ -224,24 +231,29 @@ class Exchange:
 
     def _end_key_refused(self, xids: set[int]) -> None:
         """Stop waiting on neighbours whose CURVE handshake refused our key: they never
-        answer, and that is a key to exchange, not a dead peer (say so, once each)."""
+        answer, and that is a key to exchange, not a dead peer."""
         for xid in [x for x in xids if x in self.pending]:
-            peer_id = self.pending[xid].peer_id
-            if not self.transport.key_refused(peer_id):
-                continue
-            del self.pending[xid]
-            self.outcomes[xid] = "key-refused"
-            self.members.refused_our_key(peer_id)
-            self.transport.disconnect(peer_id)  # libzmq stops retrying: a fresh one later
-            if peer_id not in self.key_refusals:
-                self.key_refusals.add(peer_id)
-                keys = self.config.peer.keys or DEFAULT_KEYS_DIR
-                log.warning(
-                    "peer %s refuses our key (this peer is %s): copy %s/peer.key into its "
-                    "allowed/ there (`fedweave keys allow peer.key --keys DIR`) and restart it; "
-                    "until then it is not chosen",
-                    peer_id, self.state.peer_id, keys,
-                )  # fmt: skip
+            if self._refuses_our_key(self.pending[xid].peer_id):
+                del self.pending[xid]
+                self.outcomes[xid] = "key-refused"
+
+    def _refuses_our_key(self, peer_id: str) -> bool:
+        """Whether ``peer_id``'s handshake refused our key; if so it is not chosen again
+        until it contacts us, its DEALER is closed, and it is said once."""
+        if self.config.connection.insecure or not self.transport.key_refused(peer_id):
+            return False
+        self.members.refused_our_key(peer_id)
+        self.transport.disconnect(peer_id)  # libzmq stops retrying: a fresh one later
+        if peer_id not in self.key_refusals and len(self.key_refusals) < 1000:
+            self.key_refusals.add(peer_id)
+            keys = self.config.peer.keys or DEFAULT_KEYS_DIR
+            log.warning(
+                "peer %s refuses our key (this peer is %s): copy %s/peer.key into its "
+                "allowed/ there (`fedweave keys allow peer.key --keys DIR`) and restart it; "
+                "until then it is not chosen",
+                peer_id, self.state.peer_id, keys,
+            )  # fmt: skip
+        return True
 
     def _release_overdue_holds(self, max_hold: float) -> None:
         """Answer ``busy`` to offers held longer than ``max_hold`` seconds."""

@@ -75,16 +75,16 @@ class Fanout:
         for wave, group_total in waves:  # grows while it runs: spares join as single waves
             wave_started = time.monotonic()
             outcomes = self.exchange.exchange(wave, timeout, group_total)
-            if any(outcome not in ("ok", "busy") for outcome in outcomes.values()):
+            if any(outcome not in ("ok", "busy", "connecting") for outcome in outcomes.values()):
                 lost += time.monotonic() - wave_started
             for pid, outcome in outcomes.items():
                 retry = group_total is None and spares and time.monotonic() < retry_until
-                if outcome == "busy" and retry:
+                if outcome in ("busy", "connecting") and retry:
                     spare = spares.pop(0)
                     if spare not in contacted:
                         contacted.append(spare)
                     waves.append(([spare], None))
-                if outcome in ("ok", "busy"):
+                if outcome in ("ok", "busy", "connecting"):
                     continue
                 failed.append(pid)  # refused, left or missed: no exchange this round
                 answered = outcome in ("left", "refused", "key-refused")

@@ -113,6 +113,8 @@ class Transport:
         self._dealers: dict[str, zmq.Socket] = {}
         self._monitors: dict[str, tuple[zmq.Socket, list[int]]] = {}
         self._retired: list[tuple[float, zmq.Socket]] = []
+        self._opened: dict[str, float] = {}
+        """When each DEALER was opened (``time.monotonic()``), for ``connecting``."""
         self._poller = zmq.Poller()
         self.bytes_in = 0
         self.bytes_out = 0
@@ -226,6 +228,7 @@ class Transport:
             self._watch_handshakes(key, sock)
         sock.connect(addr)
         self._dealers[key] = sock
+        self._opened[key] = time.monotonic()
         self._poller.register(sock, zmq.POLLIN)
 
     def rename(self, old: str, new: str) -> None:
@@ -236,6 +239,7 @@ class Transport:
             self.disconnect(old)
             return
         self._dealers[new] = self._dealers.pop(old)
+        self._opened[new] = self._opened.pop(old, time.monotonic())
         if old in self._monitors:
             self._monitors[new] = self._monitors.pop(old)
 
@@ -249,6 +253,7 @@ class Transport:
         its connection has settled, avoids that window; nothing is sent on it meanwhile.
         """
         self.unwatch_handshakes(key)
+        self._opened.pop(key, None)
         sock = self._dealers.pop(key, None)
         if sock is not None:
             self._poller.unregister(sock)
@@ -343,6 +348,14 @@ class Transport:
         if sock is not None:
             sock.disable_monitor()
         entry[0].close(0)
+
+    def connecting(self, key: str, within: float) -> bool:
+        """DEALER ``key`` was opened less than ``within`` seconds ago and (when watched) has
+        not completed a handshake yet: a send that fails now says nothing about the peer."""
+        opened = self._opened.get(key)
+        if opened is None or time.monotonic() - opened >= within:
+            return False
+        return key not in self._monitors or self._drain_monitor(key)[_OK] == 0
 
     def connected(self, key: str) -> bool:
         return key in self._dealers
