@@ -45,10 +45,12 @@ class PeerConsole:
             if value is not None
         )
         of = f"/{self.rounds}" if self.rounds > 0 else ""
+        consensus = "" if report.consensus is None else f"; consensus ~{report.consensus:.3g}"
         log.info(
-            "round %d%s: %smixed %d time(s); %d of %d neighbour(s) answered; %d member(s) live",
+            "round %d%s: %smixed %d time(s); %d of %d neighbour(s) answered; %d member(s) "
+            "live%s",
             report.round, of, metrics, mixed, len(report.contacted) - len(report.failed),
-            len(report.contacted), report.live_members,
+            len(report.contacted), report.live_members, consensus,
         )  # fmt: skip
         if mixed > 0:
             if self._alone_since is not None:

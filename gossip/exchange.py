@@ -115,8 +115,15 @@ class Exchange:
         self.schema_refused: dict[str, str] = {}
         """Peers that refused our model for its schema, with their reason (when every live
         peer does, this peer can learn with nobody: ``Peer`` stops it)."""
+        self.distances: list[float] = []
+        """Distances to the models accepted since ``take_distances`` (consensus estimate)."""
         self.key_refusals: set[str] = set()
         """Peers whose CURVE handshake refused our key (each said once)."""
+
+    def take_distances(self) -> list[float]:
+        """The distances collected since the last call (bounded: a round's exchanges)."""
+        taken, self.distances = self.distances[-1000:], []
+        return taken
 
     def _counted(self, claimed: int) -> int:
         """A neighbour's example count as we weigh it (``guard.counted_examples``)."""
@@ -309,6 +316,7 @@ class Exchange:
                 self._refused_model(msg.sender, "too-far", why)
                 self.refuse(route, msg, why)
                 return
+            self.distances.append(self.guard.last_distance)
         reply = state.message(
             wire.REPLY,
             msg.xid,
@@ -385,6 +393,8 @@ class Exchange:
         if why is not None:
             self._refused_model(msg.sender, "too-far", why)
             return
+        if not pending.pull:
+            self.distances.append(self.guard.last_distance)
         if pending.pull:
             self.pulled.append((msg.round, msg.tensors))  # the joiner decides what to adopt
         elif self.config.gossip.mix == "pairwise":

@@ -100,6 +100,8 @@ class DistanceGuard:
         self.factor = factor
         self.accepted: deque[float] = deque(maxlen=max(1, window))
         self._refused_in_a_row: list[str] = []
+        self.last_distance = math.nan
+        """The distance of the last model checked (the consensus estimate reads it)."""
 
     def bound(self, ours: Mapping[str, np.ndarray]) -> float:
         """The largest distance from ``ours`` accepted now."""
@@ -128,6 +130,7 @@ class DistanceGuard:
         ``record``: an accepted distance joins the history (not for a late joiner's pull,
         whose distance from a fresh model says nothing about the network's spread)."""
         distance = averaging.difference_norm(theirs, ours)
+        self.last_distance = distance
         limit = self.bound(ours)
         if math.isfinite(distance) and distance <= limit:
             if record:

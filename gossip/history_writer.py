@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +31,20 @@ class HistoryWriter:
     def __init__(self, store: Any, run_id: str, owns_run: bool) -> None:
         self.store, self.run_id, self.owns_run = store, run_id, owns_run
 
-    def record(self, record: Any, sites: list[Any]) -> None:
+    def record(self, record: Any, sites: list[Any], checkpoint: Any = None) -> None:
         try:
             self.store.record_round(
-                self.run_id, record, sites=sites, checkpoint=None, retry_seconds=2.0
+                self.run_id, record, sites=sites, checkpoint=checkpoint, retry_seconds=2.0
             )
         except Exception as exc:  # a history outage must not stall or kill the gossip
             log.warning("round %s not recorded in the history: %s", record.round, exc)
+
+    def add_checkpoint(self, actor: str, checkpoint: Any) -> None:
+        """Attach a checkpoint to a round already recorded (best effort, like ``record``)."""
+        try:
+            self.store.add_checkpoint(self.run_id, actor, checkpoint.round, checkpoint)
+        except Exception as exc:
+            log.warning("checkpoint of round %s not recorded: %s", checkpoint.round, exc)
 
     def finish(self, status: str, reason: str | None = None) -> None:
         """Close the run, only when this peer created it (the simulation closes its own)."""
@@ -55,15 +63,95 @@ def open_history(
     the launcher's ``run_id``); ``None`` when history is off (``db_url`` is ``None``)."""
     if db_url is None:
         return None
-    try:
-        from fedweave.history import open_store
-    except ImportError as exc:  # pragma: no cover - the store ships with fedweave
-        raise UserError(f"the history store cannot be loaded ({exc}); run without --db") from exc
-    store = open_store(db_url)
+    store = _open_store(db_url)
     if run_id is not None:
         return HistoryWriter(store, run_id, owns_run=False)
     new_id = store.start_run(mode="gossip", task=task, config=config, seed=seed)
     return HistoryWriter(store, new_id, owns_run=True)
+
+
+def _open_store(db_url: str) -> Any:
+    try:
+        from fedweave.history import open_store
+    except ImportError as exc:  # pragma: no cover - the store ships with fedweave
+        raise UserError(f"the history store cannot be loaded ({exc}); run without --db") from exc
+    return open_store(db_url)
+
+
+@dataclass
+class ResumePoint:
+    """Where a peer resuming its own run starts.
+
+    Attributes:
+        weights: its model from its last checkpoint (``None``: it has none; it then takes
+            the network's model, as a late joiner does).
+        round: the round of that checkpoint (0 without one).
+        first_round: the first round it trained in this run (rounds count from there).
+    """
+
+    weights: list[np.ndarray] | None
+    round: int
+    first_round: int
+
+
+def resume_history(
+    db_url: str | None, ref: str, task: str, peer_id: str
+) -> tuple[HistoryWriter, ResumePoint]:
+    """Reopen this peer's run ``ref`` (an id, a prefix or ``latest``) to continue it from its
+    last checkpoint: ``UserError`` naming why when it cannot be (another mode, task or peer,
+    still running, already complete, a damaged checkpoint). Rounds recorded after that
+    checkpoint are discarded: they are run again."""
+    if db_url is None:
+        raise UserError("--resume needs the history the run was recorded in: drop --db none")
+    store = _open_store(db_url)
+    info = store.get_run(ref)
+    run = f"run {info.run_id}"
+    command = (info.config or {}).get("command")
+    if info.mode != "gossip" or command != "peer":
+        what = f"`fedweave {command}`" if command else f"a {info.mode} command"
+        raise UserError(f"{run} was recorded by {what}; --resume continues a `fedweave peer` run")
+    if info.task != task:
+        raise UserError(f"{run} trains --task {info.task}, not {task}: resume it with that task")
+    if info.status == "running":
+        raise UserError(
+            f"{run} is still running (pid {info.pid} on {info.hostname}); stop that peer first"
+        )
+    if info.status in ("completed", "completed-alone"):
+        raise UserError(f"{run} already {info.status} {info.rounds_completed} rounds; nothing to "
+                        "resume (start the peer without --resume for a new run)")  # fmt: skip
+    first = store.first_round(info.run_id, peer_id)
+    if first is None:
+        raise UserError(
+            f"{run} has no rounds of this peer ({peer_id}): it is another peer's run (pass the "
+            "--keys it ran with), or it never trained; start without --resume"
+        )
+    checkpoint = store.latest_checkpoint(info.run_id, actor=peer_id)
+    weights = None
+    if checkpoint is not None:
+        from fedweave.learning.weights import load_weights_npz
+
+        try:
+            weights = load_weights_npz(checkpoint.path, checkpoint.sha256)
+        except (OSError, ValueError) as exc:
+            raise UserError(
+                f"cannot resume {run}: checkpoint {checkpoint.path} unusable ({exc})"
+            ) from None
+    at = checkpoint.round if checkpoint is not None else 0
+    dropped = store.discard_rounds_after(info.run_id, peer_id, at)
+    store.mark_running(info.run_id)
+    if checkpoint is not None:
+        log.info(
+            "resuming run %s from this peer's checkpoint of round %d (%d later round(s) "
+            "will be run again)",
+            info.run_id, at, dropped,
+        )  # fmt: skip
+    else:
+        log.warning(
+            "run %s has no checkpoint of this peer: resuming it from the network's model",
+            info.run_id,
+        )
+        first = 0
+    return HistoryWriter(store, info.run_id, owns_run=True), ResumePoint(weights, at, first)
 
 
 class ResultsLog:

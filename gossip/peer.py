@@ -23,12 +23,16 @@ Every network wait takes an explicit timeout.
 from __future__ import annotations
 
 import logging
+import math
 import random
 import signal
 import socket
 import time
+from collections import OrderedDict
 from datetime import datetime, timezone
 from typing import Any
+
+import numpy as np
 
 from fedweave.addresses import parse_host_port
 from fedweave.config import RunConfig
@@ -137,6 +141,8 @@ class Peer:
         self.console = PeerConsole(config.training.rounds)
         self._stop_signal = 0
         self._duplicates_told: set[tuple[str, str]] = set()
+        self._last_round = 0
+        """The round this run ends at (0: until stopped); it gets a checkpoint."""
         stopping = self.stopping
         self.inbox = Inbox(self.transport, self.state.schema, max_bytes, self._dispatch, stopping)
         self.discovery = Discovery(self.state, self.members, self.transport, self.keyring)
@@ -174,7 +180,9 @@ class Peer:
         config = self.config
         status, reason, completed = "completed", None, False
         try:
-            self.recorder.start(self.state.addr)
+            resumed = self.recorder.start(self.state.addr)
+            if resumed is not None and resumed.weights is not None:
+                self._restore(resumed.weights, resumed.round)
             log.info(
                 "peer %s listening on %s (%s)",
                 self.state.peer_id,
@@ -182,12 +190,17 @@ class Peer:
                 "CURVE" if self.keyring is not None else "plaintext: --insecure",
             )
             self.joining.join(timeout=config.connection.connect_timeout)
-            self.joining.catch_up(timeout=config.gossip.exchange_timeout)
+            if resumed is None or resumed.weights is None:  # its own model, if it has one
+                self.joining.catch_up(timeout=config.gossip.exchange_timeout)
             # --rounds counts the rounds this peer trains: a late joiner that took over the
-            # network's round number still trains that many
+            # network's round number still trains that many; a resumed run counts from its
+            # first round
             rounds = config.training.rounds
-            last = self.state.round + rounds if rounds > 0 else 0
+            first = resumed.first_round if resumed is not None and resumed.first_round else 0
+            start = first - 1 if first else self.state.round
+            last = start + rounds if rounds > 0 else 0
             self.console.rounds = last
+            self._last_round = last
             while not self.stopping() and (last <= 0 or self.state.round < last):
                 r, slot = self._wait_for_slot()
                 if not self.stopping():
@@ -216,6 +229,22 @@ class Peer:
         if self.stopping() and not completed:
             return 128 + self._stop_signal
         return EXIT_ALONE if status == ALONE_STATUS else 0
+
+    def _restore(self, arrays: list[Any], round_: int) -> None:
+        """Take this peer's own model back from its checkpoint of ``round_`` (``--resume``)."""
+        names = list(self.state.weights)
+        mismatch = len(arrays) != len(names) or any(
+            a.shape != w.shape or a.dtype != w.dtype
+            for a, w in zip(arrays, self.state.weights.values(), strict=False)
+        )
+        if mismatch:
+            raise UserError(
+                f"the checkpoint of round {round_} holds another model than --task "
+                f"{self.config.data.task} builds; resume with the task and model the run used"
+            )
+        self.state.weights = OrderedDict(zip(names, arrays, strict=True))
+        self.state.round = round_
+        log.info("took back this peer's model of round %d", round_)
 
     def _outcome(self) -> tuple[str, str | None]:
         """``completed``, or ``completed-alone`` with the counts when the share of rounds
@@ -308,8 +337,11 @@ class Peer:
         self.discovery.say_bye()
         self.recorder.final(self.state.round, status, dict(self.inbox.drops), self.members.counts())
         self.transport.close(linger_ms=200)  # let the byes leave, but never wait longer
+        self.recorder.checkpoint_last()
         self.recorder.finish(status, reason)
         self.console.summary(status, reason)
+        if status == "interrupted" and self.recorder.run_id is not None:
+            log.info("continue this run with --resume %s", self.recorder.run_id)
 
     def _dispatch(self, inc: Incoming, msg: wire.Message) -> None:
         """Route one checked message to the part it concerns."""
@@ -360,6 +392,7 @@ class Peer:
         self.learner.load(self.state.weights)
         evaluating = time.monotonic()
         evaluation = self.learner.evaluate() or {}
+        distances = [d for d in self.exchange.take_distances() if math.isfinite(d)]
         if self.state.schedule is not None:
             self.state.schedule.measured(work + time.monotonic() - evaluating)
         report = RoundReport(
@@ -378,8 +411,14 @@ class Peer:
             drops=dict(self.inbox.drops),
             busy=self.exchange.busy_replies,
             mixes=self.exchange.mixes,
+            partner_examples={
+                pid: self.exchange.known_n[pid] for pid in contacted if pid in self.exchange.known_n
+            },
+            consensus=None if not distances else float(np.mean(distances)) / math.sqrt(2),
         )
-        self.recorder.round(report, self.state.weights)
+        every = config.gossip.checkpoint_every
+        checkpoint = (every > 0 and r % every == 0) or r == self._last_round
+        self.recorder.round(report, self.state.weights, checkpoint=checkpoint)
         self.console.round(report)
 
     def _wait_for_slot(self) -> tuple[int, tuple[float, float] | None]:

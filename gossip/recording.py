@@ -4,17 +4,27 @@ model dumps a simulation reads (``ResultsLog``), and one row per round in the SQ
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import Any
 
 import numpy as np
 
 from fedweave.config import RunConfig
 from fedweave.config.resume import stored_run_config
 from fedweave.gossip import averaging
-from fedweave.gossip.history_writer import HistoryWriter, ResultsLog, open_history
+from fedweave.gossip.history_writer import (
+    HistoryWriter,
+    ResultsLog,
+    ResumePoint,
+    open_history,
+    resume_history,
+)
+
+log = logging.getLogger("fedweave.gossip")
 
 
 @dataclass
@@ -31,6 +41,7 @@ class RoundReport:
         live_members / member_counts: live members at its end, and the table by state.
         drops / busy / mixes: the peer's running counts of dropped messages (by reason),
             ``busy`` answers to its offers and mixes.
+        partner_examples / consensus: see below.
     """
 
     round: int
@@ -48,32 +59,88 @@ class RoundReport:
     drops: dict[str, int]
     busy: int
     mixes: int
+    partner_examples: dict[str, int] = field(default_factory=dict)
+    """Example counts the neighbours stated with their models (as counted: capped)."""
+    consensus: float | None = None
+    """Consensus estimate: the mean L2 distance between this peer's model and the models it
+    mixed with this round, over sqrt(2) (for models spread alike around their mean, the mean
+    distance to the mean); ``None`` when it mixed with nobody."""
 
 
 class Recorder:
-    """The results log (opened now) and the history run (opened by ``start``) of one peer."""
+    """The results log (opened now) and the history run (opened by ``start``) of one peer,
+    with its model checkpoints (``--checkpoint-dir``/RUN/PEER/round-NNNNN.npz, the history's
+    checkpoint format: ``fedweave history export`` copies the last one, and a ``--resume``
+    starts from it)."""
 
     def __init__(self, config: RunConfig, peer_id: str) -> None:
         self.config = config
         self.peer_id = peer_id
         self.results = ResultsLog(config.peer.results, config.peer.dump_models)
         self.history: HistoryWriter | None = None
+        self._last: tuple[int, OrderedDict[str, np.ndarray], bool] | None = None
+        """The last recorded round, its model and whether it has a checkpoint."""
 
-    def start(self, addr: str) -> None:
-        """Open the history run (``--db``) and announce the peer as ``ready``."""
+    def start(self, addr: str) -> ResumePoint | None:
+        """Open the history run (``--db``; with ``--resume``, this peer's earlier run) and
+        announce the peer as ``ready``. Returns where a resumed run starts."""
         config = self.config
         db = config.history.db
-        self.history = open_history(
-            None if db.lower() == "none" else db,
-            config.peer.run_id,
-            config.data.task,
-            stored_run_config(config, "peer"),
-            config.training.seed,
-        )
+        url = None if db.lower() == "none" else db
+        point = None
+        if config.history.resume:
+            self.history, point = resume_history(
+                url, config.history.resume, config.data.task, self.peer_id
+            )
+        else:
+            self.history = open_history(
+                url,
+                config.peer.run_id,
+                config.data.task,
+                stored_run_config(config, "peer"),
+                config.training.seed,
+            )
         self.results.event("ready", peer=self.peer_id, addr=addr)
+        return point
 
-    def round(self, report: RoundReport, weights: OrderedDict[str, np.ndarray]) -> None:
-        """Dump the round's model, write its ``round`` event and its history row."""
+    @property
+    def run_id(self) -> str | None:
+        return self.history.run_id if self.history is not None else None
+
+    def _checkpoint(self, round_: int, weights: OrderedDict[str, np.ndarray]) -> Any:
+        """Write the model of ``round_`` (atomically) and return its ``CheckpointRef``."""
+        from fedweave.history.records import CheckpointRef
+        from fedweave.learning.weights import save_weights_npz
+
+        assert self.history is not None
+        path = (
+            self.config.history.checkpoint_dir
+            / self.history.run_id
+            / self.peer_id
+            / f"round-{round_:05d}.npz"
+        )
+        digest, size = save_weights_npz(path, list(weights.values()))
+        return CheckpointRef(round_, str(path.resolve()), digest, size)
+
+    def checkpoint_last(self) -> None:
+        """Leaving: the last recorded round gets its checkpoint if it had none (the model
+        out, and where a ``--resume`` starts)."""
+        if self.history is None or self._last is None or self._last[2]:
+            return
+        round_, weights, _ = self._last
+        try:
+            self.history.add_checkpoint(self.peer_id, self._checkpoint(round_, weights))
+        except OSError as exc:
+            log.warning("checkpoint of round %d not written: %s", round_, exc)
+
+    def round(
+        self,
+        report: RoundReport,
+        weights: OrderedDict[str, np.ndarray],
+        checkpoint: bool = False,
+    ) -> None:
+        """Dump the round's model, write its ``round`` event and its history row (with a
+        checkpoint file when ``checkpoint``)."""
         seconds = time.monotonic() - report.started
         contacted, failed = report.contacted, report.failed
         self.results.dump(report.round, averaging.flatten(weights))
@@ -93,6 +160,7 @@ class Recorder:
             drops=sum(report.drops.values()),
             busy=report.busy,
             mixes=report.mixes,
+            consensus_estimate=report.consensus,
         )
         if self.history is None:
             return
@@ -118,17 +186,27 @@ class Recorder:
                 "members": report.member_counts,
                 "drops": report.drops,
                 "seconds": seconds,
+                "mixes": report.mixes,
+                "consensus_estimate": report.consensus,
             },
         )
         sites = [
             SiteResult(
                 site_id=pid,
                 status="failed" if pid in failed else "ok",
+                num_examples=report.partner_examples.get(pid, 0),
                 reason="missed its deadline" if pid in failed else None,
             )
             for pid in contacted
         ]
-        self.history.record(record, sites)
+        ref = None
+        if checkpoint:
+            try:
+                ref = self._checkpoint(report.round, weights)
+            except OSError as exc:  # a full disk must not stop the gossip; said, not hidden
+                log.warning("checkpoint of round %d not written: %s", report.round, exc)
+        self.history.record(record, sites, ref)
+        self._last = (report.round, weights, ref is not None)
 
     def done(self, round_: int, members: list[list[str]]) -> None:
         """Write the ``done`` event: the rounds are over (the peer may still linger);

@@ -198,6 +198,10 @@ class GossipSection:
         "the run ends 'completed-alone' (exit code 3), not 'completed'.", minimum=0, maximum=1,
         identity=False,
     )
+    checkpoint_every: int = setting(
+        10, "Gossip: write the peer's model as a checkpoint every this many rounds (and after "
+        "the last one); 0: only after the last.", minimum=0, identity=False,
+    )
 
 
 @dataclass(frozen=True)
@@ -437,8 +441,9 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         "listen", "advertise", "seeds", "task", "data", "label_column", "test_data", *_TRAINING,
         "fanout", "mix", "clip_tau", "trim_fraction", "group_exchange", "example_ratio",
         "distance_factor", "round_interval", "exchange_timeout", "drop_after", "max_message_mb",
-        "wait_for_peers", "seed_timeout", "linger", "max_alone", "connect_timeout", "keys",
-        "insecure", "threads", "log_level", "db",
+        "wait_for_peers", "seed_timeout", "linger", "max_alone", "checkpoint_every",
+        "connect_timeout", "keys", "insecure", "threads", "log_level", "db", "checkpoint_dir",
+        "resume",
         "run_id", "results", "dump_models", "vector", "vector_examples",
     ),
     "data split": (*_SPLIT, "seed"),

@@ -251,17 +251,22 @@ def export_command(
         "of the final checkpoint, verified against its sha256) into; created if missing.",
         show_default=False)],
     db: DbOption = DEFAULT_DB_URL,
+    actor: Annotated[str | None, typer.Option(
+        "--actor", help="Gossip: whose model (a peer id from the actor column); default: the "
+        "peer with the highest checkpointed round.", show_default=False,
+    )] = None,
 ) -> None:
     """Export one run's history and final model to a folder.
 
     Writes rounds.csv, sites.csv, run.json and model.npz (the final checkpoint, verified
-    against its recorded sha256). RUN_ID is a run id, a unique prefix, or 'latest'.
+    against its recorded sha256; load it with ``set_weights(task.build_model(),
+    load_weights_npz(PATH))``). RUN_ID is a run id, a unique prefix, or 'latest'.
     """
     from fedweave.history.csv_export import export_run
 
     with user_errors_as_one_line():
         with _open(db) as store:
-            written = export_run(store, run_id, to)
+            written = export_run(store, run_id, to, actor)
         for path in written:
             typer.echo(f"wrote {path}")
         if not any(path.name == "model.npz" for path in written):

@@ -75,11 +75,14 @@ def write_csv(stream: IO[str], columns: list[str], rows: list[dict[str, Any]]) -
     writer.writerows(rows)
 
 
-def export_run(store: HistoryStore, run_ref: str, out_dir: Path) -> list[Path]:
+def export_run(
+    store: HistoryStore, run_ref: str, out_dir: Path, actor: str | None = None
+) -> list[Path]:
     """Write rounds.csv, sites.csv, run.json and model.npz (final checkpoint) to ``out_dir``.
 
     The tables are written first, so a missing or altered checkpoint file (``UserError``)
-    still leaves them in place. Returns the files written.
+    still leaves them in place. ``actor``: whose final checkpoint (a gossip run's peers each
+    have their own; default: the highest round of any). Returns the files written.
     """
     info = store.get_run(run_ref)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -91,7 +94,10 @@ def export_run(store: HistoryStore, run_ref: str, out_dir: Path) -> list[Path]:
         with open(out_dir / name, "w", encoding="utf-8", newline="") as handle:
             write_csv(handle, columns, rows)
         written.append(out_dir / name)
-    checkpoint = store.latest_checkpoint(info.run_id)
+    if actor is not None and not store.rounds(info.run_id, actor=actor):
+        raise HistoryError(f"run {info.run_id} has no rounds of actor '{actor}'; see the actor "
+                           f"column of `fedweave history show {info.run_id}`")  # fmt: skip
+    checkpoint = store.latest_checkpoint(info.run_id, actor=actor)
     meta = run_dict(info)
     meta["final_checkpoint"] = asdict(checkpoint) if checkpoint else None
     (out_dir / "run.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")

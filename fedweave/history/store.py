@@ -302,6 +302,47 @@ class HistoryStore:
                 f"{_first_line(exc)}"
             ) from None
 
+    def add_checkpoint(
+        self, run_id: str, actor: str, round: int, checkpoint: CheckpointRef,
+        retry_seconds: float = 10.0,
+    ) -> None:
+        """Attach ``checkpoint`` to the recorded round ``round`` of ``actor`` (a gossip peer
+        leaving between its every-N checkpoints writes its last round's model then)."""
+        if checkpoint.round != round:
+            raise ValueError(f"checkpoint is of round {checkpoint.round}, not {round}")
+
+        def work(session: Session, _attempt: int) -> None:
+            row = session.scalar(select(Round).where(
+                Round.run_id == run_id, Round.actor == actor, Round.round == round))
+            if row is None:
+                raise HistoryError(f"round {round} of actor '{actor}' is not recorded in run "
+                                   f"'{run_id}'; no checkpoint attached")
+            if row.checkpoint is None:
+                row.checkpoint = Checkpoint(path=str(checkpoint.path), sha256=checkpoint.sha256,
+                                            size_bytes=checkpoint.size_bytes)
+
+        self._write(work, retry_seconds)
+
+    def discard_rounds_after(self, run_id: str, actor: str, round: int) -> int:
+        """Delete ``actor``'s rounds after ``round`` (with their site rows and checkpoint
+        rows); returns how many. A gossip peer resuming from its checkpoint of ``round``
+        runs those rounds again, so their old rows would only collide."""
+
+        def work(session: Session, _attempt: int) -> int:
+            rows = list(session.scalars(select(Round).where(
+                Round.run_id == run_id, Round.actor == actor, Round.round > round)))
+            for row in rows:
+                session.delete(row)
+            return len(rows)
+
+        return self._write(work)
+
+    def first_round(self, run_id: str, actor: str) -> int | None:
+        """The lowest round ``actor`` recorded in ``run_id`` (None if it recorded none)."""
+        with self._reading() as session:
+            return session.scalar(select(func.min(Round.round)).where(
+                Round.run_id == run_id, Round.actor == actor))
+
     # -- reads --------------------------------------------------------------------------
 
     def _infos(self, session: Session, runs: list[Run]) -> list[RunInfo]:
