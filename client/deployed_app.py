@@ -68,7 +68,9 @@ def site_client(context: Context):
         data = cached_site_data(data_path, run_task, label_column)
     except Exception as exc:  # a UserError from the reader: wrong shape, classes, file
         raise SiteRefused(refusal(str(exc).splitlines()[0])) from None
-    config = TrainConfig(device=_config_str(context.node_config, NODE_DEVICE_KEY))
+    config = TrainConfig.for_task(
+        cached_task(run_task), device=_config_str(context.node_config, NODE_DEVICE_KEY)
+    )
     return TaskClient(
         cached_task(run_task), data, config, site_index=context.node_id % 1_000_003
     ).to_client()

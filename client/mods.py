@@ -32,6 +32,7 @@ from fedweave.contract import (
     MAX_NORM_KEY,
     SECAGG_CLIP_KEY,
     SECAGG_MAX_WEIGHT_KEY,
+    STATISTICS_STAGE_KEY,
     refusal,
     rejection,
 )
@@ -102,6 +103,53 @@ def clock_guard(msg: Message, context: Context, call_next: ClientAppCallable) ->
         log.warning("round refused: %s", problem)
         raise ValueError(refusal(problem))
     return call_next(msg, context)
+
+
+SITE_CONSOLE = logging.getLogger("fedweave.site.console")
+"""What the site's operator should see of each round (the deployed worker prints it on the
+site's console; in a simulation nobody attaches a handler, so it stays quiet)."""
+
+
+def _metrics_line(metrics: dict) -> str:
+    shown = [
+        f"{name.removeprefix('train_')} {float(value):.4g}"
+        for name, value in sorted(metrics.items())
+        if name.startswith("train_")
+    ]
+    return ", ".join(shown)
+
+
+def site_console_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """One console line per round for this site: what it trained and sent, or why its work
+    was refused or rejected here (the coordinator learns the same from the reply)."""
+    if msg.metadata.message_type != MessageType.TRAIN:
+        return call_next(msg, context)
+    round_label = msg.metadata.group_id or "-"
+    try:
+        reply = call_next(msg, context)
+    except Exception as exc:
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        SITE_CONSOLE.warning("round %s: %s", round_label, text)
+        raise
+    if reply.has_error() or not reply.content.array_records:
+        return reply  # a SecAgg+ key stage, or an error already reported
+    # Read in place (Flower's legacy record layout): a FitRes conversion would copy the model.
+    config = dict(msg.content.config_records.get("fitins.config") or {})
+    counts = reply.content.metric_records.get("fitres.num_examples") or {}
+    num_examples = int(counts.get("num_examples", 0))
+    metrics = dict(reply.content.config_records.get("fitres.metrics") or {})
+    sent = "masked (SecAgg+)" if SECAGG_CLIP_KEY in config else "in the clear"
+    stage = config.get(STATISTICS_STAGE_KEY)
+    if stage:
+        SITE_CONSOLE.info(
+            "statistics (%s) of %d examples sent %s", stage, num_examples, sent
+        )
+        return reply
+    SITE_CONSOLE.info(
+        "round %s: trained on %d examples (%s); update sent %s", round_label,
+        num_examples, _metrics_line(metrics) or "no metrics", sent,
+    )  # fmt: skip
+    return reply
 
 
 def update_check_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
@@ -192,6 +240,7 @@ SITE_MODS = [
     stale_round_guard,
     clock_guard,
     secagg_when_asked,
+    site_console_mod,
     update_check_mod,
     central_dp_clipping_when_asked,
     local_dp_when_asked,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -19,20 +20,28 @@ from flwr.common import Context
 from fedweave.client.mods import SITE_MODS
 from fedweave.contract import (
     BATCH_SIZE_KEY,
+    CLIP_GRAD_NORM_KEY,
     DROPS_PARTIAL_WORK_KEY,
     LOCAL_EPOCHS_KEY,
     LR_KEY,
     NODE_DATA_PATH_KEY,
     NODE_PARTITION_KEY,
+    OPTIMIZER_KEY,
     PROXIMAL_MU_KEY,
     ROUND_KEY,
+    SECAGG_CLIP_KEY,
+    SECAGG_MAX_WEIGHT_KEY,
     SEED_KEY,
+    STATISTICS_KEY,
+    STATISTICS_STAGE_KEY,
+    WEIGHT_DECAY_KEY,
     WORK_FRACTION_KEY,
     late,
     refusal,
 )
 from fedweave.learning.data import load_site_data
-from fedweave.learning.task import ArrayData, Task, load_task
+from fedweave.learning.statistics import bound_problem, decode_known, digest, needs_statistics
+from fedweave.learning.task import Task, load_task
 from fedweave.learning.training import TrainConfig
 from fedweave.learning.weights import get_weights, set_weights
 
@@ -45,6 +54,8 @@ class ClientSettings:
         task: task name or ``module:attr``.
         data_path: this site's data file (deployment).
         split_dir: directory of ``site-<i>.npz`` files (simulation; ``i`` = partition id).
+        site_files: the user's own site files (``simulate --data-dir``): site ``i`` reads
+            the ``i``-th; takes precedence over ``split_dir``.
         label_column: label column for CSV data.
         device: ``cuda``/``cpu``/``None`` (auto).
         torch_threads: intra-op threads per client (simulations run several per machine).
@@ -53,6 +64,7 @@ class ClientSettings:
     task: str
     data_path: str | None = None
     split_dir: str | None = None
+    site_files: tuple[str, ...] = ()
     label_column: str | None = None
     device: str | None = None
     torch_threads: int | None = None
@@ -64,7 +76,7 @@ def cached_task(spec: str) -> Task:
 
 
 @lru_cache(maxsize=8)
-def cached_site_data(path: str, task_spec: str, label_column: str | None) -> ArrayData:
+def cached_site_data(path: str, task_spec: str, label_column: str | None) -> Any:
     return load_site_data(path, cached_task(task_spec), label_column)
 
 
@@ -75,9 +87,11 @@ def resolve_data_path(settings: ClientSettings, context: Context) -> str:
         return str(configured)
     if settings.data_path:
         return settings.data_path
+    partition = int(context.node_config.get(NODE_PARTITION_KEY, 0))
+    if settings.site_files:
+        return settings.site_files[partition]
     if settings.split_dir is None:
         raise ValueError("no data: give the site a data file (--data)")
-    partition = int(context.node_config[NODE_PARTITION_KEY])
     return str(Path(settings.split_dir) / f"site-{partition}.npz")
 
 
@@ -90,7 +104,7 @@ class TaskClient(NumPyClient):
     """
 
     def __init__(
-        self, task: Task, data: ArrayData, config: TrainConfig, site_index: int, node_id: int = 0
+        self, task: Task, data: Any, config: TrainConfig, site_index: int, node_id: int = 0
     ) -> None:
         self.task = task
         self.data = data
@@ -98,6 +112,8 @@ class TaskClient(NumPyClient):
         self.site_index = site_index
         self.node_id = node_id
         self.model = task.build_model()
+        self._prepared_key: str | None = None
+        self._prepared_data: Any = None
 
     def get_parameters(self, config: dict) -> list[np.ndarray]:
         return get_weights(self.model)
@@ -112,19 +128,84 @@ class TaskClient(NumPyClient):
                     "deadline, and the strategy drops partial work",
                 )
             )
+        stage = config.get(STATISTICS_STAGE_KEY)
+        if stage:
+            return self._statistics(str(stage), parameters, config)
+        data = self._prepared(config)
         self._load_global(parameters)
         round_seed = int(config.get(SEED_KEY, 0)) * 1_000_003 + int(config.get(ROUND_KEY, 0)) * 1009
         train_config = replace(
             self.config,
             epochs=int(config.get(LOCAL_EPOCHS_KEY, self.config.epochs)),
             lr=float(config.get(LR_KEY, self.config.lr)),
+            optimizer=str(config.get(OPTIMIZER_KEY, self.config.optimizer)),
+            weight_decay=float(config.get(WEIGHT_DECAY_KEY, self.config.weight_decay)),
+            clip_grad_norm=(
+                float(config[CLIP_GRAD_NORM_KEY])
+                if CLIP_GRAD_NORM_KEY in config
+                else self.config.clip_grad_norm
+            ),
             batch_size=int(config.get(BATCH_SIZE_KEY, self.config.batch_size)),
             seed=round_seed + self.site_index,
             proximal_mu=float(config.get(PROXIMAL_MU_KEY, 0.0)),
             work_fraction=work,
         )
-        metrics = self.task.train(self.model, self.data, train_config)
-        return get_weights(self.model), len(self.data), metrics
+        metrics = self.task.train(self.model, data, train_config)
+        return get_weights(self.model), len(data), metrics
+
+    def _prepared(self, config: dict) -> Any:
+        """This site's data as the task trains on it, with the run's federated statistics
+        (refused when the task needs them and the run sent none, or its schema differs)."""
+        if not needs_statistics(self.task):
+            return self.data
+        text = config.get(STATISTICS_KEY)
+        if not text:
+            raise ValueError(
+                refusal(
+                    f"task '{self.task.name}' standardises with federated statistics but the "
+                    "run sent none; run the coordinator's fedweave version"
+                )
+            )
+        known = decode_known(str(text))
+        schema = getattr(self.task, "schema", None)
+        if schema is not None and known.get("schema") not in (None, schema.digest()):
+            raise ValueError(
+                refusal(
+                    f"this site's table schema ({schema.digest()}) differs from the run's "
+                    f"({known.get('schema')}); install the coordinator's task code here"
+                )
+            )
+        key = digest(known)
+        if self._prepared_key != key:
+            self._prepared_data = self.task.prepare(self.data, known)  # type: ignore[attr-defined]
+            self._prepared_key = key
+        return self._prepared_data
+
+    def _statistics(
+        self, stage: str, parameters: list[np.ndarray], config: dict
+    ) -> tuple[list[np.ndarray], int, dict]:
+        """This site's vector for one federated-statistics stage: a mean over its examples."""
+        task: Any = self.task
+        if not needs_statistics(task) or stage not in task.statistics_stages:
+            raise ValueError(refusal(f"task '{task.name}' has no statistics stage '{stage}'"))
+        known = decode_known(str(config.get(STATISTICS_KEY, "")))
+        vector = np.asarray(task.local_statistics(self.data, stage, known), dtype=np.float32)
+        if parameters and vector.shape != parameters[0].shape:
+            raise ValueError(
+                refusal(
+                    f"statistics of stage '{stage}' have {vector.size} values, the run "
+                    f"expects {parameters[0].size}; install the coordinator's task code here"
+                )
+            )
+        if SECAGG_CLIP_KEY in config:
+            weight = min(len(self.data), float(config[SECAGG_MAX_WEIGHT_KEY]))
+            problem = bound_problem(
+                vector, weight / float(config[SECAGG_MAX_WEIGHT_KEY]),
+                float(config[SECAGG_CLIP_KEY]),
+            )  # fmt: skip
+            if problem is not None:
+                raise ValueError(refusal(f"statistics stage '{stage}': {problem}"))
+        return [vector], len(self.data), {}
 
     def _load_global(self, parameters: list[np.ndarray]) -> None:
         """The round's global model into this site's; refused when the two models differ."""
@@ -141,9 +222,11 @@ class TaskClient(NumPyClient):
             ) from None
 
     def evaluate(self, parameters: list[np.ndarray], config: dict) -> tuple[float, int, dict]:
+        data = self._prepared(config)
         self._load_global(parameters)
-        scores = self.task.evaluate(self.model, self.data, self.config)
-        return float(scores["loss"]), len(self.data), {"accuracy": float(scores["accuracy"])}
+        scores = self.task.evaluate(self.model, data, self.config)
+        metrics = {name: float(value) for name, value in scores.items() if name != "loss"}
+        return float(scores["loss"]), len(data), metrics
 
 
 def make_client_app(settings: ClientSettings) -> ClientApp:
@@ -159,7 +242,8 @@ def make_client_app(settings: ClientSettings) -> ClientApp:
         data = cached_site_data(path, settings.task, settings.label_column)
         site_index = int(context.node_config.get(NODE_PARTITION_KEY, 0))
         client = TaskClient(
-            cached_task(settings.task), data, TrainConfig(device=settings.device), site_index,
+            cached_task(settings.task), data,
+            TrainConfig.for_task(cached_task(settings.task), device=settings.device), site_index,
             context.node_id,
         )  # fmt: skip
         return client.to_client()

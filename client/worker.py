@@ -179,6 +179,13 @@ class ClientAppRunner:
             )  # fmt: skip
 
 
+class _NoticeHandler(logging.Handler):
+    """The site console's lines (``client/mods.py``) as notices for ``fedweave client``."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(NOTICE_PREFIX + record.getMessage(), flush=True)
+
+
 def pull_task_input(client):
     """Flower's ``run_clientapp.pull_task_input`` for 1.41, with the shorter first backoff of
     ``fedweave.flower_patches.object_pulls``: this worker asks for its message within 0.1 s of
@@ -267,6 +274,7 @@ def main(argv: list[str] | None = None) -> None:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll otherwise
+    logging.getLogger("fedweave.site.console").addHandler(_NoticeHandler())
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -55,7 +55,8 @@ def read_db_url() -> str | None:
 
 
 PLAN_SETTINGS = (
-    "task", "test_data", "rounds", "local_epochs", "lr", "batch_size", "seed", "device",
+    "task", "test_data", "rounds", "local_epochs", "optimizer", "lr", "weight_decay",
+    "clip_grad_norm", "batch_size", "seed", "device",
     "min_clients", "clients_per_round", "strategy", "proximal_mu", "max_update_norm",
     "round_timeout", "min_replies",
     "secure_agg", "secagg_timeout", "dp", "noise_multiplier", "clipping_norm", "dp_epsilon",
@@ -143,6 +144,7 @@ def run_plan(plan: DeployPlan, grid, context) -> None:
     """
     from fedweave.coordinator.history_recorder import BackgroundRecorder, HistoryRecorder
     from fedweave.coordinator.server_app import ServerSettings, initial_weights, make_server_app
+    from fedweave.coordinator.statistics import recorded_statistics
     from fedweave.history import open_store
 
     exit_with_coordinator()
@@ -171,7 +173,10 @@ def run_plan(plan: DeployPlan, grid, context) -> None:
             recorder = BackgroundRecorder(
                 HistoryRecorder(store, plan.run_id, config.history.checkpoint_dir)
             )
-            app = make_server_app(settings, test_data_of(config), start, [recorder])
+            statistics = recorded_statistics(store.rounds(plan.run_id)) if offset else None
+            app = make_server_app(
+                settings, test_data_of(config), start, [recorder], statistics
+            )
             app(grid=grid, context=context)
             recorder.flush()
         store.finish_run(plan.run_id, "completed")

@@ -77,6 +77,7 @@ class HistoryRecorder:
                 "seconds": summary.seconds,
                 "warnings": summary.warnings,
                 **({"failed": summary.failed} if summary.failed else {}),
+                **({"statistics": summary.statistics} if summary.statistics else {}),
             },
         )
         checkpoint = CheckpointRef(summary.round, str(path.resolve()), file_sha256, size)

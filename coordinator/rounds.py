@@ -25,6 +25,8 @@ class RoundSummary:
         warnings: one line each for what the run should know (clipping, rejected aggregate).
         failed: why the round failed (fewer replies than ``--min-replies``; the global model
             was kept), or ``None`` for a round that aggregated.
+        statistics: the federated statistics the sites gathered before round 1, on the first
+            round after they were gathered (recorded with it, so a resume reuses them).
     """
 
     round: int
@@ -38,6 +40,7 @@ class RoundSummary:
     train_metrics: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     failed: str | None = None
+    statistics: dict[str, Any] | None = None
 
     @property
     def sampled(self) -> int:

@@ -178,6 +178,8 @@ class _Watcher:
                     name = self.revoked.get(str(site["site_id"]))
                     who = f"{site['site_id']} ({name}, key revoked)" if name else site["site_id"]
                     _echo(f"  site {who} {site['status']}: {reason}")
+            for warning in (row.get("extra") or {}).get("warnings") or ():
+                _echo(f"  warning: {warning}")
 
 
 def _sync_site_keys(

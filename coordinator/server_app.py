@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from flwr.common import Context, ndarrays_to_parameters
@@ -18,23 +19,29 @@ from flwr.server.workflow import DefaultWorkflow
 from fedweave.config import RunConfig
 from fedweave.contract import (
     BATCH_SIZE_KEY,
+    CLIP_GRAD_NORM_KEY,
     DELIVERY_ALLOWANCE_KEY,
     LOCAL_EPOCHS_KEY,
     LR_KEY,
     MAX_CLOCK_SKEW_KEY,
     MAX_NORM_KEY,
+    OPTIMIZER_KEY,
     ROUND_KEY,
     SECAGG_CLIP_KEY,
     SECAGG_MAX_WEIGHT_KEY,
     SEED_KEY,
+    WEIGHT_DECAY_KEY,
 )
 from fedweave.coordinator.deadlines import deadline_fit_workflow, default_round_timeout
+from fedweave.coordinator.model_health import ModelHealth
 from fedweave.coordinator.privacy import check_privacy, local_dp_config, wrap_for_central_dp
 from fedweave.coordinator.rounds import RoundListener
 from fedweave.coordinator.secure_agg import SecAggSettings, derive_shares, make_secagg_workflow
+from fedweave.coordinator.statistics import StatisticsFirst, StatisticsSink, WithStatistics
 from fedweave.coordinator.strategies import check_strategy_choice, make_strategy
 from fedweave.errors import UserError
-from fedweave.learning.task import ArrayData, load_task
+from fedweave.learning.statistics import digest, needs_statistics, prepared
+from fedweave.learning.task import load_task
 from fedweave.learning.training import TrainConfig, seed_everything
 from fedweave.learning.weights import get_weights, set_weights
 
@@ -96,13 +103,14 @@ class ServerSettings:
             "--strategy fedprox (partial work counts), fewer stragglers, or --no-secure-agg"
         )
 
-    def round_timeout(self, test_data: ArrayData) -> float:
+    def round_timeout(self, test_data: Any) -> float:
         """``--round-timeout``, or the default sized from the task (``deadlines.py``)."""
         given = self.config.federation.round_timeout
         if given is not None:
             return given
+        task = load_task(self.config.data.task)
         return default_round_timeout(
-            load_task(self.config.data.task), test_data, TrainConfig.of(self.config.training)
+            task, prepared(task, test_data, None), TrainConfig.of(self.config.training, task)
         )
 
     def strategy_options(self) -> dict[str, float]:
@@ -111,19 +119,23 @@ class ServerSettings:
             return {"proximal_mu": self.config.federation.proximal_mu}
         return {}
 
-    def fit_config(self, server_round: int, round_timeout: float) -> dict[str, int | float]:
+    def fit_config(self, server_round: int, round_timeout: float) -> dict[str, int | float | str]:
         """What every sampled site is told for ``server_round`` (Flower's numbering), in a
         round that closes ``round_timeout`` seconds after it starts."""
         training = self.config.training
-        config: dict[str, int | float] = {
+        config: dict[str, int | float | str] = {
             ROUND_KEY: server_round + self.round_offset,
             LOCAL_EPOCHS_KEY: training.local_epochs,
             LR_KEY: training.lr,
+            OPTIMIZER_KEY: training.optimizer,
+            WEIGHT_DECAY_KEY: training.weight_decay,
             BATCH_SIZE_KEY: training.batch_size,
             SEED_KEY: training.seed,
             MAX_CLOCK_SKEW_KEY: self.config.deployment.max_clock_skew,
             DELIVERY_ALLOWANCE_KEY: round_timeout,
         }
+        if training.clip_grad_norm is not None:
+            config[CLIP_GRAD_NORM_KEY] = training.clip_grad_norm
         max_update_norm = self.config.federation.max_update_norm
         if max_update_norm is not None:
             config[MAX_NORM_KEY] = max_update_norm
@@ -140,29 +152,46 @@ def initial_weights(task_spec: str, seed: int) -> list[np.ndarray]:
     return get_weights(load_task(task_spec).build_model())
 
 
-def make_central_evaluator(task_spec: str, test_data: ArrayData, device: str | None):
-    """Score weights on the held-out test set with the task's own evaluate()."""
+def make_central_evaluator(
+    task_spec: str, test_data: Any, device: str | None, sink: StatisticsSink | None = None
+):
+    """Score weights on the held-out test set with the task's own evaluate() (prepared with
+    the run's federated statistics once ``sink`` holds them)."""
     task = load_task(task_spec)
     model = task.build_model()
     config = TrainConfig(device=device)
+    cache: dict[str, Any] = {}
 
     def evaluate(weights: list[np.ndarray]) -> dict[str, float]:
         set_weights(model, weights)
-        return task.evaluate(model, test_data, config)
+        statistics = sink.statistics if sink is not None else None
+        key = digest(statistics) if statistics else ""
+        if key not in cache:
+            cache.clear()
+            cache[key] = prepared(task, test_data, statistics)
+        return task.evaluate(model, cache[key], config)
 
     return evaluate
 
 
 def make_server_app(
     settings: ServerSettings,
-    test_data: ArrayData,
+    test_data: Any,
     start_weights: list[np.ndarray],
     listeners: Sequence[RoundListener] = (),
+    statistics: dict[str, Any] | None = None,
 ) -> ServerApp:
-    """A ServerApp that runs ``settings.rounds`` rounds from ``start_weights``."""
+    """A ServerApp that runs ``settings.rounds`` rounds from ``start_weights``; a task that
+    needs federated statistics gathers them first, unless ``statistics`` (a resumed run's
+    recorded ones) are given."""
     settings.check()
     config = settings.config
     round_timeout = settings.round_timeout(test_data)
+    task = load_task(config.data.task)
+    sink = StatisticsSink(statistics)
+    listeners = [
+        WithStatistics([ModelHealth(listeners, int(getattr(task, "num_classes", 0)))], sink)
+    ]
     app = ServerApp()
 
     @app.main()
@@ -172,7 +201,9 @@ def make_server_app(
             settings.secure_agg,
             stragglers=config.simulation.stragglers,
             seed=config.training.seed,
-            evaluator=make_central_evaluator(config.data.task, test_data, config.training.device),
+            evaluator=make_central_evaluator(
+                config.data.task, test_data, config.training.device, sink
+            ),
             listeners=listeners,
             round_offset=settings.round_offset,
             max_update_norm=config.federation.max_update_norm,
@@ -184,7 +215,9 @@ def make_server_app(
             fraction_evaluate=0.0,
             min_evaluate_clients=0,
             initial_parameters=ndarrays_to_parameters(start_weights),
-            on_fit_config_fn=lambda server_round: settings.fit_config(server_round, round_timeout),
+            on_fit_config_fn=lambda server_round: {
+                **settings.fit_config(server_round, round_timeout), **sink.config(),
+            },
             **settings.strategy_options(),
         )
         strategy = wrap_for_central_dp(
@@ -195,11 +228,22 @@ def make_server_app(
             config=ServerConfig(num_rounds=settings.rounds),
             strategy=strategy,
         )
-        fit_workflow = (
-            make_secagg_workflow(settings.secagg, settings.cohort, round_timeout)
-            if settings.secure_agg
-            else deadline_fit_workflow(round_timeout)
-        )
+
+        def make_fit_workflow(cohort: int):
+            if settings.secure_agg:
+                return make_secagg_workflow(settings.secagg, cohort, round_timeout)
+            return deadline_fit_workflow(round_timeout)
+
+        fit_workflow = make_fit_workflow(settings.cohort)
+        if needs_statistics(task):
+            fit_workflow = StatisticsFirst(
+                fit_workflow,
+                lambda: make_fit_workflow(settings.min_clients),
+                task,
+                settings.min_clients,
+                settings.fit_config(-settings.round_offset, round_timeout),  # round 0
+                sink,
+            )
         DefaultWorkflow(fit_workflow=fit_workflow)(grid, legacy)
 
     return app

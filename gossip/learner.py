@@ -138,4 +138,4 @@ def build_learner(config: Any, peer_id: str) -> Learner:
     data = load_site_data(Path(config.data.data), task, config.data.label_column)
     test_path = config.data.test_data
     test = load_site_data(Path(test_path), task) if test_path is not None else None
-    return TaskLearner(task, data, test, TrainConfig.of(config.training), peer_id)
+    return TaskLearner(task, data, test, TrainConfig.of(config.training, task), peer_id)

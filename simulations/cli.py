@@ -59,6 +59,22 @@ def _simulate(config: RunConfig, resolved: Resolved) -> None:
     if per_round is not None and not 1 <= per_round <= data.clients:
         raise UserError(f"--clients-per-round must be between 1 and --clients ({data.clients})")
     check_writable(config.simulation.out)
+    if data.data_dir is not None:
+        from fedweave.simulations.site_files import site_paths
+
+        found = len(site_paths(data.data_dir))
+        if "clients" in resolved.explicit and data.clients != found:
+            raise UserError(
+                f"--clients {data.clients} but --data-dir {data.data_dir} holds {found} sites; "
+                "leave --clients out (each file is one site)"
+            )
+        config = config.replace(clients=found)
+        data = config.data
+        if config.simulation.mode == "gossip":
+            raise UserError(
+                "--data-dir is for federated simulations for now; give each peer its file "
+                "with fedweave peer --data"
+            )
     from fedweave.simulations.gpus import check_gpu_share
 
     if config.simulation.mode == "gossip":

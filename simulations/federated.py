@@ -22,6 +22,7 @@ from fedweave.coordinator.rounds import RoundListener, RoundSummary  # noqa: E40
 from fedweave.coordinator.server_app import ServerSettings, initial_weights, make_server_app  # noqa: E402
 from fedweave.learning.data import load_site_data  # noqa: E402
 from fedweave.learning.task import load_task  # noqa: E402
+from fedweave.simulations.site_files import check_site_files  # noqa: E402
 from fedweave.simulations.split import test_file, write_split  # noqa: E402
 
 
@@ -111,6 +112,7 @@ def run_federated_simulation(
     split_dir: Path | None = None,
     start_weights: list | None = None,
     round_offset: int = 0,
+    statistics: dict | None = None,
 ) -> list[dict]:
     """Split the data, run ``rounds - round_offset`` rounds, return the report rows.
 
@@ -119,6 +121,8 @@ def run_federated_simulation(
         split_dir: where the per-site files go (default: a temporary directory).
         start_weights: global model to start from (resume); default: fresh init under seed.
         round_offset: rounds already done (resume); numbering continues after them.
+        statistics: the federated statistics the run recorded (resume); default: gathered
+            from the sites before round 1 when the task needs them.
     """
     from flwr.simulation import run_simulation
 
@@ -133,22 +137,29 @@ def run_federated_simulation(
     task = load_task(data.task)
     with tempfile.TemporaryDirectory(prefix="fedweave-split-") as tmp:
         out_dir = (split_dir or config.simulation.split_dir or Path(tmp)).resolve()
-        write_split(
-            task, out_dir, data.clients, data.partition, data.alpha, data.shards_per_client,
-            config.training.seed,
-        )
-        test_data = load_site_data(test_file(out_dir), task)
+        own_files: tuple[str, ...] = ()
+        if data.data_dir is not None:
+            paths, test_data = check_site_files(task, data.data_dir, data.test_data)
+            own_files = tuple(str(p.resolve()) for p in paths)
+        else:
+            write_split(
+                task, out_dir, data.clients, data.partition, data.alpha, data.shards_per_client,
+                config.training.seed,
+            )
+            test_data = load_site_data(data.test_data or test_file(out_dir), task)
         collector = _Collector()
         weights = (
             start_weights
             if start_weights is not None
             else initial_weights(data.task, config.training.seed)
         )
-        server_app = make_server_app(settings, test_data, weights, [collector, *listeners])
+        server_app = make_server_app(
+            settings, test_data, weights, [collector, *listeners], statistics
+        )
         client_app = make_client_app(
             ClientSettings(
-                task=data.task, split_dir=str(out_dir), device=config.training.device,
-                torch_threads=1,
+                task=data.task, split_dir=str(out_dir), site_files=own_files,
+                device=config.training.device, torch_threads=1,
             )
         )
         run_simulation(

@@ -220,8 +220,17 @@ def _launch_plan(
             gossip.mix,
             "--local-epochs",
             str(training.local_epochs),
+            "--optimizer",
+            training.optimizer,
             "--lr",
             str(training.lr),
+            "--weight-decay",
+            str(training.weight_decay),
+            *(
+                ["--clip-grad-norm", str(training.clip_grad_norm)]
+                if training.clip_grad_norm
+                else []
+            ),
             "--batch-size",
             str(training.batch_size),
             "--seed",
@@ -357,9 +366,16 @@ def run_gossip_simulation(
                 time.sleep(0.2)
             for p in peers:
                 p.read()
-            # exit 3: completed-alone (its rounds ran, mostly without partners: reported)
+            # exit 3: completed-alone (its rounds ran, mostly without partners: reported); a
+            # finished peer that left on its own (every other peer was done) may still get
+            # the launcher's SIGTERM while it exits, after its handler is gone
             crashed = [
-                p for p in peers if not p.killed and p.proc and p.proc.returncode not in (0, 3)
+                p
+                for p in peers
+                if not p.killed
+                and p.proc
+                and p.proc.returncode not in (0, 3)
+                and not (p.released and p.done and p.proc.returncode == -signal.SIGTERM)
             ]
             if crashed:
                 first = crashed[0]

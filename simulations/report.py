@@ -101,4 +101,6 @@ class RoundProgress:
             f"round {row['round']:>4}  accuracy {row['accuracy']:.4f}  loss {row['loss']:.4f}"
             f"  {row['seconds']:.2f}s"
         )
+        for warning in row.get("warnings") or ():
+            self.progress.console.print(f"  warning: {warning}", highlight=False)
         self.progress.update(self.task_id, advance=1, status=status)

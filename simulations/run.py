@@ -10,9 +10,12 @@ from rich.console import Console
 from fedweave.config import Resolved, RunConfig
 from fedweave.coordinator.rounds import RoundSummary
 from fedweave.coordinator.run_header import header_line, protections
+from fedweave.coordinator.statistics import recorded_statistics
+from fedweave.learning.data import load_site_data
 from fedweave.learning.task import load_task
 from fedweave.simulations.federated import run_federated_simulation, server_settings
 from fedweave.simulations.report import RoundProgress, build_report, rounds_table, write_report
+from fedweave.simulations.site_files import check_site_files
 from fedweave.simulations.split import check_split
 
 
@@ -27,6 +30,7 @@ class _ProgressListener:
                 "accuracy": summary.accuracy,
                 "loss": summary.loss,
                 "seconds": summary.seconds,
+                "warnings": summary.warnings,
             }
         )
 
@@ -66,8 +70,13 @@ def run_and_report(config: RunConfig, resolved: Resolved) -> dict:
         console.print(f"resuming run {run_id} after round {offset} of {config.training.rounds}")
     task_name, clients = config.data.task, config.data.clients
     task = load_task(task_name)
-    train, test = task.load_data()  # bad task or sizes fail here, before Ray
-    check_split(task, clients, config.data.partition, len(train))
+    if config.data.data_dir is not None:
+        _, test = check_site_files(task, config.data.data_dir, config.data.test_data)
+    else:
+        train, test = task.load_data()  # bad task or sizes fail here, before Ray
+        check_split(task, clients, config.data.partition, len(train))
+        if config.data.test_data is not None:
+            test = load_site_data(config.data.test_data, task)
     stored = stored_run_config(config, "simulate")
     config, stored["protections"] = _with_protections(config, offset, test)
     console.print(header_line(stored["protections"]), soft_wrap=True, highlight=False)
@@ -89,6 +98,7 @@ def run_and_report(config: RunConfig, resolved: Resolved) -> dict:
                 listeners=[recorder, _ProgressListener(progress)],
                 start_weights=start_weights,
                 round_offset=offset,
+                statistics=recorded_statistics(store.rounds(run_id)) if offset else None,
             )
         recorder.flush()
     except KeyboardInterrupt:

@@ -2,6 +2,7 @@
 checked the same way as flags, stored configs print back as TOML that reruns the run, and a
 resume merges stored and given config by one policy."""
 
+import dataclasses
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -10,12 +11,14 @@ from pathlib import Path
 import click
 import pytest
 import typer
+import typer.testing
 
 from fedweave.cli import app
 from fedweave.config import COMMAND_SETTINGS, SETTINGS, RunConfig
 from fedweave.config.commands import Resolved, config_command
 from fedweave.config.files import read_config_file
 from fedweave.config.resume import config_as_toml, merge_for_resume, stored_run_config
+from fedweave.config.sections import TrainingSection
 from fedweave.errors import UserError
 
 RUN_COMMANDS = ("simulate", "coordinator", "client", "peer")
@@ -103,6 +106,26 @@ def _invoke(args: list[str], command: str = "simulate") -> _Captured:
         raise result.exception
     assert result.exit_code == 0, result.output
     return captured
+
+
+def test_the_task_declares_training_defaults_and_flags_and_files_override_them(tmp_path):
+    assert _invoke(["--task", "mnist5k"]).config.training.optimizer == "adamw"
+    given = _invoke(["--task", "mnist5k", "--optimizer", "sgd", "--lr", "0.05"]).config.training
+    assert (given.optimizer, given.lr, given.batch_size) == ("sgd", 0.05, 32)
+    (tmp_path / "run.toml").write_text('[training]\nbatch_size = 8\n')
+    from_file = _invoke(["--task", "mnist5k", "--config", str(tmp_path / "run.toml")])
+    assert from_file.config.training.batch_size == 8 and from_file.config.training.lr == 0.001
+    # a task that declares none keeps the generic defaults
+    assert _invoke(["--task", "digits"]).config.training.optimizer == "sgd"
+
+
+def test_the_deployed_server_app_gets_every_training_setting():
+    from fedweave.coordinator.deployed_run import PLAN_SETTINGS
+
+    local_only = {"num_workers"}  # each site's own choice
+    training = set(SETTINGS) & {f.name for f in dataclasses.fields(TrainingSection)}
+    assert training - local_only <= set(PLAN_SETTINGS) | {"device"}
+    assert training <= set(COMMAND_SETTINGS["coordinator"]) | local_only
 
 
 def test_flags_override_the_file_and_the_file_overrides_defaults(tmp_path):

@@ -78,7 +78,18 @@ def test_csv_feeds_image_task_as_flat_rows(tmp_path):
                 p / "c.csv", [f"f{i}" for i in range(64)] + ["label"], [["oops"] * 64 + [1]]
             ),
             "label",
-            "non-numeric value",
+            "line 2, column 'f0': 'oops' is not a number",
+        ),
+        *(
+            (
+                lambda p, cell=cell: write_csv(
+                    p / "c.csv", [f"f{i}" for i in range(64)] + ["label"],
+                    [[0.5] * 64 + [1], [0.5] * 5 + [cell] + [0.5] * 58 + [2]],
+                ),
+                "label",
+                "line 3, column 'f5': missing value",
+            )
+            for cell in ("", "n/a", "nan", "inf", "-inf", "NaN")
         ),
     ],
 )

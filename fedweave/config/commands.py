@@ -20,6 +20,7 @@ import typer
 from fedweave.config.files import read_config_file
 from fedweave.config.run_config import SETTINGS, RunConfig, check_value
 from fedweave.config.sections import COMMAND_SETTINGS, SECTIONS
+from fedweave.config.task_defaults import TASK_DEFAULTED, apply_task_defaults
 from fedweave.errors import UserError
 
 CONFIG_FILE_HELP = (
@@ -65,7 +66,8 @@ def _option(name: str) -> inspect.Parameter:
         help=help_text,
         envvar=meta.envvar,
         hidden=meta.hidden,
-        show_default=setting.default is not None,
+        # the task declares these defaults; the help text says so
+        show_default=setting.default is not None and name not in TASK_DEFAULTED,
         rich_help_panel=_panel(setting.section),
     )
     annotation = setting.type if kind is not bool else bool
@@ -92,6 +94,7 @@ def resolve(
             explicit.add(name)
     config = RunConfig().replace(**values)
     check_settings(config, command, where)
+    config = apply_task_defaults(config, explicit, set(names))
     return config, Resolved(command, frozenset(explicit))
 
 

@@ -15,7 +15,9 @@ from fedweave.config.fields import setting
 from fedweave.history import DB_URL_ENVVAR, DEFAULT_DB_URL
 
 TASKS_HELP = (
-    "Task to train: a built-in name (digits, mnist5k; synthetic-A-B, the FedProx paper's "
+    "Task to train: a built-in name (digits, mnist5k, digit-folders (image folders), "
+    "breast-cancer (tabular; -raw without "
+    "standardisation); synthetic-A-B, the FedProx paper's "
     "Synthetic(alpha, beta), e.g. synthetic-1-1, or synthetic-iid) or 'my_module:my_task'."
 )
 STRATEGIES = (
@@ -36,7 +38,14 @@ class DataSection:
     )
     label_column: str | None = setting(None, "Label column of a CSV --data file.", identity=False)
     test_data: Path | None = setting(
-        None, "Held-out .npz to evaluate on (default: the task's own test split)."
+        None, "Held-out data to evaluate on, read like a site's --data (default: the task's own "
+        "test split)."
+    )
+    data_dir: Path | None = setting(
+        None,
+        "Simulation: one site per file (.csv, .parquet, .npz) or sub-folder in DIR, each "
+        "read and checked as a deployed site reads its --data; --clients is their number.",
+        identity=False,
     )
     clients: int = setting(10, "Sites (federated) or peers (gossip) to simulate.", minimum=1)
     partition: str = setting(
@@ -59,12 +68,29 @@ class TrainingSection:
     rounds: int = setting(
         20, "Rounds of training to run (a gossip peer given 0 runs until stopped).", minimum=0
     )
-    local_epochs: int = setting(1, "Local epochs each site trains per round.", minimum=1)
-    lr: float = setting(0.1, "Local SGD learning rate (momentum 0.9).", minimum=0)
-    batch_size: int = setting(16, "Local batch size.", minimum=1)
+    local_epochs: int = setting(
+        1, "Local epochs each site trains per round (default: the task's).", minimum=1
+    )
+    optimizer: str = setting(
+        "sgd", "Local optimizer: sgd (with the task's momentum) or adamw (default: the task's).",
+        choices=("sgd", "adamw"),
+    )
+    lr: float = setting(0.1, "Local learning rate (default: the task's).", minimum=0)
+    weight_decay: float = setting(
+        0.0, "Weight decay: L2 with sgd, decoupled with adamw (default: the task's).", minimum=0
+    )
+    clip_grad_norm: float | None = setting(
+        None, "Bound each local step's gradient to this L2 norm (default: the task's; "
+        "most tasks: none).", above=0,
+    )
+    batch_size: int = setting(16, "Local batch size (default: the task's).", minimum=1)
     seed: int = setting(0, "Seeds the split, the initial model and local shuffling.")
     device: str | None = setting(
         None, "cuda, cuda:N or cpu (default: CUDA when present).", identity=False
+    )
+    num_workers: int = setting(
+        0, "Processes reading this site's data while it trains (0: in the training process; "
+        "raise it for data read from disk, e.g. image folders).", minimum=0, identity=False,
     )
 
 
@@ -411,7 +437,12 @@ SECTIONS: dict[str, type] = {
 }
 """Config-file section name → its dataclass, in the order ``--help`` and TOML show them."""
 
-_TRAINING = ("rounds", "local_epochs", "lr", "batch_size", "seed", "device")
+_TRAINING = (
+    "rounds", "local_epochs", "optimizer", "lr", "weight_decay", "clip_grad_norm", "batch_size",
+    "seed", "device", "num_workers",
+)  # fmt: skip
+"""Every training setting; the task declares the defaults of those it names
+(``fedweave/config/task_defaults.py``)."""
 _SPLIT = ("task", "clients", "partition", "alpha", "shards_per_client")
 _FEDERATION = (
     "clients_per_round", "strategy", "proximal_mu", "max_update_norm", "round_timeout",
@@ -422,7 +453,7 @@ _PRIVACY = ("dp", "noise_multiplier", "clipping_norm", "dp_epsilon", "dp_delta")
 
 COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
     "simulate": (
-        "mode", *_SPLIT, *_TRAINING, *_FEDERATION, *_SECAGG, *_PRIVACY,
+        "mode", *_SPLIT, "data_dir", "test_data", *_TRAINING, *_FEDERATION, *_SECAGG, *_PRIVACY,
         "stragglers", "fanout", "mix", "group_exchange", "round_interval", "exchange_timeout",
         "kill", "insecure",
         "gpus_per_client", "gpus_per_peer", "ray_address", "split_dir", "out", "db",

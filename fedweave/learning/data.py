@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -63,32 +64,36 @@ def read_npz(path: Path) -> ArrayData:
 
 
 def read_csv(path: Path, label_column: str) -> ArrayData:
-    """Read a CSV with a header row; ``label_column`` holds labels, other columns features."""
-    with path.open(newline="") as handle:
-        header = handle.readline().strip().split(",")
-    header = [name.strip() for name in header]
+    """Read a CSV with a header row: ``label_column`` holds labels, the other columns are the
+    features in file order (a task without a schema); every value checked, refused with its
+    1-based line and column name (``tabular.py`` reads tables by schema instead)."""
+    from fedweave.learning.tabular import Numeric, _numeric_column, _read_frame
+
+    frame = _read_frame(path)
+    header = list(frame.columns)
     if label_column not in header:
         raise UserError(
             f"{path}: no column '{label_column}' (columns: {', '.join(header[:8])}"
             f"{', ...' if len(header) > 8 else ''}); pass --label-column with one of them"
         )
-    try:
-        table = np.loadtxt(path, delimiter=",", skiprows=1, dtype=np.float64, ndmin=2)
-    except ValueError as exc:
-        raise UserError(f"{path}: non-numeric value in the data ({exc})") from exc
-    if table.shape[1] != len(header):
-        raise UserError(
-            f"{path}: rows have {table.shape[1]} values but the header has {len(header)}"
-        )
-    label_at = header.index(label_column)
-    y = _as_labels(table[:, label_at], path)
-    x = np.delete(table, label_at, axis=1).astype(np.float32)
+    if len(frame) == 0:
+        raise UserError(f"{path}: the table has a header but no rows; a site needs examples")
+    columns = {name: _numeric_column(frame, Numeric(name), path) for name in header}
+    y = _as_labels(columns.pop(label_column), path)
+    x = np.stack(list(columns.values()), axis=1).astype(np.float32)
     return ArrayData(x, y)
 
 
-def load_site_data(path: str | Path, task: Task, label_column: str | None = None) -> ArrayData:
-    """Read a site's data file (``.npz``, or ``.csv`` with ``label_column``) for ``task``."""
+def load_site_data(path: str | Path, task: Task, label_column: str | None = None) -> Any:
+    """Read a site's data for ``task``: the task's own ``read_site_data`` when it has one
+    (a table by schema, an image folder), else a ``.npz``, or a ``.csv`` with
+    ``label_column``, as ``ArrayData``."""
     path = Path(path)
+    reader = getattr(task, "read_site_data", None)
+    if reader is not None:
+        if not path.exists():
+            raise UserError(f"data {path} does not exist; pass --data with this site's data")
+        return reader(path)
     if not path.is_file():
         raise UserError(f"data file {path} does not exist; pass --data with a .npz or .csv file")
     suffix = path.suffix.lower()

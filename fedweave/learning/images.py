@@ -43,7 +43,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from fedweave.errors import UserError
-from fedweave.learning.task import ArrayData
+from fedweave.learning.task import ArrayData, TrainingDefaults
 from fedweave.learning.tasks.classification import ClassificationTask
 
 DECODE_ERRORS = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
@@ -393,6 +393,9 @@ class ImageFolderTask(ClassificationTask):
     classes: tuple[str, ...] = ()
     check_images: bool = True
     """Open every file's header before training (see ``fedweave.learning.images``)."""
+    training_defaults = TrainingDefaults(optimizer="adamw", lr=0.001, batch_size=32)
+    """AdamW at 1e-3 for the small CNN (digit folders, 2,000 images, seeds 0/1: 0.81/0.82
+    after 3 epochs; SGD at 0.1 swung between 0.74 and 0.85)."""
 
     @property
     def input_shape(self) -> tuple[int, ...]:  # type: ignore[override]

@@ -33,9 +33,45 @@ class ArrayData:
         return ArrayData(self.x[indices], self.y[indices])
 
 
+@dataclass(frozen=True)
+class TrainingDefaults:
+    """How a task trains unless the run says otherwise (flags and config files override).
+
+    Attributes:
+        optimizer: ``"sgd"`` (with ``momentum``) or ``"adamw"`` (default ``"sgd"``).
+        lr: learning rate (default 0.1, SGD's; AdamW wants ~1e-3).
+        momentum: SGD momentum (default 0.9; unused by AdamW).
+        weight_decay: decoupled for AdamW, L2 for SGD (default 0).
+        batch_size: examples per step (default 16).
+        local_epochs: local epochs per round (default 1).
+        clip_grad_norm: bound on the gradient's L2 norm each step (default ``None``: none).
+    """
+
+    optimizer: str = "sgd"
+    lr: float = 0.1
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    batch_size: int = 16
+    local_epochs: int = 1
+    clip_grad_norm: float | None = None
+
+
+def training_defaults(task: object) -> TrainingDefaults:
+    """The task's declared ``training_defaults``, or the generic ones."""
+    declared = getattr(task, "training_defaults", None)
+    return declared if isinstance(declared, TrainingDefaults) else TrainingDefaults()
+
+
 @runtime_checkable
 class Task(Protocol):
     """What a site trains.
+
+    Optional, beyond the protocol: ``objective`` (``fedweave.learning.objectives``: the loss
+    and metrics the built-in loop uses; multi-class when absent), ``training_defaults``
+    (``TrainingDefaults``), and ``read_site_data(path)``, which turns a site's ``--data``
+    (a file or a folder) into a ``torch.utils.data.Dataset`` of ``(x, y)`` tensor pairs, so
+    a site's data is streamed rather than held in memory. Without it, sites read ``.npz``
+    and ``.csv`` files into ``ArrayData``.
 
     Attributes:
         name: short identifier recorded in the history (``"digits"``).
@@ -53,16 +89,21 @@ class Task(Protocol):
     def load_data(self) -> tuple[ArrayData, ArrayData]:
         """The task's own (train pool, held-out test) data, used by simulations and splits."""
 
-    def train(self, model: Any, data: ArrayData, config: Any) -> dict[str, float]:
-        """Train ``model`` in place on ``data`` with a ``fedweave.learning.TrainConfig``."""
+    def train(self, model: Any, data: Any, config: Any) -> dict[str, float]:
+        """Train ``model`` in place on ``data`` (``ArrayData`` or a ``Dataset``) with a
+        ``fedweave.learning.TrainConfig``."""
 
-    def evaluate(self, model: Any, data: ArrayData, config: Any) -> dict[str, float]:
-        """Return at least ``{"loss": ..., "accuracy": ...}`` of ``model`` on ``data``."""
+    def evaluate(self, model: Any, data: Any, config: Any) -> dict[str, float]:
+        """Return at least ``{"loss": ...}`` of ``model`` on ``data`` (and ``accuracy`` for
+        classification), plus any metric the task computes."""
 
 
 BUILTIN_TASKS = {
     "digits": "fedweave.learning.tasks.digits:DigitsTask",
     "mnist5k": "fedweave.learning.tasks.mnist5k:Mnist5kTask",
+    "digit-folders": "fedweave.learning.tasks.digit_folders:DigitFoldersTask",
+    "breast-cancer": "fedweave.learning.tasks.breast_cancer:task",
+    "breast-cancer-raw": "fedweave.learning.tasks.breast_cancer:raw_task",
 }
 
 

@@ -8,17 +8,20 @@ non-blocking so the copy overlaps compute.
 from __future__ import annotations
 
 import contextlib
+import math
 import random
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import nn
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from fedweave.errors import UserError
+from fedweave.learning.objectives import MultiClass, Objective
 from fedweave.learning.task import ArrayData
 
 if TYPE_CHECKING:
@@ -32,8 +35,13 @@ class TrainConfig:
     Attributes:
         epochs: local epochs per round (default 1).
         batch_size: examples per step (default 16).
-        lr: SGD learning rate (default 0.1).
+        lr: learning rate (default 0.1).
         momentum: SGD momentum (default 0.9).
+        optimizer: ``"sgd"`` or ``"adamw"`` (default ``"sgd"``).
+        weight_decay: L2 (SGD) or decoupled (AdamW) weight decay (default 0).
+        clip_grad_norm: bound on the gradient's L2 norm each step (default ``None``: none).
+        num_workers: DataLoader worker processes reading the site's data (default 0: read
+            in the training process, right for data already in memory).
         device: ``"cuda"``, ``"cuda:1"``, ``"cpu"`` or ``None`` to pick CUDA when present.
         seed: seeds shuffling and dropout; same seed, same result on CPU (default 0).
         amp: mixed precision; ``None`` (default) means on for CUDA (float16 with loss
@@ -49,6 +57,10 @@ class TrainConfig:
     batch_size: int = 16
     lr: float = 0.1
     momentum: float = 0.9
+    optimizer: str = "sgd"
+    weight_decay: float = 0.0
+    clip_grad_norm: float | None = None
+    num_workers: int = 0
     device: str | None = None
     seed: int = 0
     amp: bool | None = None
@@ -56,12 +68,30 @@ class TrainConfig:
     work_fraction: float = 1.0
 
     @classmethod
-    def of(cls, training: TrainingSection) -> TrainConfig:
-        """A site's local work as the run's ``[training]`` settings describe it."""
+    def of(cls, training: TrainingSection, task: object = None) -> TrainConfig:
+        """A site's local work as the run's ``[training]`` settings describe it (the task's
+        own momentum, which no flag sets)."""
+        from fedweave.learning.task import training_defaults
+
         return cls(
             epochs=training.local_epochs, batch_size=training.batch_size, lr=training.lr,
-            device=training.device, seed=training.seed,
+            momentum=training_defaults(task).momentum, optimizer=training.optimizer,
+            weight_decay=training.weight_decay, clip_grad_norm=training.clip_grad_norm,
+            num_workers=training.num_workers, device=training.device, seed=training.seed,
         )  # fmt: skip
+
+    @classmethod
+    def for_task(cls, task: object, **values: object) -> TrainConfig:
+        """The task's declared training defaults, with ``values`` overriding them."""
+        from fedweave.learning.task import training_defaults
+
+        defaults = training_defaults(task)
+        base = cls(
+            epochs=defaults.local_epochs, batch_size=defaults.batch_size, lr=defaults.lr,
+            momentum=defaults.momentum, optimizer=defaults.optimizer,
+            weight_decay=defaults.weight_decay, clip_grad_norm=defaults.clip_grad_norm,
+        )  # fmt: skip
+        return replace(base, **values)  # type: ignore[arg-type]
 
 
 def pick_device(requested: str | None = None) -> torch.device:
@@ -86,25 +116,116 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def iterate_batches(
-    data: ArrayData,
+class InMemoryDataset(Dataset):
+    """``ArrayData`` as a map-style Dataset that hands the DataLoader whole batches
+    (``__getitems__``): one ``index_select`` per batch instead of one item at a time."""
+
+    def __init__(self, data: ArrayData) -> None:
+        self.x = torch.from_numpy(np.ascontiguousarray(data.x, dtype=np.float32))
+        self.y = torch.from_numpy(np.ascontiguousarray(data.y))
+
+    def __len__(self) -> int:
+        return int(self.y.shape[0])
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[index], self.y[index]
+
+    def __getitems__(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = torch.as_tensor(indices, dtype=torch.long)
+        return self.x.index_select(0, idx), self.y.index_select(0, idx)
+
+
+def _whole_batch(batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    return batch
+
+
+class _IndexBatches(Sampler[torch.Tensor]):
+    """Batches of indices as tensors (one ``randperm`` an epoch), so an in-memory dataset's
+    ``__getitems__`` selects a batch without a round trip through Python lists."""
+
+    def __init__(
+        self, n: int, batch_size: int, shuffle: bool, generator: torch.Generator | None
+    ) -> None:
+        self.n, self.batch_size, self.shuffle, self.generator = n, batch_size, shuffle, generator
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        order = (
+            torch.randperm(self.n, generator=self.generator) if self.shuffle
+            else torch.arange(self.n)
+        )  # fmt: skip
+        return iter(order.split(self.batch_size))
+
+    def __len__(self) -> int:
+        return -(-self.n // self.batch_size)
+
+
+def make_loader(
+    data: ArrayData | Dataset,
     batch_size: int,
     device: torch.device,
     shuffle: bool,
     generator: torch.Generator | None = None,
+    num_workers: int = 0,
+) -> DataLoader:
+    """A DataLoader over a site's data: batches streamed from any ``Dataset`` (read by
+    ``num_workers`` processes), pinned on CUDA so copies overlap compute."""
+    pin = device.type == "cuda"
+    if isinstance(data, ArrayData):
+        return DataLoader(
+            InMemoryDataset(data),
+            batch_sampler=_IndexBatches(len(data), batch_size, shuffle, generator),
+            num_workers=num_workers,
+            pin_memory=pin,
+            collate_fn=_whole_batch,
+        )
+    return DataLoader(
+        data,
+        batch_size=batch_size,
+        shuffle=shuffle,
+        generator=generator,
+        num_workers=num_workers,
+        pin_memory=pin,
+    )
+
+
+def iterate_batches(
+    data: ArrayData | Dataset,
+    batch_size: int,
+    device: torch.device,
+    shuffle: bool,
+    generator: torch.Generator | None = None,
+    num_workers: int = 0,
+    target_dtype: torch.dtype | None = None,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Yield ``(x, y)`` batches on ``device``; pinned, non-blocking copies on CUDA."""
-    x_all = torch.from_numpy(np.ascontiguousarray(data.x, dtype=np.float32))
-    y_all = torch.from_numpy(np.ascontiguousarray(data.y, dtype=np.int64))
-    n = len(data)
-    order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
+    """Yield ``(x, y)`` batches on ``device`` (non-blocking copies on CUDA), ``y`` as
+    ``target_dtype`` when given."""
     on_cuda = device.type == "cuda"
-    for start in range(0, n, batch_size):
-        idx = order[start : start + batch_size]
-        xb, yb = x_all.index_select(0, idx), y_all.index_select(0, idx)
-        if on_cuda:
-            xb, yb = xb.pin_memory(), yb.pin_memory()
-        yield xb.to(device, non_blocking=on_cuda), yb.to(device, non_blocking=on_cuda)
+    loader = make_loader(data, batch_size, device, shuffle, generator, num_workers)
+    for xb, yb in loader:
+        if xb.device != device:
+            xb = xb.to(device, non_blocking=on_cuda)
+            yb = yb.to(device, non_blocking=on_cuda)
+        if target_dtype is not None and yb.dtype != target_dtype:
+            yb = yb.to(target_dtype)
+        yield xb, yb
+
+
+def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
+    """SGD with momentum or AdamW over the model's parameters, as ``config`` says."""
+    if config.optimizer == "adamw":
+        return torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(
+            model.parameters(), lr=config.lr, momentum=config.momentum,
+            weight_decay=config.weight_decay,
+        )  # fmt: skip
+    raise UserError(f"unknown optimizer '{config.optimizer}': use sgd or adamw")
+
+
+def objective_of(task: object) -> Objective:
+    """The task's ``objective``; multi-class cross-entropy when it declares none."""
+    declared = getattr(task, "objective", None)
+    return declared if isinstance(declared, Objective) else MultiClass()
 
 
 def use_amp(config: TrainConfig, device: torch.device) -> bool:
@@ -116,14 +237,22 @@ def _autocast(device: torch.device) -> torch.autocast:
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-def train_epochs(model: nn.Module, data: ArrayData, config: TrainConfig) -> dict[str, float]:
-    """Train ``model`` in place for ``config.epochs`` epochs of SGD on ``data``.
+def train_epochs(
+    model: nn.Module,
+    data: ArrayData | Dataset,
+    config: TrainConfig,
+    objective: Objective | None = None,
+) -> dict[str, float]:
+    """Train ``model`` in place for ``config.epochs`` epochs on ``data``.
 
-    Returns the mean training loss and accuracy over the last epoch (its steps run, with a
-    ``work_fraction`` below 1), the number of examples, and the wall time in seconds
-    (including the device sync at the end).
+    Returns the last epoch's mean training loss and the objective's metrics over the steps
+    it ran (``train_``-prefixed), the number of examples, and the wall time in seconds
+    (including the device sync at the end). A loss that turned NaN or infinite is reported
+    as ``train_loss`` NaN and ``nonfinite`` 1 (the update's check then rejects it).
     """
-    if len(data) == 0:
+    objective = objective or MultiClass()
+    n = len(data)
+    if n == 0:
         raise UserError("this site has no training examples; check its data file")
     device = pick_device(config.device)
     amp = use_amp(config, device)
@@ -135,71 +264,89 @@ def train_epochs(model: nn.Module, data: ArrayData, config: TrainConfig) -> dict
         torch.cuda.manual_seed(config.seed)
     model.to(device)
     model.train()
-    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
+    optimizer = make_optimizer(model, config)
     # Without mixed precision, no scaler and no autocast at all: creating them costs more on
     # a site's first round than its training does.
     scaler = torch.amp.GradScaler(device.type) if amp else None
-    loss_fn = nn.CrossEntropyLoss()
     anchor = [p.detach().clone() for p in model.parameters()] if config.proximal_mu > 0 else None
     started = time.perf_counter()
     loss_sum = torch.zeros((), device=device)
-    correct = torch.zeros((), device=device, dtype=torch.long)
-    n = len(data)
+    scorer = objective.scorer()
     steps_left = max(1, int(config.work_fraction * config.epochs * -(-n // config.batch_size)))
     seen = 0
     for _ in range(config.epochs):
         if steps_left == 0:
             break
         loss_sum.zero_()
-        correct.zero_()
+        scorer = objective.scorer(full=False)
         seen = 0
-        for xb, yb in iterate_batches(data, config.batch_size, device, True, generator):
+        batches = iterate_batches(
+            data, config.batch_size, device, True, generator, config.num_workers,
+            objective.target_dtype,
+        )  # fmt: skip
+        for xb, yb in batches:
             if steps_left == 0:
                 break
             steps_left -= 1
             seen += int(yb.shape[0])
             optimizer.zero_grad(set_to_none=True)
             with _autocast(device) if amp else contextlib.nullcontext():
-                logits = model(xb)
-                loss = loss_fn(logits, yb)
+                outputs = model(xb)
+                loss = objective.loss(outputs.float() if amp else outputs, yb)
             if anchor is not None:
                 drift = sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchor))
                 loss = loss + 0.5 * config.proximal_mu * drift
             if scaler is None:
                 loss.backward()
+                _clip(model, config)
                 optimizer.step()
             else:
                 scaler.scale(loss).backward()
+                if config.clip_grad_norm is not None:
+                    scaler.unscale_(optimizer)
+                _clip(model, config)
                 scaler.step(optimizer)
                 scaler.update()
             loss_sum += loss.detach().float() * yb.shape[0]
-            correct += (logits.detach().argmax(dim=1) == yb).sum()
-    metrics = {
-        "train_loss": float(loss_sum.item()) / seen,
-        "train_accuracy": float(correct.item()) / seen,
-        "num_examples": float(n),
-        "seconds": time.perf_counter() - started,
-    }
+            scorer.add(outputs.detach().float(), yb)
+    train_loss = float(loss_sum.item()) / seen
+    metrics = {f"train_{name}": value for name, value in scorer.result().items() if name != "loss"}
+    metrics["train_loss"] = train_loss
+    if not math.isfinite(train_loss):
+        metrics["nonfinite"] = 1.0
+    metrics["num_examples"] = float(n)
+    metrics["seconds"] = time.perf_counter() - started
     return metrics
+
+
+def _clip(model: nn.Module, config: TrainConfig) -> None:
+    if config.clip_grad_norm is not None:
+        nn.utils.clip_grad_norm_(model.parameters(), config.clip_grad_norm)
 
 
 @torch.no_grad()
 def evaluate_model(
-    model: nn.Module, data: ArrayData, config: TrainConfig, batch_size: int = 512
+    model: nn.Module,
+    data: ArrayData | Dataset,
+    config: TrainConfig,
+    batch_size: int = 512,
+    objective: Objective | None = None,
 ) -> dict[str, float]:
-    """Mean cross-entropy loss and accuracy of ``model`` on ``data``."""
+    """The objective's loss and metrics (accuracy for classification) of ``model`` on
+    ``data``."""
+    objective = objective or MultiClass()
     if len(data) == 0:
         raise UserError("no evaluation examples; check the test data file")
     device = pick_device(config.device)
     model.to(device)
     model.eval()
-    loss_fn = nn.CrossEntropyLoss(reduction="sum")
-    loss_sum = torch.zeros((), device=device)
-    correct = torch.zeros((), device=device, dtype=torch.long)
-    for xb, yb in iterate_batches(data, batch_size, device, shuffle=False):
+    scorer = objective.scorer()
+    batches = iterate_batches(
+        data, batch_size, device, False, num_workers=config.num_workers,
+        target_dtype=objective.target_dtype,
+    )  # fmt: skip
+    for xb, yb in batches:
         with _autocast(device) if use_amp(config, device) else contextlib.nullcontext():
-            logits = model(xb)
-        loss_sum += loss_fn(logits.float(), yb)
-        correct += (logits.argmax(dim=1) == yb).sum()
-    n = len(data)
-    return {"loss": float(loss_sum.item()) / n, "accuracy": float(correct.item()) / n}
+            outputs = model(xb)
+        scorer.add(outputs.float(), yb)
+    return scorer.result()

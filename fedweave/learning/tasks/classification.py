@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from fedweave.learning.task import ArrayData
-from fedweave.learning.training import TrainConfig, evaluate_model, train_epochs
+from fedweave.learning.training import TrainConfig, evaluate_model, objective_of, train_epochs
 
 HELD_OUT_SEED = 20261121
 """The held-out test split never depends on the run seed, so runs compare on one test set."""
@@ -42,8 +42,8 @@ class ClassificationTask:
     def load_data(self) -> tuple[ArrayData, ArrayData]:
         raise NotImplementedError
 
-    def train(self, model: Any, data: ArrayData, config: TrainConfig) -> dict[str, float]:
-        return train_epochs(model, data, config)
+    def train(self, model: Any, data: Any, config: TrainConfig) -> dict[str, float]:
+        return train_epochs(model, data, config, objective_of(self))
 
-    def evaluate(self, model: Any, data: ArrayData, config: TrainConfig) -> dict[str, float]:
-        return evaluate_model(model, data, config)
+    def evaluate(self, model: Any, data: Any, config: TrainConfig) -> dict[str, float]:
+        return evaluate_model(model, data, config, objective=objective_of(self))

@@ -6,7 +6,7 @@ import numpy as np
 from torch import nn
 
 from fedweave.errors import UserError
-from fedweave.learning.task import ArrayData
+from fedweave.learning.task import ArrayData, TrainingDefaults
 from fedweave.learning.tasks.classification import ClassificationTask, held_out_split
 
 
@@ -16,6 +16,9 @@ class Mnist5kTask(ClassificationTask):
     name = "mnist5k"
     input_shape = (1, 28, 28)
     num_classes = 10
+    # SGD at lr 0.1 with momentum swung between 0.1 and 0.8 from round to round on this CNN;
+    # AdamW at 1e-3 rises steadily (5 sites, seeds 1-3, 1 or 2 local epochs).
+    training_defaults = TrainingDefaults(optimizer="adamw", lr=0.001, batch_size=32)
 
     def build_model(self) -> nn.Module:
         return nn.Sequential(

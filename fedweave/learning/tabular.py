@@ -1,0 +1,335 @@
+"""Tables read by schema, not by position: declared columns, checked values, shared scaling.
+
+A tabular task declares its feature columns (numeric or categorical with a fixed category
+list) and its label column (binary, multi-class or regression). A site's CSV or Parquet file
+is read by column name in any order (pandas/pyarrow do the parsing); extra columns are
+ignored and said once; a missing column, an empty cell, ``n/a``, ``nan``, ``inf``, a
+non-numeric value or a label outside the declared classes is refused with the file, the
+1-based line and the column, unless the column declares ``impute=True`` (the federated mean).
+
+Numeric features are standardised with means and standard deviations the sites compute
+together before round 1 (``fedweave/learning/statistics.py``): each site contributes only its
+sums, through secure aggregation when the run has it; they never travel inside the model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedweave.errors import UserError
+from fedweave.learning.task import ArrayData, TrainingDefaults
+
+log = logging.getLogger("fedweave.data")
+
+MISSING_TOKENS = frozenset(
+    {"", "na", "n/a", "nan", "null", "none", "?", "inf", "+inf", "-inf", "infinity",
+     "+infinity", "-infinity"}
+)  # fmt: skip
+"""Cell texts (case-insensitive, stripped) that count as a missing value."""
+
+
+@dataclass(frozen=True)
+class Numeric:
+    """A numeric feature column.
+
+    Attributes:
+        name: the column's header.
+        impute: fill a missing value with the federated mean (default ``False``: refuse it).
+    """
+
+    name: str
+    impute: bool = False
+    kind: str = field(default="numeric", init=False)
+
+
+@dataclass(frozen=True)
+class Categorical:
+    """A categorical feature column, one-hot encoded over a fixed category list.
+
+    Attributes:
+        name: the column's header.
+        categories: every value the column may hold; the list is pinned in the run's schema,
+            so every site encodes the same way.
+    """
+
+    name: str
+    categories: tuple[str, ...]
+    kind: str = field(default="categorical", init=False)
+
+
+LABEL_KINDS = ("binary", "multiclass", "regression")
+
+
+@dataclass(frozen=True)
+class Label:
+    """The label column.
+
+    Attributes:
+        name: the column's header.
+        kind: ``"binary"``, ``"multiclass"`` or ``"regression"``.
+        classes: the class values as they appear in the file, in index order; binary
+            defaults to ``("0", "1")`` (the second one is the positive class).
+    """
+
+    name: str
+    kind: str = "binary"
+    classes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in LABEL_KINDS:
+            raise ValueError(f"label kind must be one of {LABEL_KINDS}, got {self.kind!r}")
+        if self.kind == "binary" and not self.classes:
+            object.__setattr__(self, "classes", ("0", "1"))
+        if self.kind == "binary" and len(self.classes) != 2:
+            raise ValueError(f"a binary label has 2 classes, got {self.classes}")
+        if self.kind == "multiclass" and len(self.classes) < 2:
+            raise ValueError("a multiclass label needs its class list (2 or more)")
+
+
+@dataclass(frozen=True)
+class TabularSchema:
+    """Feature columns in model-input order, and the label."""
+
+    features: tuple[Numeric | Categorical, ...]
+    label: Label
+
+    @property
+    def numeric(self) -> list[Numeric]:
+        return [f for f in self.features if isinstance(f, Numeric)]
+
+    @property
+    def categorical(self) -> list[Categorical]:
+        return [f for f in self.features if isinstance(f, Categorical)]
+
+    @property
+    def width(self) -> int:
+        """Model inputs: one per numeric column, one per category."""
+        return len(self.numeric) + sum(len(c.categories) for c in self.categorical)
+
+    def pinned(self) -> dict[str, Any]:
+        """The schema as the run pins it: names, kinds, order, categories, label classes."""
+        return {
+            "features": [
+                {"name": f.name, "kind": f.kind, "impute": f.impute}
+                if isinstance(f, Numeric)
+                else {"name": f.name, "kind": f.kind, "categories": list(f.categories)}
+                for f in self.features
+            ],
+            "label": {
+                "name": self.label.name, "kind": self.label.kind,
+                "classes": list(self.label.classes),
+            },
+        }  # fmt: skip
+
+    def digest(self) -> str:
+        """SHA-256 of the pinned schema (12 hex digits): what a site compares with the run's."""
+        text = json.dumps(self.pinned(), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+    def difference(self, pinned: dict[str, Any]) -> str | None:
+        """How the run's pinned schema differs from this one, in one line (or ``None``)."""
+        mine = self.pinned()
+        if pinned == mine:
+            return None
+        theirs_names = [f["name"] for f in pinned.get("features", [])]
+        mine_names = [f["name"] for f in mine["features"]]
+        if theirs_names != mine_names:
+            missing = [n for n in theirs_names if n not in mine_names]
+            extra = [n for n in mine_names if n not in theirs_names]
+            if missing or extra:
+                return (
+                    f"the run's features lack {extra or 'nothing'} and add "
+                    f"{missing or 'nothing'} compared with this site's task"
+                )
+            return "the run orders the feature columns differently from this site's task"
+        for theirs, ours in zip(pinned["features"], mine["features"]):
+            if theirs != ours:
+                return f"column '{ours['name']}' is declared {theirs} by the run, {ours} here"
+        return f"the label is declared {pinned.get('label')} by the run, {mine['label']} here"
+
+
+@dataclass
+class Table:
+    """A site's table as read, before scaling.
+
+    Attributes:
+        numeric: float64 ``(n, numeric columns)``; NaN where an imputable value is missing.
+        categorical: int64 ``(n, categorical columns)``: the category's index.
+        labels: int64 class indices, or float32 values for regression.
+        source: the file it came from (for messages).
+    """
+
+    numeric: np.ndarray
+    categorical: np.ndarray
+    labels: np.ndarray
+    source: str
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+
+def _read_frame(path: Path):
+    import pandas as pd
+
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".csv":
+            frame = pd.read_csv(path, dtype=str, keep_default_na=False, skipinitialspace=True)
+        elif suffix in (".parquet", ".pq"):
+            frame = pd.read_parquet(path)
+        else:
+            raise UserError(f"{path}: unsupported table type '{suffix}'; use .csv or .parquet")
+    except pd.errors.EmptyDataError as exc:
+        raise UserError(f"{path}: the file is empty; it needs a header row and data") from exc
+    except (pd.errors.ParserError, UnicodeDecodeError, OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"{path}: not a readable table ({first})") from exc
+    frame.columns = [str(c).strip() for c in frame.columns]
+    return frame
+
+
+def _line(row: int, path: Path) -> str:
+    """Where row ``row`` (0-based data row) is in the file: CSV line (header is line 1)."""
+    return f"line {row + 2}" if path.suffix.lower() == ".csv" else f"row {row + 1}"
+
+
+def _as_text(values) -> np.ndarray:
+    return np.array(["" if v is None else str(v).strip() for v in values], dtype=object)
+
+
+def _missing_mask(text: np.ndarray) -> np.ndarray:
+    return np.array([t.lower() in MISSING_TOKENS for t in text], dtype=bool)
+
+
+def _numeric_column(frame, column: Numeric, path: Path) -> np.ndarray:
+    import pandas as pd
+
+    text = _as_text(frame[column.name].to_numpy())
+    missing = _missing_mask(text)
+    numbers = pd.to_numeric(pd.Series(np.where(missing, "nan", text)), errors="coerce")
+    values = np.array(numbers, dtype=np.float64)
+    bad = np.flatnonzero(~missing & ~np.isfinite(values))
+    if len(bad):
+        row = int(bad[0])
+        raise UserError(
+            f"{path}: {_line(row, path)}, column '{column.name}': '{text[row]}' is not a "
+            "number; fix the value"
+        )
+    if missing.any() and not column.impute:
+        row = int(np.flatnonzero(missing)[0])
+        shown = text[row] or "an empty cell"
+        raise UserError(
+            f"{path}: {_line(row, path)}, column '{column.name}': missing value ({shown}); "
+            f"fill it in, or declare Numeric('{column.name}', impute=True) in the task"
+        )
+    values[missing] = np.nan
+    return values
+
+
+def _category_codes(
+    text: np.ndarray, allowed: tuple[str, ...], name: str, path: Path
+) -> np.ndarray:
+    index = {value: i for i, value in enumerate(allowed)}
+    codes = np.empty(len(text), dtype=np.int64)
+    for row, value in enumerate(text):
+        code = index.get(value)
+        if code is None:
+            what = "missing value" if value.lower() in MISSING_TOKENS else f"'{value}'"
+            raise UserError(
+                f"{path}: {_line(row, path)}, column '{name}': {what} is not one of the "
+                f"declared values {list(allowed)}; fix the value or the task's schema"
+            )
+        codes[row] = code
+    return codes
+
+
+def _label_column(frame, label: Label, path: Path) -> np.ndarray:
+    text = _as_text(frame[label.name].to_numpy())
+    if label.kind == "regression":
+        return _numeric_column(frame, Numeric(label.name), path).astype(np.float32)
+    classes = label.classes
+    # A numeric file may spell class "1" as "1.0" (Parquet floats): compare as numbers then.
+    if all(_is_number(c) for c in classes):
+        text = np.array([_canonical_number(t) for t in text], dtype=object)
+        classes = tuple(_canonical_number(c) for c in classes)
+    return _category_codes(text, classes, label.name, path)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _canonical_number(text: str) -> str:
+    try:
+        value = float(text)
+    except ValueError:
+        return text
+    return str(int(value)) if value.is_integer() else repr(value)
+
+
+def read_table(path: str | Path, schema: TabularSchema) -> Table:
+    """Read a site's CSV or Parquet file by column name and check every value."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"data file {path} does not exist; pass --data with a .csv or .parquet")
+    frame = _read_frame(path)
+    wanted = [f.name for f in schema.features] + [schema.label.name]
+    missing = [name for name in wanted if name not in frame.columns]
+    if missing:
+        shown = ", ".join(list(frame.columns)[:12])
+        raise UserError(
+            f"{path}: no column {', '.join(repr(m) for m in missing)} (the file has: {shown}); "
+            "rename the column or fix the task's schema"
+        )
+    if len(frame) == 0:
+        raise UserError(f"{path}: the table has a header but no rows; a site needs examples")
+    extra = [name for name in frame.columns if name not in wanted]
+    if extra:
+        log.warning("%s: ignoring column(s) the task does not use: %s", path, ", ".join(extra))
+    numeric = np.stack(
+        [_numeric_column(frame, c, path) for c in schema.numeric], axis=1
+    ) if schema.numeric else np.zeros((len(frame), 0))  # fmt: skip
+    categorical = np.stack(
+        [
+            _category_codes(_as_text(frame[c.name].to_numpy()), c.categories, c.name, path)
+            for c in schema.categorical
+        ],
+        axis=1,
+    ) if schema.categorical else np.zeros((len(frame), 0), dtype=np.int64)  # fmt: skip
+    labels = _label_column(frame, schema.label, path)
+    return Table(numeric, categorical, labels, str(path))
+
+
+def encode(table: Table, schema: TabularSchema, means: np.ndarray, stds: np.ndarray) -> ArrayData:
+    """Model inputs: standardised numeric columns (missing → the mean, i.e. 0) and one-hot
+    categories, in the schema's column order."""
+    scaled = (table.numeric - means) / stds
+    scaled = np.where(np.isnan(scaled), 0.0, scaled)
+    parts: list[np.ndarray] = []
+    numeric_at = categorical_at = 0
+    for column in schema.features:
+        if isinstance(column, Numeric):
+            parts.append(scaled[:, numeric_at : numeric_at + 1])
+            numeric_at += 1
+        else:
+            one_hot = np.zeros((len(table), len(column.categories)))
+            one_hot[np.arange(len(table)), table.categorical[:, categorical_at]] = 1.0
+            parts.append(one_hot)
+            categorical_at += 1
+    x = np.concatenate(parts, axis=1).astype(np.float32) if parts else np.zeros((len(table), 0))
+    return ArrayData(x.astype(np.float32), table.labels)
+
+
+TABULAR_DEFAULTS = TrainingDefaults(optimizer="adamw", lr=0.003, weight_decay=1e-4, batch_size=32)
+"""AdamW suits a small MLP on standardised features without tuning."""

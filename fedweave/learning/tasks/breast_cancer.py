@@ -1,0 +1,76 @@
+"""``breast-cancer``: a tabular example on real data, the Wisconsin diagnostic table that
+scikit-learn ships (569 patients, 30 unscaled measurements, benign or malignant).
+
+The features span five orders of magnitude (``mean smoothness`` ~0.1, ``worst area`` up to
+4,254), so it does not train without standardisation: the federated statistics provide it.
+``write_hospital_files`` writes per-site CSVs as hospitals would hold them (unequal sizes, one
+with its columns in another order, one with an extra patient-id column) and a test CSV.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from fedweave.learning.tabular import Label, Numeric
+from fedweave.learning.tasks.tabular import TabularTask
+
+CLASSES = ("malignant", "benign")
+"""scikit-learn's target order: 0 = malignant, 1 = benign."""
+
+
+def feature_names() -> list[str]:
+    from sklearn.datasets import load_breast_cancer
+
+    return [str(name) for name in load_breast_cancer().feature_names]
+
+
+def make_task(standardise: bool = True) -> TabularTask:
+    """The task; ``standardise=False`` feeds the raw measurements (for comparison)."""
+    return TabularTask(
+        name="breast-cancer",
+        features=[Numeric(name) for name in feature_names()],
+        label=Label("diagnosis", kind="binary", classes=CLASSES),
+        standardise=standardise,
+    )
+
+
+task = make_task()
+raw_task = make_task(standardise=False)
+
+
+def write_hospital_files(
+    out_dir: Path, shares: tuple[float, ...] = (0.5, 0.3, 0.2), test_fraction: float = 0.25
+) -> tuple[list[Path], Path]:
+    """Per-hospital CSVs of unequal sizes and a held-out ``test.csv`` (fixed shuffle).
+
+    Hospital 2 writes its columns in reverse order; hospital 3 adds a ``patient_id`` column.
+    Returns (site files, test file).
+    """
+    import pandas as pd
+    from sklearn.datasets import load_breast_cancer
+
+    bunch = load_breast_cancer()
+    frame = pd.DataFrame(bunch.data, columns=feature_names())
+    frame["diagnosis"] = [CLASSES[int(t)] for t in bunch.target]
+    order = np.random.default_rng(20261125).permutation(len(frame))
+    frame = frame.iloc[order].reset_index(drop=True)
+    n_test = int(round(len(frame) * test_fraction))
+    test, pool = frame.iloc[:n_test], frame.iloc[n_test:].reset_index(drop=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    bounds = np.cumsum([0, *(int(round(s * len(pool))) for s in shares)])
+    bounds[-1] = len(pool)
+    paths = []
+    for index in range(len(shares)):
+        part = pool.iloc[bounds[index] : bounds[index + 1]].copy()
+        if index == 1:
+            part = part[list(reversed(part.columns))]
+        if index == 2:
+            part.insert(0, "patient_id", [f"P{index}-{i:04d}" for i in range(len(part))])
+        path = out_dir / f"hospital-{'abc'[index]}.csv"
+        part.to_csv(path, index=False)
+        paths.append(path)
+    test_path = out_dir.parent / "test.csv" if out_dir.name == "sites" else out_dir / "test.csv"
+    test.to_csv(test_path, index=False)
+    return paths, test_path

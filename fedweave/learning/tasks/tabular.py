@@ -1,0 +1,166 @@
+"""``TabularTask``: a table's declared columns into a small MLP, standardised together.
+
+A user task is a few lines::
+
+    from fedweave.learning.tabular import Categorical, Label, Numeric
+    from fedweave.learning.tasks.tabular import TabularTask
+
+    task = TabularTask(
+        name="heart",
+        features=[Numeric("age"), Numeric("chol", impute=True), Categorical("sex", ("F", "M"))],
+        label=Label("disease", kind="binary", classes=("no", "yes")),
+    )
+
+Sites then read their own ``.csv``/``.parquet`` by column name (``read_site_data``); the
+platform gathers the feature statistics before round 1 (``fedweave/learning/statistics.py``)
+and every site standardises with them (``prepare``). ``standardise=False`` switches that off.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torch import nn
+
+from fedweave.errors import UserError
+from fedweave.learning.objectives import Binary, MultiClass, Objective, Regression
+from fedweave.learning.tabular import (
+    TABULAR_DEFAULTS,
+    Categorical,
+    Label,
+    Numeric,
+    Table,
+    TabularSchema,
+    encode,
+    read_table,
+)
+from fedweave.learning.task import ArrayData, TrainingDefaults
+from fedweave.learning.training import TrainConfig, evaluate_model, train_epochs
+
+SCALE_SHRINK = 64.0
+"""``log2`` magnitudes travel divided by this, so they stay inside SecAgg+'s default range."""
+MIN_STD = 1e-6
+
+
+class TabularTask:
+    """A classification or regression task over declared table columns.
+
+    Args:
+        name: the task's name, recorded in the history.
+        features: the feature columns (``Numeric`` / ``Categorical``), in model-input order.
+        label: the label column (``Label``).
+        hidden: widths of the MLP's hidden layers (default ``(32, 16)``).
+        standardise: scale numeric features with the federated means and standard deviations
+            (default ``True``); ``False`` feeds them as read (for comparison).
+        training_defaults: how sites train unless the run says otherwise (default AdamW,
+            lr 0.003, batch 32).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        features: list[Numeric | Categorical] | tuple[Numeric | Categorical, ...],
+        label: Label,
+        hidden: tuple[int, ...] = (32, 16),
+        standardise: bool = True,
+        training_defaults: TrainingDefaults = TABULAR_DEFAULTS,
+    ) -> None:
+        self.name = name
+        self.schema = TabularSchema(tuple(features), label)
+        self.hidden = hidden
+        self.standardise = standardise
+        self.training_defaults = training_defaults
+        self.input_shape = (self.schema.width,)
+        self.num_classes = len(label.classes) if label.kind != "regression" else 0
+        self.objective: Objective = {
+            "binary": Binary(), "multiclass": MultiClass(), "regression": Regression(),
+        }[label.kind]  # fmt: skip
+        self.statistics_stages = ("scale", "moments")
+
+    def build_model(self) -> nn.Module:
+        outputs = self.num_classes if self.schema.label.kind == "multiclass" else 1
+        layers: list[nn.Module] = []
+        width = self.schema.width
+        for size in self.hidden:
+            layers += [nn.Linear(width, size), nn.ReLU()]
+            width = size
+        layers.append(nn.Linear(width, outputs))
+        return nn.Sequential(*layers)
+
+    def load_data(self) -> tuple[ArrayData, ArrayData]:
+        raise UserError(
+            f"task '{self.name}' has no built-in data: give each site its table (--data, or "
+            "--data-dir in a simulation) and the coordinator a labelled --test-data table"
+        )
+
+    def read_site_data(self, path: Path) -> Table:
+        return read_table(path, self.schema)
+
+    # Federated statistics (fedweave/learning/statistics.py)
+
+    def statistics_size(self, stage: str, known: dict[str, Any]) -> int:
+        k = len(self.schema.numeric)
+        return k if stage == "scale" else 3 * k + max(self.num_classes, 0)
+
+    def local_statistics(self, data: Table, stage: str, known: dict[str, Any]) -> np.ndarray:
+        values = data.numeric
+        present = ~np.isnan(values)
+        n = max(len(data), 1)
+        if stage == "scale":
+            logs = np.where(present, np.log2(np.abs(np.nan_to_num(values)) + 1e-12), 0.0)
+            logs = np.clip(logs, -SCALE_SHRINK, SCALE_SHRINK)
+            counts = np.maximum(present.sum(axis=0), 1)
+            return logs.sum(axis=0) / counts / SCALE_SHRINK
+        scales = np.asarray(known["scales"], dtype=np.float64)
+        scaled = np.where(present, np.nan_to_num(values) / scales, 0.0)
+        parts = [present.sum(axis=0) / n, scaled.sum(axis=0) / n, (scaled**2).sum(axis=0) / n]
+        if self.num_classes:
+            parts.append(np.bincount(data.labels, minlength=self.num_classes) / n)
+        return np.concatenate(parts)
+
+    def add_statistics(self, stage: str, mean: np.ndarray, known: dict[str, Any]) -> dict[str, Any]:
+        if stage == "scale":
+            return {"scales": [2.0 ** round(v * SCALE_SHRINK) for v in mean]}
+        k = len(self.schema.numeric)
+        scales = np.asarray(known["scales"], dtype=np.float64)
+        share, first, second = mean[:k], mean[k : 2 * k], mean[2 * k : 3 * k]
+        share = np.maximum(share, 1e-12)
+        mu = first / share
+        variance = np.maximum(second / share - mu**2, 0.0)
+        std = np.sqrt(variance) * scales
+        added: dict[str, Any] = {
+            "means": (mu * scales).tolist(),
+            "stds": np.where(std > MIN_STD, std, 1.0).tolist(),
+            "schema": self.schema.digest(),
+        }
+        if self.num_classes:
+            added["label_frequencies"] = mean[3 * k :].tolist()
+        return added
+
+    def prepare(self, data: Table, statistics: dict[str, Any]) -> ArrayData:
+        k = len(self.schema.numeric)
+        means = np.asarray(statistics.get("means", [0.0] * k), dtype=np.float64)
+        stds = np.asarray(statistics.get("stds", [1.0] * k), dtype=np.float64)
+        if not self.standardise:
+            # Missing values still become the federated mean.
+            return (
+                encode(data, self.schema, np.zeros(k), np.ones(k))
+                if not np.isnan(data.numeric).any()
+                else _impute_only(data, self.schema, means)
+            )
+        return encode(data, self.schema, means, stds)
+
+    def train(self, model: Any, data: Any, config: TrainConfig) -> dict[str, float]:
+        return train_epochs(model, data, config, self.objective)
+
+    def evaluate(self, model: Any, data: Any, config: TrainConfig) -> dict[str, float]:
+        return evaluate_model(model, data, config, objective=self.objective)
+
+
+def _impute_only(data: Table, schema: TabularSchema, means: np.ndarray) -> ArrayData:
+    filled = np.where(np.isnan(data.numeric), means, data.numeric)
+    k = len(means)
+    return encode(Table(filled, data.categorical, data.labels, data.source), schema,
+                  np.zeros(k), np.ones(k))  # fmt: skip

@@ -1,0 +1,173 @@
+"""Tables by schema: read by column name, every bad value refused with file, line and column,
+federated statistics equal to the pooled ones, and the objectives' metrics."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from fedweave.errors import UserError
+from fedweave.learning.objectives import Binary, MultiLabel, Regression
+from fedweave.learning.statistics import local_only_statistics
+from fedweave.learning.tabular import Categorical, Label, Numeric
+from fedweave.learning.task import load_task
+from fedweave.learning.tasks.tabular import TabularTask
+
+TASK = TabularTask(
+    name="clinic",
+    features=[Numeric("age"), Numeric("chol", impute=True), Categorical("sex", ("F", "M"))],
+    label=Label("disease", kind="binary", classes=("no", "yes")),
+)
+GOOD = "age,chol,sex,disease\n50,200.5,F,no\n61,,M,yes\n45,180,M,no\n"
+
+
+def write(tmp_path, text, name="site.csv"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_columns_are_read_by_name_in_any_order_and_extra_ones_ignored(tmp_path, caplog):
+    plain = TASK.read_site_data(write(tmp_path, GOOD))
+    shuffled = pd.read_csv(write(tmp_path, GOOD, "a.csv"))[["disease", "sex", "chol", "age"]]
+    shuffled.insert(0, "patient_id", ["p1", "p2", "p3"])
+    shuffled.to_csv(tmp_path / "b.csv", index=False)
+    with caplog.at_level("WARNING", logger="fedweave.data"):
+        reordered = TASK.read_site_data(tmp_path / "b.csv")
+    assert np.array_equal(plain.numeric, reordered.numeric, equal_nan=True)
+    assert np.array_equal(plain.categorical, reordered.categorical)
+    assert list(reordered.labels) == [0, 1, 0]
+    assert "patient_id" in caplog.text and caplog.text.count("ignoring") == 1
+    stats = local_only_statistics(TASK, plain)
+    encoded = TASK.prepare(plain, stats)
+    # age standardised, chol's missing value → the mean (0), sex one-hot
+    assert encoded.x.shape == (3, 4)
+    assert encoded.x[1, 1] == 0.0 and list(encoded.x[:, 2]) == [1.0, 0.0, 0.0]
+    assert abs(encoded.x[:, 0].mean()) < 1e-6 and encoded.x[:, 0].std() == pytest.approx(1, 1e-5)
+
+
+def test_parquet_reads_like_csv(tmp_path):
+    frame = pd.read_csv(write(tmp_path, GOOD))
+    frame.to_parquet(tmp_path / "site.parquet")
+    table = TASK.read_site_data(tmp_path / "site.parquet")
+    assert list(table.labels) == [0, 1, 0] and np.isnan(table.numeric[1, 1])
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("age,sex,disease\n50,F,no\n", "no column 'chol'"),
+        ("agee,chol,sex,disease\n50,1,F,no\n", "no column 'age'"),
+        ("age,chol,sex,disease\n50,1,F,no\n,2,M,yes\n", "line 3, column 'age': missing value"),
+        ("age,chol,sex,disease\nn/a,1,F,no\n", "line 2, column 'age': missing value (n/a)"),
+        ("age,chol,sex,disease\n1,1,F,no\nnan,1,F,no\n", "line 3, column 'age': missing value"),
+        ("age,chol,sex,disease\ninf,1,F,no\n", "line 2, column 'age': missing value (inf)"),
+        ("age,chol,sex,disease\nold,1,F,no\n", "line 2, column 'age': 'old' is not a number"),
+        ("age,chol,sex,disease\n50,1,F,maybe\n", "line 2, column 'disease': 'maybe' is not one"),
+        ("age,chol,sex,disease\n50,1,X,no\n", "line 2, column 'sex': 'X' is not one"),
+        ("age,chol,sex,disease\n", "header but no rows"),
+        ("", "the file is empty"),
+    ],
+)
+def test_bad_tables_are_refused_naming_file_line_and_column(tmp_path, text, message):
+    path = write(tmp_path, text)
+    with pytest.raises(UserError) as info:
+        TASK.read_site_data(path)
+    assert message in str(info.value) and str(path) in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_a_regression_label_must_be_numeric(tmp_path):
+    task = TabularTask("cost", [Numeric("age")], Label("cost", kind="regression"))
+    path = write(tmp_path, "age,cost\n50,100.5\n60,high\n")
+    with pytest.raises(UserError, match="line 3, column 'cost': 'high' is not a number"):
+        task.read_site_data(path)
+
+
+def test_sites_statistics_combine_to_the_pooled_ones():
+    """Each site's vector is a mean over its examples; their example-weighted mean (what
+    SecAgg+ returns) gives the pooled means and standard deviations."""
+    task = load_task("breast-cancer")
+    from sklearn.datasets import load_breast_cancer
+
+    data = load_breast_cancer().data
+    parts = np.array_split(data, [300, 450])
+    tables = [
+        type("T", (), {"numeric": p, "labels": np.zeros(len(p), dtype=np.int64),
+                       "__len__": lambda self, n=len(p): n})()
+        for p in parts
+    ]  # fmt: skip
+    known: dict = {}
+    for stage in task.statistics_stages:
+        vectors = [task.local_statistics(t, stage, known) for t in tables]
+        weights = np.array([len(t) for t in tables]) / len(data)
+        mean = sum(w * v for w, v in zip(weights, vectors))
+        known.update(task.add_statistics(stage, mean, known))
+    assert np.allclose(known["means"], data.mean(axis=0), rtol=1e-9)
+    assert np.allclose(known["stds"], data.std(axis=0), rtol=1e-6)
+    # the scales are powers of two near each feature's magnitude
+    assert all(np.log2(s) == round(np.log2(s)) for s in known["scales"])
+
+
+def test_binary_metrics_match_scikit_learn():
+    from sklearn.metrics import roc_auc_score
+
+    rng = np.random.default_rng(0)
+    logits = torch.tensor(rng.normal(size=200), dtype=torch.float32)
+    labels = torch.tensor(rng.integers(0, 2, size=200), dtype=torch.float32)
+    scorer = Binary().scorer()
+    scorer.add(logits[:120], labels[:120])
+    scorer.add(logits[120:], labels[120:])
+    result = scorer.result()
+    assert result["auc"] == pytest.approx(roc_auc_score(labels.numpy(), logits.numpy()))
+    right = ((logits > 0).float() == labels).float()
+    assert result["accuracy"] == pytest.approx(float(right.mean()))
+
+
+def test_regression_and_multilabel_metrics():
+    from sklearn.metrics import f1_score, mean_absolute_error
+
+    rng = np.random.default_rng(1)
+    outputs, targets = rng.normal(size=50), rng.normal(size=50)
+    scorer = Regression().scorer()
+    scorer.add(torch.tensor(outputs), torch.tensor(targets))
+    result = scorer.result()
+    assert result["mae"] == pytest.approx(mean_absolute_error(targets, outputs))
+    assert result["rmse"] == pytest.approx(np.sqrt(np.mean((outputs - targets) ** 2)))
+    logits = rng.normal(size=(40, 3))
+    truth = rng.integers(0, 2, size=(40, 3)).astype(np.float32)
+    scorer = MultiLabel().scorer()
+    scorer.add(torch.tensor(logits), torch.tensor(truth))
+    expected = f1_score(truth, (logits > 0).astype(int), average="micro")
+    assert scorer.result()["f1"] == pytest.approx(expected)
+
+
+def test_a_site_refuses_statistics_or_a_schema_it_cannot_use(tmp_path):
+    from fedweave.client.site_app import TaskClient
+    from fedweave.contract import (
+        SECAGG_CLIP_KEY,
+        SECAGG_MAX_WEIGHT_KEY,
+        STATISTICS_KEY,
+        STATISTICS_STAGE_KEY,
+    )
+    from fedweave.learning.statistics import encode_known
+    from fedweave.learning.training import TrainConfig
+    from fedweave.learning.weights import get_weights
+
+    table = TASK.read_site_data(write(tmp_path, GOOD))
+    client = TaskClient(TASK, table, TrainConfig.for_task(TASK, device="cpu"), 0)
+    weights = get_weights(client.model)
+    with pytest.raises(ValueError, match="standardises with federated statistics but the run"):
+        client.fit(weights, {})
+    other = {**local_only_statistics(TASK, table), "schema": "000000000000"}
+    with pytest.raises(ValueError, match=r"schema \(\w+\) differs from the run's"):
+        client.fit(weights, {STATISTICS_KEY: encode_known(other)})
+    good = local_only_statistics(TASK, table)
+    _, n, metrics = client.fit(weights, {STATISTICS_KEY: encode_known(good)})
+    assert n == 3 and np.isfinite(metrics["train_loss"])
+    # a statistics vector SecAgg+ would clip is refused, not sent clipped
+    stage = {STATISTICS_STAGE_KEY: "scale", SECAGG_CLIP_KEY: 1e-6, SECAGG_MAX_WEIGHT_KEY: 10.0}
+    with pytest.raises(ValueError, match="would be clipped"):
+        client.fit([np.zeros(2, dtype=np.float32)], stage)
