@@ -4,9 +4,10 @@
 model and both apply ``averaging.pairwise_update`` as a delta against what was sent, so the
 weighted sum ``sum_i n_i x_i`` is exact. With a ``group_total`` the offer is one of several sent
 at once and carries a ``share`` (PROTOCOL.md §5). While our own offers are out (``awaiting``)
-nothing else is mixed in between: an offer from a larger id is held and answered as soon as
-our exchange is done (``answer_held``), a smaller id hears ``busy`` at once, so waits only run
-from larger to smaller ids and never form a cycle. The robust rules (``clipped``, ``trimmed``)
+nothing else is mixed in between: an offer with a larger exchange id than ours is held and
+answered as soon as our exchange is done (``answer_held``), one with a smaller id hears
+``busy`` at once, so waits only run from larger to smaller exchange ids and never form a
+cycle. The robust rules (``clipped``, ``trimmed``)
 answer every offer, collect the models of a round and mix them once (``mix_collected``). A
 pull offer (a late joiner's catch-up) asks for a model and mixes nothing. Every wait takes an
 explicit ``timeout`` and ends early when the peer stops.
@@ -156,7 +157,8 @@ class Exchange:
         replies (holding or refusing other offers meanwhile), then answer the held offers.
 
         Returns each peer's outcome: ``ok``, ``busy``, ``refused``, ``left`` (said bye meanwhile),
-        ``key-refused`` (its CURVE handshake refused our key), ``connecting`` (the offer could
+        ``key-refused`` (its CURVE handshake refused our key), ``lost`` (its connection went
+        down while we waited: counted as a miss), ``connecting`` (the offer could
         not be sent on a connection still being made), ``unsent`` (could not be sent) or
         ``missed`` (no answer in time).
         """
@@ -234,7 +236,18 @@ class Exchange:
             self.inbox.serve(wait)
             self._release_overdue_holds(max_hold)
             self._end_key_refused(waiting)
+            self._end_lost(waiting)
         return True
+
+    def _end_lost(self, xids: set[int]) -> None:
+        """Stop waiting on neighbours whose connection went down while we waited (their
+        process died, or the heartbeat timed out): their reply cannot come, so the miss
+        costs no more than the time it took to see it, not a whole deadline."""
+        for xid in [x for x in xids if x in self.pending]:
+            peer_id = self.pending[xid].peer_id
+            if self.transport.lost(peer_id):
+                del self.pending[xid]
+                self.outcomes[xid] = "lost"
 
     def _end_key_refused(self, xids: set[int]) -> None:
         """Stop waiting on neighbours whose CURVE handshake refused our key: they never
@@ -298,11 +311,15 @@ class Exchange:
         state = self.state
         mine = state.weights
         if self.config.gossip.mix == "pairwise" and self.awaiting and not msg.pull:
-            # Mixing now would interleave with our own exchange. Offers from larger ids wait
-            # until it is done (``answer_held``); smaller ids hear busy.
+            # Mixing now would interleave with our own exchange. An offer whose (random)
+            # exchange id is larger than every one of ours out waits until ours is done
+            # (``answer_held``), the others hear busy: along a chain of held offers the ids
+            # fall, so waits never form a cycle, and who waits is a coin toss per exchange,
+            # not always the same peer (an order by peer id made the smallest id hear busy
+            # on every offer while the others exchanged).
             waiting = {m.sender for _, m, _ in self.deferred}
             if (
-                msg.sender > state.peer_id
+                msg.xid > max(self.awaiting)
                 and msg.sender not in waiting
                 and len(self.deferred) < MAX_DEFERRED
             ):

@@ -17,7 +17,7 @@ import time
 
 from fedweave.config import RunConfig
 from fedweave.gossip.exchange import Exchange
-from fedweave.gossip.membership import DEAD, Membership
+from fedweave.gossip.membership import DEAD, SUSPECT, Membership
 from fedweave.gossip.transport import Transport
 
 log = logging.getLogger("fedweave.gossip")
@@ -87,12 +87,17 @@ class Fanout:
                 if outcome in ("ok", "busy", "connecting"):
                     continue
                 failed.append(pid)  # refused, left or missed: no exchange this round
-                answered = outcome in ("left", "refused", "key-refused")
-                if not answered and self.members.missed(pid) == DEAD:
-                    log.warning(
-                        "dropped neighbour %s after %d missed deadlines",
-                        pid,
-                        self.config.gossip.drop_after,
-                    )
+                if outcome in ("left", "refused", "key-refused"):
+                    continue
+                state = self.members.missed(pid)
+                if state == DEAD:
+                    log.warning("dropped neighbour %s (no answer)", pid)
                     self.transport.disconnect(pid)
+                elif state == SUSPECT:
+                    why = "its connection closed" if outcome == "lost" else "no answer in time"
+                    log.warning(
+                        "neighbour %s is suspect (%s): not chosen until it answers; dropped "
+                        "after %d rounds without a word",
+                        pid, why, self.config.gossip.drop_after,
+                    )  # fmt: skip
         return contacted, failed, lost

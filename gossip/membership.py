@@ -40,6 +40,8 @@ class Member:
     """Its last direct message said its rounds are over (it only answers, lingering)."""
     heard_at: float = 0.0
     """``time.monotonic()`` of its last direct message (0: only heard of through others)."""
+    suspect_since: float = 0.0
+    """``time.monotonic()`` when it last became suspect."""
     refuses_us: bool = False
     """Its CURVE handshake refused our key: never chosen until it contacts us itself."""
 
@@ -147,18 +149,44 @@ class Membership:
     # -- failures -------------------------------------------------------------------------
 
     def missed(self, peer_id: str) -> str:
-        """A deadline passed without an answer; returns the member's new state."""
+        """A deadline passed without an answer (or its connection was lost); returns the
+        member's new state. A suspect is no longer chosen for exchanges (so its partners pay
+        at most this one deadline); ``tick_suspects`` says ``hello`` to it each round and
+        drops it after ``drop_after`` rounds without a word."""
         member = self.members.get(peer_id)
         if member is None:
             return DEAD
         member.misses += 1
         if member.misses >= self.drop_after:
-            if member.state != DEAD:
-                member.dropped_at_round = member.round
-            member.state = DEAD
+            self._drop(member)
         elif member.state == ALIVE:
             member.state = SUSPECT
+            member.suspect_since = time.monotonic()
         return member.state
+
+    def _drop(self, member: Member) -> None:
+        if member.state != DEAD:
+            member.dropped_at_round = member.round
+        member.state = DEAD
+
+    def tick_suspects(self) -> tuple[list[str], list[str]]:
+        """Once a round: (suspects to greet, suspects dropped now). A suspect that said
+        nothing since it became suspect counts one more miss; at ``drop_after`` it is
+        dropped (probed every few rounds from then on, like any dropped member)."""
+        greet, dropped = [], []
+        for member in self.members.values():
+            if member.state != SUSPECT:
+                continue
+            if member.heard_at > member.suspect_since:  # it spoke since: alive after all
+                member.state, member.misses = ALIVE, 0
+                continue
+            member.misses += 1
+            if member.misses >= self.drop_after:
+                self._drop(member)
+                dropped.append(member.peer_id)
+            else:
+                greet.append(member.peer_id)
+        return greet, dropped
 
     def left(self, peer_id: str) -> None:
         """The peer said ``bye``."""
@@ -183,14 +211,12 @@ class Membership:
         return [m for m in self.live() if not m.done and max(m.heard_at, since) > cutoff]
 
     def pick(self, k: int) -> list[Member]:
-        """Up to ``k`` random live members we can dial, alive ones before suspects (a member
-        without a dialable ``addr`` is never a neighbour: PROTOCOL.md §4)."""
-        dialable = [m for m in self.live() if dialable_addr(m.addr)]
-        alive = [m for m in dialable if m.state == ALIVE]
-        suspect = [m for m in dialable if m.state == SUSPECT]
+        """Up to ``k`` random alive members we can dial (a suspect is greeted, not chosen,
+        until it answers; a member without a dialable ``addr`` is never a neighbour:
+        PROTOCOL.md §4)."""
+        alive = [m for m in self.live() if dialable_addr(m.addr) and m.state == ALIVE]
         self.rng.shuffle(alive)
-        self.rng.shuffle(suspect)
-        return (alive + suspect)[: max(0, k)]
+        return alive[: max(0, k)]
 
     def probe_candidates(self, k: int) -> list[Member]:
         """Up to ``k`` dropped members to re-try (they may be back)."""

@@ -386,6 +386,12 @@ class Peer:
             self.inbox.serve_for(slot[0] + 0.9 * slot[1] - time.monotonic())
         self.exchange.mix_collected()
         self.exchange.expire()
+        greet, dropped = self.members.tick_suspects()
+        for pid in dropped:
+            log.warning("dropped neighbour %s after %d rounds without a word", pid,
+                        config.gossip.drop_after)  # fmt: skip
+            self.transport.disconnect(pid)
+        self.discovery.hello(greet)
         if r % 5 == 0:
             self.discovery.probe(1)
         self.state.round = r

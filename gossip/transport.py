@@ -38,6 +38,8 @@ DEFAULT_HWM = 8
 """Messages queued per connection before sends fail (models are big: keep it small)."""
 RETIRE_SECONDS = 2.0
 """Delay between dropping a neighbour's DEALER and closing it (see ``disconnect``)."""
+HEARTBEAT_MS = 1000
+"""ZMTP heartbeat interval; a connection silent for 3 of them is closed (and seen lost)."""
 MAX_MESSAGES_PER_POLL = 64
 """Drain at most this many messages per socket per poll, so one flooding peer cannot starve
 the others or the peer's own round."""
@@ -171,6 +173,10 @@ class Transport:
         sock.setsockopt(zmq.RECONNECT_IVL, 100)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
         sock.setsockopt(zmq.HANDSHAKE_IVL, 5000)
+        # ZMTP heartbeats: a connection to a host that went silent (no FIN, no RST) is seen
+        # as lost within HEARTBEAT_TIMEOUT instead of at the next missed deadline
+        sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_MS)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3 * HEARTBEAT_MS)
 
     def _start_auth(self, keyring: KeyRing) -> None:
         from zmq.auth.thread import ThreadAuthenticator
@@ -209,10 +215,10 @@ class Transport:
     ) -> None:
         """Open (or keep) a DEALER named ``key`` to ``addr``; with CURVE, pin ``server_key``.
 
-        ``watch`` (always on with CURVE) counts its connection events (read with
-        ``handshakes`` and the like) from before the first one: a refusal ends libzmq's
-        reconnecting, so a monitor attached after ``connect`` can miss the only event there
-        will ever be."""
+        Its connection events are counted (``handshakes``, ``lost`` and the like) from
+        before the first one: a refusal ends libzmq's reconnecting, so a monitor attached
+        after ``connect`` can miss the only event there will ever be (``watch`` is kept for
+        callers; every DEALER is watched)."""
         if key in self._dealers:
             return
         sock = self.context.socket(zmq.DEALER)
@@ -224,8 +230,7 @@ class Transport:
             sock.curve_secretkey = self.keyring.identity.secret_key
             sock.curve_publickey = self.keyring.identity.public_key
             sock.curve_serverkey = server_key
-        if watch or self.keyring is not None:
-            self._watch_handshakes(key, sock)
+        self._watch_handshakes(key, sock)  # every DEALER: refusals, mix-ups, lost links
         sock.connect(addr)
         self._dealers[key] = sock
         self._opened[key] = time.monotonic()
@@ -278,6 +283,7 @@ class Transport:
         against plaintext) or where nothing listens never answers, and these say which."""
         events = (
             zmq.EVENT_CONNECTED
+            | zmq.EVENT_DISCONNECTED
             | zmq.EVENT_CONNECT_RETRIED
             | zmq.EVENT_HANDSHAKE_SUCCEEDED
             | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
@@ -299,8 +305,12 @@ class Transport:
             except zmq.Again:
                 break
             kind, value = event["event"], event["value"]
-            if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            if kind == zmq.EVENT_DISCONNECTED:
+                counts[_DOWN] = 1 if counts[_UP] else counts[_DOWN]
+                counts[_UP] = 0
+            elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 counts[_OK] += 1
+                counts[_UP], counts[_DOWN] = 1, 0
             elif kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
                 counts[_REFUSED] += 1
             elif kind == zmq.EVENT_CONNECTED:
@@ -328,6 +338,12 @@ class Transport:
         """A handshake of DEALER ``key`` failed because one side speaks CURVE and the other
         plaintext."""
         return self._drain_monitor(key)[_MISMATCH] > 0
+
+    def lost(self, key: str) -> bool:
+        """The connection of DEALER ``key`` was up and went down (the process there died or
+        closed it; a host gone silent shows after the heartbeat timeout): a reply will not
+        come on it."""
+        return self._drain_monitor(key)[_DOWN] > 0
 
     def connect_refused(self, key: str) -> bool:
         """DEALER ``key`` retried its TCP connection (nothing accepted it) and never
@@ -484,9 +500,10 @@ class Transport:
         self.context.term()
 
 
-_FAILED, _OK, _REFUSED, _MISMATCH, _CONNECTED, _RETRIED = range(6)
-_COUNTS = range(6)
-"""Indices of a watched DEALER's event counters."""
+_FAILED, _OK, _REFUSED, _MISMATCH, _CONNECTED, _RETRIED, _UP, _DOWN = range(8)
+_COUNTS = range(8)
+"""Indices of a watched DEALER's event counters (``_UP``: a connection is up now;
+``_DOWN``: the connection that was up went down, and none came back yet)."""
 
 
 def _frame_limit(max_message_bytes: int, max_frame_bytes: int | None) -> int:

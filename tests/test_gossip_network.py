@@ -174,8 +174,18 @@ def test_curve_peers_talk_and_an_unknown_key_is_refused(tmp_path: Path) -> None:
     started = time.monotonic()
     spawned = [
         _spawn(
-            ["--listen", "tcp://127.0.0.1:0", "--seeds", seed, "--vector",
-             str(tmp_path / "v0.npy"), "--keys", str(dirs[name]), "--rounds", "2"],
+            [
+                "--listen",
+                "tcp://127.0.0.1:0",
+                "--seeds",
+                seed,
+                "--vector",
+                str(tmp_path / "v0.npy"),
+                "--keys",
+                str(dirs[name]),
+                "--rounds",
+                "2",
+            ],
             tmp_path / f"{name}.log",
         )  # fmt: skip
         for name, seed in joiners.items()
@@ -512,9 +522,10 @@ def test_sigterm_stops_a_standalone_peer_cleanly_and_marks_its_run_interrupted(
 
 
 def test_an_offer_during_our_own_exchange_waits_and_is_then_mixed_exactly(tmp_path: Path) -> None:
-    """A peer with its own offer out never mixes another one in between: an offer from a
-    larger id is held and answered right after (landing exactly on the pairwise average),
-    one from a smaller id hears busy at once."""
+    """A peer with its own offer out never mixes another one in between: an offer with a
+    larger exchange id than ours is held and answered right after (landing exactly on the
+    pairwise average), one with a smaller exchange id hears busy at once (whatever the
+    senders' peer ids: who waits is a coin toss per exchange, not always one peer)."""
     from fedweave.config import RunConfig
     from fedweave.gossip.peer import Peer
 
@@ -528,26 +539,26 @@ def test_an_offer_during_our_own_exchange_waits_and_is_then_mixed_exactly(tmp_pa
     socks = []
     try:
 
-        def offer_from(sender: str, value: float) -> zmq.Socket:
+        def offer_from(sender: str, value: float, xid: int) -> zmq.Socket:
             sock = ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
             sock.connect(f"tcp://127.0.0.1:{port}")
             msg = wire.Message(
-                wire.OFFER, sender, "tcp://127.0.0.1:1", 1, 9, num_examples=3,
+                wire.OFFER, sender, "tcp://127.0.0.1:1", 1, xid, num_examples=3,
                 tensors={"x": np.full(4, value)},
             )  # fmt: skip
             sock.send_multipart(wire.encode(msg))
             socks.append(sock)
             return sock
 
-        assert "aaaa" < peer.state.peer_id < "zzzz"
         for known in ("aaaa", "zzzz"):  # members (as after a hello): they may get our model
             peer.members.heard_from(known, "tcp://127.0.0.1:1", 1)
-        peer.exchange.awaiting = {1}  # as if our own offer were out
-        larger, smaller = offer_from("zzzz", 2.0), offer_from("aaaa", 6.0)
+        peer.exchange.awaiting = {5}  # as if our own offer (exchange id 5) were out
+        # the peer ids sort the other way round: only the exchange ids decide
+        larger, smaller = offer_from("aaaa", 2.0, xid=9), offer_from("zzzz", 6.0, xid=3)
         for _ in range(20):
             peer.inbox.serve(0.05)
-        assert not larger.poll(200), "the larger id's offer was answered mid-exchange"
+        assert not larger.poll(200), "the larger exchange id's offer was answered mid-exchange"
         busy = wire.decode(smaller.recv_multipart())
         assert busy.status == "busy"
         assert np.array_equal(peer.state.weights["x"], np.full(4, 10.0))
