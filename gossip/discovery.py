@@ -15,7 +15,7 @@ import logging
 from fedweave.errors import UserError
 from fedweave.gossip import wire
 from fedweave.gossip.keys import KeyRing
-from fedweave.gossip.membership import Membership
+from fedweave.gossip.membership import SUSPECT, Membership
 from fedweave.gossip.state import PeerState
 from fedweave.gossip.transport import Incoming, Transport
 
@@ -81,8 +81,13 @@ class Discovery:
 
     def learn(self, msg: wire.Message) -> None:
         """The sender is alive, and so are the peers it lists: greet the ones new to us."""
-        if self.members.heard_from(msg.sender, msg.addr, msg.round, msg.done):
-            log.info("peer %s is live (%s)", msg.sender, msg.addr)
+        known = self.members.members.get(msg.sender)
+        was = None if known is None else ("refusing our key" if known.refuses_us else known.state)
+        if self.members.heard_from(msg.sender, msg.addr, msg.round, msg.done) or was == SUSPECT:
+            if was is None:
+                log.info("peer %s is live (%s)", msg.sender, msg.addr)
+            else:
+                log.info("peer %s is back (%s; was %s)", msg.sender, msg.addr, was)
         for new in self.members.merge(msg.peers)[:8]:
             if new not in self.greeted:
                 self.hello([new])

@@ -246,7 +246,7 @@ class HistoryConfigSection:
     resume: str | None = setting(
         None,
         "Continue run RUN_ID (or 'latest') after its last recorded round, with its recorded "
-        "config.",
+        "config (a gossip peer: its own run, from its last checkpoint).",
         identity=False, stored=False,
     )
     track: str | None = setting(
