@@ -139,7 +139,7 @@ def case_peer(work: Path, total_mb: int, count: int, limit_mb: int) -> dict:
         sys.executable, "-m", "fedweave.gossip", "peer", "--listen", addr, "--vector",
         str(work / "v.npy"), "--rounds", "0", "--round-interval", "0.5", "--max-message-mb",
         str(limit_mb), "--keys", str(keys[0]), "--results", str(results), "--db", "none",
-        "--log-level", "warning",
+        "--log-level", "warning", "--wait-for-peers", "1",  # alone on purpose: the target
     ]  # fmt: skip
     log = (work / f"peer-{count}.log").open("wb")
     peer = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
