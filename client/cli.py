@@ -12,7 +12,9 @@ Ctrl-C or SIGTERM stops the whole group.
 from __future__ import annotations
 
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -98,6 +100,7 @@ def supernode_command(
     label_column: str | None = None,
     device: str | None = None,
     external_worker: bool = False,
+    name: str | None = None,
 ) -> list[str]:
     """The ``flower-supernode`` command line for this site (``external_worker``: its
     ClientApps run in ``fedweave.client.worker``, not in a new process per message)."""
@@ -105,6 +108,7 @@ def supernode_command(
         NODE_DATA_PATH_KEY,
         NODE_DEVICE_KEY,
         NODE_LABEL_COLUMN_KEY,
+        NODE_SITE_NAME_KEY,
         NODE_TASK_KEY,
     )
 
@@ -113,6 +117,8 @@ def supernode_command(
         node_config += f" {NODE_LABEL_COLUMN_KEY}='{label_column}'"
     if device:
         node_config += f" {NODE_DEVICE_KEY}='{device}'"
+    if name:
+        node_config += f" {NODE_SITE_NAME_KEY}='{name}'"
     cmd = [
         *patched_flower("flower-supernode"),
         "--superlink",
@@ -307,6 +313,26 @@ def _site_key_fingerprint(site_key: Path | None) -> str | None:
     return public_key_fingerprint(key.public_key())
 
 
+SITE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def site_name(given: str | None, site_key: Path | None) -> str:
+    """This site's name: ``--name``, else its site key's file name, else the host name."""
+    from fedweave.errors import UserError
+
+    if given is not None:
+        if not SITE_NAME.match(given):
+            raise UserError(
+                f"--name {given!r}: use 1-64 letters, digits, '.', '_' or '-' "
+                "(e.g. hospital-a)"
+            )
+        return given
+    if site_key is not None:
+        return site_key.stem
+    host = socket.gethostname().split(".")[0]
+    return host if SITE_NAME.match(host) else "site"
+
+
 def _client(config: RunConfig, _resolved: Resolved) -> None:
     from fedweave.errors import UserError
 
@@ -334,6 +360,7 @@ def _client(config: RunConfig, _resolved: Resolved) -> None:
         data.label_column,
         config.training.device,
         external_worker=use_worker,
+        name=site_name(site.name, connection.site_key),
     )
     worker = None
     if use_worker:

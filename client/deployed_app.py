@@ -24,6 +24,7 @@ from fedweave.contract import (
     NODE_DATA_PATH_KEY,
     NODE_DEVICE_KEY,
     NODE_LABEL_COLUMN_KEY,
+    NODE_SITE_NAME_KEY,
     NODE_TASK_KEY,
     RUN_TASK_KEY,
     refusal,
@@ -72,7 +73,9 @@ def site_client(context: Context):
         cached_task(run_task), device=_config_str(context.node_config, NODE_DEVICE_KEY)
     )
     return TaskClient(
-        cached_task(run_task), data, config, site_index=context.node_id % 1_000_003
+        cached_task(run_task), data, config, site_index=context.node_id % 1_000_003,
+        node_id=context.node_id,
+        site_name=_config_str(context.node_config, NODE_SITE_NAME_KEY),
     ).to_client()
 
 

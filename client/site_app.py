@@ -32,6 +32,7 @@ from fedweave.contract import (
     SECAGG_CLIP_KEY,
     SECAGG_MAX_WEIGHT_KEY,
     SEED_KEY,
+    SITE_NAME_METRIC,
     STATISTICS_KEY,
     STATISTICS_STAGE_KEY,
     WEIGHT_DECAY_KEY,
@@ -56,6 +57,7 @@ class ClientSettings:
         split_dir: directory of ``site-<i>.npz`` files (simulation; ``i`` = partition id).
         site_files: the user's own site files (``simulate --data-dir``): site ``i`` reads
             the ``i``-th; takes precedence over ``split_dir``.
+        site_names: simulated site ``i``'s name in the history (default: none, the node id).
         label_column: label column for CSV data.
         device: ``cuda``/``cpu``/``None`` (auto).
         torch_threads: intra-op threads per client (simulations run several per machine).
@@ -65,6 +67,7 @@ class ClientSettings:
     data_path: str | None = None
     split_dir: str | None = None
     site_files: tuple[str, ...] = ()
+    site_names: tuple[str, ...] = ()
     label_column: str | None = None
     device: str | None = None
     torch_threads: int | None = None
@@ -104,13 +107,20 @@ class TaskClient(NumPyClient):
     """
 
     def __init__(
-        self, task: Task, data: Any, config: TrainConfig, site_index: int, node_id: int = 0
+        self,
+        task: Task,
+        data: Any,
+        config: TrainConfig,
+        site_index: int,
+        node_id: int = 0,
+        site_name: str | None = None,
     ) -> None:
         self.task = task
         self.data = data
         self.config = config
         self.site_index = site_index
         self.node_id = node_id
+        self.site_name = site_name
         self.model = task.build_model()
         self._prepared_key: str | None = None
         self._prepared_data: Any = None
@@ -150,7 +160,9 @@ class TaskClient(NumPyClient):
             proximal_mu=float(config.get(PROXIMAL_MU_KEY, 0.0)),
             work_fraction=work,
         )
-        metrics = self.task.train(self.model, data, train_config)
+        metrics = dict(self.task.train(self.model, data, train_config))
+        if self.site_name:
+            metrics[SITE_NAME_METRIC] = self.site_name
         return get_weights(self.model), len(data), metrics
 
     def _prepared(self, config: dict) -> Any:
@@ -241,10 +253,11 @@ def make_client_app(settings: ClientSettings) -> ClientApp:
         path = resolve_data_path(settings, context)
         data = cached_site_data(path, settings.task, settings.label_column)
         site_index = int(context.node_config.get(NODE_PARTITION_KEY, 0))
+        names = settings.site_names
         client = TaskClient(
             cached_task(settings.task), data,
             TrainConfig.for_task(cached_task(settings.task), device=settings.device), site_index,
-            context.node_id,
+            context.node_id, names[site_index] if site_index < len(names) else None,
         )  # fmt: skip
         return client.to_client()
 

@@ -130,12 +130,17 @@ def _prepare_run(store, config: RunConfig, resolved: Resolved) -> DeployPlan:
     what protects it."""
     from fedweave.config.resume import merge_for_resume, stored_run_config
     from fedweave.coordinator.run_header import header_line
+    from fedweave.learning.statistics import pinned_schema
+    from fedweave.learning.task import load_task
 
     config = _absolute_paths(config)  # stored paths are absolute: compare like with like
     run = store.get_run(config.history.resume) if config.history.resume else None
     if run is not None:
         config = merge_for_resume(run, config, resolved)
     stored = stored_run_config(config, "coordinator")
+    schema = pinned_schema(load_task(config.data.task))
+    if schema is not None:
+        stored["schema"] = schema
     config, stored["protections"] = _with_protections(config)
     _echo(header_line(stored["protections"]))
     if run is not None:
@@ -175,7 +180,8 @@ class _Watcher:
             for site in self.store.site_results(self.plan.run_id, row["round"]):
                 if site["status"] != "ok":
                     reason = readable_failure(site.get("reason"))
-                    name = self.revoked.get(str(site["site_id"]))
+                    node = (site.get("metrics") or {}).get("node_id", site["site_id"])
+                    name = self.revoked.get(str(node))
                     who = f"{site['site_id']} ({name}, key revoked)" if name else site["site_id"]
                     _echo(f"  site {who} {site['status']}: {reason}")
             for warning in (row.get("extra") or {}).get("warnings") or ():

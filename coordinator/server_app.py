@@ -37,6 +37,7 @@ from fedweave.coordinator.model_health import ModelHealth
 from fedweave.coordinator.privacy import check_privacy, local_dp_config, wrap_for_central_dp
 from fedweave.coordinator.rounds import RoundListener
 from fedweave.coordinator.secure_agg import SecAggSettings, derive_shares, make_secagg_workflow
+from fedweave.coordinator.site_names import SiteNames
 from fedweave.coordinator.statistics import StatisticsFirst, StatisticsSink, WithStatistics
 from fedweave.coordinator.strategies import check_strategy_choice, make_strategy
 from fedweave.errors import UserError
@@ -190,7 +191,9 @@ def make_server_app(
     task = load_task(config.data.task)
     sink = StatisticsSink(statistics)
     listeners = [
-        WithStatistics([ModelHealth(listeners, int(getattr(task, "num_classes", 0)))], sink)
+        WithStatistics(
+            [SiteNames([ModelHealth(listeners, int(getattr(task, "num_classes", 0)))])], sink
+        )
     ]
     app = ServerApp()
 

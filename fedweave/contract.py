@@ -28,6 +28,11 @@ NODE_DATA_PATH_KEY = "data-path"
 NODE_TASK_KEY = "task"
 NODE_LABEL_COLUMN_KEY = "label-column"
 NODE_DEVICE_KEY = "device"
+NODE_SITE_NAME_KEY = "site-name"
+"""Node config: the name this site goes by in the history (``fedweave client --name``)."""
+SITE_NAME_METRIC = "fw-site-name"
+"""Fit metrics: the site's name, which the coordinator records instead of Flower's node id
+(a node id changes when a site reconnects; its name does not)."""
 NODE_PARTITION_KEY = "partition-id"
 """Node config (simulation only): which ``site-<i>.npz`` of the split a simulated site holds."""
 

@@ -129,6 +129,7 @@ def build_learner(config: Any, peer_id: str) -> Learner:
             ) from exc
         return VectorLearner(vector, config.peer.vector_examples)
     from fedweave.learning.data import load_site_data
+    from fedweave.learning.statistics import local_only_statistics, needs_statistics
     from fedweave.learning.task import load_task
     from fedweave.learning.training import TrainConfig
 
@@ -138,4 +139,9 @@ def build_learner(config: Any, peer_id: str) -> Learner:
     data = load_site_data(Path(config.data.data), task, config.data.label_column)
     test_path = config.data.test_data
     test = load_site_data(Path(test_path), task) if test_path is not None else None
+    if needs_statistics(task):
+        # No coordinator to gather federated statistics: a peer standardises with its own.
+        own = local_only_statistics(task, data)
+        data = task.prepare(data, own)  # type: ignore[attr-defined]
+        test = task.prepare(test, own) if test is not None else None  # type: ignore[attr-defined]
     return TaskLearner(task, data, test, TrainConfig.of(config.training, task), peer_id)

@@ -22,7 +22,7 @@ from fedweave.coordinator.rounds import RoundListener, RoundSummary  # noqa: E40
 from fedweave.coordinator.server_app import ServerSettings, initial_weights, make_server_app  # noqa: E402
 from fedweave.learning.data import load_site_data  # noqa: E402
 from fedweave.learning.task import load_task  # noqa: E402
-from fedweave.simulations.site_files import check_site_files  # noqa: E402
+from fedweave.simulations.site_files import check_site_files, site_name  # noqa: E402
 from fedweave.simulations.split import test_file, write_split  # noqa: E402
 
 
@@ -138,9 +138,11 @@ def run_federated_simulation(
     with tempfile.TemporaryDirectory(prefix="fedweave-split-") as tmp:
         out_dir = (split_dir or config.simulation.split_dir or Path(tmp)).resolve()
         own_files: tuple[str, ...] = ()
+        names = tuple(f"site-{index}" for index in range(data.clients))
         if data.data_dir is not None:
             paths, test_data = check_site_files(task, data.data_dir, data.test_data)
             own_files = tuple(str(p.resolve()) for p in paths)
+            names = tuple(site_name(p) for p in paths)
         else:
             write_split(
                 task, out_dir, data.clients, data.partition, data.alpha, data.shards_per_client,
@@ -158,7 +160,7 @@ def run_federated_simulation(
         )
         client_app = make_client_app(
             ClientSettings(
-                task=data.task, split_dir=str(out_dir), site_files=own_files,
+                task=data.task, split_dir=str(out_dir), site_files=own_files, site_names=names,
                 device=config.training.device, torch_threads=1,
             )
         )

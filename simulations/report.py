@@ -102,5 +102,5 @@ class RoundProgress:
             f"  {row['seconds']:.2f}s"
         )
         for warning in row.get("warnings") or ():
-            self.progress.console.print(f"  warning: {warning}", highlight=False)
+            self.progress.console.print(f"  warning: {warning}", highlight=False, soft_wrap=True)
         self.progress.update(self.task_id, advance=1, status=status)

@@ -12,6 +12,7 @@ from fedweave.coordinator.rounds import RoundSummary
 from fedweave.coordinator.run_header import header_line, protections
 from fedweave.coordinator.statistics import recorded_statistics
 from fedweave.learning.data import load_site_data
+from fedweave.learning.statistics import pinned_schema
 from fedweave.learning.task import load_task
 from fedweave.simulations.federated import run_federated_simulation, server_settings
 from fedweave.simulations.report import RoundProgress, build_report, rounds_table, write_report
@@ -78,6 +79,9 @@ def run_and_report(config: RunConfig, resolved: Resolved) -> dict:
         if config.data.test_data is not None:
             test = load_site_data(config.data.test_data, task)
     stored = stored_run_config(config, "simulate")
+    schema = pinned_schema(task)
+    if schema is not None:
+        stored["schema"] = schema
     config, stored["protections"] = _with_protections(config, offset, test)
     console.print(header_line(stored["protections"]), soft_wrap=True, highlight=False)
     if not resume:

@@ -77,10 +77,13 @@ def test_removed_key_is_refused_within_seconds(tmp_path):
     rounds, site_rows, run = recorded(db)
     assert run.status == "completed" and len(rounds) == ROUNDS, out
     assert rounds[-1]["eval_accuracy"] > 0.5
-    later = [s for s in site_rows if s["round"] > in_flight and str(s["site_id"]) == node]
+    def is_site2(s: dict) -> bool:  # recorded by its name (its key file's) once it replied
+        return s["site_id"] == "site2" or str((s["metrics"] or {}).get("node_id")) == node
+
+    later = [s for s in site_rows if s["round"] > in_flight and is_site2(s)]
     assert all(s["status"] != "ok" for s in later), later  # never again counted
     for s in site_rows:
-        if s["round"] == in_flight and str(s["site_id"]) == node:
+        if s["round"] == in_flight and is_site2(s):
             print(f"site2 in round {in_flight} (in flight at revocation): {s['status']} "
                   f"{s.get('reason') or ''}")  # fmt: skip
     print(out)

@@ -363,6 +363,11 @@ class SiteSection:
     coordinator: str | None = setting(
         None, "The coordinator's HOST:PORT (required).", required=True, identity=False
     )
+    name: str | None = setting(
+        None, "This site's name in the coordinator's history (default: its --site-key file's "
+        "name, else the host name); two live sites with one name are reported.",
+        identity=False,
+    )
     runtime_port: int = setting(
         0, "Local port of the SuperNode's runtime API (0: any free port).", minimum=0,
         maximum=65535, identity=False,
@@ -465,7 +470,7 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         "max_clock_skew", "state_dir", "once", "db", "checkpoint_dir", "resume",
     ),
     "client": (
-        "coordinator", "task", "data", "label_column", "device", "insecure", "ca_cert",
+        "coordinator", "name", "task", "data", "label_column", "device", "insecure", "ca_cert",
         "site_key", "connect_timeout", "runtime_port", "log_file", "verbose",
     ),
     "peer": (

@@ -57,6 +57,15 @@ def bound_problem(vector: np.ndarray, weight: float, clipping_range: float) -> s
     return None
 
 
+def pinned_schema(task: Any) -> dict[str, Any] | None:
+    """The data schema a run pins in its stored config (a tabular task's columns, kinds,
+    order, categories and classes), or ``None`` for a task without one."""
+    schema = getattr(task, "schema", None)
+    if schema is None or not hasattr(schema, "pinned"):
+        return None
+    return {**schema.pinned(), "digest": schema.digest()}
+
+
 def local_only_statistics(task: Any, data: Any) -> dict[str, Any]:
     """Statistics of one site's data alone (the coordinator's own test set, to time a
     site's local work before the federation's statistics exist)."""

@@ -71,7 +71,11 @@ class Task(Protocol):
     (``TrainingDefaults``), and ``read_site_data(path)``, which turns a site's ``--data``
     (a file or a folder) into a ``torch.utils.data.Dataset`` of ``(x, y)`` tensor pairs, so
     a site's data is streamed rather than held in memory. Without it, sites read ``.npz``
-    and ``.csv`` files into ``ArrayData``.
+    and ``.csv`` files into ``ArrayData``. A task that generates each simulated site's own
+    data (the synthetic tasks) defines ``site_data(index, seed) -> (train, test)``; a
+    simulation then writes site ``index``'s file from it instead of splitting
+    ``load_data()``. Tasks that need federated statistics before round 1 declare them as
+    ``fedweave/learning/statistics.py`` describes.
 
     Attributes:
         name: short identifier recorded in the history (``"digits"``).

@@ -1,0 +1,53 @@
+"""Sites recorded by name, not by Flower's node id (which changes when a site reconnects).
+
+Each site sends its name with its fit metrics (``SITE_NAME_METRIC``: ``fedweave client
+--name``, or a simulated site's file name). ``SiteNames`` wraps the round listeners: it learns
+node id → name from the replies and records every site of a round under its name (its node
+id stays in the site's metrics), including the failed and late ones it has heard from before.
+Two live sites giving one name are told apart by node id and reported in the round's warnings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from fedweave.contract import SITE_NAME_METRIC
+
+
+class SiteNames:
+    """Round listeners that see site names instead of node ids."""
+
+    def __init__(self, listeners: Sequence[Any]) -> None:
+        self.listeners = list(listeners)
+        self.names: dict[str, str] = {}
+
+    def on_round(self, summary: Any) -> None:
+        for site in summary.sites:
+            name = site.metrics.get(SITE_NAME_METRIC)
+            if isinstance(name, str) and name:
+                self.names[site.site_id] = name
+        claimed: dict[str, list[str]] = {}
+        for site in summary.sites:
+            name = self.names.get(site.site_id)
+            if name is not None:
+                claimed.setdefault(name, []).append(site.site_id)
+        for name, nodes in claimed.items():
+            if len(nodes) > 1:
+                summary.warnings = [
+                    *summary.warnings,
+                    f"{len(nodes)} sites call themselves '{name}' (nodes {', '.join(nodes)}); "
+                    "give each its own: fedweave client --name",
+                ]
+        for site in summary.sites:
+            name = self.names.get(site.site_id)
+            if name is None:
+                continue
+            node = site.site_id
+            site.metrics = {
+                **{k: v for k, v in site.metrics.items() if k != SITE_NAME_METRIC},
+                "node_id": node,
+            }
+            site.site_id = name if len(claimed[name]) == 1 else f"{name} (node {node})"
+        for listener in self.listeners:
+            listener.on_round(summary)

@@ -1,0 +1,64 @@
+"""A run says when it stopped learning: a non-finite loss or a fall back to chance, on the
+progress line and in the history."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from datetime import datetime, timezone
+
+from fedweave.coordinator.model_health import ModelHealth
+from fedweave.coordinator.rounds import RoundSummary
+from fedweave.history import open_store
+from fedweave.history.records import SiteResult
+
+
+def _summary(round: int, accuracy: float, loss: float = 1.0, sites=()) -> RoundSummary:
+    now = datetime.now(timezone.utc)
+    return RoundSummary(round, loss, accuracy, 0.1, now, now, [], sites=list(sites))
+
+
+class _Keep:
+    def __init__(self) -> None:
+        self.seen: list[RoundSummary] = []
+
+    def on_round(self, summary: RoundSummary) -> None:
+        self.seen.append(summary)
+
+
+def test_a_fall_back_to_chance_is_said_once_the_model_had_learned():
+    kept = _Keep()
+    health = ModelHealth([kept], num_classes=10)
+    for n, accuracy in enumerate([0.11, 0.79, 0.10, 0.71], start=1):
+        health.on_round(_summary(n, accuracy))
+    warned = [bool(s.warnings) for s in kept.seen]
+    assert warned == [False, False, True, False]  # round 1 near chance has not learned yet
+    assert "fell back to chance (accuracy 0.100, chance 0.100, best so far 0.790)" in (
+        kept.seen[2].warnings[0]
+    )
+
+
+def test_non_finite_losses_are_said():
+    kept = _Keep()
+    health = ModelHealth([kept], num_classes=0)  # regression: no chance level
+    bad_site = SiteResult("7", "rejected", reason="tensor 0 has non-finite values (NaN or inf)")
+    health.on_round(_summary(1, None, float("nan"), [bad_site, SiteResult("8")]))
+    text = " ".join(kept.seen[0].warnings)
+    assert "1 site(s)' training loss became NaN or infinite" in text
+    assert "the global model's loss is not finite" in text
+
+
+def test_a_diverging_run_says_so_on_the_progress_line_and_in_the_history(tmp_path):
+    db = f"sqlite:///{tmp_path / 'h.db'}"
+    done = subprocess.run(
+        [sys.executable, "-m", "fedweave.cli", "simulate", "--task", "digits", "--clients", "3",
+         "--rounds", "2", "--lr", "1000", "--no-secure-agg", "--db", db,
+         "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert re.search(r"warning: \d site\(s\)' training loss became NaN or infinite", done.stderr)
+    with open_store(db) as store:
+        rounds = store.rounds(store.list_runs()[0].run_id)
+    assert any("NaN or infinite" in w for w in rounds[0]["extra"]["warnings"])
