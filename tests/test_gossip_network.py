@@ -246,6 +246,8 @@ def test_unreachable_seeds_exit_nonzero_with_a_clear_message(tmp_path: Path) -> 
             _key_group(tmp_path, 2)[0],
             "--wait-for-peers",
             "1",  # standalone on purpose
+            "--checkpoint-dir",
+            str(tmp_path / "checkpoints"),
         ],
         env=_env(),
         cwd=REPO,
@@ -506,6 +508,8 @@ def test_sigterm_stops_a_standalone_peer_cleanly_and_marks_its_run_interrupted(
             _key_group(tmp_path, 2)[0],
             "--wait-for-peers",
             "1",  # standalone on purpose
+            "--checkpoint-dir",
+            str(tmp_path / "checkpoints"),
         ],
         tmp_path / "p.log",
     )
