@@ -270,6 +270,8 @@ def _launch_plan(
             argv.append("--insecure")
         if sim.db is not None and run_id is not None:
             argv += ["--db", sim.db, "--run-id", run_id]
+            # each peer's model checkpoints: <checkpoint-dir>/<run>/<peer id>/round-NNNNN.npz
+            argv += ["--checkpoint-dir", str(sim.config.history.checkpoint_dir)]
         else:
             argv += ["--db", "none"]
         env = dict(os.environ, OMP_NUM_THREADS="1")

@@ -89,7 +89,10 @@ def test_every_peer_records_its_rounds_in_the_launchers_history_run(tmp_path: Pa
 
     url = f"sqlite:///{tmp_path / 'history.db'}"
     report = run_gossip_simulation(
-        GossipSimulation(RunConfig.of(clients=3, rounds=3, seed=4, db=url), timeout_s=180),
+        GossipSimulation(
+            RunConfig.of(clients=3, rounds=3, seed=4, db=url, checkpoint_dir=tmp_path / "ckpt"),
+            timeout_s=180,
+        ),
         work_dir=tmp_path / "work",
     )
     store = open_store(url)
@@ -98,6 +101,12 @@ def test_every_peer_records_its_rounds_in_the_launchers_history_run(tmp_path: Pa
     rows = store.rounds(report["run_id"])
     assert len(rows) == 9 and len({r["actor"] for r in rows}) == 3
     assert all(r["eval_accuracy"] is not None and r["model_sha256"] for r in rows)
+    # every peer's model out: its last round checkpointed under the run's folder
+    last = [r for r in rows if r["round"] == 3]
+    assert len(last) == 3 and all(
+        Path(r["checkpoint_path"]).is_relative_to(tmp_path / "ckpt" / report["run_id"])
+        for r in last
+    )
     sites = store.site_results(report["run_id"])
     assert sites and {s["site_id"] for s in sites} <= {r["actor"] for r in rows}
 
