@@ -346,7 +346,7 @@ class ReportingStrategy(Strategy):
         summary = RoundSummary(
             round=server_round + self.round_offset,
             loss=scores["loss"],
-            accuracy=scores["accuracy"],
+            accuracy=scores.get("accuracy"),  # none for regression
             seconds=time.perf_counter() - started,
             started_at=started_at,
             ended_at=datetime.now(timezone.utc),
@@ -359,4 +359,4 @@ class ReportingStrategy(Strategy):
         for listener in self.listeners:
             listener.on_round(summary)
         self._round_started = None
-        return scores["loss"], {"accuracy": scores["accuracy"]}
+        return scores["loss"], {k: v for k, v in scores.items() if k != "loss"}

@@ -31,7 +31,7 @@ class RoundSummary:
 
     round: int
     loss: float
-    accuracy: float
+    accuracy: float | None
     seconds: float
     started_at: datetime
     ended_at: datetime
@@ -49,6 +49,11 @@ class RoundSummary:
     @property
     def replied(self) -> int:
         return sum(1 for site in self.sites if site.status == "ok")
+
+
+def shown(value: float | None, digits: int = 4) -> str:
+    """A metric for a console line: ``-`` when the task has none (accuracy in a regression)."""
+    return "-" if value is None else f"{value:.{digits}f}"
 
 
 class RoundListener(Protocol):

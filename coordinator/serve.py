@@ -29,6 +29,7 @@ from fedweave.coordinator.deployed_run import (
     write_db_url_file,
 )
 from fedweave.coordinator.refused_keys import RefusedKeys
+from fedweave.coordinator.rounds import shown
 from fedweave.coordinator.superlink import (
     SuperLinkOptions,
     build_fab,
@@ -172,7 +173,7 @@ class _Watcher:
             seconds = (row.get("extra") or {}).get("seconds")
             failed = (row.get("extra") or {}).get("failed")
             _echo(
-                f"round {row['round']}/{self.rounds}: accuracy {row['eval_accuracy']:.4f} "
+                f"round {row['round']}/{self.rounds}: accuracy {shown(row['eval_accuracy'])} "
                 f"loss {row['eval_loss']:.4f}, sites {row['replied']}/{row['sampled']} ok"
                 + (f", {seconds:.1f} s" if seconds is not None else "")
                 + (f"; FAILED: {failed}" if failed else "")
@@ -337,8 +338,8 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
             )
             return 1
         rows = store.rounds(plan.run_id)
-        final = rows[-1]["eval_accuracy"] if rows else float("nan")
-        _echo(f"run {plan.run_id} completed: {len(rows)} rounds, final accuracy {final:.4f}")
+        final = rows[-1]["eval_accuracy"] if rows else None
+        _echo(f"run {plan.run_id} completed: {len(rows)} rounds, final accuracy {shown(final)}")
         if deployment.once:
             return 0
         _echo("serving: sites stay connected for the next run; Ctrl-C to stop")

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from fedweave.coordinator.rounds import shown
 from fedweave.errors import UserError
 
 ROUND_COLUMNS = ("round", "accuracy", "loss", "seconds")
@@ -96,9 +97,9 @@ class RoundProgress:
         self.progress.update(self.task_id, completed=rounds_done)
 
     def update(self, row: dict[str, Any]) -> None:
-        status = f"acc {row['accuracy']:.3f}  loss {row['loss']:.3f}"
+        status = f"acc {shown(row['accuracy'], 3)}  loss {shown(row['loss'], 3)}"
         self.progress.console.print(
-            f"round {row['round']:>4}  accuracy {row['accuracy']:.4f}  loss {row['loss']:.4f}"
+            f"round {row['round']:>4}  accuracy {shown(row['accuracy'])}  loss {shown(row['loss'])}"
             f"  {row['seconds']:.2f}s"
         )
         for warning in row.get("warnings") or ():

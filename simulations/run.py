@@ -8,7 +8,7 @@ import uuid
 from rich.console import Console
 
 from fedweave.config import Resolved, RunConfig
-from fedweave.coordinator.rounds import RoundSummary
+from fedweave.coordinator.rounds import RoundSummary, shown
 from fedweave.coordinator.run_header import header_line, protections
 from fedweave.coordinator.statistics import recorded_statistics
 from fedweave.learning.data import load_site_data
@@ -142,7 +142,7 @@ def run_and_report(config: RunConfig, resolved: Resolved) -> dict:
     write_report(out, report)
     console.print(rounds_table(report["rounds"], title=f"federated {task_name}: {clients} sites"))
     console.print(
-        f"final accuracy {report['final_accuracy']:.4f}; run {run_id}; report written to {out}"
+        f"final accuracy {shown(report['final_accuracy'])}; run {run_id}; report written to {out}"
     )
     store.close()
     return report

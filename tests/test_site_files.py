@@ -4,6 +4,7 @@ of a centrally trained model; bad files refused before anything is recorded."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -102,3 +103,30 @@ def test_clients_must_match_the_site_files(hospitals, tmp_path):
     )  # fmt: skip
     assert result.returncode == 2
     assert "holds 3 sites; leave --clients out" in result.stderr
+
+
+def test_a_regression_table_trains_and_reports_without_accuracy(hospitals, tmp_path):
+    """A user's regression task (predict 'mean area' from the other measurements): the
+    run completes, its loss falls, and the console and history show no accuracy."""
+    root, _, test = hospitals
+    (tmp_path / "area_task.py").write_text(
+        "from fedweave.learning.tabular import Label, Numeric\n"
+        "from fedweave.learning.tasks.breast_cancer import feature_names\n"
+        "from fedweave.learning.tasks.tabular import TabularTask\n"
+        "task = TabularTask('area', [Numeric(n) for n in feature_names() if n != 'mean area'],\n"
+        "                   Label('mean area', kind='regression'))\n"
+    )
+    db = f"sqlite:///{tmp_path / 'h.db'}"
+    result = subprocess.run(
+        [*FEDWEAVE, "simulate", "--task", "area_task:task", "--data-dir", str(root / "sites"),
+         "--test-data", str(test), "--rounds", "3", "--no-secure-agg", "--lr", "0.05",
+         "--db", db, "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=400, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "accuracy -  loss" in result.stderr and "final accuracy -" in result.stderr
+    with open_store(db) as store:
+        rounds = store.rounds(store.list_runs()[0].run_id)
+    assert all(r["eval_accuracy"] is None for r in rounds)
+    assert rounds[-1]["eval_loss"] < rounds[0]["eval_loss"]
