@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from functools import partial
 
 import numpy as np
 import torch
@@ -75,8 +76,8 @@ def main() -> None:
         # Interleaved, so a machine's drift hits both alike.
         old, new = [], []
         for _ in range(args.repeats):
-            old.append(samples_per_second(lambda: earlier_epoch(model, data, config), data, 1))
-            new.append(samples_per_second(lambda: train_epochs(model, data, config), data, 1))
+            old.append(samples_per_second(partial(earlier_epoch, model, data, config), data, 1))
+            new.append(samples_per_second(partial(train_epochs, model, data, config), data, 1))
         before, after = statistics.median(old), statistics.median(new)
         print(f"{name:<10} {before:>14.0f} {after:>12.0f} {after / before:>7.3f}")
 
