@@ -1,5 +1,5 @@
-"""What a peer's operator reads: one line per round, a warning the moment the peer trains
-alone, and a summary at the end.
+"""What a peer's operator reads: one line per round (every few rounds when rounds are faster
+than two a second), a warning the moment the peer trains alone, and a summary at the end.
 
 A peer that mixes with nobody still "completes" its rounds; its model is then its own data's
 alone. The results log and the history have every number, but the operator watches the
@@ -10,6 +10,8 @@ lasts), when it ends, and in the summary.
 from __future__ import annotations
 
 import logging
+import math
+import time
 
 from fedweave.gossip.recording import RoundReport
 
@@ -17,6 +19,10 @@ log = logging.getLogger("fedweave.gossip")
 
 REMIND_EVERY = 10
 """Rounds alone between two reminders."""
+LINE_EVERY_S = 0.5
+"""At most about two round lines a second when rounds are faster (see ``_worth_a_line``)."""
+LINE_EVERY_ROUNDS = 5
+"""Every this many rounds a line is printed however fast the rounds go."""
 
 
 class PeerConsole:
@@ -32,6 +38,24 @@ class PeerConsole:
         self.rounds_seen = 0
         self.rounds_alone = 0
         self._alone_since: int | None = None
+        self._printed_at = -math.inf
+
+    def _worth_a_line(self, report: RoundReport, mixed: int) -> bool:
+        """Every round, unless rounds come faster than ``LINE_EVERY_S``: then the first,
+        the last, every ``LINE_EVERY_ROUNDS``-th, and any round with a missed partner or
+        without a mix (the results log and the history keep every round)."""
+        now = time.monotonic()
+        if (
+            now - self._printed_at >= LINE_EVERY_S
+            or report.round % LINE_EVERY_ROUNDS == 0
+            or self.rounds_seen == 1
+            or report.round == self.rounds
+            or report.failed
+            or mixed == 0
+        ):
+            self._printed_at = now
+            return True
+        return False
 
     def round(self, report: RoundReport) -> None:
         mixed = report.mixes - self._mixes
@@ -46,12 +70,13 @@ class PeerConsole:
         )
         of = f"/{self.rounds}" if self.rounds > 0 else ""
         consensus = "" if report.consensus is None else f"; consensus ~{report.consensus:.3g}"
-        log.info(
-            "round %d%s: %smixed %d time(s); %d of %d neighbour(s) answered; %d member(s) "
-            "live%s",
-            report.round, of, metrics, mixed, len(report.contacted) - len(report.failed),
-            len(report.contacted), report.live_members, consensus,
-        )  # fmt: skip
+        if self._worth_a_line(report, mixed):
+            log.info(
+                "round %d%s: %smixed %d time(s); %d of %d neighbour(s) answered; %d member(s) "
+                "live%s",
+                report.round, of, metrics, mixed, len(report.contacted) - len(report.failed),
+                len(report.contacted), report.live_members, consensus,
+            )  # fmt: skip
         if mixed > 0:
             if self._alone_since is not None:
                 log.info(

@@ -191,6 +191,7 @@ class Joining:
                 failed.append(spec)
         if not seeds or len(refused) + len(failed) < len(seeds):
             return
+        self._refuse_on_mechanism_mismatch(seeds)  # failures that came with a mismatch
         keys = self._keys_dir()
         if refused:
             raise UserError(

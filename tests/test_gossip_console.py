@@ -50,3 +50,17 @@ def test_a_peer_that_never_mixed_says_so_at_the_end(caplog):
     last = caplog.records[-1]
     assert last.levelno == logging.WARNING
     assert last.getMessage().startswith("completed: 3 round(s), never mixed with another peer")
+
+
+def test_fast_rounds_get_a_line_every_few_rounds_and_every_notable_one(caplog):
+    from fedweave.gossip.console import LINE_EVERY_ROUNDS
+
+    console = PeerConsole(rounds=23)
+    with caplog.at_level(logging.INFO, logger="fedweave.gossip"):
+        for r in range(1, 24):  # instant rounds, each mixing once; round 13 misses a partner
+            report = _report(r, r)
+            report.failed = ["b"] if r == 13 else []
+            console.round(report)
+    printed = [int(m.split()[1].split("/")[0]) for m in caplog.messages if m.startswith("round ")]
+    every = list(range(LINE_EVERY_ROUNDS, 24, LINE_EVERY_ROUNDS))
+    assert printed == sorted({1, 13, 23, *every})  # first, missed partner, last, every 5th

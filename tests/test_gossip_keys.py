@@ -104,7 +104,7 @@ def test_curve_against_plaintext_is_named_within_seconds_both_ways(tmp_path: Pat
             log = (tmp_path / f"{name}.log").read_text()
             print(f"{name}: exit 2 after {seconds:.1f} s (process start included): {said}")
             assert f"error: seed tcp://127.0.0.1:{seed} {said}" in log, log
-            assert seconds < 15 and "Traceback" not in log
+            assert seconds < 30 and "Traceback" not in log  # ~1.5 s; a loaded CI machine
     finally:
         _stop(curve_seed, plain_seed)
 
@@ -182,7 +182,7 @@ def test_two_peers_with_one_key_pair_the_second_is_refused_and_stops(tmp_path: P
         tmp_path / "b.log",
     )
     try:
-        _until(tmp_path / "b.log", "round 3:", 60)
+        _until(tmp_path / "b.log", "round 5:", 60)
         started = time.monotonic()
         copy = _spawn(
             _args(
