@@ -62,3 +62,25 @@ def test_a_diverging_run_says_so_on_the_progress_line_and_in_the_history(tmp_pat
     with open_store(db) as store:
         rounds = store.rounds(store.list_runs()[0].run_id)
     assert any("NaN or infinite" in w for w in rounds[0]["extra"]["warnings"])
+
+
+def test_sites_are_recorded_by_a_valid_name_only():
+    from fedweave.contract import SITE_NAME_METRIC
+    from fedweave.coordinator.site_names import SiteNames
+
+    kept = _Keep()
+    names = SiteNames([kept])
+    sites = [
+        SiteResult("11", metrics={SITE_NAME_METRIC: "hospital-a", "train_loss": 0.5}),
+        SiteResult("12", metrics={SITE_NAME_METRIC: "x" * 300}),
+        SiteResult("13", metrics={SITE_NAME_METRIC: "hospital-a"}),
+    ]
+    names.on_round(_summary(1, 0.5, sites=sites))
+    ids = [s.site_id for s in kept.seen[0].sites]
+    assert ids == ["hospital-a (node 11)", "12", "hospital-a (node 13)"]
+    assert any("sent a name that is not one" in w for w in kept.seen[0].warnings)
+    assert any("2 sites call themselves 'hospital-a'" in w for w in kept.seen[0].warnings)
+    # a site that fails later is still recorded by the name it gave
+    names.on_round(_summary(2, 0.5, sites=[SiteResult("11", "late", reason="no reply")]))
+    assert kept.seen[1].sites[0].site_id == "hospital-a"
+    assert kept.seen[1].sites[0].metrics["node_id"] == "11"
