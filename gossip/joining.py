@@ -26,6 +26,8 @@ log = logging.getLogger("fedweave.gossip")
 
 HANDSHAKE_FAILURES = 3
 """Failed CURVE handshakes with each of a seed's pinned keys before joining gives up on it."""
+FAILING_FOR_S = 2.0
+"""...and for at least this long (a seed starting up fails a handshake or two)."""
 
 
 class Joining:
@@ -64,6 +66,7 @@ class Joining:
         self.exchange = exchange
         self.inbox = inbox
         self.stopping = stopping
+        self._first_failure: dict[str, float] = {}
 
     def join(self, timeout: float) -> None:
         """Say hello to the seeds until one answers (``UserError`` naming them after
@@ -187,7 +190,7 @@ class Joining:
                 continue
             if any(no for _, _, no in counts):
                 refused.append(spec)
-            elif all(f >= HANDSHAKE_FAILURES for f, _, _ in counts):
+            elif all(f >= HANDSHAKE_FAILURES for f, _, _ in counts) and self._failing_for(spec):
                 failed.append(spec)
         if not seeds or len(refused) + len(failed) < len(seeds):
             return
@@ -210,6 +213,14 @@ class Joining:
             f"{len(self.keyring.allowed) - 1} key(s) in {keys}/allowed/ is the key of the peer "
             "there; copy its peer.key in with `fedweave keys allow FILE`"
         )
+
+    def _failing_for(self, spec: str) -> bool:
+        """Handshakes with seed ``spec`` have failed for ``FAILING_FOR_S`` seconds: a wrong
+        key fails every retry, a seed that is only starting up (or a plaintext one, whose
+        mechanism mismatch the monitor reports a moment later) does not look like one."""
+        now = time.monotonic()
+        first = self._first_failure.setdefault(spec, now)
+        return now - first >= FAILING_FOR_S
 
     def _keys_dir(self) -> Path:
         """The key directory this peer runs with (``--keys``, or the default one)."""
