@@ -42,8 +42,12 @@ DbOption = Annotated[
     ),
 ]
 RunArg = Annotated[
-    str, typer.Argument(help="Run id (or a unique prefix of 4+ characters), or 'latest' for the "
-                        "most recently started run.", show_default=False)
+    str,
+    typer.Argument(
+        help="Run id (or a unique prefix of 4+ characters), or 'latest' for the "
+        "most recently started run.",
+        show_default=False,
+    ),
 ]
 
 
@@ -66,8 +70,10 @@ def _open(db: str) -> HistoryStore:
 
     path = sqlite_file(db)
     if path is not None and not path.exists():
-        raise UserError(f"no history database at {path} ('{mask_url_password(db)}'); pass the "
-                        f"--db the run wrote to (or set ${DB_URL_ENVVAR})")
+        raise UserError(
+            f"no history database at {path} ('{mask_url_password(db)}'); pass the "
+            f"--db the run wrote to (or set ${DB_URL_ENVVAR})"
+        )
     return open_store(db)
 
 
@@ -82,9 +88,13 @@ def _num(value: float | None, digits: int = 4) -> str:
 @history_app.command("runs")
 def runs_command(
     db: DbOption = DEFAULT_DB_URL,
-    fmt: Annotated[ListFormat, typer.Option(
-        "--format", help="table: a readable table; json: a list of run objects for scripts.",
-    )] = ListFormat.table,
+    fmt: Annotated[
+        ListFormat,
+        typer.Option(
+            "--format",
+            help="table: a readable table; json: a list of run objects for scripts.",
+        ),
+    ] = ListFormat.table,
 ) -> None:
     """List recorded runs, most recent first: id, mode, task, status, rounds, times."""
     import json
@@ -101,15 +111,34 @@ def runs_command(
             typer.echo(json.dumps([run_dict(run) for run in runs], indent=2))
             return
         table = Table(title=f"runs in {store.masked_url}")
-        for column in ("run id", "mode", "task", "status", "rounds", "started", "ended", "seed",
-                       "version", "reason"):
-            table.add_column(column, overflow="fold",
-                             no_wrap=column in ("run id", "started", "ended"))
+        for column in (
+            "run id",
+            "mode",
+            "task",
+            "status",
+            "rounds",
+            "started",
+            "ended",
+            "seed",
+            "version",
+            "reason",
+        ):
+            table.add_column(
+                column, overflow="fold", no_wrap=column in ("run id", "started", "ended")
+            )
         for run in runs:
-            table.add_row(run.run_id, run.mode, run.task, run.status, str(run.rounds_completed),
-                          _when(run.started_at), _when(run.ended_at),
-                          "-" if run.seed is None else str(run.seed), run.code_version,
-                          run.reason or "")
+            table.add_row(
+                run.run_id,
+                run.mode,
+                run.task,
+                run.status,
+                str(run.rounds_completed),
+                _when(run.started_at),
+                _when(run.ended_at),
+                "-" if run.seed is None else str(run.seed),
+                run.code_version,
+                run.reason or "",
+            )
         Console().print(table if runs else f"no runs in {store.masked_url}")
 
 
@@ -117,17 +146,29 @@ def runs_command(
 def show_command(
     run_id: RunArg,
     db: DbOption = DEFAULT_DB_URL,
-    fmt: Annotated[ShowFormat, typer.Option(
-        "--format", help="table: readable; json: run, rounds (and sites) as one object; "
-        "csv: the rounds (or, with --sites, the site results) as CSV on stdout.",
-    )] = ShowFormat.table,
-    sites: Annotated[bool, typer.Option(
-        "--sites", help="Also show each site's (gossip: each neighbour's) result per round.",
-    )] = False,
-    config: Annotated[bool, typer.Option(
-        "--config", help="Print only the run's config, as TOML that `fedweave <command> "
-        "--config FILE` runs again.",
-    )] = False,
+    fmt: Annotated[
+        ShowFormat,
+        typer.Option(
+            "--format",
+            help="table: readable; json: run, rounds (and sites) as one object; "
+            "csv: the rounds (or, with --sites, the site results) as CSV on stdout.",
+        ),
+    ] = ShowFormat.table,
+    sites: Annotated[
+        bool,
+        typer.Option(
+            "--sites",
+            help="Also show each site's (gossip: each neighbour's) result per round.",
+        ),
+    ] = False,
+    config: Annotated[
+        bool,
+        typer.Option(
+            "--config",
+            help="Print only the run's config, as TOML that `fedweave <command> "
+            "--config FILE` runs again.",
+        ),
+    ] = False,
 ) -> None:
     """Show one run: its config and status, then one line per round (and per site).
 
@@ -165,62 +206,105 @@ def _drops(counts: dict[str, int] | None) -> str:
     return ", ".join(f"{reason} {n}" for reason, n in sorted(counts.items()) if n) or "-"
 
 
-def _print_run(info: RunInfo, rounds: list[dict[str, Any]],
-               site_rows: list[dict[str, Any]] | None) -> None:
+def _print_run(
+    info: RunInfo, rounds: list[dict[str, Any]], site_rows: list[dict[str, Any]] | None
+) -> None:
     import json
 
     from rich.console import Console
     from rich.table import Table
 
     console = Console()
-    console.print(f"[bold]run {info.run_id}[/bold]  {info.mode} / {info.task}  "
-                  f"status [bold]{info.status}[/bold]"
-                  + (f" ({info.reason})" if info.reason else ""))
-    console.print(f"started {_when(info.started_at)}  ended {_when(info.ended_at)}  "
-                  f"seed {info.seed}  fedweave {info.code_version}  "
-                  f"host {info.hostname} pid {info.pid}")
+    console.print(
+        f"[bold]run {info.run_id}[/bold]  {info.mode} / {info.task}  "
+        f"status [bold]{info.status}[/bold]" + (f" ({info.reason})" if info.reason else "")
+    )
+    console.print(
+        f"started {_when(info.started_at)}  ended {_when(info.ended_at)}  "
+        f"seed {info.seed}  fedweave {info.code_version}  "
+        f"host {info.hostname} pid {info.pid}"
+    )
     console.print(f"config {json.dumps(info.config, sort_keys=True)}", soft_wrap=True)
     several = len({row["actor"] for row in rounds}) > 1
     with_drops = any("drops" in (row.get("extra") or {}) for row in rounds)
     table = Table()
-    for column in (["actor"] if several else []) + [
-            "round", "seconds", "sampled", "replied", "failed", "eval loss", "eval acc",
-            "train loss", "bytes in", "bytes out", "checkpoint"] + (
-            ["drops so far"] if with_drops else []):
+    for column in (
+        (["actor"] if several else [])
+        + [
+            "round",
+            "seconds",
+            "sampled",
+            "replied",
+            "failed",
+            "eval loss",
+            "eval acc",
+            "train loss",
+            "bytes in",
+            "bytes out",
+            "checkpoint",
+        ]
+        + (["drops so far"] if with_drops else [])
+    ):
         table.add_column(column, overflow="fold")
     for row in rounds:
         train_loss = row["train_metrics"].get("train_loss", row["train_metrics"].get("loss"))
-        cells = [str(row["round"]), _num(row["seconds"], 2), str(row["sampled"]),
-                 str(row["replied"]), str(row["failed"]), _num(row["eval_loss"]),
-                 _num(row["eval_accuracy"]),
-                 _num(train_loss) if isinstance(train_loss, (int, float)) else "-",
-                 str(row["bytes_in"] or "-"), str(row["bytes_out"] or "-"),
-                 "yes" if row["checkpoint_path"] else ""]
+        cells = [
+            str(row["round"]),
+            _num(row["seconds"], 2),
+            str(row["sampled"]),
+            str(row["replied"]),
+            str(row["failed"]),
+            _num(row["eval_loss"]),
+            _num(row["eval_accuracy"]),
+            _num(train_loss) if isinstance(train_loss, (int, float)) else "-",
+            str(row["bytes_in"] or "-"),
+            str(row["bytes_out"] or "-"),
+            "yes" if row["checkpoint_path"] else "",
+        ]
         if with_drops:
             cells.append(_drops((row.get("extra") or {}).get("drops")))
         table.add_row(*([row["actor"]] if several else []), *cells)
     console.print(table if rounds else "no rounds recorded yet")
     if site_rows is not None:
         sites_table = Table(title="site results")
-        for column in ("actor", "round", "site", "status", "examples", "seconds", "metrics",
-                       "reason"):
+        for column in (
+            "actor",
+            "round",
+            "site",
+            "status",
+            "examples",
+            "seconds",
+            "metrics",
+            "reason",
+        ):
             sites_table.add_column(column, overflow="fold")
         for site in site_rows:
-            sites_table.add_row(site["actor"], str(site["round"]), site["site_id"],
-                                site["status"], str(site["num_examples"]),
-                                _num(site["seconds"], 2),
-                                json.dumps(site["metrics"], sort_keys=True), site["reason"] or "")
+            sites_table.add_row(
+                site["actor"],
+                str(site["round"]),
+                site["site_id"],
+                site["status"],
+                str(site["num_examples"]),
+                _num(site["seconds"], 2),
+                json.dumps(site["metrics"], sort_keys=True),
+                site["reason"] or "",
+            )
         console.print(sites_table)
 
 
 @history_app.command("plot")
 def plot_command(
-    run_ids: Annotated[list[str], typer.Argument(
-        help="One or more run ids (or 'latest'); each becomes one curve. Gossip runs are "
-        "drawn as the mean over peers per round, with the min-max band shaded.",
-        show_default=False)],
-    out: Annotated[Path, typer.Option(
-        "--out", help="PNG file to write (folders are created).")] = Path("curve.png"),
+    run_ids: Annotated[
+        list[str],
+        typer.Argument(
+            help="One or more run ids (or 'latest'); each becomes one curve. Gossip runs are "
+            "drawn as the mean over peers per round, with the min-max band shaded.",
+            show_default=False,
+        ),
+    ],
+    out: Annotated[
+        Path, typer.Option("--out", help="PNG file to write (folders are created).")
+    ] = Path("curve.png"),
     db: DbOption = DEFAULT_DB_URL,
 ) -> None:
     """Plot evaluation accuracy and loss per round of several runs into one PNG.
@@ -246,15 +330,25 @@ def plot_command(
 @history_app.command("export")
 def export_command(
     run_id: RunArg,
-    to: Annotated[Path, typer.Option(
-        "--to", help="Folder to write rounds.csv, sites.csv, run.json and model.npz (a copy "
-        "of the final checkpoint, verified against its sha256) into; created if missing.",
-        show_default=False)],
+    to: Annotated[
+        Path,
+        typer.Option(
+            "--to",
+            help="Folder to write rounds.csv, sites.csv, run.json and model.npz (a copy "
+            "of the final checkpoint, verified against its sha256) into; created if missing.",
+            show_default=False,
+        ),
+    ],
     db: DbOption = DEFAULT_DB_URL,
-    actor: Annotated[str | None, typer.Option(
-        "--actor", help="Gossip: whose model (a peer id from the actor column); default: the "
-        "peer with the highest checkpointed round.", show_default=False,
-    )] = None,
+    actor: Annotated[
+        str | None,
+        typer.Option(
+            "--actor",
+            help="Gossip: whose model (a peer id from the actor column); default: the "
+            "peer with the highest checkpointed round.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Export one run's history and final model to a folder.
 

@@ -20,9 +20,21 @@ from fedweave.history.records import RunInfo
 from fedweave.history.store import HistoryStore
 
 ROUND_COLUMNS = [
-    "actor", "round", "started_at", "ended_at", "seconds", "sampled", "replied", "failed",
-    "eval_loss", "eval_accuracy", "model_sha256", "bytes_in", "bytes_out",
-    "checkpoint_path", "checkpoint_sha256",
+    "actor",
+    "round",
+    "started_at",
+    "ended_at",
+    "seconds",
+    "sampled",
+    "replied",
+    "failed",
+    "eval_loss",
+    "eval_accuracy",
+    "model_sha256",
+    "bytes_in",
+    "bytes_out",
+    "checkpoint_path",
+    "checkpoint_sha256",
 ]
 SITE_COLUMNS = ["actor", "round", "site_id", "status", "num_examples", "seconds", "reason"]
 
@@ -43,8 +55,12 @@ def run_dict(info: RunInfo) -> dict[str, Any]:
     return plain(asdict(info))
 
 
-def _flatten(rows: list[dict[str, Any]], base: list[str], nested: str, prefix: str,
-             ) -> tuple[list[str], list[dict[str, Any]]]:
+def _flatten(
+    rows: list[dict[str, Any]],
+    base: list[str],
+    nested: str,
+    prefix: str,
+) -> tuple[list[str], list[dict[str, Any]]]:
     keys = sorted({key for row in rows for key in row[nested]})
     columns = base + [f"{prefix}.{key}" for key in keys]
     flat = []

@@ -145,7 +145,9 @@ class Round(Base):
 
     run: Mapped[Run] = relationship(back_populates="rounds")
     sites: Mapped[list[SiteRow]] = relationship(
-        back_populates="round_row", cascade="all, delete-orphan", passive_deletes=True,
+        back_populates="round_row",
+        cascade="all, delete-orphan",
+        passive_deletes=True,
         order_by="SiteRow.site_id",
     )
     checkpoint: Mapped[Checkpoint | None] = relationship(
@@ -180,9 +182,7 @@ class Checkpoint(Base):
     __tablename__ = "checkpoints"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    round_id: Mapped[int] = mapped_column(
-        ForeignKey("rounds.id", ondelete="CASCADE"), unique=True
-    )
+    round_id: Mapped[int] = mapped_column(ForeignKey("rounds.id", ondelete="CASCADE"), unique=True)
     path: Mapped[str] = mapped_column(Text)
     sha256: Mapped[str] = mapped_column(String(64))
     size_bytes: Mapped[int] = mapped_column(BigInteger)

@@ -153,10 +153,13 @@ class HistoryStore:
                 raise
             except DBAPIError as exc:
                 transient = exc.connection_invalidated or isinstance(
-                    exc, (OperationalError, InterfaceError))
+                    exc, (OperationalError, InterfaceError)
+                )
                 if not transient:  # e.g. a value too long for its column: retrying cannot help
-                    raise HistoryError(f"history database '{self.masked_url}' refused the "
-                                       f"write (nothing written): {_first_line(exc)}") from None
+                    raise HistoryError(
+                        f"history database '{self.masked_url}' refused the "
+                        f"write (nothing written): {_first_line(exc)}"
+                    ) from None
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise HistoryUnavailableError(
@@ -170,14 +173,20 @@ class HistoryStore:
     def _run_row(self, session: Session, run_id: str) -> Run:
         run = session.get(Run, run_id)
         if run is None:
-            raise HistoryError(f"no run '{run_id}' in '{self.masked_url}'; "
-                               "list runs with `fedweave history runs --db URL`")
+            raise HistoryError(
+                f"no run '{run_id}' in '{self.masked_url}'; "
+                "list runs with `fedweave history runs --db URL`"
+            )
         return run
 
     # -- runs ---------------------------------------------------------------------------
 
     def start_run(
-        self, mode: str, task: str, config: dict[str, Any], seed: int | None,
+        self,
+        mode: str,
+        task: str,
+        config: dict[str, Any],
+        seed: int | None,
         run_id: str | None = None,
     ) -> str:
         """Record a new run as ``running`` with this process's pid/host; return its id.
@@ -191,20 +200,36 @@ class HistoryStore:
 
         def work(session: Session, _attempt: int) -> str:
             if session.get(Run, new_id) is not None:
-                raise HistoryError(f"run '{new_id}' already exists in '{self.masked_url}'; "
-                                   "resume it or choose another run id")
-            session.add(Run(
-                run_id=new_id, mode=mode, task=task, config=jsonable(config), seed=seed,
-                code_version=__version__, status="running", started_at=now, ended_at=None,
-                reason=None, pid=os.getpid(), hostname=this_host(), heartbeat_at=now,
-            ))
+                raise HistoryError(
+                    f"run '{new_id}' already exists in '{self.masked_url}'; "
+                    "resume it or choose another run id"
+                )
+            session.add(
+                Run(
+                    run_id=new_id,
+                    mode=mode,
+                    task=task,
+                    config=jsonable(config),
+                    seed=seed,
+                    code_version=__version__,
+                    status="running",
+                    started_at=now,
+                    ended_at=None,
+                    reason=None,
+                    pid=os.getpid(),
+                    hostname=this_host(),
+                    heartbeat_at=now,
+                )
+            )
             return new_id
 
         try:
             return self._write(work)
         except IntegrityError:  # another process inserted the same id between check and insert
-            raise HistoryError(f"run '{new_id}' already exists in '{self.masked_url}'; "
-                               "resume it or choose another run id") from None
+            raise HistoryError(
+                f"run '{new_id}' already exists in '{self.masked_url}'; "
+                "resume it or choose another run id"
+            ) from None
 
     def finish_run(
         self, run_id: str, status: str, reason: str | None = None, retry_seconds: float = 10.0
@@ -245,24 +270,35 @@ class HistoryStore:
         now = _now()
         with self._reading() as session:
             running = session.execute(
-                select(Run.run_id, Run.pid, Run.hostname, Run.heartbeat_at)
-                .where(Run.status == "running")
+                select(Run.run_id, Run.pid, Run.hostname, Run.heartbeat_at).where(
+                    Run.status == "running"
+                )
             ).all()
-        dead = [row for row in running
-                if run_is_dead(row.pid, row.hostname, row.heartbeat_at, now, self.stale_after_s)]
+        dead = [
+            row
+            for row in running
+            if run_is_dead(row.pid, row.hostname, row.heartbeat_at, now, self.stale_after_s)
+        ]
         for row in dead:
             reason = f"process {row.pid} on {row.hostname} died (found at a later start)"
-            self._write(lambda session, _a, row=row, reason=reason: session.execute(
-                update(Run).where(Run.run_id == row.run_id, Run.status == "running")
-                .values(status="interrupted", reason=reason, ended_at=row.heartbeat_at or now)
-            ))
+            self._write(
+                lambda session, _a, row=row, reason=reason: session.execute(
+                    update(Run)
+                    .where(Run.run_id == row.run_id, Run.status == "running")
+                    .values(status="interrupted", reason=reason, ended_at=row.heartbeat_at or now)
+                )
+            )
         return [row.run_id for row in dead]
 
     # -- rounds -------------------------------------------------------------------------
 
     def record_round(
-        self, run_id: str, record: RoundRecord, sites: list[SiteResult],
-        checkpoint: CheckpointRef | None = None, retry_seconds: float = 30.0,
+        self,
+        run_id: str,
+        record: RoundRecord,
+        sites: list[SiteResult],
+        checkpoint: CheckpointRef | None = None,
+        retry_seconds: float = 30.0,
     ) -> None:
         """Write one round, its site results and its checkpoint in one transaction.
 
@@ -281,8 +317,11 @@ class HistoryStore:
 
         def work(session: Session, attempt: int) -> None:
             self._touch(session, run_id)
-            existing = session.scalar(select(Round).where(
-                Round.run_id == run_id, Round.actor == record.actor, Round.round == record.round))
+            existing = session.scalar(
+                select(Round).where(
+                    Round.run_id == run_id, Round.actor == record.actor, Round.round == record.round
+                )
+            )
             if existing is not None:
                 if attempt > 1 and _same_round(existing, row):
                     return  # our earlier attempt committed but its acknowledgement was lost
@@ -303,7 +342,11 @@ class HistoryStore:
             ) from None
 
     def add_checkpoint(
-        self, run_id: str, actor: str, round: int, checkpoint: CheckpointRef,
+        self,
+        run_id: str,
+        actor: str,
+        round: int,
+        checkpoint: CheckpointRef,
         retry_seconds: float = 10.0,
     ) -> None:
         """Attach ``checkpoint`` to the recorded round ``round`` of ``actor`` (a gossip peer
@@ -312,14 +355,22 @@ class HistoryStore:
             raise ValueError(f"checkpoint is of round {checkpoint.round}, not {round}")
 
         def work(session: Session, _attempt: int) -> None:
-            row = session.scalar(select(Round).where(
-                Round.run_id == run_id, Round.actor == actor, Round.round == round))
+            row = session.scalar(
+                select(Round).where(
+                    Round.run_id == run_id, Round.actor == actor, Round.round == round
+                )
+            )
             if row is None:
-                raise HistoryError(f"round {round} of actor '{actor}' is not recorded in run "
-                                   f"'{run_id}'; no checkpoint attached")
+                raise HistoryError(
+                    f"round {round} of actor '{actor}' is not recorded in run "
+                    f"'{run_id}'; no checkpoint attached"
+                )
             if row.checkpoint is None:
-                row.checkpoint = Checkpoint(path=str(checkpoint.path), sha256=checkpoint.sha256,
-                                            size_bytes=checkpoint.size_bytes)
+                row.checkpoint = Checkpoint(
+                    path=str(checkpoint.path),
+                    sha256=checkpoint.sha256,
+                    size_bytes=checkpoint.size_bytes,
+                )
 
         self._write(work, retry_seconds)
 
@@ -329,8 +380,13 @@ class HistoryStore:
         runs those rounds again, so their old rows would only collide."""
 
         def work(session: Session, _attempt: int) -> int:
-            rows = list(session.scalars(select(Round).where(
-                Round.run_id == run_id, Round.actor == actor, Round.round > round)))
+            rows = list(
+                session.scalars(
+                    select(Round).where(
+                        Round.run_id == run_id, Round.actor == actor, Round.round > round
+                    )
+                )
+            )
             for row in rows:
                 session.delete(row)
             return len(rows)
@@ -340,25 +396,34 @@ class HistoryStore:
     def first_round(self, run_id: str, actor: str) -> int | None:
         """The lowest round ``actor`` recorded in ``run_id`` (None if it recorded none)."""
         with self._reading() as session:
-            return session.scalar(select(func.min(Round.round)).where(
-                Round.run_id == run_id, Round.actor == actor))
+            return session.scalar(
+                select(func.min(Round.round)).where(Round.run_id == run_id, Round.actor == actor)
+            )
 
     # -- reads --------------------------------------------------------------------------
 
     def _infos(self, session: Session, runs: list[Run]) -> list[RunInfo]:
         ids = [run.run_id for run in runs]
-        stats = {
-            rid: (top or 0, actors) for rid, top, actors in session.execute(
-                select(Round.run_id, func.max(Round.round), func.count(Round.actor.distinct()))
-                .where(Round.run_id.in_(ids)).group_by(Round.run_id))
-        } if ids else {}
+        stats = (
+            {
+                rid: (top or 0, actors)
+                for rid, top, actors in session.execute(
+                    select(Round.run_id, func.max(Round.round), func.count(Round.actor.distinct()))
+                    .where(Round.run_id.in_(ids))
+                    .group_by(Round.run_id)
+                )
+            }
+            if ids
+            else {}
+        )
         return [run_info(run, *stats.get(run.run_id, (0, 0))) for run in runs]
 
     def list_runs(self) -> list[RunInfo]:
         """All runs, most recently started first."""
         with self._reading() as session:
-            runs = list(session.scalars(
-                select(Run).order_by(Run.started_at.desc(), Run.run_id.desc())))
+            runs = list(
+                session.scalars(select(Run).order_by(Run.started_at.desc(), Run.run_id.desc()))
+            )
             return self._infos(session, runs)
 
     def get_run(self, run_id_or_latest: str) -> RunInfo:
@@ -373,21 +438,35 @@ class HistoryStore:
         """The full run id ``ref`` stands for; ``UserError`` when none or ambiguous."""
         with self._reading() as session:
             if ref == "latest":
-                found = session.scalar(select(Run.run_id).order_by(
-                    Run.started_at.desc(), Run.run_id.desc()).limit(1))
+                found = session.scalar(
+                    select(Run.run_id).order_by(Run.started_at.desc(), Run.run_id.desc()).limit(1)
+                )
                 if found is None:
-                    raise HistoryError(f"no runs recorded in '{self.masked_url}' yet; "
-                                       "start one, or pass the --db the run used")
+                    raise HistoryError(
+                        f"no runs recorded in '{self.masked_url}' yet; "
+                        "start one, or pass the --db the run used"
+                    )
                 return found
             if session.get(Run, ref) is not None:
                 return ref
-            matches = list(session.scalars(select(Run.run_id).where(
-                Run.run_id.startswith(ref, autoescape=True)).limit(2))) if len(ref) >= 4 else []
+            matches = (
+                list(
+                    session.scalars(
+                        select(Run.run_id)
+                        .where(Run.run_id.startswith(ref, autoescape=True))
+                        .limit(2)
+                    )
+                )
+                if len(ref) >= 4
+                else []
+            )
         if len(matches) == 1:
             return matches[0]
         detail = "is ambiguous" if matches else "is not"
-        raise HistoryError(f"run '{ref}' {detail} in '{self.masked_url}'; list runs with "
-                           "`fedweave history runs --db URL` (or use 'latest')")
+        raise HistoryError(
+            f"run '{ref}' {detail} in '{self.masked_url}'; list runs with "
+            "`fedweave history runs --db URL` (or use 'latest')"
+        )
 
     def rounds(self, run_id: str, actor: str | None = None) -> list[dict[str, Any]]:
         """One dict per round row (see ``convert.round_dict``), ordered by actor, round."""
@@ -395,8 +474,10 @@ class HistoryStore:
         if actor is not None:
             query = query.where(Round.actor == actor)
         with self._reading() as session:
-            return [round_dict(row, ckpt) for row, ckpt in
-                    session.execute(query.order_by(Round.actor, Round.round))]
+            return [
+                round_dict(row, ckpt)
+                for row, ckpt in session.execute(query.order_by(Round.actor, Round.round))
+            ]
 
     def site_results(self, run_id: str, round: int | None = None) -> list[dict[str, Any]]:
         """Site rows of a run (or of one round), ordered by actor, round, site id."""
@@ -404,8 +485,12 @@ class HistoryStore:
         if round is not None:
             query = query.where(Round.round == round)
         with self._reading() as session:
-            return [site_dict(site, row) for site, row in session.execute(
-                query.order_by(Round.actor, Round.round, SiteRow.site_id))]
+            return [
+                site_dict(site, row)
+                for site, row in session.execute(
+                    query.order_by(Round.actor, Round.round, SiteRow.site_id)
+                )
+            ]
 
     def latest_checkpoint(self, run_id: str, actor: str | None = None) -> CheckpointRef | None:
         """The checkpoint of the highest recorded round (of ``actor`` when given), or None."""
@@ -414,12 +499,14 @@ class HistoryStore:
             query = query.where(Round.actor == actor)
         with self._reading() as session:
             found = session.execute(
-                query.order_by(Round.round.desc(), Round.ended_at.desc()).limit(1)).first()
+                query.order_by(Round.round.desc(), Round.ended_at.desc()).limit(1)
+            ).first()
         if found is None:
             return None
         ckpt, number = found
-        return CheckpointRef(round=number, path=ckpt.path, sha256=ckpt.sha256,
-                             size_bytes=ckpt.size_bytes)
+        return CheckpointRef(
+            round=number, path=ckpt.path, sha256=ckpt.sha256, size_bytes=ckpt.size_bytes
+        )
 
 
 def _same_round(existing: Round, new: Round) -> bool:
