@@ -97,7 +97,8 @@ class Fanout:
                     why = "its connection closed" if outcome == "lost" else "no answer in time"
                     log.warning(
                         "neighbour %s is suspect (%s): not chosen until it answers; dropped "
-                        "after %d rounds without a word",
+                        "after %d rounds and %gs without a word",
                         pid, why, self.config.gossip.drop_after,
+                        self.config.gossip.exchange_timeout,
                     )  # fmt: skip
         return contacted, failed, lost

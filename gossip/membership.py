@@ -169,11 +169,14 @@ class Membership:
             member.dropped_at_round = member.round
         member.state = DEAD
 
-    def tick_suspects(self) -> tuple[list[str], list[str]]:
+    def tick_suspects(self, quiet_s: float = 0.0) -> tuple[list[str], list[str]]:
         """Once a round: (suspects to greet, suspects dropped now). A suspect that said
-        nothing since it became suspect counts one more miss; at ``drop_after`` it is
-        dropped (probed every few rounds from then on, like any dropped member)."""
+        nothing since it became suspect counts one more miss; at ``drop_after``, and once
+        it has been silent ``quiet_s`` seconds (fast rounds must not drop a peer that is
+        only slow for a moment), it is dropped (probed every few rounds from then on, like
+        any dropped member)."""
         greet, dropped = [], []
+        now = time.monotonic()
         for member in self.members.values():
             if member.state != SUSPECT:
                 continue
@@ -181,7 +184,7 @@ class Membership:
                 member.state, member.misses = ALIVE, 0
                 continue
             member.misses += 1
-            if member.misses >= self.drop_after:
+            if member.misses >= self.drop_after and now - member.suspect_since >= quiet_s:
                 self._drop(member)
                 dropped.append(member.peer_id)
             else:

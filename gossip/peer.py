@@ -386,10 +386,10 @@ class Peer:
             self.inbox.serve_for(slot[0] + 0.9 * slot[1] - time.monotonic())
         self.exchange.mix_collected()
         self.exchange.expire()
-        greet, dropped = self.members.tick_suspects()
+        greet, dropped = self.members.tick_suspects(config.gossip.exchange_timeout)
         for pid in dropped:
-            log.warning("dropped neighbour %s after %d rounds without a word", pid,
-                        config.gossip.drop_after)  # fmt: skip
+            log.warning("dropped neighbour %s after %d rounds (and %gs) without a word", pid,
+                        config.gossip.drop_after, config.gossip.exchange_timeout)  # fmt: skip
             self.transport.disconnect(pid)
         self.discovery.hello(greet)
         if r % 5 == 0:

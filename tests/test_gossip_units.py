@@ -426,7 +426,8 @@ def test_a_suspect_is_greeted_not_chosen_and_dropped_after_rounds_without_a_word
     assert table.missed("p1") == SUSPECT
     assert [m.peer_id for m in table.pick(5)] == ["p2"]  # its partners pay one deadline at most
     assert table.tick_suspects() == (["p1"], [])  # greeted
-    assert table.tick_suspects() == ([], ["p1"])  # 1 miss + 2 silent rounds = drop_after
+    assert table.tick_suspects(quiet_s=60.0) == (["p1"], [])  # fast rounds: not silent long
+    assert table.tick_suspects() == ([], ["p1"])  # silent for drop_after rounds: dropped
     assert table.members["p1"].state == DEAD
     table.heard_from("p2", "tcp://127.0.0.1:3", 2)
     assert table.missed("p2") == SUSPECT
