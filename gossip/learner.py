@@ -138,7 +138,11 @@ def build_learner(config: Any, peer_id: str) -> Learner:
         raise UserError("a peer needs its local data: pass --data site.npz (or .csv)")
     data = load_site_data(Path(config.data.data), task, config.data.label_column)
     test_path = config.data.test_data
-    test = load_site_data(Path(test_path), task) if test_path is not None else None
+    test = (  # a CSV test file names its labels like the peer's own file
+        load_site_data(Path(test_path), task, config.data.label_column)
+        if test_path is not None
+        else None
+    )
     if needs_statistics(task):
         # No coordinator to gather federated statistics: a peer standardises with its own.
         own = local_only_statistics(task, data)
