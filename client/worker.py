@@ -179,6 +179,23 @@ class ClientAppRunner:
             )  # fmt: skip
 
 
+def exit_with_site(site_pid: int, poll_seconds: float = 1.0) -> None:
+    """Leave at once when the ``fedweave client`` that started us is gone (even by kill -9).
+
+    Its SIGTERM (PDEATHSIG) only asks the serve loop to stop, and Flower's Runtime API
+    client retries a vanished SuperNode without limit, so a worker whose site died could
+    wait forever, holding torch and the site's data in memory. Nobody is left to answer.
+    """
+
+    def watch() -> None:
+        while os.getppid() == site_pid:
+            time.sleep(poll_seconds)
+        log.warning("the site process %d is gone; this worker stops", site_pid)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="site-watch", daemon=True).start()
+
+
 class _NoticeHandler(logging.Handler):
     """The site console's lines (``client/mods.py``) as notices for ``fedweave client``."""
 
@@ -283,6 +300,7 @@ def main(argv: list[str] | None = None) -> None:
     # hand: that task fails and the worker goes on. (It runs in its own session, so a
     # terminal's Ctrl-C never reaches it; `fedweave client` stops it with SIGTERM.)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    exit_with_site(os.getppid())
     warm_up(args.task, args.data, args.label_column)
     log.info("ClientApp worker ready (pid %d)", os.getpid())
     serve(args.runtime_api_address, stop)

@@ -58,3 +58,37 @@ def test_the_worker_command_names_the_sites_task_and_data(tmp_path):
     assert cmd[cmd.index("--runtime-api-address") + 1] == "127.0.0.1:9094"
     assert cmd[cmd.index("--data") + 1] == str(data.resolve())
     assert cmd[-2:] == ["--label-column", "label"]
+
+
+def test_the_worker_stops_when_its_site_process_is_killed():
+    """A site killed with kill -9 leaves no worker behind (it used to retry a vanished
+    SuperNode's Runtime API forever, holding torch and the data)."""
+    import subprocess
+    import sys
+    import time
+
+    from fedweave.addresses import free_port
+    from fedweave.history.liveness import pid_alive
+
+    port = free_port()  # nothing listens: the worker keeps retrying, as after its site died
+    launcher = subprocess.Popen(
+        [sys.executable, "-c",
+         "import subprocess, sys, time\n"
+         "worker = subprocess.Popen([sys.executable, '-m', 'fedweave.client.worker',\n"
+         f"    '--runtime-api-address', '127.0.0.1:{port}'])\n"
+         "print(worker.pid, flush=True)\n"
+         "time.sleep(300)\n"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        worker = int(launcher.stdout.readline())
+        time.sleep(4)  # up, and retrying the absent Runtime API
+        assert pid_alive(worker)
+        launcher.kill()
+        launcher.wait()
+        deadline = time.monotonic() + 15
+        while pid_alive(worker) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not pid_alive(worker)
+    finally:
+        launcher.kill()
