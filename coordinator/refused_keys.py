@@ -12,7 +12,8 @@ MAX_SHOWN = 20
 
 
 class RefusedKeys:
-    """Follows the SuperLink's refused-key notes; prints each key once.
+    """Follows the SuperLink's refused-key notes; prints each key once per verdict (a key
+    refused before it was registered is shown again once it is revoked).
 
     Args:
         path: the notes file (``FEDWEAVE_REFUSED_KEYS_FILE`` of the SuperLink).
@@ -23,7 +24,7 @@ class RefusedKeys:
     def __init__(self, path: Path, tls_dir: Path | None, echo: Callable[[str], None]) -> None:
         self.path, self.tls_dir, self.echo = path, tls_dir, echo
         self.offset = 0
-        self.shown: set[str] = set()
+        self.shown: set[tuple[str, str | None]] = set()
 
     def _revoked_names(self) -> dict[str, str]:
         from fedweave.certs import site_keys_table
@@ -45,13 +46,13 @@ class RefusedKeys:
                 fingerprint = str(json.loads(line)["fingerprint"])
             except (ValueError, KeyError, TypeError):
                 continue
-            if fingerprint in self.shown or len(self.shown) > MAX_SHOWN:
+            name = self._revoked_names().get(fingerprint)
+            if (fingerprint, name) in self.shown or len(self.shown) > MAX_SHOWN:
                 continue
-            self.shown.add(fingerprint)
+            self.shown.add((fingerprint, name))
             if len(self.shown) > MAX_SHOWN:
                 self.echo(f"more site keys refused; not shown (see {self.path})")
                 continue
-            name = self._revoked_names().get(fingerprint)
             if name is not None:
                 self.echo(f"refused site key {fingerprint}: {name}'s key, revoked")
             else:

@@ -207,3 +207,65 @@ def test_what_an_outsider_sends_cannot_grow_the_coordinators_memory_or_disk(tmp_
         refused_keys.ssh_fingerprint(key) for key in keys[:4]
     ]
     assert all(line["fingerprint"].startswith("SHA256:") for line in lines)
+
+
+def test_a_key_refused_before_registration_is_named_again_once_revoked(tmp_path):
+    """A site that connects a moment before its key is registered is refused and noted; once
+    registered it activates; revoked later, its next refusal is noted again and the console
+    names it revoked (both were noted once per key before: the revocation went unsaid)."""
+    import json
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from flwr.supercore.primitives.asymmetric import public_key_to_bytes
+
+    from fedweave.certs import remove_site_key
+    from fedweave.coordinator.refused_keys import RefusedKeys
+    from fedweave.flower_patches import refused_keys
+
+    private = ec.generate_private_key(ec.SECP384R1())
+    key = public_key_to_bytes(private.public_key())
+    (tmp_path / "tls" / "sites").mkdir(parents=True)
+    (tmp_path / "tls" / "sites" / "site2.pub").write_bytes(
+        private.public_key().public_bytes(
+            serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+        )
+    )
+
+    class State:  # the two answers Flower's link state gives the wrapped handler
+        node = None
+
+        def get_node_id_by_public_key(self, _key):
+            return self.node
+
+    notes = tmp_path / "refused.jsonl"
+    shown: list[str] = []
+    console = RefusedKeys(notes, tmp_path / "tls", shown.append)
+    state = State()
+    stock = lambda request, state: None  # noqa: E731 - Flower's handler, not under test
+    import flwr.superlink.servicer.fleet.fleet_handlers as handlers
+
+    original = handlers.activate_node
+    handlers.activate_node = stock
+    try:
+        import os
+
+        os.environ[refused_keys.REFUSED_KEYS_FILE_ENV] = str(notes)
+        refused_keys.install()
+        request = type("Request", (), {"public_key": key})()
+        handlers.activate_node(request, state)  # before registration: refused, noted
+        handlers.activate_node(request, state)  # retried: not noted twice
+        console.poll()
+        state.node = 7  # registered: activates
+        handlers.activate_node(request, state)
+        remove_site_key(tmp_path / "tls", "site2")
+        state.node = None  # revoked: refused again
+        handlers.activate_node(request, state)
+        console.poll()
+    finally:
+        handlers.activate_node = original
+        os.environ.pop(refused_keys.REFUSED_KEYS_FILE_ENV, None)
+    assert len(notes.read_text().splitlines()) == 2
+    assert json.loads(notes.read_text().splitlines()[1])["fingerprint"].startswith("SHA256:")
+    assert len(shown) == 2
+    assert "not registered" in shown[0] and "site2's key, revoked" in shown[1]

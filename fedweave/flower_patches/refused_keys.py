@@ -3,7 +3,8 @@ its process by ``fedweave.flower_patches.launch``).
 
 With site authentication, a SuperNode whose key is not registered (never added, or revoked)
 fails ``ActivateNode``; Flower logs it at DEBUG level in its own words and the operator sees
-nothing. This wraps Flower's handler: the first refusal of a key that names no node appends
+nothing. This wraps Flower's handler: the first refusal of a key that names no node (since
+it last activated a node, so a key refused, then registered, then revoked is noted twice) appends
 one JSON line, ``{"time": ..., "fingerprint": "SHA256:..."}``, to the file named by
 ``FEDWEAVE_REFUSED_KEYS_FILE`` (set by ``fedweave coordinator``), which the coordinator reads
 (``coordinator.refused_keys``). Structured data in a file fedweave owns, not Flower's log.
@@ -58,8 +59,15 @@ def install() -> None:
     noted: set[bytes] = set()
 
     def activate_node(request, state):  # Flower's signature
-        if path and state.get_node_id_by_public_key(request.public_key) is None:
-            note_refusal(path, bytes(request.public_key), noted)
+        key = bytes(request.public_key)
+        if not path:
+            pass
+        elif state.get_node_id_by_public_key(request.public_key) is None:
+            note_refusal(path, key, noted)
+        else:
+            # Registered now: a later refusal (the key revoked) is news and noted again. Only
+            # the operator registers keys, so an outsider cannot make this repeat.
+            noted.discard(key)
         return stock(request, state)
 
     activate_node.fedweave_patch = True  # type: ignore[attr-defined]
