@@ -12,7 +12,6 @@ Ctrl-C or SIGTERM stops the whole group.
 from __future__ import annotations
 
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -313,15 +312,13 @@ def _site_key_fingerprint(site_key: Path | None) -> str | None:
     return public_key_fingerprint(key.public_key())
 
 
-SITE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-
-
 def site_name(given: str | None, site_key: Path | None) -> str:
     """This site's name: ``--name``, else its site key's file name, else the host name."""
+    from fedweave.contract import SITE_NAME_PATTERN
     from fedweave.errors import UserError
 
     if given is not None:
-        if not SITE_NAME.match(given):
+        if not SITE_NAME_PATTERN.match(given):
             raise UserError(
                 f"--name {given!r}: use 1-64 letters, digits, '.', '_' or '-' "
                 "(e.g. hospital-a)"
@@ -330,7 +327,7 @@ def site_name(given: str | None, site_key: Path | None) -> str:
     if site_key is not None:
         return site_key.stem
     host = socket.gethostname().split(".")[0]
-    return host if SITE_NAME.match(host) else "site"
+    return host if SITE_NAME_PATTERN.match(host) else "site"
 
 
 def _client(config: RunConfig, _resolved: Resolved) -> None:

@@ -78,6 +78,11 @@ def cached_task(spec: str) -> Task:
     return load_task(spec)
 
 
+_PREPARED: dict[tuple[int, str], tuple[Any, Any]] = {}
+"""(site data, the same as the task trains on it) by (``id`` of the site data, statistics
+digest); each entry holds its site data, so that id cannot be reused while it is here."""
+
+
 @lru_cache(maxsize=8)
 def cached_site_data(path: str, task_spec: str, label_column: str | None) -> Any:
     return load_site_data(path, cached_task(task_spec), label_column)
@@ -122,8 +127,6 @@ class TaskClient(NumPyClient):
         self.node_id = node_id
         self.site_name = site_name
         self.model = task.build_model()
-        self._prepared_key: str | None = None
-        self._prepared_data: Any = None
 
     def get_parameters(self, config: dict) -> list[np.ndarray]:
         return get_weights(self.model)
@@ -187,11 +190,15 @@ class TaskClient(NumPyClient):
                     f"({known.get('schema')}); install the coordinator's task code here"
                 )
             )
-        key = digest(known)
-        if self._prepared_key != key:
-            self._prepared_data = self.task.prepare(self.data, known)  # type: ignore[attr-defined]
-            self._prepared_key = key
-        return self._prepared_data
+        # A deployed site builds a new client per message: keep the prepared data per
+        # (site data, statistics), not per client, so it is prepared once a run, not a round.
+        key = (id(self.data), digest(known))
+        if key not in _PREPARED:
+            if len(_PREPARED) >= 4:
+                _PREPARED.pop(next(iter(_PREPARED)))
+            prepared = self.task.prepare(self.data, known)  # type: ignore[attr-defined]
+            _PREPARED[key] = (self.data, prepared)
+        return _PREPARED[key][1]
 
     def _statistics(
         self, stage: str, parameters: list[np.ndarray], config: dict

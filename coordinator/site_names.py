@@ -9,15 +9,10 @@ Two live sites giving one name are told apart by node id and reported in the rou
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
-from fedweave.contract import SITE_NAME_METRIC
-
-VALID_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-"""What ``fedweave client --name`` accepts; anything else a site sends is not used (a
-site's word is bounded: the history's column holds 255 characters)."""
+from fedweave.contract import SITE_NAME_METRIC, SITE_NAME_PATTERN
 
 
 class SiteNames:
@@ -30,7 +25,7 @@ class SiteNames:
     def on_round(self, summary: Any) -> None:
         for site in summary.sites:
             name = site.metrics.get(SITE_NAME_METRIC)
-            if isinstance(name, str) and VALID_NAME.match(name):
+            if isinstance(name, str) and SITE_NAME_PATTERN.match(name):
                 self.names[site.site_id] = name
             elif name is not None:
                 summary.warnings = [

@@ -106,12 +106,21 @@ class StatisticsStrategy(Strategy):
         failures: list[tuple[ClientProxy, FitRes] | BaseException],
     ) -> tuple[Parameters | None, dict]:
         self.failures = [_failure_text(f) for f in failures]
-        if not results:
+        usable = []
+        for proxy, res in results:  # a site's word is checked, not trusted
+            vector = parameters_to_ndarrays(res.parameters)
+            if len(vector) != 1 or vector[0].shape != (self.size,):
+                self.failures.append(f"site {proxy.node_id}: statistics of the wrong shape")
+            elif not np.all(np.isfinite(vector[0])) or res.num_examples < 0:
+                self.failures.append(f"site {proxy.node_id}: statistics not finite")
+            else:
+                usable.append((vector[0].astype(np.float64), res.num_examples))
+        if not usable:
             return None, {}
-        total = sum(res.num_examples for _, res in results)
-        vectors = [parameters_to_ndarrays(r.parameters)[0].astype(np.float64) for _, r in results]
+        total = sum(n for _, n in usable)
         # Under SecAgg+ every result already carries the same weighted mean.
-        weights = [res.num_examples / total if total else 1 / len(results) for _, res in results]
+        weights = [n / total if total else 1 / len(usable) for _, n in usable]
+        vectors = [v for v, _ in usable]
         self.mean = sum(w * v for w, v in zip(weights, vectors))
         return None, {}
 

@@ -30,6 +30,9 @@ NODE_LABEL_COLUMN_KEY = "label-column"
 NODE_DEVICE_KEY = "device"
 NODE_SITE_NAME_KEY = "site-name"
 """Node config: the name this site goes by in the history (``fedweave client --name``)."""
+SITE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+"""A site name both sides accept: what ``--name`` takes, and all the coordinator records (a
+site's word is bounded; the history's column holds 255 characters)."""
 SITE_NAME_METRIC = "fw-site-name"
 """Fit metrics: the site's name, which the coordinator records instead of Flower's node id
 (a node id changes when a site reconnects; its name does not)."""

@@ -10,6 +10,7 @@ import logging
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from fedweave.offline import make_flower_offline
 
@@ -22,7 +23,11 @@ from fedweave.coordinator.rounds import RoundListener, RoundSummary  # noqa: E40
 from fedweave.coordinator.server_app import ServerSettings, initial_weights, make_server_app  # noqa: E402
 from fedweave.learning.data import load_site_data  # noqa: E402
 from fedweave.learning.task import load_task  # noqa: E402
-from fedweave.simulations.site_files import check_site_files, site_name  # noqa: E402
+from fedweave.simulations.site_files import (  # noqa: E402
+    check_site_files,
+    site_name,
+    site_paths,
+)
 from fedweave.simulations.split import test_file, write_split  # noqa: E402
 
 
@@ -113,6 +118,7 @@ def run_federated_simulation(
     start_weights: list | None = None,
     round_offset: int = 0,
     statistics: dict | None = None,
+    test_data: Any = None,
 ) -> list[dict]:
     """Split the data, run ``rounds - round_offset`` rounds, return the report rows.
 
@@ -123,6 +129,8 @@ def run_federated_simulation(
         round_offset: rounds already done (resume); numbering continues after them.
         statistics: the federated statistics the run recorded (resume); default: gathered
             from the sites before round 1 when the task needs them.
+        test_data: the held-out data, when the caller has read it and checked the site
+            files already (``--data-dir``); default: read here.
     """
     from flwr.simulation import run_simulation
 
@@ -139,16 +147,19 @@ def run_federated_simulation(
         out_dir = (split_dir or config.simulation.split_dir or Path(tmp)).resolve()
         own_files: tuple[str, ...] = ()
         names = tuple(f"site-{index}" for index in range(data.clients))
-        if data.data_dir is not None:
-            paths, test_data = check_site_files(task, data.data_dir, data.test_data)
-            own_files = tuple(str(p.resolve()) for p in paths)
-            names = tuple(site_name(p) for p in paths)
-        else:
+        if data.data_dir is None:
             write_split(
                 task, out_dir, data.clients, data.partition, data.alpha, data.shards_per_client,
                 config.training.seed,
             )
             test_data = load_site_data(data.test_data or test_file(out_dir), task)
+        else:
+            if test_data is None:  # not read and checked by the caller
+                paths, test_data = check_site_files(task, data.data_dir, data.test_data)
+            else:
+                paths = site_paths(data.data_dir)
+            own_files = tuple(str(p.resolve()) for p in paths)
+            names = tuple(site_name(p) for p in paths)
         collector = _Collector()
         weights = (
             start_weights

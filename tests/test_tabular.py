@@ -171,3 +171,30 @@ def test_a_site_refuses_statistics_or_a_schema_it_cannot_use(tmp_path):
     stage = {STATISTICS_STAGE_KEY: "scale", SECAGG_CLIP_KEY: 1e-6, SECAGG_MAX_WEIGHT_KEY: 10.0}
     with pytest.raises(ValueError, match="would be clipped"):
         client.fit([np.zeros(2, dtype=np.float32)], stage)
+
+
+def test_the_coordinator_checks_each_sites_statistics():
+    """A site's statistics vector of the wrong length, or not finite, is recorded as a failure
+    and left out of the mean, instead of breaking or poisoning every site's scaling."""
+    from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
+
+    from fedweave.coordinator.statistics import StatisticsStrategy
+
+    class Proxy:
+        def __init__(self, node_id: int) -> None:
+            self.node_id = node_id
+
+    def reply(vector, n):
+        return FitRes(Status(Code.OK, ""), ndarrays_to_parameters([np.asarray(vector)]), n, {})
+
+    strategy = StatisticsStrategy("moments", 3, 4, {})
+    strategy.aggregate_fit(
+        0,
+        [(Proxy(1), reply([1.0, 2.0, 3.0], 10)), (Proxy(2), reply([3.0, 4.0, 5.0], 30)),
+         (Proxy(3), reply([1.0, 2.0], 50)), (Proxy(4), reply([np.nan, 0.0, 0.0], 50))],
+        [],
+    )  # fmt: skip
+    assert np.allclose(strategy.mean, [2.5, 3.5, 4.5])
+    assert strategy.failures == [
+        "site 3: statistics of the wrong shape", "site 4: statistics not finite"
+    ]

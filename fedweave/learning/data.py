@@ -67,9 +67,9 @@ def read_csv(path: Path, label_column: str) -> ArrayData:
     """Read a CSV with a header row: ``label_column`` holds labels, the other columns are the
     features in file order (a task without a schema); every value checked, refused with its
     1-based line and column name (``tabular.py`` reads tables by schema instead)."""
-    from fedweave.learning.tabular import Numeric, _numeric_column, _read_frame
+    from fedweave.learning.tabular import Numeric, numeric_column, read_frame
 
-    frame = _read_frame(path)
+    frame = read_frame(path)
     header = list(frame.columns)
     if label_column not in header:
         raise UserError(
@@ -78,7 +78,7 @@ def read_csv(path: Path, label_column: str) -> ArrayData:
         )
     if len(frame) == 0:
         raise UserError(f"{path}: the table has a header but no rows; a site needs examples")
-    columns = {name: _numeric_column(frame, Numeric(name), path) for name in header}
+    columns = {name: numeric_column(frame, Numeric(name), path) for name in header}
     y = _as_labels(columns.pop(label_column), path)
     x = np.stack(list(columns.values()), axis=1).astype(np.float32)
     return ArrayData(x, y)

@@ -175,7 +175,8 @@ class Table:
         return int(self.labels.shape[0])
 
 
-def _read_frame(path: Path):
+def read_frame(path: Path):
+    """A CSV (every cell as text) or Parquet file as a DataFrame; one-line errors."""
     import pandas as pd
 
     suffix = path.suffix.lower()
@@ -208,7 +209,9 @@ def _missing_mask(text: np.ndarray) -> np.ndarray:
     return np.array([t.lower() in MISSING_TOKENS for t in text], dtype=bool)
 
 
-def _numeric_column(frame, column: Numeric, path: Path) -> np.ndarray:
+def numeric_column(frame, column: Numeric, path: Path) -> np.ndarray:
+    """``column`` as float64, NaN where an imputable value is missing; anything else that is
+    not a finite number refused with its line."""
     import pandas as pd
 
     text = _as_text(frame[column.name].to_numpy())
@@ -253,7 +256,7 @@ def _category_codes(
 def _label_column(frame, label: Label, path: Path) -> np.ndarray:
     text = _as_text(frame[label.name].to_numpy())
     if label.kind == "regression":
-        return _numeric_column(frame, Numeric(label.name), path).astype(np.float32)
+        return numeric_column(frame, Numeric(label.name), path).astype(np.float32)
     classes = label.classes
     # A numeric file may spell class "1" as "1.0" (Parquet floats): compare as numbers then.
     if all(_is_number(c) for c in classes):
@@ -283,7 +286,7 @@ def read_table(path: str | Path, schema: TabularSchema) -> Table:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"data file {path} does not exist; pass --data with a .csv or .parquet")
-    frame = _read_frame(path)
+    frame = read_frame(path)
     wanted = [f.name for f in schema.features] + [schema.label.name]
     missing = [name for name in wanted if name not in frame.columns]
     if missing:
@@ -298,7 +301,7 @@ def read_table(path: str | Path, schema: TabularSchema) -> Table:
     if extra:
         log.warning("%s: ignoring column(s) the task does not use: %s", path, ", ".join(extra))
     numeric = np.stack(
-        [_numeric_column(frame, c, path) for c in schema.numeric], axis=1
+        [numeric_column(frame, c, path) for c in schema.numeric], axis=1
     ) if schema.numeric else np.zeros((len(frame), 0))  # fmt: skip
     categorical = np.stack(
         [
