@@ -48,6 +48,7 @@ def _check_inputs(
     ca_cert: Path | None,
     insecure: bool,
     site_key: Path | None,
+    eval_data: Path | None = None,
 ) -> None:
     """One-line errors for everything checkable before connecting."""
     from fedweave.errors import UserError
@@ -58,6 +59,12 @@ def _check_inputs(
     if "'" in str(data):
         raise UserError(f"--data path {data} contains a single quote; rename or move the file")
     load_site_data(data, load_task(task), label_column)  # missing/bad file: clear error here
+    if eval_data is not None:
+        if "'" in str(eval_data):
+            raise UserError(
+                f"--eval-data path {eval_data} contains a single quote; rename or move the file"
+            )
+        load_site_data(eval_data, load_task(task), label_column)
     if insecure and ca_cert is not None:
         raise UserError("--insecure and --ca-cert contradict each other; give one")
     if not insecure:
@@ -100,12 +107,16 @@ def supernode_command(
     device: str | None = None,
     external_worker: bool = False,
     name: str | None = None,
+    eval_data: Path | None = None,
+    eval_fraction: float = 0.1,
 ) -> list[str]:
     """The ``flower-supernode`` command line for this site (``external_worker``: its
     ClientApps run in ``fedweave.client.worker``, not in a new process per message)."""
     from fedweave.contract import (
         NODE_DATA_PATH_KEY,
         NODE_DEVICE_KEY,
+        NODE_EVAL_DATA_KEY,
+        NODE_EVAL_FRACTION_KEY,
         NODE_LABEL_COLUMN_KEY,
         NODE_SITE_NAME_KEY,
         NODE_TASK_KEY,
@@ -118,6 +129,9 @@ def supernode_command(
         node_config += f" {NODE_DEVICE_KEY}='{device}'"
     if name:
         node_config += f" {NODE_SITE_NAME_KEY}='{name}'"
+    if eval_data is not None:
+        node_config += f" {NODE_EVAL_DATA_KEY}='{eval_data.resolve()}'"
+    node_config += f" {NODE_EVAL_FRACTION_KEY}='{eval_fraction:g}'"
     cmd = [
         *patched_flower("flower-supernode"),
         "--superlink",
@@ -339,7 +353,7 @@ def _client(config: RunConfig, _resolved: Resolved) -> None:
     coordinator = site.coordinator or ""
     _check_inputs(
         coordinator, data.task, data.data, data.label_column, connection.ca_cert,
-        connection.insecure, connection.site_key,
+        connection.insecure, connection.site_key, config.evaluation.eval_data,
     )  # fmt: skip
     from fedweave.client.worker_supervisor import worker_command
     from fedweave.flower_patches import clientapp_worker_usable
@@ -358,6 +372,8 @@ def _client(config: RunConfig, _resolved: Resolved) -> None:
         config.training.device,
         external_worker=use_worker,
         name=site_name(site.name, connection.site_key),
+        eval_data=config.evaluation.eval_data,
+        eval_fraction=config.evaluation.eval_fraction,
     )
     worker = None
     if use_worker:

@@ -7,7 +7,9 @@ Settings come from Flower, not from Python arguments, because Flower builds this
 - the run config (set by the coordinator): ``task`` (the run's task);
 - the node config (set by ``fedweave client`` on the site): ``data-path`` (the site's own
   file, the only data it trains on), ``task`` (what the operator says this site holds),
-  ``label-column`` (CSV), ``device`` (``cpu``/``cuda``; empty: auto).
+  ``label-column`` (CSV), ``device`` (``cpu``/``cuda``; empty: auto), ``eval-data-path``
+  (the site's own evaluation file) or ``eval-fraction`` (the share of its data it holds out
+  to evaluate the global model on).
 
 A site whose task differs from the run's, or whose data does not fit the run's model, answers
 with an error naming the reason; the coordinator records it as a failed site and the round
@@ -23,6 +25,8 @@ from fedweave.client.mods import SITE_MODS
 from fedweave.contract import (
     NODE_DATA_PATH_KEY,
     NODE_DEVICE_KEY,
+    NODE_EVAL_DATA_KEY,
+    NODE_EVAL_FRACTION_KEY,
     NODE_LABEL_COLUMN_KEY,
     NODE_SITE_NAME_KEY,
     NODE_TASK_KEY,
@@ -47,7 +51,7 @@ def site_client(context: Context):
     ``flwr-clientapp`` process per message, and three of SecAgg+'s four stages per round
     never reach the client, so they skip the ~1.5 s torch import.
     """
-    from fedweave.client.site_app import TaskClient, cached_site_data, cached_task
+    from fedweave.client.site_app import TaskClient, cached_site_parts, cached_task
     from fedweave.learning.training import TrainConfig
 
     run_task = _config_str(context.run_config, RUN_TASK_KEY)
@@ -66,7 +70,11 @@ def site_client(context: Context):
         raise SiteRefused(refusal("the site has no data file (fedweave client --data)"))
     try:
         label_column = _config_str(context.node_config, NODE_LABEL_COLUMN_KEY)
-        data = cached_site_data(data_path, run_task, label_column)
+        data, evaluation = cached_site_parts(
+            data_path, run_task, label_column,
+            _config_str(context.node_config, NODE_EVAL_DATA_KEY),
+            float(_config_str(context.node_config, NODE_EVAL_FRACTION_KEY) or 0.1),
+        )  # fmt: skip
     except Exception as exc:  # a UserError from the reader: wrong shape, classes, file
         raise SiteRefused(refusal(str(exc).splitlines()[0])) from None
     config = TrainConfig.for_task(
@@ -75,7 +83,7 @@ def site_client(context: Context):
     return TaskClient(
         cached_task(run_task), data, config, site_index=context.node_id % 1_000_003,
         node_id=context.node_id,
-        site_name=_config_str(context.node_config, NODE_SITE_NAME_KEY),
+        site_name=_config_str(context.node_config, NODE_SITE_NAME_KEY), evaluation=evaluation,
     ).to_client()
 
 

@@ -7,6 +7,7 @@ directory (simulation).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
@@ -41,6 +42,7 @@ from fedweave.contract import (
     refusal,
 )
 from fedweave.learning.data import load_site_data
+from fedweave.learning.evaluation_split import hold_out
 from fedweave.learning.statistics import bound_problem, decode_known, digest, needs_statistics
 from fedweave.learning.task import Task, load_task
 from fedweave.learning.training import TrainConfig
@@ -59,6 +61,9 @@ class ClientSettings:
             the ``i``-th; takes precedence over ``split_dir``.
         site_names: simulated site ``i``'s name in the history (default: none, the node id).
         label_column: label column for CSV data.
+        eval_data_path: this site's own evaluation file (default: none).
+        eval_fraction: share of the site's data held out to evaluate on when it has no
+            evaluation file (default 0.1; 0: the site does not evaluate).
         device: ``cuda``/``cpu``/``None`` (auto).
         torch_threads: intra-op threads per client (simulations run several per machine).
     """
@@ -69,6 +74,8 @@ class ClientSettings:
     site_files: tuple[str, ...] = ()
     site_names: tuple[str, ...] = ()
     label_column: str | None = None
+    eval_data_path: str | None = None
+    eval_fraction: float = 0.1
     device: str | None = None
     torch_threads: int | None = None
 
@@ -88,6 +95,22 @@ def cached_site_data(path: str, task_spec: str, label_column: str | None) -> Any
     return load_site_data(path, cached_task(task_spec), label_column)
 
 
+@lru_cache(maxsize=8)
+def cached_site_parts(
+    path: str,
+    task_spec: str,
+    label_column: str | None,
+    eval_path: str | None,
+    eval_fraction: float,
+) -> tuple[Any, Any | None]:
+    """(what the site trains on, what it evaluates on): its ``--eval-data`` file, or
+    ``eval_fraction`` of its data held out (``fedweave/learning/evaluation_split.py``)."""
+    data = cached_site_data(path, task_spec, label_column)
+    if eval_path:
+        return data, cached_site_data(eval_path, task_spec, label_column)
+    return hold_out(data, eval_fraction)
+
+
 def resolve_data_path(settings: ClientSettings, context: Context) -> str:
     """Which file this site trains on (see the module docstring for the order)."""
     configured = context.node_config.get(NODE_DATA_PATH_KEY)
@@ -104,7 +127,9 @@ def resolve_data_path(settings: ClientSettings, context: Context) -> str:
 
 
 class TaskClient(NumPyClient):
-    """Trains ``task`` on ``data`` starting from the weights the coordinator sends.
+    """Trains ``task`` on ``data`` starting from the weights the coordinator sends, and scores
+    the global model on ``evaluation`` (the site's evaluation part; ``None``: it has none,
+    and says so when asked to evaluate).
 
     A simulated straggler (``WORK_FRACTION_KEY`` below 1) runs only that share of its local
     steps; when the strategy drops partial work it answers ``late`` instead, as a site still
@@ -119,9 +144,11 @@ class TaskClient(NumPyClient):
         site_index: int,
         node_id: int = 0,
         site_name: str | None = None,
+        evaluation: Any | None = None,
     ) -> None:
         self.task = task
         self.data = data
+        self.evaluation = evaluation
         self.config = config
         self.site_index = site_index
         self.node_id = node_id
@@ -144,7 +171,7 @@ class TaskClient(NumPyClient):
         stage = config.get(STATISTICS_STAGE_KEY)
         if stage:
             return self._statistics(str(stage), parameters, config)
-        data = self._prepared(config)
+        data = self._prepared(config, self.data)
         self._load_global(parameters)
         round_seed = int(config.get(SEED_KEY, 0)) * 1_000_003 + int(config.get(ROUND_KEY, 0)) * 1009
         train_config = replace(
@@ -168,11 +195,12 @@ class TaskClient(NumPyClient):
             metrics[SITE_NAME_METRIC] = self.site_name
         return get_weights(self.model), len(data), metrics
 
-    def _prepared(self, config: dict) -> Any:
-        """This site's data as the task trains on it, with the run's federated statistics
-        (refused when the task needs them and the run sent none, or its schema differs)."""
+    def _prepared(self, config: dict, data: Any) -> Any:
+        """``data`` (the site's training or evaluation part) as the task reads it, with the
+        run's federated statistics (refused when the task needs them and the run sent none,
+        or its schema differs)."""
         if not needs_statistics(self.task):
-            return self.data
+            return data
         text = config.get(STATISTICS_KEY)
         if not text:
             raise ValueError(
@@ -192,12 +220,12 @@ class TaskClient(NumPyClient):
             )
         # A deployed site builds a new client per message: keep the prepared data per
         # (site data, statistics), not per client, so it is prepared once a run, not a round.
-        key = (id(self.data), digest(known))
+        key = (id(data), digest(known))
         if key not in _PREPARED:
-            if len(_PREPARED) >= 4:
+            if len(_PREPARED) >= 8:
                 _PREPARED.pop(next(iter(_PREPARED)))
-            prepared = self.task.prepare(self.data, known)  # type: ignore[attr-defined]
-            _PREPARED[key] = (self.data, prepared)
+            prepared = self.task.prepare(data, known)  # type: ignore[attr-defined]
+            _PREPARED[key] = (data, prepared)
         return _PREPARED[key][1]
 
     def _statistics(
@@ -241,10 +269,24 @@ class TaskClient(NumPyClient):
             ) from None
 
     def evaluate(self, parameters: list[np.ndarray], config: dict) -> tuple[float, int, dict]:
-        data = self._prepared(config)
+        """Every metric the task computes for the global model on this site's evaluation
+        part, with its example count and (when named) the site's name."""
+        if self.evaluation is None:
+            raise ValueError(
+                "this site holds no evaluation data: start it with --eval-data FILE or an "
+                "--eval-fraction above 0"
+            )
+        data = self._prepared(config, self.evaluation)
         self._load_global(parameters)
+        started = time.perf_counter()
         scores = self.task.evaluate(self.model, data, self.config)
-        metrics = {name: float(value) for name, value in scores.items() if name != "loss"}
+        metrics: dict[str, Any] = {
+            name: float(value) for name, value in scores.items()
+            if name != "loss" and isinstance(value, (int, float)) and not isinstance(value, bool)
+        }  # fmt: skip
+        metrics["seconds"] = time.perf_counter() - started
+        if self.site_name:
+            metrics[SITE_NAME_METRIC] = self.site_name
         return float(scores["loss"]), len(data), metrics
 
 
@@ -258,13 +300,16 @@ def make_client_app(settings: ClientSettings) -> ClientApp:
         if settings.torch_threads:
             torch.set_num_threads(settings.torch_threads)
         path = resolve_data_path(settings, context)
-        data = cached_site_data(path, settings.task, settings.label_column)
+        data, evaluation = cached_site_parts(
+            path, settings.task, settings.label_column, settings.eval_data_path,
+            settings.eval_fraction,
+        )  # fmt: skip
         site_index = int(context.node_config.get(NODE_PARTITION_KEY, 0))
         names = settings.site_names
         client = TaskClient(
             cached_task(settings.task), data,
             TrainConfig.for_task(cached_task(settings.task), device=settings.device), site_index,
-            context.node_id, names[site_index] if site_index < len(names) else None,
+            context.node_id, names[site_index] if site_index < len(names) else None, evaluation,
         )  # fmt: skip
         return client.to_client()
 

@@ -30,6 +30,9 @@ four messages on a loaded 2-core machine (~7 s each), with room to spare."""
 WORK_FACTOR = 20.0
 """Default deadline = this × the local work timed on the coordinator's held-out set (sites
 hold more data than that, and may run on slower machines)."""
+NO_DATA_DEADLINE_SECONDS = 300.0
+"""The default deadline when the coordinator holds no data to time the task's local work on
+(``--round-timeout`` sets it; the sites' own training seconds are recorded each round)."""
 FINAL_STAGE_FLOOR_SECONDS = 5.0
 KEY_STAGE_SHARE = 0.15
 """Each SecAgg+ key stage (advertise keys, share keys) waits at most this share of the round's

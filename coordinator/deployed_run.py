@@ -102,13 +102,13 @@ class DeployPlan:
 
 
 def test_data_of(config: RunConfig):
-    from fedweave.learning.data import load_site_data
+    """The coordinator's held-out data, or ``None`` (``central_test_data``)."""
+    from fedweave.learning.data import central_test_data
     from fedweave.learning.task import load_task
 
-    task = load_task(config.data.task)
-    if config.data.test_data:
-        return load_site_data(config.data.test_data, task)
-    return task.load_data()[1]
+    return central_test_data(
+        load_task(config.data.task), config.data.test_data, config.data.label_column
+    )
 
 
 def exit_with_coordinator(poll_s: float = 0.2) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from fedweave.coordinator.rounds import RoundSummary
 from fedweave.errors import UserError
@@ -31,6 +32,30 @@ def resume_point(store, run_id: str) -> tuple[list | None, int]:
             f"cannot resume run {run_id}: checkpoint {checkpoint.path} unusable ({exc})"
         ) from exc
     return weights, checkpoint.round
+
+
+def evaluation_extra(summary: RoundSummary) -> dict[str, Any]:
+    """The round's evaluations as kept in ``Round.extra["evaluation"]``: every central and
+    federated metric, and each asked site's evaluation (``fedweave/history/metrics.py``
+    reads them back)."""
+    if not (summary.central or summary.federated or summary.evaluations):
+        return {}
+    return {
+        "evaluation": {
+            "central": summary.central,
+            "federated": summary.federated,
+            "sites": [
+                {
+                    "site": site.site_id,
+                    "status": site.status,
+                    "examples": site.num_examples,
+                    "metrics": site.metrics,
+                    **({"reason": site.reason} if site.reason else {}),
+                }
+                for site in summary.evaluations
+            ],
+        }
+    }
 
 
 class HistoryRecorder:
@@ -78,6 +103,7 @@ class HistoryRecorder:
                 "warnings": summary.warnings,
                 **({"failed": summary.failed} if summary.failed else {}),
                 **({"statistics": summary.statistics} if summary.statistics else {}),
+                **evaluation_extra(summary),
             },
         )
         checkpoint = CheckpointRef(summary.round, str(path.resolve()), file_sha256, size)

@@ -32,7 +32,7 @@ def health_warnings(
             f"{len(nonfinite)} site(s)' training loss became NaN or infinite and their "
             f"updates were rejected; {FIX}"
         )
-    if not math.isfinite(summary.loss):
+    if summary.loss is not None and not math.isfinite(summary.loss):
         found.append(f"the global model's loss is not finite; {FIX}")
     accuracy = summary.accuracy
     if (

@@ -37,6 +37,7 @@ from fedweave.contract import (
     parse_site_error,
     readable_failure,
 )
+from fedweave.coordinator.federated_evaluation import is_evaluation_round, weighted_evaluation
 from fedweave.coordinator.rounds import RoundListener, RoundSummary
 from fedweave.flower_patches.secagg_masks import unflatten
 from fedweave.history.records import SiteResult
@@ -45,6 +46,9 @@ from fedweave.learning.validation import update_problem
 log = logging.getLogger("fedweave.coordinator")
 
 CentralEvaluator = Callable[[list[np.ndarray]], dict[str, float]]
+
+HEADLINE = ("loss", "accuracy")
+"""The two figures every round line shows; every other metric is kept beside them."""
 
 
 def weighted_train_metrics(results: Sequence[tuple[ClientProxy, FitRes]]) -> dict[str, float]:
@@ -112,16 +116,21 @@ class ReportingStrategy(Strategy):
 
     Every method of ``Strategy`` is implemented: ``configure_fit`` and ``aggregate_fit`` add
     the checks and the per-site records around the wrapped strategy's own; ``evaluate`` scores
-    the new global model with ``evaluator`` (not the wrapped strategy's) and tells the
-    listeners; the rest is delegated unchanged.
+    the new global model with ``evaluator`` (not the wrapped strategy's); ``configure_evaluate``
+    lets the wrapped strategy sample the sites that evaluate it, in evaluation rounds;
+    ``aggregate_evaluate`` records each site's evaluation and their example-weighted mean and
+    tells the listeners about the finished round (``federated_evaluation.py`` calls it every
+    round, evaluated or not).
 
     Parameters
     ----------
     strategy : Strategy
         The Flower strategy that samples the sites, aggregates the accepted updates and runs
         federated evaluation (FedAvg, FedProx, FedAdam, Krum, ...).
-    evaluator : CentralEvaluator
-        Scores weights on the held-out set and returns ``{"loss": ..., "accuracy": ...}``.
+    evaluator : CentralEvaluator | None
+        Scores weights on the coordinator's held-out set and returns ``{"loss": ..., and any
+        metric the task computes}``; ``None``: the coordinator holds no data, and rounds are
+        scored by federated evaluation only.
     listeners : Sequence[RoundListener] (default: ())
         Told about every completed round (history, progress, report), in order.
     round_offset : int (default: 0)
@@ -136,19 +145,26 @@ class ReportingStrategy(Strategy):
     min_replies : int (default: 1)
         Fewest accepted replies a round aggregates; with fewer, the round is recorded as
         failed, the global model is kept and the run goes on.
+    evaluate_every : int (default: 0)
+        Sites evaluate the global model every this many rounds and after ``last_round``
+        (Flower's numbering); 0: never.
+    last_round : int (default: 0)
+        The last round this process runs (Flower's numbering).
     """
 
     def __init__(
         self,
         strategy: Strategy,
         *,
-        evaluator: CentralEvaluator,
+        evaluator: CentralEvaluator | None,
         listeners: Sequence[RoundListener] = (),
         round_offset: int = 0,
         secure_agg: bool = False,
         max_update_norm: float | None = None,
         round_timeout: float | None = None,
         min_replies: int = 1,
+        evaluate_every: int = 0,
+        last_round: int = 0,
     ) -> None:
         super().__init__()
         self.strategy = strategy
@@ -159,6 +175,11 @@ class ReportingStrategy(Strategy):
         self.max_update_norm = max_update_norm
         self.round_timeout = round_timeout
         self.min_replies = min_replies
+        self.evaluate_every = evaluate_every
+        self.last_round = last_round
+        self._pending: RoundSummary | None = None
+        self._round_clock = 0.0
+        self._asked_to_evaluate: list[int] = []
         self._failed: str | None = None
         self._round_started: tuple[float, datetime] | None = None
         self._global: list[np.ndarray] = []
@@ -183,7 +204,8 @@ class ReportingStrategy(Strategy):
         self._round_started = (time.perf_counter(), datetime.now(timezone.utc))
         self._global = parameters_to_ndarrays(parameters)
         self._sites, self._warnings, self._train_metrics = [], [], {}
-        self._aggregated, self._failed = False, None
+        self._aggregated, self._failed, self._pending = False, None, None
+        self._asked_to_evaluate = []
         instructions = self.strategy.configure_fit(server_round, parameters, client_manager)
         self._sampled = [proxy.node_id for proxy, _ in instructions]
         return instructions
@@ -314,8 +336,15 @@ class ReportingStrategy(Strategy):
     def configure_evaluate(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, EvaluateIns]]:
-        """Configure federated evaluation using the wrapped strategy."""
-        return self.strategy.configure_evaluate(server_round, parameters, client_manager)
+        """In an evaluation round (``evaluate_every``), let the wrapped strategy sample the
+        sites that score the new global model (``fraction_evaluate``); none otherwise."""
+        if self._pending is None or not is_evaluation_round(
+            server_round, self.evaluate_every, self.last_round
+        ):
+            return []
+        instructions = self.strategy.configure_evaluate(server_round, parameters, client_manager)
+        self._asked_to_evaluate = [proxy.node_id for proxy, _ in instructions]
+        return instructions
 
     def aggregate_evaluate(
         self,
@@ -323,14 +352,57 @@ class ReportingStrategy(Strategy):
         results: list[tuple[ClientProxy, EvaluateRes]],
         failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
     ) -> tuple[float | None, dict[str, Scalar]]:
-        """Aggregate federated evaluation results using the wrapped strategy."""
-        return self.strategy.aggregate_evaluate(server_round, results, failures)
+        """Record each asked site's evaluation (ok, failed with its reason, or late) and the
+        example-weighted mean of every metric, then tell the listeners the round is done."""
+        summary = self._pending
+        if summary is None:
+            return None, {}
+        evaluations = [
+            SiteResult(
+                str(proxy.node_id),
+                num_examples=int(res.num_examples),
+                metrics={"loss": float(res.loss), **dict(res.metrics)},
+            )
+            for proxy, res in results
+        ]
+        for failure in failures:
+            if isinstance(failure, BaseException):  # not sent by our workflow; kept anyway
+                evaluations.append(SiteResult("?", "failed", reason=failure_reason(str(failure))))
+                continue
+            proxy, res = failure
+            evaluations.append(SiteResult(str(proxy.node_id), "failed", reason=res.status.message))
+        answered = {site.site_id for site in evaluations}
+        late = (
+            f"no evaluation within the round deadline ({self.round_timeout:g} s)"
+            if self.round_timeout is not None
+            else "no evaluation"
+        )
+        for node in self._asked_to_evaluate:
+            if str(node) not in answered:
+                evaluations.append(SiteResult(str(node), "late", reason=late))
+        summary.evaluations = evaluations
+        summary.federated = weighted_evaluation(results)
+        if not summary.central and summary.federated:
+            summary.loss = summary.federated.get("loss")
+            summary.accuracy = summary.federated.get("accuracy")
+        self._finish(summary)
+        loss = summary.federated.get("loss")
+        return loss, {k: v for k, v in summary.federated.items() if k != "loss"}
+
+    def _finish(self, summary: RoundSummary) -> None:
+        summary.seconds = time.perf_counter() - self._round_clock
+        summary.ended_at = datetime.now(timezone.utc)
+        for listener in self.listeners:
+            listener.on_round(summary)
+        self._pending = None
+        self._round_started = None
 
     def evaluate(
         self, server_round: int, parameters: Parameters
     ) -> tuple[float, dict[str, Scalar]] | None:
-        """Score the new global model with ``evaluator`` and send the round's summary to the
-        listeners; ``None`` at round 0 (the initial model is not evaluated)."""
+        """Score the new global model with ``evaluator`` (when the coordinator holds test
+        data) and keep the round's summary for ``aggregate_evaluate``, which finishes it after
+        the sites evaluated; ``None`` at round 0 (the initial model is not evaluated)."""
         if server_round == 0 or self._round_started is None:
             return None  # the initial model is a checkpoint or a fresh init: not worth a pass
         if not self._aggregated:
@@ -341,12 +413,17 @@ class ReportingStrategy(Strategy):
             self._warnings.append(reason)
             self._failed = self._failed or reason
         weights = parameters_to_ndarrays(parameters)
-        scores = self.evaluator(weights)
+        central = (
+            {k: float(v) for k, v in self.evaluator(weights).items()}
+            if self.evaluator is not None
+            else {}
+        )
         started, started_at = self._round_started
-        summary = RoundSummary(
+        self._round_clock = started
+        self._pending = RoundSummary(
             round=server_round + self.round_offset,
-            loss=scores["loss"],
-            accuracy=scores.get("accuracy"),  # none for regression
+            loss=central.get("loss"),
+            accuracy=central.get("accuracy"),  # none for regression
             seconds=time.perf_counter() - started,
             started_at=started_at,
             ended_at=datetime.now(timezone.utc),
@@ -355,8 +432,8 @@ class ReportingStrategy(Strategy):
             train_metrics=self._train_metrics,
             warnings=self._warnings,
             failed=self._failed,
+            central=central,
         )
-        for listener in self.listeners:
-            listener.on_round(summary)
-        self._round_started = None
-        return scores["loss"], {k: v for k, v in scores.items() if k != "loss"}
+        if not central:
+            return None
+        return central["loss"], {k: v for k, v in central.items() if k != "loss"}

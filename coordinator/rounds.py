@@ -13,12 +13,15 @@ from fedweave.history.records import SiteResult
 
 @dataclass
 class RoundSummary:
-    """One aggregated and centrally evaluated round.
+    """One aggregated and evaluated round.
 
     Attributes:
         round: 1-based number; continues after a resume.
-        loss / accuracy: central evaluation of the new global model on the held-out set.
-        seconds: wall time from sampling the sites to the end of central evaluation.
+        loss / accuracy: the round's headline figures for the new global model: the central
+            evaluation's when the coordinator holds test data, else the federated
+            evaluation's example-weighted mean; ``None`` when the round was not evaluated
+            (``--evaluate-every``) or the task has no accuracy (regression).
+        seconds: wall time from sampling the sites to the end of the round's evaluation.
         weights: the new global model, in state-dict order.
         sites: one result per sampled site (ok, failed, rejected or late).
         train_metrics: training metrics averaged over sites, weighted by examples.
@@ -27,10 +30,16 @@ class RoundSummary:
             was kept), or ``None`` for a round that aggregated.
         statistics: the federated statistics the sites gathered before round 1, on the first
             round after they were gathered (recorded with it, so a resume reuses them).
+        central: every metric of the central evaluation (``loss`` included); empty without
+            test data at the coordinator.
+        federated: every metric of the federated evaluation, weighted by the evaluating
+            sites' examples (``loss`` included); empty in a round no site evaluated.
+        evaluations: one result per site asked to evaluate (ok with its metrics and example
+            count, failed or late with the reason).
     """
 
     round: int
-    loss: float
+    loss: float | None
     accuracy: float | None
     seconds: float
     started_at: datetime
@@ -41,6 +50,9 @@ class RoundSummary:
     warnings: list[str] = field(default_factory=list)
     failed: str | None = None
     statistics: dict[str, Any] | None = None
+    central: dict[str, float] = field(default_factory=dict)
+    federated: dict[str, float] = field(default_factory=dict)
+    evaluations: list[SiteResult] = field(default_factory=list)
 
     @property
     def sampled(self) -> int:

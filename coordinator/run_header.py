@@ -20,6 +20,7 @@ def protections(
     *,
     tls: bool | None = None,
     site_authentication: bool | None = None,
+    central_data: bool = True,
 ) -> dict[str, Any]:
     """The run's protections and round rules as plain values.
 
@@ -29,6 +30,8 @@ def protections(
         round_timeout: the deadline every round closes at, in seconds.
         tls / site_authentication: for a deployment; ``None`` in a simulation, where sites
             are processes of this machine and nothing crosses a network.
+        central_data: whether the coordinator holds test data (central evaluation, and the
+            default deadline sized on it).
     """
     from fedweave.coordinator.secure_agg import derive_shares
 
@@ -57,6 +60,11 @@ def protections(
         "min_replies": federation.min_replies or 1,
         "sites_per_round": cohort,
         "stragglers": config.simulation.stragglers,
+        "evaluation": {
+            "central": central_data,
+            "federated_every": config.evaluation.evaluate_every,
+            "fraction_evaluate": config.evaluation.fraction_evaluate,
+        },
     }
 
 
@@ -76,9 +84,27 @@ def header_line(facts: dict[str, Any]) -> str:
     dp_text = dp["mode"] + "".join(
         f" {k.replace('_', ' ')} {v:g}" for k, v in dp.items() if k != "mode"
     )
+    evaluation = facts.get("evaluation") or {"central": True, "federated_every": 0}
     deadline = f"{facts['round_timeout']:g} s" + (
-        "" if facts["round_timeout_given"] else " (sized from the task)"
+        ""
+        if facts["round_timeout_given"]
+        else " (sized from the task)"
+        if evaluation["central"]
+        else " (default: no data at the coordinator to size it on)"
     )
+    every = evaluation["federated_every"]
+    scored = [
+        *(["central"] if evaluation["central"] else []),
+        *(
+            [
+                f"federated every {'' if every == 1 else f'{every} '}round"
+                f"{'' if every == 1 else 's'} ({100 * evaluation['fraction_evaluate']:g}% of "
+                "sites)"
+            ]
+            if every
+            else []
+        ),
+    ]
     stragglers = facts.get("stragglers") or 0
     straggling = (
         f"; simulated stragglers {100 * stragglers:g}% a round "
@@ -91,5 +117,6 @@ def header_line(facts: dict[str, Any]) -> str:
         f"{_on_off(facts['site_authentication'], 'required', 'OFF (any CA holder joins)')}; "
         f"DP {dp_text}; strategy "
         f"{facts['strategy']}; {facts['sites_per_round']} sites a round; round deadline "
-        f"{deadline}, min replies {facts['min_replies']}{straggling}"
+        f"{deadline}, min replies {facts['min_replies']}{straggling}; evaluation "
+        f"{' + '.join(scored) or 'none'}"
     )

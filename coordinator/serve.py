@@ -40,6 +40,7 @@ from fedweave.coordinator.superlink import (
 )
 from fedweave.errors import UserError
 from fedweave.flower_patches.refused_keys import REFUSED_KEYS_FILE_ENV
+from fedweave.history.metrics import evaluation_lines, evaluation_of
 from fedweave.processes import raise_interrupt, stop_process_group
 
 POLL_S = 0.5
@@ -88,13 +89,13 @@ def sites_must_register(options: ConnectionSection) -> bool:
 
 
 def _check_config(config: RunConfig) -> None:
-    from fedweave.coordinator.server_app import ServerSettings
-    from fedweave.learning.data import load_site_data
+    from fedweave.coordinator.server_app import ServerSettings, check_scoring
+    from fedweave.learning.data import central_test_data
     from fedweave.learning.task import load_task
 
     task = load_task(config.data.task)
-    if config.data.test_data:
-        load_site_data(config.data.test_data, task)
+    test_data = central_test_data(task, config.data.test_data, config.data.label_column)
+    check_scoring(config, test_data)
     if config.training.rounds < 1:
         raise UserError(f"--rounds must be at least 1, got {config.training.rounds}")
     ServerSettings(config, config.federation.min_clients, config.training.rounds).check()
@@ -108,9 +109,10 @@ def _with_protections(config: RunConfig) -> tuple[RunConfig, dict]:
     from fedweave.coordinator.server_app import ServerSettings
 
     settings = ServerSettings(config, config.federation.min_clients, config.training.rounds)
-    round_timeout = settings.round_timeout(test_data_of(config))
+    test_data = test_data_of(config)
+    round_timeout = settings.round_timeout(test_data)
     facts = protections(
-        config, settings.cohort, round_timeout,
+        config, settings.cohort, round_timeout, central_data=test_data is not None,
         tls=not config.connection.insecure,
         site_authentication=sites_must_register(config.connection),
     )  # fmt: skip
@@ -174,7 +176,7 @@ class _Watcher:
             failed = (row.get("extra") or {}).get("failed")
             _echo(
                 f"round {row['round']}/{self.rounds}: accuracy {shown(row['eval_accuracy'])} "
-                f"loss {row['eval_loss']:.4f}, sites {row['replied']}/{row['sampled']} ok"
+                f"loss {shown(row['eval_loss'])}, sites {row['replied']}/{row['sampled']} ok"
                 + (f", {seconds:.1f} s" if seconds is not None else "")
                 + (f"; FAILED: {failed}" if failed else "")
             )
@@ -185,6 +187,8 @@ class _Watcher:
                     name = self.revoked.get(str(node))
                     who = f"{site['site_id']} ({name}, key revoked)" if name else site["site_id"]
                     _echo(f"  site {who} {site['status']}: {reason}")
+            for line in evaluation_lines(evaluation_of(row)):
+                _echo(f"  {line}")
             for warning in (row.get("extra") or {}).get("warnings") or ():
                 _echo(f"  warning: {warning}")
 

@@ -32,7 +32,12 @@ from fedweave.contract import (
     SEED_KEY,
     WEIGHT_DECAY_KEY,
 )
-from fedweave.coordinator.deadlines import deadline_fit_workflow, default_round_timeout
+from fedweave.coordinator.deadlines import (
+    NO_DATA_DEADLINE_SECONDS,
+    deadline_fit_workflow,
+    default_round_timeout,
+)
+from fedweave.coordinator.federated_evaluation import federated_evaluate_workflow
 from fedweave.coordinator.model_health import ModelHealth
 from fedweave.coordinator.privacy import check_privacy, local_dp_config, wrap_for_central_dp
 from fedweave.coordinator.rounds import RoundListener
@@ -43,7 +48,7 @@ from fedweave.coordinator.strategies import check_strategy_choice, make_strategy
 from fedweave.errors import UserError
 from fedweave.learning.statistics import digest, needs_statistics, prepared
 from fedweave.learning.task import load_task
-from fedweave.learning.training import TrainConfig, seed_everything
+from fedweave.learning.training import TrainConfig, seed_everything, task_metrics
 from fedweave.learning.weights import get_weights, set_weights
 
 
@@ -105,10 +110,13 @@ class ServerSettings:
         )
 
     def round_timeout(self, test_data: Any) -> float:
-        """``--round-timeout``, or the default sized from the task (``deadlines.py``)."""
+        """``--round-timeout``, or the default sized from the task (``deadlines.py``) on the
+        coordinator's held-out data, or ``NO_DATA_DEADLINE_SECONDS`` without any."""
         given = self.config.federation.round_timeout
         if given is not None:
             return given
+        if test_data is None or len(test_data) == 0:
+            return NO_DATA_DEADLINE_SECONDS
         task = load_task(self.config.data.task)
         return default_round_timeout(
             task, prepared(task, test_data, None), TrainConfig.of(self.config.training, task)
@@ -119,6 +127,15 @@ class ServerSettings:
         if self.config.federation.strategy == "fedprox":
             return {"proximal_mu": self.config.federation.proximal_mu}
         return {}
+
+    def evaluate_config(self, server_round: int) -> dict[str, int | float | str]:
+        """What every site asked to evaluate after ``server_round`` is told."""
+        training = self.config.training
+        return {
+            ROUND_KEY: server_round + self.round_offset,
+            BATCH_SIZE_KEY: training.batch_size,
+            SEED_KEY: training.seed,
+        }
 
     def fit_config(self, server_round: int, round_timeout: float) -> dict[str, int | float | str]:
         """What every sampled site is told for ``server_round`` (Flower's numbering), in a
@@ -147,6 +164,24 @@ class ServerSettings:
         return config
 
 
+def check_scoring(config: RunConfig, test_data: Any) -> None:
+    """Refuse a run nothing would score: no test data at the coordinator and no federated
+    evaluation; and a ``--select-metric`` the task does not compute (when it says which)."""
+    evaluation = config.evaluation
+    if test_data is None and evaluation.evaluate_every == 0:
+        raise UserError(
+            f"nothing would score the rounds: task '{config.data.task}' has no data at the "
+            "coordinator and federated evaluation is off; give --test-data FILE or leave "
+            "--evaluate-every at 1 or more"
+        )
+    known = task_metrics(load_task(config.data.task))
+    if known is not None and evaluation.select_metric not in known:
+        raise UserError(
+            f"--select-metric {evaluation.select_metric}: task '{config.data.task}' computes "
+            f"{', '.join(known)}; pick one of them"
+        )
+
+
 def initial_weights(task_spec: str, seed: int) -> list[np.ndarray]:
     """The global model before round 1: the task's model built under ``seed``."""
     seed_everything(seed)
@@ -157,7 +192,9 @@ def make_central_evaluator(
     task_spec: str, test_data: Any, device: str | None, sink: StatisticsSink | None = None
 ):
     """Score weights on the held-out test set with the task's own evaluate() (prepared with
-    the run's federated statistics once ``sink`` holds them)."""
+    the run's federated statistics once ``sink`` holds them); ``None`` without test data."""
+    if test_data is None:
+        return None
     task = load_task(task_spec)
     model = task.build_model()
     config = TrainConfig(device=device)
@@ -187,6 +224,7 @@ def make_server_app(
     recorded ones) are given."""
     settings.check()
     config = settings.config
+    check_scoring(config, test_data)
     round_timeout = settings.round_timeout(test_data)
     task = load_task(config.data.task)
     sink = StatisticsSink(statistics)
@@ -215,11 +253,16 @@ def make_server_app(
             fraction_fit=settings.cohort / settings.min_clients,
             min_fit_clients=settings.cohort,
             min_available_clients=settings.min_clients,
-            fraction_evaluate=0.0,
-            min_evaluate_clients=0,
+            evaluate_every=config.evaluation.evaluate_every,
+            last_round=settings.rounds,
+            fraction_evaluate=config.evaluation.fraction_evaluate,
+            min_evaluate_clients=1,
             initial_parameters=ndarrays_to_parameters(start_weights),
             on_fit_config_fn=lambda server_round: {
                 **settings.fit_config(server_round, round_timeout), **sink.config(),
+            },
+            on_evaluate_config_fn=lambda server_round: {
+                **settings.evaluate_config(server_round), **sink.config(),
             },
             **settings.strategy_options(),
         )
@@ -247,6 +290,9 @@ def make_server_app(
                 settings.fit_config(-settings.round_offset, round_timeout),  # round 0
                 sink,
             )
-        DefaultWorkflow(fit_workflow=fit_workflow)(grid, legacy)
+        DefaultWorkflow(
+            fit_workflow=fit_workflow,
+            evaluate_workflow=federated_evaluate_workflow(round_timeout),
+        )(grid, legacy)
 
     return app

@@ -23,7 +23,8 @@ class SiteNames:
         self.names: dict[str, str] = {}
 
     def on_round(self, summary: Any) -> None:
-        for site in summary.sites:
+        evaluations = list(getattr(summary, "evaluations", ()))
+        for site in [*summary.sites, *evaluations]:
             name = site.metrics.get(SITE_NAME_METRIC)
             if isinstance(name, str) and SITE_NAME_PATTERN.match(name):
                 self.names[site.site_id] = name
@@ -45,7 +46,11 @@ class SiteNames:
                     f"{len(nodes)} sites call themselves '{name}' (nodes {', '.join(nodes)}); "
                     "give each its own: fedweave client --name",
                 ]
-        for site in summary.sites:
+        for site in evaluations:  # a site sampled to evaluate only: its name, if it gave one
+            name = self.names.get(site.site_id)
+            if name is not None and name not in claimed:
+                claimed[name] = [site.site_id]
+        for site in [*summary.sites, *evaluations]:
             name = self.names.get(site.site_id)
             if name is None:
                 continue

@@ -23,8 +23,11 @@ STRATEGIES: dict[str, tuple[type, dict[str, Any]]] = {
 """name → (Flower strategy class, fedweave's defaults for its own knobs)."""
 
 REPORTING_KWARGS = frozenset(
-    {"evaluator", "listeners", "round_offset", "max_update_norm", "round_timeout", "min_replies"}
-)
+    {
+        "evaluator", "listeners", "round_offset", "max_update_norm", "round_timeout",
+        "min_replies", "evaluate_every", "last_round",
+    }
+)  # fmt: skip
 """``make_strategy`` keywords meant for ``ReportingStrategy``; the rest go to Flower's strategy."""
 
 ROBUST_STRATEGIES = frozenset({"fedmedian", "trimmedavg", "krum", "multikrum"})
@@ -61,8 +64,9 @@ def make_strategy(
     seed : int (default: 0)
         The run's seed, which fixes the stragglers of each round.
     **kwargs : Any
-        ``evaluator`` (required), ``listeners``, ``round_offset``, ``max_update_norm``,
-        ``round_timeout`` and ``min_replies`` go to ``ReportingStrategy`` (see there for their
+        ``evaluator`` (required; ``None`` without central data), ``listeners``,
+        ``round_offset``, ``max_update_norm``, ``round_timeout``, ``min_replies``,
+        ``evaluate_every`` and ``last_round`` go to ``ReportingStrategy`` (see there for their
         meaning and defaults); every other keyword (``fraction_fit``, ``min_fit_clients``,
         ``initial_parameters``, ``on_fit_config_fn``, ...) goes to the Flower strategy, beside
         fedweave's defaults for it in ``STRATEGIES``.

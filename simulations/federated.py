@@ -173,6 +173,7 @@ def run_federated_simulation(
             ClientSettings(
                 task=data.task, split_dir=str(out_dir), site_files=own_files, site_names=names,
                 device=config.training.device, torch_threads=1,
+                eval_fraction=config.evaluation.eval_fraction,
             )
         )
         run_simulation(

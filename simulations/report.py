@@ -13,6 +13,7 @@ from rich.table import Table
 
 from fedweave.coordinator.rounds import shown
 from fedweave.errors import UserError
+from fedweave.history.metrics import evaluation_lines
 
 ROUND_COLUMNS = ("round", "accuracy", "loss", "seconds")
 
@@ -102,6 +103,8 @@ class RoundProgress:
             f"round {row['round']:>4}  accuracy {shown(row['accuracy'])}  loss {shown(row['loss'])}"
             f"  {row['seconds']:.2f}s"
         )
+        for line in evaluation_lines(row.get("evaluation") or {}):
+            self.progress.console.print(f"  {line}", highlight=False, soft_wrap=True)
         for warning in row.get("warnings") or ():
             self.progress.console.print(f"  warning: {warning}", highlight=False, soft_wrap=True)
         self.progress.update(self.task_id, advance=1, status=status)

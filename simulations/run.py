@@ -8,6 +8,7 @@ import uuid
 from rich.console import Console
 
 from fedweave.config import Resolved, RunConfig
+from fedweave.coordinator.history_recorder import evaluation_extra
 from fedweave.coordinator.rounds import RoundSummary, shown
 from fedweave.coordinator.run_header import header_line, protections
 from fedweave.coordinator.statistics import recorded_statistics
@@ -32,6 +33,7 @@ class _ProgressListener:
                 "loss": summary.loss,
                 "seconds": summary.seconds,
                 "warnings": summary.warnings,
+                "evaluation": evaluation_extra(summary).get("evaluation"),
             }
         )
 
@@ -42,7 +44,9 @@ def _with_protections(config: RunConfig, offset: int, test_data) -> tuple[RunCon
     settings = server_settings(config, offset)
     settings.check()
     round_timeout = settings.round_timeout(test_data)
-    facts = protections(config, settings.cohort, round_timeout)
+    facts = protections(
+        config, settings.cohort, round_timeout, central_data=test_data is not None
+    )
     return config.replace(round_timeout=round_timeout), facts
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from fedweave.errors import UserError
-from fedweave.learning.data import load_site_data
+from fedweave.learning.data import central_test_data, load_site_data
 
 SITE_SUFFIXES = (".csv", ".parquet", ".pq", ".npz")
 
@@ -40,11 +40,10 @@ def site_name(path: Path) -> str:
 
 
 def check_site_files(task: Any, data_dir: Path, test_data: Path | None) -> tuple[list[Path], Any]:
-    """Every site file read and checked, and the held-out test data (``--test-data``, or the
-    task's own test split): one-line errors, before anything starts."""
+    """Every site file read and checked, and the held-out test data (``--test-data``, the
+    task's own test split, or ``None`` for a task without data): one-line errors, before
+    anything starts."""
     paths = site_paths(data_dir)
     for path in paths:
         load_site_data(path, task)
-    if test_data is not None:
-        return paths, load_site_data(test_data, task)
-    return paths, task.load_data()[1]
+    return paths, central_test_data(task, test_data)

@@ -473,7 +473,10 @@ def test_robust_mixing_contains_a_poisoned_peer(tmp_path: Path, mix: str) -> Non
     poisoner = _Poisoner(ports[0], 8, 1e6)
     try:
         poisoner.run(seconds=8.0)
-        assert _wait_all(procs, timeout=120) == [0] * 4
+        codes = _wait_all(procs, timeout=120)
+        failed = [i for i, code in enumerate(codes) if code != 0]
+        tails = {i: (tmp_path / f"p{i}.log").read_text()[-3000:] for i in failed}
+        assert codes == [0] * 4, tails
     finally:
         poisoner.close()
     final = np.stack([np.load(tmp_path / f"d{i}" / "round-60.npy") for i in range(4)])
@@ -603,10 +606,13 @@ def test_a_peer_whose_model_nobody_takes_stops_with_the_mismatch_named(tmp_path:
     )  # fmt: skip
     code_a, code_b = _wait_all([a, b], 90)
     print(f"exit codes {code_a}, {code_b}; {time.monotonic() - started:.1f} s after the start")
-    assert code_b == 2 and code_a in (2, 3)
-    if code_a == 3:
-        assert "completed-alone: 20 round(s)" in (tmp_path / "a.log").read_text()
-    for name in ("a", "b") if code_a == 2 else ("b",):
+    # either may be refused first (each runs a model the other does not take): that one
+    # stops; the other stops as well or ends completed-alone
+    codes = {"a": code_a, "b": code_b}
+    assert sorted(codes.values()) in ([2, 2], [2, 3]), codes
+    for name in (n for n, code in codes.items() if code == 3):
+        assert "completed-alone: 20 round(s)" in (tmp_path / f"{name}.log").read_text()
+    for name in (n for n, code in codes.items() if code == 2):
         log = (tmp_path / f"{name}.log").read_text()
         assert "error: every live peer (1) refuses this peer's model: schema-mismatch" in log, log
         assert "task describe" in log and "Traceback" not in log and "missed" not in log

@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 
 from fedweave.history import open_store
+from fedweave.learning.evaluation_split import held_out_indices
 from fedweave.learning.tasks.breast_cancer import write_hospital_files
 
 FEDWEAVE = [sys.executable, "-m", "fedweave.cli"]
@@ -46,14 +47,23 @@ def test_hospital_files_train_together_under_secagg(hospitals, tmp_path):
         rounds = store.rounds(run.run_id)
     assert len(rounds) == 8 and rounds[-1]["eval_accuracy"] >= 0.95
     assert all(r["replied"] == 3 for r in rounds)
-    # The statistics gathered through SecAgg+ are the pooled ones (up to its quantization),
-    # and they were recorded with the run's first round only.
-    pooled = pd.concat([pd.read_csv(p) for p in sites])
+    # The statistics gathered through SecAgg+ are the pooled ones of what the sites train
+    # on (their evaluation part held out; up to SecAgg+'s quantization), and they were
+    # recorded with the run's first round only.
+    frames = [pd.read_csv(p) for p in sites]
+    pooled = pd.concat([f.iloc[held_out_indices(len(f), 0.1)[0]] for f in frames])
     statistics = rounds[0]["extra"]["statistics"]
     names = [c for c in pd.read_csv(sites[0]).columns if c != "diagnosis"]
     assert np.allclose(statistics["means"], pooled[names].mean().to_numpy(), rtol=1e-3)
     assert np.allclose(statistics["stds"], pooled[names].std(ddof=0).to_numpy(), rtol=1e-2)
     assert all("statistics" not in (r["extra"] or {}) for r in rounds[1:])
+    # every site scored each round's model on its own held-out part, AUC included
+    for row in rounds:
+        evaluation = row["extra"]["evaluation"]
+        assert [s["status"] for s in evaluation["sites"]] == ["ok"] * 3
+        assert {"loss", "accuracy", "auc"} <= set(evaluation["federated"])
+        assert {"loss", "accuracy", "auc"} <= set(evaluation["central"])
+    assert rounds[-1]["extra"]["evaluation"]["federated"]["auc"] >= 0.95
 
 
 def _with_cell(text: str, line: int, column: int, value: str) -> str:

@@ -15,6 +15,7 @@ from fedweave.config.sections import (
     ConnectionSection,
     DataSection,
     DeploymentSection,
+    EvaluationSection,
     FederationSection,
     GossipSection,
     HistoryConfigSection,
@@ -36,6 +37,7 @@ class RunConfig:
     data: DataSection = field(default_factory=DataSection)
     training: TrainingSection = field(default_factory=TrainingSection)
     federation: FederationSection = field(default_factory=FederationSection)
+    evaluation: EvaluationSection = field(default_factory=EvaluationSection)
     secure_aggregation: SecureAggregationSection = field(
         default_factory=SecureAggregationSection
     )

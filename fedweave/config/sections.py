@@ -36,10 +36,13 @@ class DataSection:
         "the site.",
         identity=False,
     )
-    label_column: str | None = setting(None, "Label column of a CSV --data file.", identity=False)
+    label_column: str | None = setting(
+        None, "Label column of a CSV --data (or --test-data, --eval-data) file.", identity=False
+    )
     test_data: Path | None = setting(
-        None, "Held-out data to evaluate on, read like a site's --data (default: the task's own "
-        "test split)."
+        None, "Held-out data the coordinator evaluates on centrally, read like a site's --data "
+        "(default: the task's own test split, if it has one; without either, rounds are "
+        "scored by federated evaluation only)."
     )
     data_dir: Path | None = setting(
         None,
@@ -121,7 +124,8 @@ class FederationSection:
         None,
         "Seconds a round waits for its sites, training included (SecAgg+ too); sites that "
         "have not replied are recorded late and their replies discarded. Default: sized from "
-        "the task (the coordinator times the local work on its own held-out data).",
+        "the task (the coordinator times the local work on its own held-out data), or 300 "
+        "s when it holds none.",
         above=0, identity=False,
     )
     min_replies: int | None = setting(
@@ -130,6 +134,47 @@ class FederationSection:
         "the global model, and the run goes on (default: 1; SecAgg+ also needs its "
         "reconstruction threshold).",
         minimum=1,
+    )
+
+
+@dataclass(frozen=True)
+class EvaluationSection:
+    """Where the global model is scored: at the sites (federated), on the coordinator's own
+    held-out data (central, when it has some), and which round's model is the best."""
+
+    fraction_evaluate: float = setting(
+        1.0,
+        "Share of the connected sites that score the global model on their own evaluation "
+        "data after an evaluated round; each one's metrics and their example-weighted mean "
+        "are recorded.",
+        above=0, maximum=1,
+    )
+    evaluate_every: int = setting(
+        1, "Federated evaluation every N rounds, and after the last one (0: never).", minimum=0
+    )
+    eval_fraction: float = setting(
+        0.1,
+        "A site scores the global model on this share of its --data, held out from its "
+        "training (the same examples every round), unless --eval-data gives its own file "
+        "(0: the site evaluates only with --eval-data).",
+        minimum=0, below=1,
+    )
+    eval_data: Path | None = setting(
+        None,
+        "This site's own evaluation file, read like --data (default: --eval-fraction of "
+        "--data).",
+        identity=False,
+    )
+    select_metric: str = setting(
+        "loss",
+        "The metric that picks the best round's model (history export's best.safetensors): "
+        "federated evaluation's, or the central one's when sites do not evaluate.",
+    )
+    select_mode: str = setting(
+        "auto",
+        "Best is the lowest (min) or highest (max) --select-metric; auto: min for losses and "
+        "errors (loss, mae, rmse, mse), max otherwise.",
+        choices=("auto", "min", "max"),
     )
 
 
@@ -429,6 +474,7 @@ SECTIONS: dict[str, type] = {
     "data": DataSection,
     "training": TrainingSection,
     "federation": FederationSection,
+    "evaluation": EvaluationSection,
     "secure_aggregation": SecureAggregationSection,
     "privacy": PrivacySection,
     "gossip": GossipSection,
@@ -454,23 +500,27 @@ _FEDERATION = (
     "min_replies",
 )  # fmt: skip
 _SECAGG = ("secure_agg", "secagg_timeout")
+_EVALUATION = ("fraction_evaluate", "evaluate_every", "select_metric", "select_mode")
 _PRIVACY = ("dp", "noise_multiplier", "clipping_norm", "dp_epsilon", "dp_delta")
 
 COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
     "simulate": (
-        "mode", *_SPLIT, "data_dir", "test_data", *_TRAINING, *_FEDERATION, *_SECAGG, *_PRIVACY,
+        "mode", *_SPLIT, "data_dir", "test_data", *_TRAINING, *_FEDERATION, *_EVALUATION,
+        "eval_fraction", *_SECAGG, *_PRIVACY,
         "stragglers", "fanout", "mix", "group_exchange", "round_interval", "exchange_timeout",
         "kill", "insecure",
         "gpus_per_client", "gpus_per_peer", "ray_address", "split_dir", "out", "db",
         "checkpoint_dir", "resume", "track", "verbose",
     ),
     "coordinator": (
-        "task", "test_data", *_TRAINING, "min_clients", *_FEDERATION, *_SECAGG, *_PRIVACY,
+        "task", "test_data", "label_column", *_TRAINING, "min_clients", *_FEDERATION,
+        *_EVALUATION, *_SECAGG, *_PRIVACY,
         "address", "insecure", "tls_dir", "allow_unregistered_sites", "site_timeout",
         "max_clock_skew", "state_dir", "once", "db", "checkpoint_dir", "resume",
     ),
     "client": (
-        "coordinator", "name", "task", "data", "label_column", "device", "insecure", "ca_cert",
+        "coordinator", "name", "task", "data", "label_column", "eval_data", "eval_fraction",
+        "device", "insecure", "ca_cert",
         "site_key", "connect_timeout", "runtime_port", "log_file", "verbose",
     ),
     "peer": (

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from fedweave.errors import UserError
-from fedweave.learning.task import ArrayData, Task
+from fedweave.learning.task import ArrayData, NoTaskData, Task
 
 
 def _check_against_task(data: ArrayData, task: Task, source: Path) -> ArrayData:
@@ -113,3 +113,15 @@ def save_site_npz(path: str | Path, data: ArrayData) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     np.savez(path, x=data.x, y=data.y)
+
+
+def central_test_data(task: Task, path: str | Path | None, label_column: str | None = None) -> Any:
+    """The coordinator's held-out data: ``path`` read like a site's ``--data``, else the
+    task's own test split; ``None`` when the task has no data of its own (a real task's
+    data lives at the sites, and rounds are scored by federated evaluation)."""
+    if path is not None:
+        return load_site_data(path, task, label_column)
+    try:
+        return task.load_data()[1]
+    except (NotImplementedError, NoTaskData):
+        return None

@@ -35,6 +35,10 @@ class Objective(Protocol):
         target_dtype: dtype labels are read as (``torch.int64`` for class indices,
             ``torch.float32`` otherwise).
         headline: the metric a progress line shows next to the loss (``"accuracy"``).
+
+    Optional: ``metrics``, every metric an evaluation pass returns (``loss`` included); a
+    run's ``--select-metric`` is checked against them before round 1 (without it, at the
+    first evaluated round).
     """
 
     name: str
@@ -76,6 +80,7 @@ class MultiClass:
     name: str = "multiclass"
     target_dtype: torch.dtype = torch.int64
     headline: str = "accuracy"
+    metrics: tuple[str, ...] = ("loss", "accuracy")
 
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return nn.functional.cross_entropy(outputs, targets)
@@ -110,6 +115,7 @@ class Binary:
     name: str = "binary"
     target_dtype: torch.dtype = torch.float32
     headline: str = "accuracy"
+    metrics: tuple[str, ...] = ("loss", "accuracy", "auc")
 
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return nn.functional.binary_cross_entropy_with_logits(outputs.reshape(-1), targets)
@@ -165,6 +171,7 @@ class Regression:
     name: str = "regression"
     target_dtype: torch.dtype = torch.float32
     headline: str = "mae"
+    metrics: tuple[str, ...] = ("loss", "mae", "rmse")
 
     def __post_init__(self) -> None:
         if self.loss_kind not in ("mse", "mae"):
@@ -212,6 +219,7 @@ class MultiLabel:
     name: str = "multilabel"
     target_dtype: torch.dtype = torch.float32
     headline: str = "f1"
+    metrics: tuple[str, ...] = ("loss", "accuracy", "f1")
 
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return nn.functional.binary_cross_entropy_with_logits(outputs, targets)

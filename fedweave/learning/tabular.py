@@ -174,6 +174,11 @@ class Table:
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
+    def subset(self, indices: np.ndarray) -> Table:
+        return Table(
+            self.numeric[indices], self.categorical[indices], self.labels[indices], self.source
+        )
+
 
 def read_frame(path: Path):
     """A CSV (every cell as text) or Parquet file as a DataFrame; one-line errors."""

@@ -33,6 +33,11 @@ class ArrayData:
         return ArrayData(self.x[indices], self.y[indices])
 
 
+class NoTaskData(UserError):
+    """The task has no data of its own: a real task's data lives at the sites (raised by
+    ``load_data``; a coordinator then scores rounds by federated evaluation only)."""
+
+
 @dataclass(frozen=True)
 class TrainingDefaults:
     """How a task trains unless the run says otherwise (flags and config files override).

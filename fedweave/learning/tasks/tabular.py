@@ -24,7 +24,6 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from fedweave.errors import UserError
 from fedweave.learning.objectives import Binary, MultiClass, Objective, Regression
 from fedweave.learning.tabular import (
     TABULAR_DEFAULTS,
@@ -36,7 +35,7 @@ from fedweave.learning.tabular import (
     encode,
     read_table,
 )
-from fedweave.learning.task import ArrayData, TrainingDefaults
+from fedweave.learning.task import ArrayData, NoTaskData, TrainingDefaults
 from fedweave.learning.training import TrainConfig, evaluate_model, train_epochs
 
 SCALE_SHRINK = 64.0
@@ -90,9 +89,10 @@ class TabularTask:
         return nn.Sequential(*layers)
 
     def load_data(self) -> tuple[ArrayData, ArrayData]:
-        raise UserError(
+        raise NoTaskData(
             f"task '{self.name}' has no built-in data: give each site its table (--data, or "
-            "--data-dir in a simulation) and the coordinator a labelled --test-data table"
+            "--data-dir in a simulation); the coordinator scores rounds by federated "
+            "evaluation, or centrally on a labelled --test-data table"
         )
 
     def read_site_data(self, path: Path) -> Table:

@@ -1,0 +1,117 @@
+"""Federated evaluation: sampled sites score the global model on their own evaluation data.
+
+Flower 1.41's default evaluate workflow waits for the sites without a limit and reports a
+site's error without the node that sent it. ``federated_evaluate_workflow`` sends the same
+``evaluate`` messages, but closes at the round deadline and hands the strategy every outcome
+bound to its site: a reply, an error reply (with the site's node id), or nothing by the
+deadline (the strategy records those sampled sites ``late``). It always calls the strategy's
+``aggregate_evaluate``, even in a round no site evaluates, because that is where the
+reporting strategy finishes the round.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from typing import Any, cast
+
+import flwr.compat.common.recorddict_compat as compat
+from flwr.app import Message
+from flwr.app.message_type import MessageType
+from flwr.common import Code, EvaluateRes, Status
+from flwr.server.client_proxy import ClientProxy
+from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, Key
+
+log = logging.getLogger("fedweave.coordinator")
+
+EvaluateOutcome = tuple[ClientProxy, EvaluateRes]
+
+NOT_AVERAGED = frozenset({"seconds"})
+"""Site figures kept per site but not averaged into the round's federated metrics."""
+
+
+def is_evaluation_round(server_round: int, every: int, last_round: int) -> bool:
+    """Whether sites evaluate after ``server_round`` (Flower's numbering): every ``every``
+    rounds and after the last one; never with ``every`` 0."""
+    if every <= 0:
+        return False
+    return server_round % every == 0 or server_round == last_round
+
+
+def weighted_evaluation(results: Sequence[EvaluateOutcome]) -> dict[str, float]:
+    """``loss`` and every numeric metric the sites returned, each averaged over the sites
+    that reported it, weighted by their evaluation examples."""
+    sums: dict[str, float] = {}
+    weights: dict[str, float] = {}
+    for _, res in results:
+        n = float(res.num_examples)
+        if n <= 0:
+            continue
+        values: dict[str, Any] = {**res.metrics, "loss": res.loss}
+        for name, value in values.items():
+            if name in NOT_AVERAGED or isinstance(value, bool):
+                continue
+            if not isinstance(value, (int, float)):
+                continue
+            if not math.isfinite(float(value)):
+                continue
+            sums[name] = sums.get(name, 0.0) + float(value) * n
+            weights[name] = weights.get(name, 0.0) + n
+    return {name: sums[name] / weights[name] for name in sorted(sums)}
+
+
+def _failed(proxy: ClientProxy, reason: str) -> EvaluateOutcome:
+    res = EvaluateRes(
+        status=Status(code=Code.EVALUATE_NOT_IMPLEMENTED, message=reason),
+        loss=0.0,
+        num_examples=0,
+        metrics={},
+    )
+    return proxy, res
+
+
+def federated_evaluate_workflow(round_timeout: float):
+    """The evaluate step of each round, closing ``round_timeout`` seconds after its messages
+    go out (see the module docstring)."""
+    from fedweave.coordinator.reporting import failure_reason
+
+    def evaluate_workflow(grid, context) -> None:
+        cfg = context.state.config_records[MAIN_CONFIGS_RECORD]
+        current_round = cast(int, cfg[Key.CURRENT_ROUND])
+        parameters = compat.arrayrecord_to_parameters(
+            context.state.array_records[MAIN_PARAMS_RECORD], keep_input=True
+        )
+        instructions = context.strategy.configure_evaluate(
+            server_round=current_round,
+            parameters=parameters,
+            client_manager=context.client_manager,
+        )
+        results: list[EvaluateOutcome] = []
+        failures: list[EvaluateOutcome | BaseException] = []
+        if instructions:
+            proxies = {proxy.node_id: proxy for proxy, _ in instructions}
+            messages = [
+                Message(
+                    content=compat.evaluateins_to_recorddict(ins, True),
+                    dst_node_id=proxy.node_id,
+                    message_type=MessageType.EVALUATE,
+                    group_id=str(current_round),
+                )
+                for proxy, ins in instructions
+            ]
+            for reply in grid.send_and_receive(messages, timeout=round_timeout):
+                proxy = proxies.get(reply.metadata.src_node_id)
+                if proxy is None:
+                    continue
+                if reply.has_error():
+                    failures.append(_failed(proxy, failure_reason(str(reply.error.reason))))
+                    continue
+                res = compat.recorddict_to_evaluateres(reply.content)
+                if res.status.code == Code.OK:
+                    results.append((proxy, res))
+                else:
+                    failures.append((proxy, res))
+        context.strategy.aggregate_evaluate(current_round, results, failures)
+
+    return evaluate_workflow

@@ -1,0 +1,140 @@
+"""Every metric of a recorded round, read back in one way (show, CSV, plot, tracking, export).
+
+A federated round keeps its evaluations in ``Round.extra["evaluation"]`` (written by
+``coordinator/history_recorder.py``)::
+
+    {"central": {"loss": .., "accuracy": .., ...},      # the coordinator's test data
+     "federated": {"loss": .., "auc": .., ...},         # example-weighted over the sites
+     "sites": [{"site": name, "status": "ok", "examples": n, "metrics": {...}}, ...]}
+
+``eval_loss`` / ``eval_accuracy`` stay the round's headline figures (central when the
+coordinator has test data, else federated). Metric names here are ``central.<name>``,
+``federated.<name>`` and ``train.<name>``; a bare name (``auc``) means the federated one
+when the run has it, else the central one.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+SOURCES = ("federated", "central", "train")
+
+LOWER_IS_BETTER = ("loss", "mae", "mse", "rmse", "error")
+"""``--select-mode auto`` takes the lowest value of a metric whose name contains one of
+these, the highest otherwise."""
+
+
+def _numeric(values: dict[str, Any] | None) -> dict[str, float]:
+    return {
+        name: float(value)
+        for name, value in (values or {}).items()
+        if isinstance(value, (int, float)) and not isinstance(value, bool)
+    }
+
+
+def evaluation_of(row: dict[str, Any]) -> dict[str, Any]:
+    """The round's recorded evaluation (empty for gossip rounds and older runs)."""
+    return (row.get("extra") or {}).get("evaluation") or {}
+
+
+def round_metrics(row: dict[str, Any]) -> dict[str, float]:
+    """Every numeric metric of one round row (``store.rounds``), by qualified name."""
+    evaluation = evaluation_of(row)
+    found: dict[str, float] = {}
+    for source in ("central", "federated"):
+        for name, value in _numeric(evaluation.get(source)).items():
+            found[f"{source}.{name}"] = value
+    if not evaluation and row.get("eval_loss") is not None:  # runs recorded before 21
+        found["central.loss"] = float(row["eval_loss"])
+        if row.get("eval_accuracy") is not None:
+            found["central.accuracy"] = float(row["eval_accuracy"])
+    for name, value in _numeric(row.get("train_metrics")).items():
+        found[f"train.{name.removeprefix('train_')}"] = value
+    return found
+
+
+def metric_names(rows: list[dict[str, Any]]) -> list[str]:
+    """The qualified names of every metric any of ``rows`` holds, sorted."""
+    return sorted({name for row in rows for name in round_metrics(row)})
+
+
+def qualified(rows: list[dict[str, Any]], name: str) -> str | None:
+    """``name`` as the rows hold it: as given when qualified, else the federated metric of
+    that name if any round has one, else the central one; ``None`` when none has it."""
+    names = set(metric_names(rows))
+    if "." in name:
+        return name if name in names else None
+    for source in SOURCES:
+        if f"{source}.{name}" in names:
+            return f"{source}.{name}"
+    return None
+
+
+def series(rows: list[dict[str, Any]], name: str) -> list[tuple[int, str, float]]:
+    """(round, actor, value) of the qualified metric ``name`` in every round that has it."""
+    found = []
+    for row in rows:
+        value = round_metrics(row).get(name)
+        if value is not None and math.isfinite(value):
+            found.append((int(row["round"]), str(row.get("actor", "")), value))
+    return found
+
+
+def lower_is_better(name: str, mode: str = "auto") -> bool:
+    """Whether the best value of ``name`` is its lowest (``mode`` min/max/auto)."""
+    if mode in ("min", "max"):
+        return mode == "min"
+    bare = name.rsplit(".", 1)[-1]
+    return any(word in bare for word in LOWER_IS_BETTER)
+
+
+def best_round(
+    rows: list[dict[str, Any]], metric: str = "loss", mode: str = "auto"
+) -> tuple[int, str, float] | None:
+    """(round, qualified metric, value) of the round whose ``metric`` was best, the first
+    such round on a tie; ``None`` when no round has the metric."""
+    name = qualified(rows, metric)
+    if name is None:
+        return None
+    values = series(rows, name)
+    if not values:
+        return None
+    low = lower_is_better(name, mode)
+    best = min(values, key=lambda v: v[2]) if low else max(values, key=lambda v: v[2])
+    return best[0], name, best[2]
+
+
+def site_evaluations(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each asked site's evaluation in that round: site, status, examples, metrics,
+    reason."""
+    return list(evaluation_of(row).get("sites") or [])
+
+
+def evaluation_line(evaluation: dict[str, Any]) -> str | None:
+    """One console line for a round's federated evaluation, e.g. ``federated (3/3 sites):
+    loss 0.1021 accuracy 0.9650 auc 0.9931``; ``None`` when no site was asked."""
+    sites = evaluation.get("sites") or []
+    if not sites:
+        return None
+    ok = sum(1 for site in sites if site.get("status") == "ok")
+    federated = _numeric(evaluation.get("federated"))
+    ordered = sorted(federated, key=lambda name: (name != "loss", name))
+    figures = " ".join(f"{name} {federated[name]:.4f}" for name in ordered)
+    return f"federated ({ok}/{len(sites)} sites): {figures or 'no result'}"
+
+
+def evaluation_lines(evaluation: dict[str, Any]) -> list[str]:
+    """The console lines of a round's federated evaluation: the aggregate, then each site
+    that failed or was late, with its reason."""
+    line = evaluation_line(evaluation)
+    if line is None:
+        return []
+    lines = [line]
+    for site in evaluation.get("sites") or []:
+        if site.get("status") != "ok":
+            lines.append(
+                f"  site {site.get('site')} evaluation {site.get('status')}: "
+                f"{site.get('reason') or 'no reason given'}"
+            )
+    return lines
