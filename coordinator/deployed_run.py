@@ -144,8 +144,8 @@ def run_plan(plan: DeployPlan, grid, context) -> None:
     """
     from fedweave.coordinator.history_recorder import BackgroundRecorder, HistoryRecorder
     from fedweave.coordinator.server_app import ServerSettings, initial_weights, make_server_app
-    from fedweave.coordinator.statistics import recorded_statistics
     from fedweave.history import open_store
+    from fedweave.history.metrics import recorded_statistics
 
     exit_with_coordinator()
     store = open_store(read_db_url())

@@ -337,12 +337,18 @@ class ReportingStrategy(Strategy):
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, EvaluateIns]]:
         """In an evaluation round (``evaluate_every``), let the wrapped strategy sample the
-        sites that score the new global model (``fraction_evaluate``); none otherwise."""
+        sites that score the new global model (``fraction_evaluate``), less those recorded
+        late in this round's training; none otherwise."""
         if self._pending is None or not is_evaluation_round(
             server_round, self.evaluate_every, self.last_round
         ):
             return []
         instructions = self.strategy.configure_evaluate(server_round, parameters, client_manager)
+        # a site still training at this round's deadline would most likely miss the
+        # evaluation's too, and hold the round open a second deadline: it is not asked
+        late = {site.site_id for site in self._sites if site.status == "late"}
+        instructions = [(proxy, ins) for proxy, ins in instructions
+                        if str(proxy.node_id) not in late]  # fmt: skip
         self._asked_to_evaluate = [proxy.node_id for proxy, _ in instructions]
         return instructions
 

@@ -61,15 +61,6 @@ class WithStatistics:
             listener.on_round(summary)
 
 
-def recorded_statistics(rounds: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
-    """The statistics a run recorded (``store.rounds(run_id)``), for its resume."""
-    for row in rounds:
-        statistics = (row.get("extra") or {}).get("statistics")
-        if statistics:
-            return statistics
-    return None
-
-
 class StatisticsStrategy(Strategy):
     """Asks every connected site for one stage's vector and keeps the weighted mean.
 

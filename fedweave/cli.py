@@ -32,7 +32,7 @@ def build_app() -> typer.Typer:
     from fedweave.client.cli import client
     from fedweave.coordinator.cli import coordinator
     from fedweave.gossip.cli import keys_app, peer, task_app
-    from fedweave.history.cli import history_app
+    from fedweave.history.cli import history_app, predict_command
     from fedweave.simulations.cli import data_app, simulate
 
     app = typer.Typer(
@@ -45,6 +45,7 @@ def build_app() -> typer.Typer:
     app.command()(simulate)
     app.add_typer(data_app, name="data")
     app.add_typer(history_app, name="history")
+    app.command("predict")(predict_command)
     app.command()(coordinator)
     app.command()(client)
     app.add_typer(certs_app, name="certs")

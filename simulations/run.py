@@ -11,7 +11,7 @@ from fedweave.config import Resolved, RunConfig
 from fedweave.coordinator.history_recorder import evaluation_extra
 from fedweave.coordinator.rounds import RoundSummary, shown
 from fedweave.coordinator.run_header import header_line, protections
-from fedweave.coordinator.statistics import recorded_statistics
+from fedweave.history.metrics import recorded_statistics
 from fedweave.learning.data import load_site_data
 from fedweave.learning.statistics import pinned_schema
 from fedweave.learning.task import load_task

@@ -2,7 +2,8 @@
 
 One training example carries a sentinel value; whichever site holds it after the split
 misbehaves (raises, sends NaN, a wrong shape, a wrong dtype, or huge noise). With an iid
-split exactly one site holds it.
+split exactly one site holds it. The site's whole file counts, not only what it trains on:
+the sentinel example may be in the part the site holds out to evaluate on.
 """
 
 from __future__ import annotations
@@ -11,7 +12,20 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedweave.learning.data import read_npz
+from fedweave.learning.task import ArrayData
 from fedweave.learning.tasks.digits import DigitsTask
+
+
+class _SiteFile(ArrayData):
+    """A site's examples that remember whether its file held the sentinel, in every part."""
+
+    marked = False
+
+    def subset(self, indices: np.ndarray) -> ArrayData:
+        part = _SiteFile(self.x[indices], self.y[indices])
+        object.__setattr__(part, "marked", self.marked)
+        return part
 
 SENTINEL = 7.0  # digits features are in [0, 1]
 
@@ -23,8 +37,14 @@ class _OneBadSite(DigitsTask):
         x[0, 0] = SENTINEL
         return type(train)(x, train.y), test
 
+    def read_site_data(self, path) -> ArrayData:
+        data = read_npz(path)
+        site = _SiteFile(data.x, data.y)
+        object.__setattr__(site, "marked", bool((data.x == SENTINEL).any()))
+        return site
+
     def is_bad(self, data) -> bool:
-        return bool((data.x == SENTINEL).any())
+        return bool(getattr(data, "marked", False) or (data.x == SENTINEL).any())
 
     def misbehave(self, model: nn.Sequential) -> None:
         raise NotImplementedError

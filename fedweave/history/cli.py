@@ -17,6 +17,7 @@ import typer
 from fedweave.config.run_config import SETTINGS
 from fedweave.errors import UserError, user_errors_as_one_line
 from fedweave.history import DB_URL_ENVVAR, DEFAULT_DB_URL
+from fedweave.history.metrics import metric_names, round_metrics, site_evaluations
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -189,7 +190,12 @@ def show_command(
             rounds = store.rounds(info.run_id)
             site_rows = store.site_results(info.run_id) if sites else []
         if fmt is ShowFormat.json:
-            payload = {"run": run_dict(info), "rounds": plain(rounds)}
+            from fedweave.history.metrics import round_metrics
+
+            payload = {
+                "run": run_dict(info),
+                "rounds": [{**plain(row), "metrics": round_metrics(row)} for row in rounds],
+            }
             if sites:
                 payload["sites"] = plain(site_rows)
             typer.echo(json.dumps(payload, indent=2))
@@ -227,6 +233,10 @@ def _print_run(
     console.print(f"config {json.dumps(info.config, sort_keys=True)}", soft_wrap=True)
     several = len({row["actor"] for row in rounds}) > 1
     with_drops = any("drops" in (row.get("extra") or {}) for row in rounds)
+    with_bytes = any(row["bytes_in"] or row["bytes_out"] for row in rounds)
+    evaluated = [
+        name for name in metric_names(rounds) if name.split(".", 1)[0] in ("central", "federated")
+    ]
     table = Table()
     for column in (
         (["actor"] if several else [])
@@ -239,10 +249,10 @@ def _print_run(
             "eval loss",
             "eval acc",
             "train loss",
-            "bytes in",
-            "bytes out",
-            "checkpoint",
         ]
+        + (["bytes in", "bytes out"] if with_bytes else [])
+        + ["checkpoint"]
+        + evaluated
         + (["drops so far"] if with_drops else [])
     ):
         table.add_column(column, overflow="fold")
@@ -257,14 +267,16 @@ def _print_run(
             _num(row["eval_loss"]),
             _num(row["eval_accuracy"]),
             _num(train_loss) if isinstance(train_loss, (int, float)) else "-",
-            str(row["bytes_in"] or "-"),
-            str(row["bytes_out"] or "-"),
+            *([str(row["bytes_in"] or "-"), str(row["bytes_out"] or "-")] if with_bytes else []),
             "yes" if row["checkpoint_path"] else "",
         ]
+        found = round_metrics(row)
+        cells += [_num(found.get(name)) for name in evaluated]
         if with_drops:
             cells.append(_drops((row.get("extra") or {}).get("drops")))
         table.add_row(*([row["actor"]] if several else []), *cells)
     console.print(table if rounds else "no rounds recorded yet")
+    _print_best(console, info, rounds)
     if site_rows is not None:
         sites_table = Table(title="site results")
         for column in (
@@ -290,6 +302,47 @@ def _print_run(
                 site["reason"] or "",
             )
         console.print(sites_table)
+        _print_site_evaluations(console, rounds)
+
+
+def _print_best(console: Any, info: RunInfo, rounds: list[dict[str, Any]]) -> None:
+    """The round whose model scored best on the run's --select-metric (the one exported as
+    best.safetensors)."""
+    from fedweave.history.model_export import chosen_rounds
+
+    if info.mode != "federated":
+        return
+    _, best, chosen = chosen_rounds(info, rounds)
+    if best is not None:
+        console.print(
+            f"best round {chosen['round']} by {chosen['qualified']} ({chosen['mode']}): "
+            f"{chosen['value']:.4f}",
+            highlight=False,
+        )
+
+
+def _print_site_evaluations(console: Any, rounds: list[dict[str, Any]]) -> None:
+    """Each site's federated evaluation per round, when the run has any."""
+    import json
+
+    from rich.table import Table
+
+    rows = [(row, site) for row in rounds for site in site_evaluations(row)]
+    if not rows:
+        return
+    table = Table(title="site evaluations (federated)")
+    for column in ("round", "site", "status", "examples", "metrics", "reason"):
+        table.add_column(column, overflow="fold")
+    for row, site in rows:
+        metrics = {k: v for k, v in (site.get("metrics") or {}).items() if k != "node_id"}
+        table.add_row(
+            str(row["round"]), str(site.get("site")), str(site.get("status")),
+            str(site.get("examples") or 0),
+            json.dumps({k: round(v, 4) if isinstance(v, float) else v
+                        for k, v in sorted(metrics.items())}),
+            site.get("reason") or "",
+        )  # fmt: skip
+    console.print(table)
 
 
 @history_app.command("plot")
@@ -306,8 +359,19 @@ def plot_command(
         Path, typer.Option("--out", help="PNG file to write (folders are created).")
     ] = Path("curve.png"),
     db: DbOption = DEFAULT_DB_URL,
+    metric: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--metric",
+            help="A metric to draw, one panel each (repeatable): a name the task computes "
+            "(auc: the federated one when the run has it, else the central one), or "
+            "qualified (central.auc, federated.loss, train.loss). Default: the round's "
+            "evaluation accuracy and loss.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
-    """Plot evaluation accuracy and loss per round of several runs into one PNG.
+    """Plot evaluation metrics per round of several runs into one PNG.
 
     RUN_IDS are run ids (or unique prefixes, or 'latest'); each run is one curve. Gossip runs
     are drawn as the mean over peers per round, with the min-max band shaded.
@@ -323,7 +387,7 @@ def plot_command(
                 if info.actors > 1:
                     label += f" (mean of {info.actors} peers)"
                 series.append((label, store.rounds(info.run_id)))
-        plot_runs(series, out)
+        plot_runs(series, out, metric or None)
         typer.echo(f"wrote {out}")
 
 
@@ -365,6 +429,51 @@ def export_command(
             typer.echo(f"wrote {path}")
         if not any(path.name == "model.npz" for path in written):
             typer.echo("note: the run has no recorded checkpoint; no model.npz written", err=True)
+
+
+def predict_command(
+    run_id: Annotated[
+        str,
+        typer.Option(
+            "--run",
+            help="The run whose model scores the data: a run id, a unique prefix, or 'latest'.",
+            show_default=False,
+        ),
+    ],
+    data: Annotated[
+        Path,
+        typer.Option(
+            "--data",
+            help="The examples to score, read like a site's --data (a tabular task's label "
+            "column may be absent).",
+            show_default=False,
+        ),
+    ],
+    out: Annotated[
+        Path, typer.Option("--out", help="CSV to write: row, prediction (and probabilities).")
+    ] = Path("predictions.csv"),
+    best: Annotated[
+        bool,
+        typer.Option(
+            "--best",
+            help="Use the round that scored best on the run's --select-metric, not the last.",
+        ),
+    ] = False,
+    label_column: Annotated[
+        str | None,
+        typer.Option("--label-column", help="Label column of a CSV file read by position.",
+                     show_default=False),
+    ] = None,
+    db: DbOption = DEFAULT_DB_URL,
+) -> None:
+    """Score a data file with a recorded run's final (or best) model: one CSV row per
+    example, read and prepared as the run's sites read and prepared theirs."""
+    from fedweave.history.predict import predict_run
+
+    with user_errors_as_one_line():
+        with _open(db) as store:
+            count, round_number = predict_run(store, run_id, data, out, best, label_column)
+        typer.echo(f"wrote {out}: {count} predictions by the model of round {round_number}")
 
 
 @history_app.command("migrate")

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from fedweave.history.errors import HistoryError
+from fedweave.history.metrics import metric_names, round_metrics, site_evaluations
 from fedweave.history.records import RunInfo
 from fedweave.history.store import HistoryStore
 
@@ -37,6 +38,7 @@ ROUND_COLUMNS = [
     "checkpoint_sha256",
 ]
 SITE_COLUMNS = ["actor", "round", "site_id", "status", "num_examples", "seconds", "reason"]
+EVALUATION_COLUMNS = ["actor", "round", "site_id", "status", "num_examples", "reason"]
 
 
 def plain(value: Any) -> Any:
@@ -72,11 +74,37 @@ def _flatten(
 
 
 def rounds_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
-    """Round rows flattened: fixed columns, ``train.*`` metrics, then ``extra`` as JSON text."""
+    """Round rows flattened: fixed columns, ``train.*`` metrics, every ``central.*`` and
+    ``federated.*`` evaluation metric (``fedweave/history/metrics.py``), then ``extra`` as
+    JSON text."""
     columns, flat = _flatten(rows, ROUND_COLUMNS, "train_metrics", "train")
+    evaluated = [
+        name for name in metric_names(rows) if name.split(".", 1)[0] in ("central", "federated")
+    ]
     for out, row in zip(flat, rows, strict=True):
+        found = round_metrics(row)
+        out.update({name: found.get(name) for name in evaluated})
         out["extra"] = json.dumps(row["extra"], sort_keys=True) if row["extra"] else ""
-    return columns + ["extra"], flat
+    return columns + evaluated + ["extra"], flat
+
+
+def evaluations_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
+    """Each site's federated evaluation per round: actor, round, site, status, examples,
+    reason, then ``metrics.*``."""
+    flat = [
+        {
+            "actor": row["actor"],
+            "round": row["round"],
+            "site_id": site.get("site"),
+            "status": site.get("status"),
+            "num_examples": site.get("examples"),
+            "reason": site.get("reason"),
+            "metrics": site.get("metrics") or {},
+        }
+        for row in rows
+        for site in site_evaluations(row)
+    ]
+    return _flatten(flat, EVALUATION_COLUMNS, "metrics", "metrics")
 
 
 def sites_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
@@ -91,10 +119,27 @@ def write_csv(stream: IO[str], columns: list[str], rows: list[dict[str, Any]]) -
     writer.writerows(rows)
 
 
+def _named_models(
+    info: RunInfo, rows: list[dict[str, Any]], out_dir: Path, checkpoint: Any
+) -> list[Path]:
+    """The final and best model as safetensors (``model_export.py``), for the actor whose
+    final checkpoint is exported."""
+    from fedweave.history.metrics import recorded_statistics
+    from fedweave.history.model_export import export_models
+
+    actor_rows = [row for row in rows if row.get("checkpoint_path")]
+    final = next((row for row in actor_rows if row["checkpoint_path"] == checkpoint.path), None)
+    if final is not None:
+        actor_rows = [row for row in actor_rows if row["actor"] == final["actor"]]
+    return export_models(info, actor_rows, out_dir, recorded_statistics(rows))
+
+
 def export_run(
     store: HistoryStore, run_ref: str, out_dir: Path, actor: str | None = None
 ) -> list[Path]:
-    """Write rounds.csv, sites.csv, run.json and model.npz (final checkpoint) to ``out_dir``.
+    """Write rounds.csv, sites.csv, evaluations.csv (sites' federated evaluations, when the
+    run has some), run.json, model.npz (final checkpoint) and the named model
+    (model.safetensors, best.safetensors, model.json) to ``out_dir``.
 
     The tables are written first, so a missing or altered checkpoint file (``UserError``)
     still leaves them in place. ``actor``: whose final checkpoint (a gossip run's peers each
@@ -103,10 +148,14 @@ def export_run(
     info = store.get_run(run_ref)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, (columns, rows) in (
-        ("rounds.csv", rounds_table(store.rounds(info.run_id))),
+    all_rounds = store.rounds(info.run_id)
+    tables = [
+        ("rounds.csv", rounds_table(all_rounds)),
         ("sites.csv", sites_table(store.site_results(info.run_id))),
-    ):
+    ]
+    if any(site_evaluations(row) for row in all_rounds):
+        tables.append(("evaluations.csv", evaluations_table(all_rounds)))
+    for name, (columns, rows) in tables:
         with open(out_dir / name, "w", encoding="utf-8", newline="") as handle:
             write_csv(handle, columns, rows)
         written.append(out_dir / name)
@@ -120,6 +169,7 @@ def export_run(
     written.append(out_dir / "run.json")
     if checkpoint is None:
         return written
+    written += _named_models(info, store.rounds(info.run_id, actor=actor), out_dir, checkpoint)
     source = Path(checkpoint.path)
     if not source.is_file():
         raise HistoryError(

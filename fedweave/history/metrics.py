@@ -138,3 +138,13 @@ def evaluation_lines(evaluation: dict[str, Any]) -> list[str]:
                 f"{site.get('reason') or 'no reason given'}"
             )
     return lines
+
+
+def recorded_statistics(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The federated statistics a run recorded with its first round (``store.rounds``):
+    a resume reuses them, and an exported model needs them to predict."""
+    for row in rows:
+        statistics = (row.get("extra") or {}).get("statistics")
+        if statistics:
+            return statistics
+    return None

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from fedweave.history.errors import HistoryError
+from fedweave.history.metrics import metric_names, qualified, round_metrics
 
 
 @dataclass
@@ -25,11 +26,13 @@ class Curve:
 
 
 def mean_per_round(rows: list[dict[str, Any]], key: str) -> Curve:
-    """Average ``key`` (e.g. ``"eval_accuracy"``) over actors per round; skip missing values."""
+    """Average ``key`` over actors per round; skip missing values. ``key`` is a round column
+    (``"eval_accuracy"``) or a qualified metric (``"federated.auc"``, ``metrics.py``)."""
     by_round: dict[int, list[float]] = defaultdict(list)
     for row in rows:
-        if row.get(key) is not None:
-            by_round[row["round"]].append(float(row[key]))
+        value = row.get(key) if key in row else round_metrics(row).get(key)
+        if value is not None:
+            by_round[row["round"]].append(float(value))
     rounds = sorted(by_round)
     return Curve(
         rounds=rounds,
@@ -39,11 +42,17 @@ def mean_per_round(rows: list[dict[str, Any]], key: str) -> Curve:
     )
 
 
-def plot_runs(runs: list[tuple[str, list[dict[str, Any]]]], out: Path) -> Path:
-    """Draw eval accuracy (left) and eval loss (right) per round for each (label, rounds).
+def plot_runs(
+    runs: list[tuple[str, list[dict[str, Any]]]], out: Path, metrics: list[str] | None = None
+) -> Path:
+    """Draw eval accuracy (left) and eval loss (right) per round for each (label, rounds),
+    or one panel per metric of ``metrics`` (names as ``metrics.qualified`` takes them).
 
-    Raises ``UserError`` when no run has any evaluated round (nothing to draw).
+    Raises ``HistoryError`` when no run has any evaluated round (nothing to draw), or no run
+    recorded one of ``metrics`` (naming the metrics they did record).
     """
+    if metrics:
+        return _plot_metrics(runs, out, metrics)
     import matplotlib
 
     matplotlib.use("Agg")  # files only; never needs a display
@@ -73,6 +82,51 @@ def plot_runs(runs: list[tuple[str, list[dict[str, Any]]]], out: Path) -> Path:
             axis.grid(alpha=0.3)
             if axis.lines:
                 axis.legend(fontsize="small")
+        fig.tight_layout()
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, dpi=120)
+    finally:
+        plt.close(fig)
+    return out
+
+
+def _plot_metrics(
+    runs: list[tuple[str, list[dict[str, Any]]]], out: Path, metrics: list[str]
+) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    panels = []
+    for name in metrics:
+        curves = []
+        for label, rows in runs:
+            key = qualified(rows, name)
+            if key is not None:
+                curves.append((label, key, mean_per_round(rows, key)))
+        if not curves:
+            recorded = sorted({m for _, rows in runs for m in metric_names(rows)})
+            raise HistoryError(
+                f"no chosen run recorded the metric '{name}'; they recorded: "
+                f"{', '.join(recorded) or 'none'}"
+            )
+        panels.append((name, curves))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
+    try:
+        for axis, (name, curves) in zip(axes[0], panels, strict=True):
+            for label, key, curve in curves:
+                (line,) = axis.plot(curve.rounds, curve.mean, marker="o", markersize=3,
+                                    label=f"{label} ({key})")
+                if curve.low != curve.high:
+                    axis.fill_between(curve.rounds, curve.low, curve.high, alpha=0.15,
+                                      color=line.get_color())
+            axis.set_title(name)
+            axis.set_xlabel("round")
+            axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+            axis.grid(alpha=0.3)
+            axis.legend(fontsize="small")
         fig.tight_layout()
         out.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(out, dpi=120)

@@ -286,13 +286,17 @@ def _canonical_number(text: str) -> str:
     return str(int(value)) if value.is_integer() else repr(value)
 
 
-def read_table(path: str | Path, schema: TabularSchema) -> Table:
-    """Read a site's CSV or Parquet file by column name and check every value."""
+def read_table(path: str | Path, schema: TabularSchema, labelled: bool = True) -> Table:
+    """Read a site's CSV or Parquet file by column name and check every value.
+
+    ``labelled=False`` (scoring new data): the label column may be absent; its values are
+    then placeholders (class 0, or 0.0)."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"data file {path} does not exist; pass --data with a .csv or .parquet")
     frame = read_frame(path)
-    wanted = [f.name for f in schema.features] + [schema.label.name]
+    with_label = labelled or schema.label.name in frame.columns
+    wanted = [f.name for f in schema.features] + ([schema.label.name] if with_label else [])
     missing = [name for name in wanted if name not in frame.columns]
     if missing:
         shown = ", ".join(list(frame.columns)[:12])
@@ -315,7 +319,12 @@ def read_table(path: str | Path, schema: TabularSchema) -> Table:
         ],
         axis=1,
     ) if schema.categorical else np.zeros((len(frame), 0), dtype=np.int64)  # fmt: skip
-    labels = _label_column(frame, schema.label, path)
+    if with_label:
+        labels = _label_column(frame, schema.label, path)
+    elif schema.label.kind == "regression":
+        labels = np.zeros(len(frame), dtype=np.float32)
+    else:
+        labels = np.zeros(len(frame), dtype=np.int64)
     return Table(numeric, categorical, labels, str(path))
 
 

@@ -98,6 +98,14 @@ class TabularTask:
     def read_site_data(self, path: Path) -> Table:
         return read_table(path, self.schema)
 
+    def read_new_data(self, path: Path) -> Table:
+        """A table to score (``fedweave predict``): the label column may be absent."""
+        return read_table(path, self.schema, labelled=False)
+
+    def label_names(self) -> tuple[str, ...]:
+        """The class values as the files spell them, by class index (none: regression)."""
+        return self.schema.label.classes
+
     # Federated statistics (fedweave/learning/statistics.py)
 
     def statistics_size(self, stage: str, known: dict[str, Any]) -> int:

@@ -1,0 +1,124 @@
+"""A recorded run's model out: the final and the best round's global model as safetensors.
+
+Tensor names are the task model's ``state_dict`` keys (buffers included), so::
+
+    model = load_task(TASK).build_model()
+    model.load_state_dict(safetensors.torch.load_file("model.safetensors"))
+
+loads it with no position mapping. ``model.json`` beside it says what the model needs to
+predict: the task, the rounds exported, the metric that chose the best one, the pinned
+data schema and the federated statistics a tabular task standardises its inputs with.
+Checkpoints are verified against their recorded sha256 before anything is written; nothing
+is pickled.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedweave.history.errors import HistoryError
+from fedweave.history.metrics import best_round
+from fedweave.history.records import RunInfo
+
+FINAL_FILE = "model.safetensors"
+BEST_FILE = "best.safetensors"
+META_FILE = "model.json"
+
+
+def checkpoint_weights(row: dict[str, Any]) -> list[np.ndarray]:
+    """The global model recorded with round ``row``, checked against its sha256."""
+    from fedweave.learning.weights import load_weights_npz
+
+    path = row.get("checkpoint_path")
+    if not path:
+        raise HistoryError(f"round {row['round']} has no recorded checkpoint")
+    try:
+        return load_weights_npz(path, row.get("checkpoint_sha256"))
+    except OSError as exc:
+        raise HistoryError(
+            f"checkpoint {path} of round {row['round']} cannot be read ({exc.strerror or exc}); "
+            "copy the file back or export from the machine that has it"
+        ) from None
+    except ValueError as exc:
+        raise HistoryError(f"round {row['round']}: {exc}") from None
+
+
+def named_weights(task_spec: str, weights: list[np.ndarray]) -> dict[str, np.ndarray]:
+    """``weights`` by the task model's ``state_dict`` keys; refused when they do not fit."""
+    from fedweave.learning.task import load_task
+
+    model = load_task(task_spec).build_model()
+    state = model.state_dict()
+    mismatch = len(state) != len(weights) or any(
+        tuple(tensor.shape) != array.shape
+        for tensor, array in zip(state.values(), weights, strict=False)
+    )
+    if mismatch:
+        raise HistoryError(
+            f"the recorded model does not fit task '{task_spec}' as it is installed here "
+            f"({len(weights)} tensors recorded, {len(state)} in its model); install the task "
+            "code the run used"
+        )
+    return {name: np.ascontiguousarray(array) for name, array in zip(state, weights, strict=True)}
+
+
+def chosen_rounds(
+    info: RunInfo, rows: list[dict[str, Any]]
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None, dict[str, Any]]:
+    """(final round row, best round row, how the best was chosen): rows with a checkpoint
+    only; the best by the run's ``select_metric`` / ``select_mode`` (default loss, auto)."""
+    with_model = [row for row in rows if row.get("checkpoint_path")]
+    if not with_model:
+        return None, None, {}
+    final = max(with_model, key=lambda row: row["round"])
+    evaluation = (info.config.get("settings") or {}).get("evaluation") or {}
+    metric = str(evaluation.get("select_metric") or "loss")
+    mode = str(evaluation.get("select_mode") or "auto")
+    best = best_round(with_model, metric, mode)
+    chosen = {"metric": metric, "mode": mode}
+    if best is None:
+        return final, None, {**chosen, "note": f"no round recorded '{metric}'"}
+    number, name, value = best
+    best_row = next(row for row in with_model if row["round"] == number)
+    return final, best_row, {**chosen, "qualified": name, "round": number, "value": value}
+
+
+def export_models(
+    info: RunInfo, rows: list[dict[str, Any]], out_dir: Path, statistics: dict[str, Any] | None
+) -> list[Path]:
+    """Write ``model.safetensors``, ``best.safetensors`` and ``model.json`` for the run's
+    ``rows`` (one actor's); returns the files written (none without a checkpoint)."""
+    from safetensors.numpy import save_file
+
+    final, best, chosen = chosen_rounds(info, rows)
+    if final is None:
+        return []
+    written = []
+    meta: dict[str, Any] = {
+        "run_id": info.run_id,
+        "task": info.task,
+        "mode": info.mode,
+        "final_round": final["round"],
+        "best": chosen,
+        "schema": info.config.get("schema"),
+        "statistics": statistics,
+        "load": "model = load_task(task).build_model(); "
+        "model.load_state_dict(safetensors.torch.load_file(FILE))",
+    }
+    for row, name in ((final, FINAL_FILE), (best, BEST_FILE)):
+        if row is None:
+            continue
+        tensors = named_weights(info.task, checkpoint_weights(row))
+        save_file(
+            tensors,
+            str(out_dir / name),
+            metadata={"run_id": info.run_id, "task": info.task, "round": str(row["round"])},
+        )
+        written.append(out_dir / name)
+    (out_dir / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    written.append(out_dir / META_FILE)
+    return written

@@ -1,0 +1,96 @@
+"""``fedweave predict``: score new data with a recorded run's final (or best) global model.
+
+The file is read with the task's own reader (a tabular task by column name, the label
+column optional), prepared with the federated statistics the run recorded, and scored by
+the model loaded by tensor name (``model_export.py``); one CSV row per example.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+from typing import Any
+
+from fedweave.history.errors import HistoryError
+from fedweave.history.metrics import recorded_statistics
+from fedweave.history.model_export import checkpoint_weights, chosen_rounds, named_weights
+
+
+def _model_rows(store: Any, run_ref: str) -> tuple[Any, list[dict[str, Any]]]:
+    """The run and the round rows of the actor whose model is used (a gossip run: the
+    peer with the highest checkpointed round)."""
+    info = store.get_run(run_ref)
+    rows = store.rounds(info.run_id)
+    actors = {row["actor"] for row in rows}
+    if len(actors) > 1:
+        latest = store.latest_checkpoint(info.run_id)
+        if latest is not None:
+            owner = next(row["actor"] for row in rows if row["checkpoint_path"] == latest.path)
+            rows = [row for row in rows if row["actor"] == owner]
+    return info, rows
+
+
+def _read(task: Any, path: Path, label_column: str | None) -> Any:
+    from fedweave.learning.data import load_site_data
+
+    if hasattr(task, "read_new_data"):
+        return task.read_new_data(path)
+    return load_site_data(path, task, label_column)
+
+
+def _check_schema(info: Any, task: Any) -> None:
+    pinned = (info.config or {}).get("schema")
+    schema = getattr(task, "schema", None)
+    if pinned is None or schema is None:
+        return
+    if pinned.get("digest") != schema.digest():
+        raise HistoryError(
+            f"task '{info.task}' as installed here reads tables with schema "
+            f"{schema.digest()}, the run trained on {pinned.get('digest')}; install the task "
+            "code the run used"
+        )
+
+
+def predict_run(
+    store: Any,
+    run_ref: str,
+    data_path: Path,
+    out: Path,
+    best: bool = False,
+    label_column: str | None = None,
+) -> tuple[int, int]:
+    """Write ``out`` (CSV: ``row``, then the prediction columns) for every example of
+    ``data_path``; returns (examples, round of the model used)."""
+    import torch
+
+    from fedweave.learning.prediction import model_outputs, prediction_columns
+    from fedweave.learning.statistics import prepared
+    from fedweave.learning.task import load_task
+    from fedweave.learning.training import TrainConfig
+
+    info, rows = _model_rows(store, run_ref)
+    final, best_row, chosen = chosen_rounds(info, rows)
+    row = best_row if best else final
+    if row is None:
+        what = "a best round" if best and final is not None else "a recorded model"
+        raise HistoryError(
+            f"run {info.run_id} has no {what} "
+            f"({chosen.get('note') or 'no round recorded a checkpoint'})"
+        )
+    task = load_task(info.task)
+    _check_schema(info, task)
+    tensors = named_weights(info.task, checkpoint_weights(row))
+    model = task.build_model()
+    model.load_state_dict({name: torch.from_numpy(array) for name, array in tensors.items()})
+    data = prepared(task, _read(task, data_path, label_column), recorded_statistics(rows))
+    outputs = model_outputs(model, data, TrainConfig(device=None))
+    header, values = prediction_columns(task, outputs)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(out.name + ".partial")
+    with open(partial, "w", encoding="utf-8", newline="") as handle:
+        writer = csv.writer(handle, lineterminator="\n")
+        writer.writerow(["row", *header])
+        writer.writerows([index, *value] for index, value in enumerate(values))
+    os.replace(partial, out)
+    return len(values), int(row["round"])

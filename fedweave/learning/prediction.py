@@ -1,0 +1,77 @@
+"""A model's predictions for new data, one row per example, by the task's objective.
+
+- multi-class: the predicted class and each class's probability (softmax);
+- binary: the predicted class and the positive class's probability (sigmoid);
+- regression: the predicted value;
+- multi-label: each label's probability and 0/1 decision.
+
+Class values are the task's own spelling when it names them (a tabular label's classes),
+else their indices.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedweave.learning.objectives import Binary, MultiLabel, Regression
+from fedweave.learning.training import (
+    TrainConfig,
+    _autocast,
+    iterate_batches,
+    objective_of,
+    pick_device,
+    use_amp,
+)
+
+
+def model_outputs(model: torch.nn.Module, data: Any, config: TrainConfig) -> np.ndarray:
+    """The model's raw outputs (float32) for every example of ``data``, in order."""
+    device = pick_device(config.device)
+    model.to(device)
+    model.eval()
+    parts = []
+    batches = iterate_batches(data, 512, device, False, num_workers=config.num_workers)
+    with torch.no_grad():
+        for xb, _ in batches:
+            with _autocast(device) if use_amp(config, device) else contextlib.nullcontext():
+                outputs = model(xb)
+            parts.append(outputs.float().cpu().numpy())
+    return np.concatenate(parts) if parts else np.zeros((0,), dtype=np.float32)
+
+
+def prediction_columns(
+    task: Any, outputs: np.ndarray
+) -> tuple[list[str], list[list[Any]]]:
+    """(header, rows) of the predictions for ``outputs`` under the task's objective."""
+    objective = objective_of(task)
+    names = tuple(task.label_names()) if hasattr(task, "label_names") else ()
+
+    def spelled(index: int) -> Any:
+        return names[index] if index < len(names) else index
+
+    if isinstance(objective, Regression):
+        values = outputs.reshape(len(outputs), -1)[:, 0]
+        return ["prediction"], [[float(v)] for v in values]
+    if isinstance(objective, Binary):
+        probability = 1.0 / (1.0 + np.exp(-outputs.reshape(len(outputs), -1)[:, 0]))
+        return ["prediction", "probability"], [
+            [spelled(int(p > 0.5)), float(p)] for p in probability
+        ]
+    if isinstance(objective, MultiLabel):
+        probability = 1.0 / (1.0 + np.exp(-outputs))
+        labels = range(outputs.shape[1])
+        header = [f"label_{i}" for i in labels] + [f"probability_{i}" for i in labels]
+        return header, [
+            [int(p > 0.5) for p in row] + [float(p) for p in row] for row in probability
+        ]
+    shifted = outputs - outputs.max(axis=1, keepdims=True)
+    probability = np.exp(shifted) / np.exp(shifted).sum(axis=1, keepdims=True)
+    classes = range(outputs.shape[1])
+    header = ["prediction"] + [f"probability_{spelled(i)}" for i in classes]
+    return header, [
+        [spelled(int(row.argmax()))] + [float(p) for p in row] for row in probability
+    ]
