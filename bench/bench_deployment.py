@@ -129,16 +129,19 @@ def start(command: list[str], log_path: Path, env: dict[str, str]) -> subprocess
         return subprocess.Popen(command, env=env, stdout=log, stderr=log, **tied_to_us())
 
 
-def fedweave_run(work: Path, sites: int, rounds: int, secure: bool, env: Env) -> list[float]:
-    """Seconds of each round of one deployed fedweave run, as its history records them."""
+def fedweave_run(
+    work: Path, sites: int, rounds: int, secure: bool, env: Env, extra: tuple[str, ...] = ()
+) -> list[float]:
+    """Seconds of each round of one deployed fedweave run, as its history records them
+    (``extra``: more coordinator flags)."""
     from fedweave.history import open_store
 
-    port, db = free_port(), f"sqlite:///{work / ('secure.db' if secure else 'plain.db')}"
+    port, db = free_port(), f"sqlite:///{work / f'run-{free_port()}.db'}"
     coordinator = [
         "coordinator", "--address", f"127.0.0.1:{port}", "--task", "digits",
         "--rounds", str(rounds), "--min-clients", str(sites), "--db", db, "--tls-dir", "tls",
         "--test-data", "split/test.npz", "--once",
-        "--state-dir", f"state-{port}", *([] if secure else ["--no-secure-agg"]),
+        "--state-dir", f"state-{port}", *([] if secure else ["--no-secure-agg"]), *extra,
     ]  # fmt: skip
     procs = []
     try:

@@ -1,10 +1,15 @@
 """Three hospitals' CSVs on Flower's deployment engine: TLS, registered site keys and SecAgg+
 on; one file with its columns in another order, one with an extra patient-id column; the
 feature statistics gathered through SecAgg+ before round 1; each site's console says what it
-trained and sent."""
+trained and sent. The coordinator holds no data at all: every round is scored by the sites on
+their own held-out parts (AUC included), and the exported model, loaded by name in plain
+PyTorch, scores a held-out file as ``fedweave predict`` does."""
 
 from __future__ import annotations
 
+import json
+
+import pandas as pd
 import pytest
 from test_deploy_support import (
     Processes,
@@ -37,7 +42,7 @@ def test_hospital_csvs_deployed_with_tls_and_secagg(tmp_path):
     try:
         coord = procs.start(
             "coordinator", "coordinator", "--address", f"127.0.0.1:{port}",
-            "--task", "breast-cancer", "--test-data", str(test), "--rounds", str(ROUNDS),
+            "--task", "breast-cancer", "--rounds", str(ROUNDS), "--select-metric", "auc",
             "--min-clients", "3", "--db", db, "--tls-dir", "tls", "--once",
         )  # fmt: skip
         wait_for(
@@ -49,15 +54,25 @@ def test_hospital_csvs_deployed_with_tls_and_secagg(tmp_path):
                 f"site{i}", "client", "--coordinator", f"127.0.0.1:{port}",
                 "--task", "breast-cancer", "--data", str(path), "--ca-cert", "tls/ca.pem",
                 "--site-key", f"site{i}.key", "--log-file", f"site{i}.log",
+                "--name", path.stem,
             )  # fmt: skip
         wait_for_success(procs, coord, "the run", 480)
         rounds, site_rows, run = recorded(db)
         assert run.status == "completed" and len(rounds) == ROUNDS
-        assert rounds[-1]["eval_accuracy"] >= 0.95, [r["eval_accuracy"] for r in rounds]
         assert all(r["replied"] == 3 for r in rounds)
+        for row in rounds:  # no data at the coordinator: the sites scored every round
+            evaluation = row["extra"]["evaluation"]
+            assert evaluation["central"] == {}
+            assert sorted((s["site"], s["status"]) for s in evaluation["sites"]) == [
+                (path.stem, "ok") for path in sorted(sites)
+            ]
+            assert row["eval_loss"] == evaluation["federated"]["loss"]
+        assert rounds[-1]["extra"]["evaluation"]["federated"]["auc"] >= 0.95
         assert "statistics" in rounds[0]["extra"]
         coordinator_out = procs.output("coordinator")
         assert "SecAgg+ on" in coordinator_out and "TLS on" in coordinator_out
+        assert "evaluation federated every round" in coordinator_out
+        assert coordinator_out.count("federated (3/3 sites): loss") == ROUNDS
         for i in range(len(sites)):
             console = procs.output(f"site{i}")
             assert "statistics (moments) of" in console and "sent masked (SecAgg+)" in console
@@ -65,3 +80,29 @@ def test_hospital_csvs_deployed_with_tls_and_secagg(tmp_path):
         assert "ignoring column(s) the task does not use: patient_id" in procs.output("site2")
     finally:
         procs.close()
+    _the_model_out_scores_a_held_out_file(tmp_path, db, test)
+
+
+def _the_model_out_scores_a_held_out_file(tmp_path, db, test):
+    """Exported by name, loaded in plain PyTorch with the run's statistics, it scores the
+    held-out file; ``fedweave predict`` gives the same decisions."""
+    from safetensors.torch import load_file
+
+    from fedweave.learning.task import load_task
+    from fedweave.learning.training import TrainConfig
+
+    done = run_fedweave("history", "export", "latest", "--db", db, "--to", "out", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    meta = json.loads((tmp_path / "out" / "model.json").read_text())
+    task = load_task("breast-cancer")
+    model = task.build_model()
+    model.load_state_dict(load_file(str(tmp_path / "out" / "model.safetensors")))
+    data = task.prepare(task.read_site_data(test), meta["statistics"])
+    scores = task.evaluate(model, data, TrainConfig())
+    assert scores["accuracy"] >= 0.95 and scores["auc"] >= 0.97, scores
+    done = run_fedweave("predict", "--run", "latest", "--db", db, "--data", str(test),
+                        "--out", "p.csv", cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    predicted = pd.read_csv(tmp_path / "p.csv")["prediction"].astype(str)
+    truth = pd.read_csv(test)["diagnosis"].astype(str)
+    assert (predicted == truth).mean() == pytest.approx(scores["accuracy"], abs=1e-9)

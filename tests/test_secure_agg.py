@@ -133,6 +133,8 @@ def test_krum_survives_a_noisy_site_and_fedavg_does_not(tmp_path):
         "rounds": 3,
         "partition": "iid",
         "secure_agg": False,
+        "eval_fraction": 0.0,  # a fixed training budget, scored centrally
+        "evaluate_every": 0,
     }
     krum, _, _, _ = run_recorded(RunConfig.of(strategy="krum", **common), tmp_path, "krum")
     fedavg, _, _, split = run_recorded(

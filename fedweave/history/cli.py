@@ -424,9 +424,12 @@ def export_command(
 
     with user_errors_as_one_line():
         with _open(db) as store:
-            written = export_run(store, run_id, to, actor)
+            notes: list[str] = []
+            written = export_run(store, run_id, to, actor, notes)
         for path in written:
             typer.echo(f"wrote {path}")
+        for note in notes:
+            typer.echo(f"note: {note}", err=True)
         if not any(path.name == "model.npz" for path in written):
             typer.echo("note: the run has no recorded checkpoint; no model.npz written", err=True)
 

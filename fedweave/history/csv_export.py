@@ -15,6 +15,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
 
+from fedweave.errors import UserError
 from fedweave.history.errors import HistoryError
 from fedweave.history.metrics import metric_names, round_metrics, site_evaluations
 from fedweave.history.records import RunInfo
@@ -135,7 +136,11 @@ def _named_models(
 
 
 def export_run(
-    store: HistoryStore, run_ref: str, out_dir: Path, actor: str | None = None
+    store: HistoryStore,
+    run_ref: str,
+    out_dir: Path,
+    actor: str | None = None,
+    notes: list[str] | None = None,
 ) -> list[Path]:
     """Write rounds.csv, sites.csv, evaluations.csv (sites' federated evaluations, when the
     run has some), run.json, model.npz (final checkpoint) and the named model
@@ -143,7 +148,9 @@ def export_run(
 
     The tables are written first, so a missing or altered checkpoint file (``UserError``)
     still leaves them in place. ``actor``: whose final checkpoint (a gossip run's peers each
-    have their own; default: the highest round of any). Returns the files written.
+    have their own; default: the highest round of any). Returns the files written; what
+    could not be written without failing the export (the named model, when the task is not
+    installed here as the run had it) is appended to ``notes``.
     """
     info = store.get_run(run_ref)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -169,7 +176,6 @@ def export_run(
     written.append(out_dir / "run.json")
     if checkpoint is None:
         return written
-    written += _named_models(info, store.rounds(info.run_id, actor=actor), out_dir, checkpoint)
     source = Path(checkpoint.path)
     if not source.is_file():
         raise HistoryError(
@@ -186,4 +192,9 @@ def export_run(
             f"{checkpoint.round} (tables were written to {out_dir}); the file was changed"
         )
     written.append(target)
+    try:
+        written += _named_models(info, store.rounds(info.run_id, actor=actor), out_dir, checkpoint)
+    except UserError as exc:  # the task is not installed here, or its model differs
+        if notes is not None:
+            notes.append(f"model.safetensors not written: {exc}")
     return written

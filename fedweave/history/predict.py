@@ -72,11 +72,15 @@ def predict_run(
     info, rows = _model_rows(store, run_ref)
     final, best_row, chosen = chosen_rounds(info, rows)
     row = best_row if best else final
-    if row is None:
-        what = "a best round" if best and final is not None else "a recorded model"
+    if final is None:
         raise HistoryError(
-            f"run {info.run_id} has no {what} "
-            f"({chosen.get('note') or 'no round recorded a checkpoint'})"
+            f"run {info.run_id} has no recorded model (no round recorded a checkpoint); "
+            "pick a run that completed a round: fedweave history runs"
+        )
+    if row is None:
+        raise HistoryError(
+            f"run {info.run_id} has no best round ({chosen.get('note')}); drop --best to use "
+            "its final model"
         )
     task = load_task(info.task)
     _check_schema(info, task)

@@ -1,0 +1,261 @@
+"""Evaluation where the data is (issue 21): sites score the global model on their own held-out
+part, every metric the task computes is kept, a coordinator without data runs on federated
+evaluation alone, and the model comes out named (safetensors) and scores new files."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fedweave.coordinator.federated_evaluation import is_evaluation_round, weighted_evaluation
+from fedweave.history import open_store
+from fedweave.history.metrics import best_round, lower_is_better, qualified, round_metrics
+from fedweave.learning.evaluation_split import hold_out
+from fedweave.learning.task import ArrayData, load_task
+from fedweave.learning.tasks.breast_cancer import write_hospital_files
+from fedweave.learning.training import TrainConfig
+
+FEDWEAVE = [sys.executable, "-m", "fedweave.cli"]
+
+
+def fedweave(*args: str, cwd: Path, timeout: float = 400) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*FEDWEAVE, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd
+    )
+
+
+class _Res:
+    def __init__(self, loss: float, n: int, metrics: dict) -> None:
+        self.loss, self.num_examples, self.metrics = loss, n, metrics
+
+
+def test_the_federated_figures_are_example_weighted_over_the_sites_that_report_them():
+    results = [
+        (None, _Res(1.0, 10, {"accuracy": 0.5, "auc": 0.9, "seconds": 3.0, "fw-site-name": "a"})),
+        (None, _Res(3.0, 30, {"accuracy": 0.9})),  # no auc from this one
+        (None, _Res(9.0, 0, {"accuracy": 0.0})),  # no examples: counts for nothing
+    ]
+    got = weighted_evaluation(results)  # type: ignore[arg-type]
+    assert got == pytest.approx({"loss": 2.5, "accuracy": 0.8, "auc": 0.9})
+
+
+def test_evaluation_rounds_are_every_nth_and_the_last():
+    assert [r for r in range(1, 8) if is_evaluation_round(r, 3, 7)] == [3, 6, 7]
+    assert [r for r in range(1, 4) if is_evaluation_round(r, 1, 3)] == [1, 2, 3]
+    assert not any(is_evaluation_round(r, 0, 3) for r in range(1, 4))
+
+
+def test_a_sites_held_out_part_is_disjoint_fixed_and_never_all_of_it():
+    data = ArrayData(np.arange(50, dtype=np.float32).reshape(50, 1), np.arange(50))
+    train, held = hold_out(data, 0.1)
+    assert len(held) == 5 and len(train) == 45
+    assert not set(held.y.tolist()) & set(train.y.tolist())
+    again_train, again_held = hold_out(data, 0.1)
+    assert np.array_equal(again_held.y, held.y) and np.array_equal(again_train.y, train.y)
+    tiny = ArrayData(np.zeros((2, 1), dtype=np.float32), np.array([0, 1]))
+    assert [len(part) for part in hold_out(tiny, 0.9)] == [1, 1]
+    assert hold_out(data, 0.0)[1] is None
+
+
+def test_the_best_round_follows_the_metric_and_its_direction():
+    def row(number: int, **evaluation: dict) -> dict:
+        return {"round": number, "actor": "c", "extra": {"evaluation": evaluation}}
+
+    rows = [
+        row(1, federated={"loss": 0.5, "auc": 0.8}),
+        row(2, federated={"loss": 0.4, "auc": 0.7}),
+        row(3, central={"loss": 0.1}),
+    ]
+    assert best_round(rows, "auc") == (1, "federated.auc", 0.8)
+    assert best_round(rows, "loss") == (2, "federated.loss", 0.4)
+    assert best_round(rows, "central.loss") == (3, "central.loss", 0.1)
+    assert best_round(rows, "auc", "min") == (2, "federated.auc", 0.7)
+    assert best_round(rows, "f1") is None
+    assert qualified(rows, "loss") == "federated.loss"
+    assert lower_is_better("federated.rmse") and not lower_is_better("central.accuracy")
+
+
+@pytest.fixture(scope="module")
+def hospitals(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hospitals")
+    sites, test = write_hospital_files(root / "sites")
+    return root, sites, test
+
+
+def _evaluate_exported(path: Path, statistics: dict, test: Path) -> dict[str, float]:
+    """The exported model, loaded by name into the task's model in plain PyTorch, scored on
+    ``test`` with the run's federated statistics."""
+    from safetensors.torch import load_file
+
+    task = load_task("breast-cancer")
+    model = task.build_model()
+    model.load_state_dict(load_file(str(path)), strict=True)
+    data = task.prepare(task.read_site_data(test), statistics)
+    return task.evaluate(model, data, TrainConfig())
+
+
+@pytest.mark.slow
+def test_a_coordinator_without_data_scores_rounds_at_the_sites(hospitals, tmp_path):
+    root, sites, test = hospitals
+    db = f"sqlite:///{tmp_path / 'h.db'}"
+    done = fedweave(
+        "simulate", "--task", "breast-cancer", "--data-dir", str(root / "sites"), "--rounds", "4",
+        "--select-metric", "auc", "--db", db, "--out", str(tmp_path / "r.json"), cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "evaluation federated every round (100% of sites)" in done.stderr
+    assert "(default: no data at the coordinator to size it on)" in done.stderr
+    assert done.stderr.count("federated (3/3 sites): loss") == 4
+    with open_store(db) as store:
+        run = store.list_runs()[0]
+        rounds = store.rounds(run.run_id)
+    for row in rounds:
+        evaluation = row["extra"]["evaluation"]
+        assert evaluation["central"] == {}
+        assert sorted(s["site"] for s in evaluation["sites"]) == [
+            "hospital-a", "hospital-b", "hospital-c"
+        ]  # fmt: skip
+        assert all(s["status"] == "ok" and s["examples"] > 0 for s in evaluation["sites"])
+        assert {"loss", "accuracy", "auc"} <= set(evaluation["federated"])
+        assert row["eval_loss"] == evaluation["federated"]["loss"]  # the round's headline
+        examples = [s["examples"] for s in evaluation["sites"]]
+        aucs = [s["metrics"]["auc"] for s in evaluation["sites"]]
+        assert evaluation["federated"]["auc"] == pytest.approx(np.average(aucs, weights=examples))
+    assert rounds[-1]["extra"]["evaluation"]["federated"]["auc"] >= 0.9
+
+    shown = fedweave("history", "show", run.run_id, "--db", db, "--format", "json", cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    metrics = json.loads(shown.stdout)["rounds"][-1]["metrics"]
+    assert {"federated.auc", "federated.loss", "train.loss"} <= set(metrics)
+    table = fedweave("history", "show", run.run_id, "--db", db, "--sites", cwd=tmp_path)
+    assert "best round" in table.stdout and "site evaluations" in table.stdout
+    plot = fedweave("history", "plot", run.run_id, "--db", db, "--metric", "auc",
+                    "--out", str(tmp_path / "auc.png"), cwd=tmp_path)  # fmt: skip
+    assert plot.returncode == 0 and (tmp_path / "auc.png").stat().st_size > 10_000, plot.stderr
+    unknown = fedweave("history", "plot", run.run_id, "--db", db, "--metric", "f1", cwd=tmp_path)
+    assert unknown.returncode == 2 and "federated.auc" in unknown.stderr
+    assert "Traceback" not in unknown.stderr
+
+    out = tmp_path / "export"
+    exported = fedweave("history", "export", run.run_id, "--db", db, "--to", str(out), cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    meta = json.loads((out / "model.json").read_text())
+    assert meta["task"] == "breast-cancer" and meta["final_round"] == 4
+    assert meta["best"]["qualified"] == "federated.auc"
+    assert meta["statistics"]["means"] and meta["schema"]["digest"]
+    evaluations = pd.read_csv(out / "evaluations.csv")
+    assert len(evaluations) == 12 and "metrics.auc" in evaluations.columns
+    assert "federated.auc" in pd.read_csv(out / "rounds.csv").columns
+    scores = _evaluate_exported(out / "model.safetensors", meta["statistics"], test)
+    assert scores["accuracy"] >= 0.9
+    _evaluate_exported(out / "best.safetensors", meta["statistics"], test)
+
+
+@pytest.mark.slow
+def test_the_exported_model_scores_as_the_history_says_and_predict_agrees(hospitals, tmp_path):
+    root, sites, test = hospitals
+    db = f"sqlite:///{tmp_path / 'h.db'}"
+    done = fedweave(
+        "simulate", "--task", "breast-cancer", "--data-dir", str(root / "sites"), "--rounds", "3",
+        "--test-data", str(test), "--db", db, "--out", str(tmp_path / "r.json"), cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    with open_store(db) as store:
+        run = store.list_runs()[0]
+        final = store.rounds(run.run_id)[-1]
+    central = final["extra"]["evaluation"]["central"]
+    assert {"loss", "accuracy", "auc"} <= set(central)
+    out = tmp_path / "export"
+    assert fedweave("history", "export", "latest", "--db", db, "--to", str(out),
+                    cwd=tmp_path).returncode == 0  # fmt: skip
+    statistics = json.loads((out / "model.json").read_text())["statistics"]
+    scores = _evaluate_exported(out / "model.safetensors", statistics, test)
+    for name in ("loss", "accuracy", "auc"):
+        assert scores[name] == pytest.approx(central[name], rel=1e-5), name
+
+    # predict: the same model on the same file, without its label column
+    frame = pd.read_csv(test)
+    frame.drop(columns=["diagnosis"]).to_csv(tmp_path / "new.csv", index=False)
+    predicted = fedweave("predict", "--run", "latest", "--db", db, "--data",
+                         str(tmp_path / "new.csv"), "--out", str(tmp_path / "p.csv"),
+                         cwd=tmp_path)  # fmt: skip
+    assert predicted.returncode == 0, predicted.stderr
+    assert f"by the model of round {final['round']}" in predicted.stdout
+    predictions = pd.read_csv(tmp_path / "p.csv")
+    assert len(predictions) == len(frame)
+    right = (predictions["prediction"].astype(str) == frame["diagnosis"].astype(str)).mean()
+    assert right == pytest.approx(central["accuracy"], abs=1e-9)
+    assert predictions["probability"].between(0, 1).all()
+
+    # a file that lacks a column the model reads: one line, exit 2
+    frame.drop(columns=["diagnosis", "mean radius"]).to_csv(tmp_path / "bad.csv", index=False)
+    bad = fedweave("predict", "--run", "latest", "--db", db, "--data", str(tmp_path / "bad.csv"),
+                   cwd=tmp_path)  # fmt: skip
+    assert bad.returncode == 2 and "mean radius" in bad.stderr and "Traceback" not in bad.stderr
+    assert not (tmp_path / "predictions.csv").exists()
+
+
+@pytest.mark.slow
+def test_a_site_that_cannot_evaluate_is_recorded_and_the_round_goes_on(tmp_path):
+    db = f"sqlite:///{tmp_path / 'h.db'}"
+    done = fedweave(
+        "simulate", "--task", "digits", "--clients", "3", "--rounds", "3", "--eval-fraction", "0",
+        "--evaluate-every", "2", "--db", db, "--out", str(tmp_path / "r.json"), cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    with open_store(db) as store:
+        run = store.list_runs()[0]
+        rounds = store.rounds(run.run_id)
+    assert run.status == "completed" and [r["replied"] for r in rounds] == [3, 3, 3]
+    evaluated = [r["round"] for r in rounds if r["extra"].get("evaluation", {}).get("sites")]
+    assert evaluated == [2, 3]  # every 2nd round and the last
+    for row in rounds:
+        assert row["eval_accuracy"] is not None  # central evaluation on digits' test split
+        for site in row["extra"]["evaluation"].get("sites", []):
+            assert site["status"] == "failed"
+            assert "holds no evaluation data" in site["reason"], site
+    assert "evaluation failed: this site holds no evaluation data" in done.stderr
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--fraction-evaluate", "0"], "--fraction-evaluate"),
+        (["--select-metric", "f1"], "computes loss, accuracy, auc"),
+        (["--evaluate-every", "0"], "--test-data"),
+    ],
+    ids=["no-share", "unknown-metric", "nothing-scores"],
+)
+def test_evaluation_settings_that_cannot_work_are_refused_before_round_1(
+    hospitals, tmp_path, args, expected
+):
+    root, _, _ = hospitals
+    done = fedweave(
+        "simulate", "--task", "breast-cancer", "--data-dir", str(root / "sites"), "--rounds", "1",
+        "--db", f"sqlite:///{tmp_path / 'h.db'}", *args, cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert expected in done.stderr and "Traceback" not in done.stderr
+    assert "round 1" not in done.stderr
+
+
+def test_predict_on_a_run_without_a_model_says_so(tmp_path):
+    db = f"sqlite:///{tmp_path / 'h.db'}"
+    with open_store(db) as store:
+        store.start_run("federated", "digits", {}, 0)
+    np.savez(tmp_path / "x.npz", x=np.zeros((2, 64), dtype=np.float32), y=np.zeros(2))
+    done = fedweave("predict", "--run", "latest", "--db", db, "--data", str(tmp_path / "x.npz"),
+                    cwd=tmp_path, timeout=120)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "has no recorded model" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_round_metrics_read_runs_recorded_before_federated_evaluation():
+    old = {"round": 1, "eval_loss": 0.3, "eval_accuracy": 0.9, "train_metrics": {"train_loss": 1}}
+    assert round_metrics(old) == {"central.loss": 0.3, "central.accuracy": 0.9, "train.loss": 1}
