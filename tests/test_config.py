@@ -18,7 +18,7 @@ from fedweave.config import COMMAND_SETTINGS, SETTINGS, RunConfig
 from fedweave.config.commands import Resolved, config_command
 from fedweave.config.files import read_config_file
 from fedweave.config.resume import config_as_toml, merge_for_resume, stored_run_config
-from fedweave.config.sections import TrainingSection
+from fedweave.config.sections import EvaluationSection, TrainingSection
 from fedweave.errors import UserError
 
 RUN_COMMANDS = ("simulate", "coordinator", "client", "peer")
@@ -126,6 +126,11 @@ def test_the_deployed_server_app_gets_every_training_setting():
     training = set(SETTINGS) & {f.name for f in dataclasses.fields(TrainingSection)}
     assert training - local_only <= set(PLAN_SETTINGS) | {"device"}
     assert training <= set(COMMAND_SETTINGS["coordinator"]) | local_only
+    # and every evaluation setting the coordinator takes (the sites' own stay with them)
+    evaluation = {f.name for f in dataclasses.fields(EvaluationSection)}
+    coordinator = evaluation & set(COMMAND_SETTINGS["coordinator"])
+    assert coordinator == {"fraction_evaluate", "evaluate_every", "select_metric", "select_mode"}
+    assert coordinator <= set(PLAN_SETTINGS)
 
 
 def test_flags_override_the_file_and_the_file_overrides_defaults(tmp_path):
