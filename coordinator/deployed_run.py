@@ -55,8 +55,8 @@ def read_db_url() -> str | None:
 
 
 PLAN_SETTINGS = (
-    "task", "test_data", "label_column", "rounds", "local_epochs", "optimizer", "lr", "weight_decay",
-    "clip_grad_norm", "batch_size", "seed", "device",
+    "task", "test_data", "label_column", "rounds", "local_epochs", "optimizer", "lr",
+    "weight_decay", "clip_grad_norm", "batch_size", "seed", "device",
     "min_clients", "clients_per_round", "strategy", "proximal_mu", "max_update_norm",
     "round_timeout", "min_replies",
     "fraction_evaluate", "evaluate_every", "select_metric", "select_mode",
