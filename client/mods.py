@@ -122,6 +122,8 @@ def _metrics_line(metrics: dict) -> str:
 def site_console_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
     """One console line per round for this site: what it trained and sent, or why its work
     was refused or rejected here (the coordinator learns the same from the reply)."""
+    if msg.metadata.message_type == MessageType.EVALUATE:
+        return _evaluation_line(msg, context, call_next)
     if msg.metadata.message_type != MessageType.TRAIN:
         return call_next(msg, context)
     round_label = msg.metadata.group_id or "-"
@@ -148,6 +150,30 @@ def site_console_mod(msg: Message, context: Context, call_next: ClientAppCallabl
     SITE_CONSOLE.info(
         "round %s: trained on %d examples (%s); update sent %s", round_label,
         num_examples, _metrics_line(metrics) or "no metrics", sent,
+    )  # fmt: skip
+    return reply
+
+
+def _evaluation_line(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """``round N: evaluated the global model on K examples (loss .., auc ..)``, or why not."""
+    round_label = msg.metadata.group_id or "-"
+    try:
+        reply = call_next(msg, context)
+    except Exception as exc:
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        SITE_CONSOLE.warning("round %s: evaluation failed: %s", round_label, text)
+        raise
+    if reply.has_error():
+        return reply
+    res = compat.recorddict_to_evaluateres(reply.content, keep_input=True)
+    figures = {"loss": res.loss, **res.metrics}
+    shown = ", ".join(
+        f"{name} {float(value):.4g}" for name, value in figures.items()
+        if name != "seconds" and isinstance(value, (int, float)) and not isinstance(value, bool)
+    )  # fmt: skip
+    SITE_CONSOLE.info(
+        "round %s: evaluated the global model on %d examples (%s)", round_label,
+        res.num_examples, shown or "no metrics",
     )  # fmt: skip
     return reply
 

@@ -77,6 +77,7 @@ def test_hospital_csvs_deployed_with_tls_and_secagg(tmp_path):
             console = procs.output(f"site{i}")
             assert "statistics (moments) of" in console and "sent masked (SecAgg+)" in console
             assert f"round {ROUNDS}: trained on" in console, console[-2000:]
+            assert f"round {ROUNDS}: evaluated the global model on" in console
         assert "ignoring column(s) the task does not use: patient_id" in procs.output("site2")
     finally:
         procs.close()
