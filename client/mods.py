@@ -165,7 +165,7 @@ def _evaluation_line(msg: Message, context: Context, call_next: ClientAppCallabl
         raise
     if reply.has_error():
         return reply
-    res = compat.recorddict_to_evaluateres(reply.content, keep_input=True)
+    res = compat.recorddict_to_evaluateres(reply.content)
     figures = {"loss": res.loss, **res.metrics}
     shown = ", ".join(
         f"{name} {float(value):.4g}" for name, value in figures.items()

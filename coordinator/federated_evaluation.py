@@ -3,10 +3,11 @@
 Flower 1.41's default evaluate workflow waits for the sites without a limit and reports a
 site's error without the node that sent it. ``federated_evaluate_workflow`` sends the same
 ``evaluate`` messages, but closes at the round deadline and hands the strategy every outcome
-bound to its site: a reply, an error reply (with the site's node id), or nothing by the
-deadline (the strategy records those sampled sites ``late``). It always calls the strategy's
-``aggregate_evaluate``, even in a round no site evaluates, because that is where the
-reporting strategy finishes the round.
+bound to its site and to the message it answers: a reply, an error reply, or nothing by the
+deadline (the strategy records those sampled sites ``late``). A site may get several
+messages (cross-site evaluation: one per model); each result carries the model it scored.
+It always calls the strategy's ``aggregate_evaluate``, even in a round no site evaluates,
+because that is where the reporting strategy finishes the round.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from flwr.app.message_type import MessageType
 from flwr.common import Code, EvaluateRes, Status
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, Key
+
+from fedweave.contract import CROSS_SITE_MODEL_KEY
 
 log = logging.getLogger("fedweave.coordinator")
 
@@ -71,6 +74,12 @@ def _failed(proxy: ClientProxy, reason: str) -> EvaluateOutcome:
     return proxy, res
 
 
+def _tag(res: EvaluateRes, model: Any) -> None:
+    """Mark a cross-site result with the model it scored (``CROSS_SITE_MODEL_KEY``)."""
+    if model is not None:
+        res.metrics[CROSS_SITE_MODEL_KEY] = model
+
+
 def federated_evaluate_workflow(round_timeout: float):
     """The evaluate step of each round, closing ``round_timeout`` seconds after its messages
     go out (see the module docstring)."""
@@ -90,7 +99,6 @@ def federated_evaluate_workflow(round_timeout: float):
         results: list[EvaluateOutcome] = []
         failures: list[EvaluateOutcome | BaseException] = []
         if instructions:
-            proxies = {proxy.node_id: proxy for proxy, _ in instructions}
             messages = [
                 Message(
                     content=compat.evaluateins_to_recorddict(ins, True),
@@ -100,14 +108,25 @@ def federated_evaluate_workflow(round_timeout: float):
                 )
                 for proxy, ins in instructions
             ]
-            for reply in grid.send_and_receive(messages, timeout=round_timeout):
-                proxy = proxies.get(reply.metadata.src_node_id)
-                if proxy is None:
+            replies = list(grid.send_and_receive(messages, timeout=round_timeout))
+            # pushing gave each message its id: a reply names the one it answers
+            sent = {
+                message.metadata.message_id: (proxy, ins)
+                for message, (proxy, ins) in zip(messages, instructions, strict=True)
+            }
+            for reply in replies:
+                asked = sent.get(reply.metadata.reply_to_message_id)
+                if asked is None or asked[0].node_id != reply.metadata.src_node_id:
                     continue
+                proxy, ins = asked
+                model = ins.config.get(CROSS_SITE_MODEL_KEY)
                 if reply.has_error():
-                    failures.append(_failed(proxy, failure_reason(str(reply.error.reason))))
+                    outcome = _failed(proxy, failure_reason(str(reply.error.reason)))
+                    _tag(outcome[1], model)
+                    failures.append(outcome)
                     continue
                 res = compat.recorddict_to_evaluateres(reply.content)
+                _tag(res, model)
                 if res.status.code == Code.OK:
                     results.append((proxy, res))
                 else:

@@ -54,7 +54,21 @@ def evaluation_extra(summary: RoundSummary) -> dict[str, Any]:
                 }
                 for site in summary.evaluations
             ],
+            **({"cross_site": [_cross_site_entry(site) for site in summary.cross_site]}
+               if summary.cross_site else {}),
         }
+    }
+
+
+def _cross_site_entry(site: Any) -> dict[str, Any]:
+    metrics = {k: v for k, v in site.metrics.items() if k not in ("model", "node_id")}
+    return {
+        "model": site.metrics.get("model"),
+        "site": site.site_id,
+        "status": site.status,
+        "examples": site.num_examples,
+        "metrics": metrics,
+        **({"reason": site.reason} if site.reason else {}),
     }
 
 

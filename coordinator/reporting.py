@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 from flwr.common import (
+    Code,
     EvaluateIns,
     EvaluateRes,
     FitIns,
@@ -33,6 +34,7 @@ from flwr.server.strategy import Strategy
 
 from fedweave.contract import (
     CLIPPED_FRACTION_METRIC,
+    CROSS_SITE_MODEL_KEY,
     REFUSED_PREFIX,
     parse_site_error,
     readable_failure,
@@ -150,6 +152,10 @@ class ReportingStrategy(Strategy):
         (Flower's numbering); 0: never.
     last_round : int (default: 0)
         The last round this process runs (Flower's numbering).
+    cross_site : bool (default: False)
+        After ``last_round``'s training, every connected site scores the final global model
+        and each site's own last model (plain aggregation only: under SecAgg+ the coordinator
+        never holds a site's model); the matrix goes with the round's summary.
     """
 
     def __init__(
@@ -165,6 +171,7 @@ class ReportingStrategy(Strategy):
         min_replies: int = 1,
         evaluate_every: int = 0,
         last_round: int = 0,
+        cross_site: bool = False,
     ) -> None:
         super().__init__()
         self.strategy = strategy
@@ -177,6 +184,9 @@ class ReportingStrategy(Strategy):
         self.min_replies = min_replies
         self.evaluate_every = evaluate_every
         self.last_round = last_round
+        self.cross_site = cross_site and not secure_agg
+        self._local_models: dict[int, Parameters] = {}
+        self._expected_cross: list[tuple[str, str]] = []
         self._pending: RoundSummary | None = None
         self._round_clock = 0.0
         self._asked_to_evaluate: list[int] = []
@@ -318,6 +328,8 @@ class ReportingStrategy(Strategy):
         else:
             accepted = self._check_each_update(results)
             self._train_metrics = weighted_train_metrics(accepted)
+            if self.cross_site and server_round == self.last_round:
+                self._local_models = {proxy.node_id: res.parameters for proxy, res in accepted}
         self._record_failures(failures)
         replied = sum(1 for site in self._sites if site.status == "ok")
         if replied < self.min_replies:
@@ -339,18 +351,39 @@ class ReportingStrategy(Strategy):
         """In an evaluation round (``evaluate_every``), let the wrapped strategy sample the
         sites that score the new global model (``fraction_evaluate``), less those recorded
         late in this round's training; none otherwise."""
-        if self._pending is None or not is_evaluation_round(
-            server_round, self.evaluate_every, self.last_round
+        cross_site = self.cross_site and server_round == self.last_round
+        if self._pending is None or not (
+            cross_site or is_evaluation_round(server_round, self.evaluate_every, self.last_round)
         ):
             return []
         instructions = self.strategy.configure_evaluate(server_round, parameters, client_manager)
+        if cross_site and instructions:  # the final model at every connected site
+            ins = instructions[0][1]
+            instructions = [(proxy, ins) for proxy in client_manager.all().values()]
         # a site still training at this round's deadline would most likely miss the
         # evaluation's too, and hold the round open a second deadline: it is not asked
         late = {site.site_id for site in self._sites if site.status == "late"}
         instructions = [(proxy, ins) for proxy, ins in instructions
                         if str(proxy.node_id) not in late]  # fmt: skip
         self._asked_to_evaluate = [proxy.node_id for proxy, _ in instructions]
+        self._expected_cross = []
+        if cross_site and instructions:
+            instructions = instructions + self._cross_site_instructions(instructions)
         return instructions
+
+    def _cross_site_instructions(
+        self, asked: list[tuple[ClientProxy, EvaluateIns]]
+    ) -> list[tuple[ClientProxy, EvaluateIns]]:
+        """Each site's own last model, to every site asked to score the global one."""
+        config = dict(asked[0][1].config)
+        extra = []
+        for owner, model in sorted(self._local_models.items()):
+            ins = EvaluateIns(model, {**config, CROSS_SITE_MODEL_KEY: str(owner)})
+            for proxy, _ in asked:
+                extra.append((proxy, ins))
+                self._expected_cross.append((str(owner), str(proxy.node_id)))
+        self._local_models = {}
+        return extra
 
     def aggregate_evaluate(
         self,
@@ -363,6 +396,13 @@ class ReportingStrategy(Strategy):
         summary = self._pending
         if summary is None:
             return None, {}
+        cross = [(p, r) for p, r in results if CROSS_SITE_MODEL_KEY in r.metrics]
+        results = [(p, r) for p, r in results if CROSS_SITE_MODEL_KEY not in r.metrics]
+        failed_cross = [
+            f for f in failures
+            if not isinstance(f, BaseException) and CROSS_SITE_MODEL_KEY in f[1].metrics
+        ]  # fmt: skip
+        failures = [f for f in failures if all(f is not other for other in failed_cross)]
         evaluations = [
             SiteResult(
                 str(proxy.node_id),
@@ -388,12 +428,45 @@ class ReportingStrategy(Strategy):
                 evaluations.append(SiteResult(str(node), "late", reason=late))
         summary.evaluations = evaluations
         summary.federated = weighted_evaluation(results)
+        if self._expected_cross:
+            summary.cross_site = self._cross_site_matrix(evaluations, cross, failed_cross, late)
         if not summary.central and summary.federated:
             summary.loss = summary.federated.get("loss")
             summary.accuracy = summary.federated.get("accuracy")
         self._finish(summary)
         loss = summary.federated.get("loss")
         return loss, {k: v for k, v in summary.federated.items() if k != "loss"}
+
+    def _cross_site_matrix(
+        self,
+        evaluations: list[SiteResult],
+        cross: list[tuple[ClientProxy, EvaluateRes]],
+        failed: list,
+        late: str,
+    ) -> list[SiteResult]:
+        """One result per (model, site): the global model's row from this round's
+        evaluations, then each site's own model's; the model is in ``metrics["model"]``."""
+        matrix = [
+            SiteResult(site.site_id, site.status, site.num_examples,
+                       {**site.metrics, "model": "global"}, reason=site.reason)
+            for site in evaluations
+        ]  # fmt: skip
+        seen = set()
+        for proxy, res in [*cross, *failed]:
+            owner = str(res.metrics[CROSS_SITE_MODEL_KEY])
+            seen.add((owner, str(proxy.node_id)))
+            metrics = {k: v for k, v in res.metrics.items() if k != CROSS_SITE_MODEL_KEY}
+            if res.status.code == Code.OK:
+                matrix.append(SiteResult(str(proxy.node_id), "ok", int(res.num_examples),
+                                         {"loss": float(res.loss), **metrics, "model": owner}))
+            else:
+                matrix.append(SiteResult(str(proxy.node_id), "failed", metrics={"model": owner},
+                                         reason=res.status.message))  # fmt: skip
+        for owner, node in self._expected_cross:
+            if (owner, node) not in seen:
+                matrix.append(SiteResult(node, "late", metrics={"model": owner}, reason=late))
+        self._expected_cross = []
+        return matrix
 
     def _finish(self, summary: RoundSummary) -> None:
         summary.seconds = time.perf_counter() - self._round_clock

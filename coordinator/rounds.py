@@ -36,6 +36,8 @@ class RoundSummary:
             sites' examples (``loss`` included); empty in a round no site evaluated.
         evaluations: one result per site asked to evaluate (ok with its metrics and example
             count, failed or late with the reason).
+        cross_site: after the last round with ``--cross-site``: one result per (model, site),
+            the model (``"global"`` or its owner site) in ``metrics["model"]``.
     """
 
     round: int
@@ -53,6 +55,7 @@ class RoundSummary:
     central: dict[str, float] = field(default_factory=dict)
     federated: dict[str, float] = field(default_factory=dict)
     evaluations: list[SiteResult] = field(default_factory=list)
+    cross_site: list[SiteResult] = field(default_factory=list)
 
     @property
     def sampled(self) -> int:

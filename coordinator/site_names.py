@@ -23,12 +23,16 @@ class SiteNames:
         self.names: dict[str, str] = {}
 
     def on_round(self, summary: Any) -> None:
-        evaluations = list(getattr(summary, "evaluations", ()))
+        evaluations = [
+            *getattr(summary, "evaluations", ()), *getattr(summary, "cross_site", ())
+        ]  # fmt: skip
+        unnamed: set[str] = set()
         for site in [*summary.sites, *evaluations]:
             name = site.metrics.get(SITE_NAME_METRIC)
             if isinstance(name, str) and SITE_NAME_PATTERN.match(name):
                 self.names[site.site_id] = name
-            elif name is not None:
+            elif name is not None and site.site_id not in unnamed:
+                unnamed.add(site.site_id)
                 summary.warnings = [
                     *summary.warnings,
                     f"site {site.site_id} sent a name that is not one (1-64 letters, digits, "
@@ -60,5 +64,9 @@ class SiteNames:
                 "node_id": node,
             }
             site.site_id = name if len(claimed[name]) == 1 else f"{name} (node {node})"
+        for site in getattr(summary, "cross_site", ()):  # whose model it scored
+            owner = site.metrics.get("model")
+            if owner in self.names:
+                site.metrics = {**site.metrics, "model": self.names[owner]}
         for listener in self.listeners:
             listener.on_round(summary)

@@ -43,6 +43,10 @@ SITE_NAME_METRIC = "fw-site-name"
 NODE_PARTITION_KEY = "partition-id"
 """Node config (simulation only): which ``site-<i>.npz`` of the split a simulated site holds."""
 
+CROSS_SITE_MODEL_KEY = "fw-cross-site-model"
+"""Evaluate config: whose last local model this cross-site evaluation scores (its node id;
+absent: the global model). The coordinator's evaluate step copies it onto the reply."""
+
 ROUND_KEY = "round"
 LOCAL_EPOCHS_KEY = "local_epochs"
 LR_KEY = "lr"

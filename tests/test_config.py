@@ -129,7 +129,9 @@ def test_the_deployed_server_app_gets_every_training_setting():
     # and every evaluation setting the coordinator takes (the sites' own stay with them)
     evaluation = {f.name for f in dataclasses.fields(EvaluationSection)}
     coordinator = evaluation & set(COMMAND_SETTINGS["coordinator"])
-    assert coordinator == {"fraction_evaluate", "evaluate_every", "select_metric", "select_mode"}
+    assert coordinator == {
+        "fraction_evaluate", "evaluate_every", "cross_site", "select_metric", "select_mode"
+    }  # fmt: skip
     assert coordinator <= set(PLAN_SETTINGS)
 
 

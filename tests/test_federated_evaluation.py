@@ -259,3 +259,36 @@ def test_predict_on_a_run_without_a_model_says_so(tmp_path):
 def test_round_metrics_read_runs_recorded_before_federated_evaluation():
     old = {"round": 1, "eval_loss": 0.3, "eval_accuracy": 0.9, "train_metrics": {"train_loss": 1}}
     assert round_metrics(old) == {"central.loss": 0.3, "central.accuracy": 0.9, "train.loss": 1}
+
+
+@pytest.mark.slow
+def test_cross_site_evaluation_scores_every_model_at_every_site(hospitals, tmp_path):
+    root, _, _ = hospitals
+    db = f"sqlite:///{tmp_path / 'h.db'}"
+    done = fedweave(
+        "simulate", "--task", "breast-cancer", "--data-dir", str(root / "sites"), "--rounds", "2",
+        "--no-secure-agg", "--cross-site", "--fraction-evaluate", "0.5", "--select-metric", "auc",
+        "--db", db, "--out", str(tmp_path / "r.json"), cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    with open_store(db) as store:
+        rounds = store.rounds(store.list_runs()[0].run_id)
+    assert "cross_site" not in rounds[0]["extra"]["evaluation"]
+    matrix = rounds[-1]["extra"]["evaluation"]["cross_site"]
+    names = ["hospital-a", "hospital-b", "hospital-c"]
+    assert sorted((m["model"], m["site"]) for m in matrix) == sorted(
+        (model, site) for model in ["global", *names] for site in names
+    )  # the final model at every site (not half of them), and each site's own model
+    assert all(m["status"] == "ok" and "auc" in m["metrics"] for m in matrix), matrix
+    shown = fedweave("history", "show", "latest", "--db", db, cwd=tmp_path)
+    assert "cross-site evaluation: auc" in shown.stdout
+
+
+def test_cross_site_evaluation_under_secagg_is_refused(hospitals, tmp_path):
+    root, _, _ = hospitals
+    done = fedweave(
+        "simulate", "--task", "breast-cancer", "--data-dir", str(root / "sites"), "--rounds", "1",
+        "--cross-site", "--db", f"sqlite:///{tmp_path / 'h.db'}", cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2 and "--no-secure-agg" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -165,6 +165,12 @@ class EvaluationSection:
         "--data).",
         identity=False,
     )
+    cross_site: bool = setting(
+        False,
+        "Cross-site evaluation after the last round: every connected site scores the final "
+        "global model and each site's own last model (the matrix is recorded with the last "
+        "round); needs --no-secure-agg (SecAgg+ never shows a site's own model).",
+    )
     select_metric: str = setting(
         "loss",
         "The metric that picks the best round's model (history export's best.safetensors): "
@@ -500,7 +506,9 @@ _FEDERATION = (
     "min_replies",
 )  # fmt: skip
 _SECAGG = ("secure_agg", "secagg_timeout")
-_EVALUATION = ("fraction_evaluate", "evaluate_every", "select_metric", "select_mode")
+_EVALUATION = (
+    "fraction_evaluate", "evaluate_every", "cross_site", "select_metric", "select_mode"
+)  # fmt: skip
 _PRIVACY = ("dp", "noise_multiplier", "clipping_norm", "dp_epsilon", "dp_delta")
 
 COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {

@@ -277,6 +277,7 @@ def _print_run(
         table.add_row(*([row["actor"]] if several else []), *cells)
     console.print(table if rounds else "no rounds recorded yet")
     _print_best(console, info, rounds)
+    _print_cross_site(console, info, rounds)
     if site_rows is not None:
         sites_table = Table(title="site results")
         for column in (
@@ -319,6 +320,27 @@ def _print_best(console: Any, info: RunInfo, rounds: list[dict[str, Any]]) -> No
             f"{chosen['value']:.4f}",
             highlight=False,
         )
+
+
+def _print_cross_site(console: Any, info: RunInfo, rounds: list[dict[str, Any]]) -> None:
+    """The cross-site matrix (models × sites) for the run's --select-metric."""
+    from rich.table import Table
+
+    from fedweave.history.metrics import cross_site_matrix
+
+    evaluation = (info.config.get("settings") or {}).get("evaluation") or {}
+    metric = str(evaluation.get("select_metric") or "loss").rsplit(".", 1)[-1]
+    found = cross_site_matrix(rounds, metric)
+    if found is None:
+        return
+    models, sites, cells = found
+    table = Table(title=f"cross-site evaluation: {metric} of each model (rows) at each site")
+    table.add_column("model")
+    for site in sites:
+        table.add_column(site)
+    for model in models:
+        table.add_row(model, *(cells.get((model, site), "-") for site in sites))
+    console.print(table)
 
 
 def _print_site_evaluations(console: Any, rounds: list[dict[str, Any]]) -> None:

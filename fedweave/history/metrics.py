@@ -148,3 +148,26 @@ def recorded_statistics(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
         if statistics:
             return statistics
     return None
+
+
+def cross_site_matrix(
+    rows: list[dict[str, Any]], metric: str
+) -> tuple[list[str], list[str], dict[tuple[str, str], str]] | None:
+    """(models, sites, cell text by (model, site)) of the run's cross-site evaluation for
+    ``metric`` (a bare name: ``loss``, ``auc``), or ``None`` when the run has none. A cell is
+    the value, or the status (``failed``, ``late``)."""
+    for row in reversed(rows):
+        entries = evaluation_of(row).get("cross_site")
+        if not entries:
+            continue
+        models = list(dict.fromkeys(str(e.get("model")) for e in entries))
+        sites = sorted({str(e.get("site")) for e in entries})
+        cells: dict[tuple[str, str], str] = {}
+        for entry in entries:
+            value = (entry.get("metrics") or {}).get(metric)
+            ok = entry.get("status") == "ok" and isinstance(value, (int, float))
+            cells[(str(entry.get("model")), str(entry.get("site")))] = (
+                f"{value:.4f}" if ok else str(entry.get("status"))
+            )
+        return models, sites, cells
+    return None
