@@ -9,8 +9,10 @@ a minimal stock Flower app against fedweave's coordinator and sites, on the same
   installation (``uv sync``) is off, as it is for fedweave. Its ServerApp writes the wall
   clock after each round's central evaluation; a round is the time between two of them.
 - ``fedweave``: ``fedweave coordinator`` and ``fedweave client`` exactly as docs/deploy.md
-  sets them up (TLS, registered site keys, ``fedweave data split``); a round's seconds are
-  what the coordinator records in the history.
+  sets them up (TLS, registered site keys, ``fedweave data split``), with federated
+  evaluation off (``--evaluate-every 0``: the stock app evaluates centrally only, and so does
+  fedweave then; ``bench_federated_evaluation.py`` measures what it adds); a round's seconds
+  are what the coordinator records in the history.
 - ``fedweave-unpatched`` (not run by default): fedweave with ``FEDWEAVE_STOCK_FLOWER=1``,
   Flower's stock polls, sleeps, backoffs and per-message ``flwr-clientapp`` processes, which is
   how fedweave deployed before its worker and patches.
@@ -130,10 +132,16 @@ def start(command: list[str], log_path: Path, env: dict[str, str]) -> subprocess
 
 
 def fedweave_run(
-    work: Path, sites: int, rounds: int, secure: bool, env: Env, extra: tuple[str, ...] = ()
+    work: Path,
+    sites: int,
+    rounds: int,
+    secure: bool,
+    env: Env,
+    extra: tuple[str, ...] = ("--evaluate-every", "0"),
 ) -> list[float]:
     """Seconds of each round of one deployed fedweave run, as its history records them
-    (``extra``: more coordinator flags)."""
+    (``extra``: more coordinator flags; by default federated evaluation is off, as the
+    stock app evaluates centrally only)."""
     from fedweave.history import open_store
 
     port, db = free_port(), f"sqlite:///{work / f'run-{free_port()}.db'}"
