@@ -24,7 +24,7 @@ from flwr.common import Code, EvaluateRes, Status
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, Key
 
-from fedweave.contract import CROSS_SITE_MODEL_KEY
+from fedweave.contract import CROSS_SITE_MODEL_KEY, bounded_site_metrics
 
 log = logging.getLogger("fedweave.coordinator")
 
@@ -126,6 +126,7 @@ def federated_evaluate_workflow(round_timeout: float):
                     failures.append(outcome)
                     continue
                 res = compat.recorddict_to_evaluateres(reply.content)
+                res.metrics = bounded_site_metrics(res.metrics)  # a site's word, bounded
                 _tag(res, model)
                 if res.status.code == Code.OK:
                     results.append((proxy, res))

@@ -36,6 +36,7 @@ from fedweave.contract import (
     CLIPPED_FRACTION_METRIC,
     CROSS_SITE_MODEL_KEY,
     REFUSED_PREFIX,
+    bounded_site_metrics,
     parse_site_error,
     readable_failure,
 )
@@ -58,10 +59,15 @@ def weighted_train_metrics(results: Sequence[tuple[ClientProxy, FitRes]]) -> dic
     total = sum(res.num_examples for _, res in results)
     if total == 0:
         return {}
-    keys = {k for _, res in results for k, v in res.metrics.items() if isinstance(v, (int, float))}
+    reported = [
+        ({k: float(v) for k, v in bounded_site_metrics(res.metrics).items()
+          if isinstance(v, (int, float))}, res.num_examples)
+        for _, res in results
+    ]  # fmt: skip
+    keys = {key for metrics, _ in reported for key in metrics}
     keys.discard("num_examples")
     return {
-        key: sum(float(res.metrics.get(key, 0.0)) * res.num_examples for _, res in results) / total
+        key: sum(metrics.get(key, 0.0) * n for metrics, n in reported) / total
         for key in sorted(keys)
     }
 
@@ -108,7 +114,7 @@ def _site_ok(proxy: ClientProxy, res: FitRes) -> SiteResult:
     return SiteResult(
         site_id=str(proxy.node_id),
         num_examples=int(res.num_examples),
-        metrics=dict(res.metrics),
+        metrics=bounded_site_metrics(res.metrics),
         seconds=float(seconds) if isinstance(seconds, (int, float)) else None,
     )
 

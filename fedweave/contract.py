@@ -47,6 +47,31 @@ CROSS_SITE_MODEL_KEY = "fw-cross-site-model"
 """Evaluate config: whose last local model this cross-site evaluation scores (its node id;
 absent: the global model). The coordinator's evaluate step copies it onto the reply."""
 
+SITE_METRIC_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
+MAX_SITE_METRICS = 64
+"""A site's reported metrics are its word: the coordinator keeps at most this many, each
+named by ``SITE_METRIC_NAME``, numbers or text of at most 255 characters
+(``bounded_site_metrics``)."""
+
+
+def bounded_site_metrics(metrics: dict) -> dict:
+    """The metrics a site reported, as the coordinator keeps them: at most
+    ``MAX_SITE_METRICS`` entries named by ``SITE_METRIC_NAME``, numbers and short text only;
+    the coordinator's own ``CROSS_SITE_MODEL_KEY`` is never taken from a site."""
+    kept: dict = {}
+    for name, value in metrics.items():
+        if len(kept) >= MAX_SITE_METRICS:
+            break
+        if not isinstance(name, str) or not SITE_METRIC_NAME.match(name):
+            continue
+        if name == CROSS_SITE_MODEL_KEY:
+            continue
+        if isinstance(value, str):
+            kept[name] = value[:255]
+        elif isinstance(value, (bool, int, float)):
+            kept[name] = value
+    return kept
+
 ROUND_KEY = "round"
 LOCAL_EPOCHS_KEY = "local_epochs"
 LR_KEY = "lr"

@@ -292,3 +292,24 @@ def test_cross_site_evaluation_under_secagg_is_refused(hospitals, tmp_path):
     )  # fmt: skip
     assert done.returncode == 2 and "--no-secure-agg" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_sites_reported_metrics_are_bounded_and_cannot_pose_as_the_coordinators_tag():
+    from fedweave.contract import CROSS_SITE_MODEL_KEY, MAX_SITE_METRICS, bounded_site_metrics
+    from fedweave.coordinator.reporting import weighted_train_metrics
+
+    sent = {
+        CROSS_SITE_MODEL_KEY: "123",  # a forged cross-site entry
+        "auc": 0.9, "fw-site-name": "a" * 1000, "bad name\n": 1.0, "nested": {"x": 1},
+        **{f"m{i}": float(i) for i in range(500)},
+    }  # fmt: skip
+    kept = bounded_site_metrics(sent)
+    assert CROSS_SITE_MODEL_KEY not in kept and "bad name\n" not in kept and "nested" not in kept
+    assert kept["auc"] == 0.9 and len(kept["fw-site-name"]) == 255
+    assert len(kept) == MAX_SITE_METRICS
+    # one site's text where the others send numbers does not break the round's mean
+    results = [
+        (None, _Res(0.0, 10, {"train_loss": 1.0})),
+        (None, _Res(0.0, 10, {"train_loss": "x"})),
+    ]
+    assert weighted_train_metrics(results) == {"train_loss": 0.5}  # type: ignore[arg-type]
