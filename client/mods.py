@@ -119,6 +119,19 @@ def _metrics_line(metrics: dict) -> str:
     return ", ".join(shown)
 
 
+def _said_if_it_fails(
+    msg: Message, context: Context, call_next: ClientAppCallable, prefix: str
+) -> Message:
+    """``call_next``; an exception is also said on the site's console (its first line after
+    ``prefix``) before it goes on to Flower, which reports it to the coordinator."""
+    try:
+        return call_next(msg, context)
+    except Exception as exc:
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        SITE_CONSOLE.warning("%s%s", prefix, text)
+        raise
+
+
 def site_console_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
     """One console line per round for this site: what it trained and sent, or why its work
     was refused or rejected here (the coordinator learns the same from the reply)."""
@@ -127,12 +140,7 @@ def site_console_mod(msg: Message, context: Context, call_next: ClientAppCallabl
     if msg.metadata.message_type != MessageType.TRAIN:
         return call_next(msg, context)
     round_label = msg.metadata.group_id or "-"
-    try:
-        reply = call_next(msg, context)
-    except Exception as exc:
-        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        SITE_CONSOLE.warning("round %s: %s", round_label, text)
-        raise
+    reply = _said_if_it_fails(msg, context, call_next, f"round {round_label}: ")
     if reply.has_error() or not reply.content.array_records:
         return reply  # a SecAgg+ key stage, or an error already reported
     # Read in place (Flower's legacy record layout): a FitRes conversion would copy the model.
@@ -157,12 +165,7 @@ def site_console_mod(msg: Message, context: Context, call_next: ClientAppCallabl
 def _evaluation_line(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
     """``round N: evaluated the global model on K examples (loss .., auc ..)``, or why not."""
     round_label = msg.metadata.group_id or "-"
-    try:
-        reply = call_next(msg, context)
-    except Exception as exc:
-        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        SITE_CONSOLE.warning("round %s: evaluation failed: %s", round_label, text)
-        raise
+    reply = _said_if_it_fails(msg, context, call_next, f"round {round_label}: evaluation failed: ")
     if reply.has_error():
         return reply
     res = compat.recorddict_to_evaluateres(reply.content)

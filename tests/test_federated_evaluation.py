@@ -30,6 +30,18 @@ def fedweave(*args: str, cwd: Path, timeout: float = 400) -> subprocess.Complete
     )
 
 
+def simulate_hospitals(
+    root: Path, tmp_path: Path, *args: str, timeout: float = 400
+) -> subprocess.CompletedProcess:
+    """``fedweave simulate`` of the three hospital files under ``root``, recorded in
+    ``tmp_path/h.db``."""
+    return fedweave(
+        "simulate", "--task", "breast-cancer", "--data-dir", str(root / "sites"),
+        "--db", f"sqlite:///{tmp_path / 'h.db'}", "--out", str(tmp_path / "r.json"), *args,
+        cwd=tmp_path, timeout=timeout,
+    )  # fmt: skip
+
+
 class _Res:
     def __init__(self, loss: float, n: int, metrics: dict) -> None:
         self.loss, self.num_examples, self.metrics = loss, n, metrics
@@ -104,10 +116,7 @@ def _evaluate_exported(path: Path, statistics: dict, test: Path) -> dict[str, fl
 def test_a_coordinator_without_data_scores_rounds_at_the_sites(hospitals, tmp_path):
     root, sites, test = hospitals
     db = f"sqlite:///{tmp_path / 'h.db'}"
-    done = fedweave(
-        "simulate", "--task", "breast-cancer", "--data-dir", str(root / "sites"), "--rounds", "4",
-        "--select-metric", "auc", "--db", db, "--out", str(tmp_path / "r.json"), cwd=tmp_path,
-    )  # fmt: skip
+    done = simulate_hospitals(root, tmp_path, "--rounds", "4", "--select-metric", "auc")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "evaluation federated every round (100% of sites)" in done.stderr
     assert "(default: no data at the coordinator to size it on)" in done.stderr
@@ -161,10 +170,7 @@ def test_a_coordinator_without_data_scores_rounds_at_the_sites(hospitals, tmp_pa
 def test_the_exported_model_scores_as_the_history_says_and_predict_agrees(hospitals, tmp_path):
     root, sites, test = hospitals
     db = f"sqlite:///{tmp_path / 'h.db'}"
-    done = fedweave(
-        "simulate", "--task", "breast-cancer", "--data-dir", str(root / "sites"), "--rounds", "3",
-        "--test-data", str(test), "--db", db, "--out", str(tmp_path / "r.json"), cwd=tmp_path,
-    )  # fmt: skip
+    done = simulate_hospitals(root, tmp_path, "--rounds", "3", "--test-data", str(test))
     assert done.returncode == 0, done.stderr[-3000:]
     with open_store(db) as store:
         run = store.list_runs()[0]
@@ -236,10 +242,7 @@ def test_evaluation_settings_that_cannot_work_are_refused_before_round_1(
     hospitals, tmp_path, args, expected
 ):
     root, _, _ = hospitals
-    done = fedweave(
-        "simulate", "--task", "breast-cancer", "--data-dir", str(root / "sites"), "--rounds", "1",
-        "--db", f"sqlite:///{tmp_path / 'h.db'}", *args, cwd=tmp_path, timeout=120,
-    )  # fmt: skip
+    done = simulate_hospitals(root, tmp_path, "--rounds", "1", *args, timeout=120)
     assert done.returncode == 2, done.stderr[-2000:]
     assert expected in done.stderr and "Traceback" not in done.stderr
     assert "round 1" not in done.stderr
@@ -265,10 +268,9 @@ def test_round_metrics_read_runs_recorded_before_federated_evaluation():
 def test_cross_site_evaluation_scores_every_model_at_every_site(hospitals, tmp_path):
     root, _, _ = hospitals
     db = f"sqlite:///{tmp_path / 'h.db'}"
-    done = fedweave(
-        "simulate", "--task", "breast-cancer", "--data-dir", str(root / "sites"), "--rounds", "2",
-        "--no-secure-agg", "--cross-site", "--fraction-evaluate", "0.5", "--select-metric", "auc",
-        "--db", db, "--out", str(tmp_path / "r.json"), cwd=tmp_path,
+    done = simulate_hospitals(
+        root, tmp_path, "--rounds", "2", "--no-secure-agg", "--cross-site",
+        "--fraction-evaluate", "0.5", "--select-metric", "auc",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     with open_store(db) as store:
@@ -286,10 +288,7 @@ def test_cross_site_evaluation_scores_every_model_at_every_site(hospitals, tmp_p
 
 def test_cross_site_evaluation_under_secagg_is_refused(hospitals, tmp_path):
     root, _, _ = hospitals
-    done = fedweave(
-        "simulate", "--task", "breast-cancer", "--data-dir", str(root / "sites"), "--rounds", "1",
-        "--cross-site", "--db", f"sqlite:///{tmp_path / 'h.db'}", cwd=tmp_path, timeout=120,
-    )  # fmt: skip
+    done = simulate_hospitals(root, tmp_path, "--rounds", "1", "--cross-site", timeout=120)
     assert done.returncode == 2 and "--no-secure-agg" in done.stderr
     assert "Traceback" not in done.stderr
 

@@ -42,6 +42,10 @@ def mean_per_round(rows: list[dict[str, Any]], key: str) -> Curve:
     )
 
 
+Panel = tuple[str, list[tuple[str, Curve]]]
+"""A panel's title and its (legend label, curve) pairs."""
+
+
 def plot_runs(
     runs: list[tuple[str, list[dict[str, Any]]]], out: Path, metrics: list[str] | None = None
 ) -> Path:
@@ -52,22 +56,47 @@ def plot_runs(
     recorded one of ``metrics`` (naming the metrics they did record).
     """
     if metrics:
-        return _plot_metrics(runs, out, metrics)
+        return _draw([_metric_panel(runs, name) for name in metrics], out)
+    panels: list[Panel] = [
+        (title, [(label, mean_per_round(rows, key)) for label, rows in runs])
+        for title, key in (("evaluation accuracy", "eval_accuracy"),
+                           ("evaluation loss", "eval_loss"))
+    ]  # fmt: skip
+    if not any(curve.rounds for _, curves in panels for _, curve in curves):
+        raise HistoryError("no evaluated rounds (eval accuracy/loss) in the chosen runs; "
+                           "nothing to plot")
+    return _draw(panels, out)
+
+
+def _metric_panel(runs: list[tuple[str, list[dict[str, Any]]]], name: str) -> Panel:
+    """The curves of metric ``name`` of every run that recorded it (``HistoryError`` when
+    none did, naming what they recorded)."""
+    curves = []
+    for label, rows in runs:
+        key = qualified(rows, name)
+        if key is not None:
+            curves.append((f"{label} ({key})", mean_per_round(rows, key)))
+    if not curves:
+        recorded = sorted({m for _, rows in runs for m in metric_names(rows)})
+        raise HistoryError(
+            f"no chosen run recorded the metric '{name}'; they recorded: "
+            f"{', '.join(recorded) or 'none'}"
+        )
+    return name, curves
+
+
+def _draw(panels: list[Panel], out: Path) -> Path:
+    """One panel per entry, side by side, each curve its mean with the min-max band."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only; never needs a display
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    curves = [(label, mean_per_round(rows, "eval_accuracy"), mean_per_round(rows, "eval_loss"))
-              for label, rows in runs]
-    if not any(acc.rounds or loss.rounds for _, acc, loss in curves):
-        raise HistoryError("no evaluated rounds (eval accuracy/loss) in the chosen runs; "
-                           "nothing to plot")
-    fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
     try:
-        for label, acc, loss in curves:
-            for axis, curve in ((ax_acc, acc), (ax_loss, loss)):
+        for axis, (title, curves) in zip(axes[0], panels, strict=True):
+            for label, curve in curves:
                 if not curve.rounds:
                     continue
                 (line,) = axis.plot(curve.rounds, curve.mean, marker="o", markersize=3,
@@ -75,58 +104,12 @@ def plot_runs(
                 if curve.low != curve.high:
                     axis.fill_between(curve.rounds, curve.low, curve.high, alpha=0.15,
                                       color=line.get_color())
-        for axis, title in ((ax_acc, "evaluation accuracy"), (ax_loss, "evaluation loss")):
             axis.set_title(title)
             axis.set_xlabel("round")
             axis.xaxis.set_major_locator(MaxNLocator(integer=True))
             axis.grid(alpha=0.3)
             if axis.lines:
                 axis.legend(fontsize="small")
-        fig.tight_layout()
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out, dpi=120)
-    finally:
-        plt.close(fig)
-    return out
-
-
-def _plot_metrics(
-    runs: list[tuple[str, list[dict[str, Any]]]], out: Path, metrics: list[str]
-) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
-    panels = []
-    for name in metrics:
-        curves = []
-        for label, rows in runs:
-            key = qualified(rows, name)
-            if key is not None:
-                curves.append((label, key, mean_per_round(rows, key)))
-        if not curves:
-            recorded = sorted({m for _, rows in runs for m in metric_names(rows)})
-            raise HistoryError(
-                f"no chosen run recorded the metric '{name}'; they recorded: "
-                f"{', '.join(recorded) or 'none'}"
-            )
-        panels.append((name, curves))
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
-    try:
-        for axis, (name, curves) in zip(axes[0], panels, strict=True):
-            for label, key, curve in curves:
-                (line,) = axis.plot(curve.rounds, curve.mean, marker="o", markersize=3,
-                                    label=f"{label} ({key})")
-                if curve.low != curve.high:
-                    axis.fill_between(curve.rounds, curve.low, curve.high, alpha=0.15,
-                                      color=line.get_color())
-            axis.set_title(name)
-            axis.set_xlabel("round")
-            axis.xaxis.set_major_locator(MaxNLocator(integer=True))
-            axis.grid(alpha=0.3)
-            axis.legend(fontsize="small")
         fig.tight_layout()
         out.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(out, dpi=120)
