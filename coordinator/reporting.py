@@ -160,8 +160,8 @@ class ReportingStrategy(Strategy):
         The last round this process runs (Flower's numbering).
     cross_site : bool (default: False)
         After ``last_round``'s training, every connected site scores the final global model
-        and each site's own last model (plain aggregation only: under SecAgg+ the coordinator
-        never holds a site's model); the matrix goes with the round's summary.
+        and, under plain aggregation, each site's own last model (under SecAgg+ the
+        coordinator never holds one); the matrix goes with the round's summary.
     """
 
     def __init__(
@@ -190,9 +190,10 @@ class ReportingStrategy(Strategy):
         self.min_replies = min_replies
         self.evaluate_every = evaluate_every
         self.last_round = last_round
-        self.cross_site = cross_site and not secure_agg
+        self.cross_site = cross_site
         self._local_models: dict[int, Parameters] = {}
         self._expected_cross: list[tuple[str, str]] = []
+        self._scoring_cross_site = False
         self._pending: RoundSummary | None = None
         self._round_clock = 0.0
         self._asked_to_evaluate: list[int] = []
@@ -373,7 +374,8 @@ class ReportingStrategy(Strategy):
                         if str(proxy.node_id) not in late]  # fmt: skip
         self._asked_to_evaluate = [proxy.node_id for proxy, _ in instructions]
         self._expected_cross = []
-        if cross_site and instructions:
+        self._scoring_cross_site = bool(cross_site and instructions)
+        if self._scoring_cross_site:
             instructions = instructions + self._cross_site_instructions(instructions)
         return instructions
 
@@ -434,7 +436,8 @@ class ReportingStrategy(Strategy):
                 evaluations.append(SiteResult(str(node), "late", reason=late))
         summary.evaluations = evaluations
         summary.federated = weighted_evaluation(results)
-        if self._expected_cross:
+        if self._scoring_cross_site:
+            self._scoring_cross_site = False
             summary.cross_site = self._cross_site_matrix(evaluations, cross, failed_cross, late)
         if not summary.central and summary.federated:
             summary.loss = summary.federated.get("loss")

@@ -174,12 +174,6 @@ def check_scoring(config: RunConfig, test_data: Any) -> None:
             "coordinator and federated evaluation is off; give --test-data FILE or leave "
             "--evaluate-every at 1 or more"
         )
-    if evaluation.cross_site and config.secure_aggregation.secure_agg:
-        raise UserError(
-            "--cross-site scores each site's own model at the others, but under SecAgg+ the "
-            "coordinator never holds one; add --no-secure-agg, or drop --cross-site (the "
-            "final global model is scored at the sites either way)"
-        )
     known = task_metrics(load_task(config.data.task))
     if known is not None and evaluation.select_metric not in known:
         raise UserError(

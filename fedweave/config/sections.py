@@ -168,8 +168,8 @@ class EvaluationSection:
     cross_site: bool = setting(
         False,
         "Cross-site evaluation after the last round: every connected site scores the final "
-        "global model and each site's own last model (the matrix is recorded with the last "
-        "round); needs --no-secure-agg (SecAgg+ never shows a site's own model).",
+        "global model and, under plain aggregation, each site's own last model (SecAgg+ never "
+        "shows the coordinator one); the matrix is recorded with the last round.",
     )
     select_metric: str = setting(
         "loss",
@@ -524,7 +524,7 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         "task", "test_data", "label_column", *_TRAINING, "min_clients", *_FEDERATION,
         *_EVALUATION, *_SECAGG, *_PRIVACY,
         "address", "insecure", "tls_dir", "allow_unregistered_sites", "site_timeout",
-        "max_clock_skew", "state_dir", "once", "db", "checkpoint_dir", "resume",
+        "max_clock_skew", "state_dir", "once", "db", "checkpoint_dir", "resume", "track",
     ),
     "client": (
         "coordinator", "name", "task", "data", "label_column", "eval_data", "eval_fraction",
