@@ -61,7 +61,7 @@ PLAN_SETTINGS = (
     "round_timeout", "min_replies",
     "fraction_evaluate", "evaluate_every", "cross_site", "select_metric", "select_mode",
     "secure_agg", "secagg_timeout", "dp", "noise_multiplier", "clipping_norm", "dp_epsilon",
-    "dp_delta", "checkpoint_dir",
+    "dp_delta", "checkpoint_dir", "track",
 )  # fmt: skip
 """The settings the ServerApp runs with; the rest (address, TLS, database) stay with the CLI."""
 
@@ -140,17 +140,19 @@ def run_plan(plan: DeployPlan, grid, context) -> None:
     """The ServerApp body: continue ``plan.run_id`` after its last recorded round.
 
     Rounds are recorded (checkpoint first, then the round's rows) by the same recorder the
-    simulation uses; the CLI watches the history to print progress. A failure marks the run
-    failed with its reason; completion marks it completed.
+    simulation uses, and mirrored to MLflow or TensorBoard with ``--track``; the CLI watches
+    the history to print progress. A failure marks the run failed with its reason;
+    completion marks it completed.
     """
     from fedweave.coordinator.history_recorder import BackgroundRecorder, HistoryRecorder
     from fedweave.coordinator.server_app import ServerSettings, initial_weights, make_server_app
     from fedweave.history import open_store
     from fedweave.history.metrics import recorded_statistics
+    from fedweave.history.tracking import make_tracker
 
     exit_with_coordinator()
     store = open_store(read_db_url())
-    recorder = None
+    recorder = tracker = None
     try:
         from fedweave.coordinator.history_recorder import (
             resume_point,  # torch: only once a run starts
@@ -171,13 +173,16 @@ def run_plan(plan: DeployPlan, grid, context) -> None:
                 if weights is not None
                 else initial_weights(config.data.task, config.training.seed)
             )
+            # `fedweave coordinator` checked the package is there (check_tracker); files
+            # land relative to its directory, which Flower's processes inherit
+            tracker = make_tracker(
+                config.history.track, plan.run_id, store.get_run(plan.run_id).config
+            )
             recorder = BackgroundRecorder(
-                HistoryRecorder(store, plan.run_id, config.history.checkpoint_dir)
+                HistoryRecorder(store, plan.run_id, config.history.checkpoint_dir, tracker=tracker)
             )
             statistics = recorded_statistics(store.rounds(plan.run_id)) if offset else None
-            app = make_server_app(
-                settings, test_data_of(config), start, [recorder], statistics
-            )
+            app = make_server_app(settings, test_data_of(config), start, [recorder], statistics)
             app(grid=grid, context=context)
             recorder.flush()
         store.finish_run(plan.run_id, "completed")
@@ -187,5 +192,7 @@ def run_plan(plan: DeployPlan, grid, context) -> None:
         raise
     finally:
         if recorder is not None:
-            recorder.close()
+            recorder.close()  # writes what is pending, to the tracker too
+        if tracker is not None:
+            tracker.close()
         store.close()

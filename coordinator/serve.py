@@ -1,11 +1,12 @@
 """``fedweave coordinator``: check everything, start the SuperLink, wait for the sites, run,
 print each round as the history records it, and shut down cleanly.
 
-Every check a user can fail (TLS files, site keys, task, port, database, resume) runs before
-the SuperLink starts, so a mistake costs one line and exit code 2, never a half-started
-server. The ServerApp itself runs in Flower's ``flwr-serverapp`` process and records rounds in
-the history; this process follows the history to print progress, which is also why a
-restarted coordinator shows exactly the rounds that were recorded, no more.
+Every check a user can fail (the ``--track`` package, TLS files, site keys, task, port,
+database, resume) runs before the SuperLink starts, so a mistake costs one line and exit
+code 2, never a half-started server. The ServerApp itself runs in Flower's
+``flwr-serverapp`` process and records rounds in the history; this process follows the
+history to print progress, which is also why a restarted coordinator shows exactly the
+rounds that were recorded, no more.
 """
 
 from __future__ import annotations
@@ -257,7 +258,9 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
     """Run the coordinator; returns the exit code (0: run completed)."""
     from fedweave.flower_patches import security_patch_problem
     from fedweave.history import open_store
+    from fedweave.history.tracking import check_tracker
 
+    check_tracker(config.history.track)  # the ServerApp builds the tracker; too late to say
     connection, deployment = config.connection, config.deployment
     host, port = parse_address(deployment.address)
     tls = _tls(connection)

@@ -9,7 +9,8 @@ A federated round keeps its evaluations in ``Round.extra["evaluation"]`` (writte
 
 ``eval_loss`` / ``eval_accuracy`` stay the round's headline figures (central when the
 coordinator has test data, else federated). Metric names here are ``central.<name>``,
-``federated.<name>`` and ``train.<name>``; a bare name (``auc``) means the federated one
+``federated.<name>`` and ``train.<name>`` (a site's ``train_loss`` is ``train.loss``); each
+site's own evaluation is ``site_metrics``. A bare name (``auc``) means the federated one
 when the run has it, else the central one.
 """
 
@@ -109,6 +110,16 @@ def site_evaluations(row: dict[str, Any]) -> list[dict[str, Any]]:
     """Each asked site's evaluation in that round: site, status, examples, metrics,
     reason."""
     return list(evaluation_of(row).get("sites") or [])
+
+
+def site_metrics(row: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Site name → the numeric metrics it reported for that round's federated evaluation,
+    for each site whose evaluation succeeded (status ``ok``)."""
+    return {
+        str(site.get("site")): _numeric(site.get("metrics"))
+        for site in site_evaluations(row)
+        if site.get("status") == "ok"
+    }
 
 
 def evaluation_line(evaluation: dict[str, Any]) -> str | None:
