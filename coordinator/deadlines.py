@@ -31,8 +31,11 @@ WORK_FACTOR = 20.0
 """Default deadline = this × the local work timed on the coordinator's held-out set (sites
 hold more data than that, and may run on slower machines)."""
 NO_DATA_DEADLINE_SECONDS = 300.0
-"""The default deadline when the coordinator holds no data to time the task's local work on
-(``--round-timeout`` sets it; the sites' own training seconds are recorded each round)."""
+"""The first rounds' default deadline when the coordinator holds no data to time the task's
+local work on; later rounds' is measured (``RoundDeadline``), never longer than this."""
+MEASURED_FACTOR = 5.0
+"""A measured deadline = this × the slowest training seconds any site reported so far (a
+round also pays each site's start-up and the transfers), at least ``DEADLINE_FLOOR_SECONDS``."""
 FINAL_STAGE_FLOOR_SECONDS = 5.0
 KEY_STAGE_SHARE = 0.15
 """Each SecAgg+ key stage (advertise keys, share keys) waits at most this share of the round's
@@ -59,29 +62,75 @@ def default_round_timeout(task: Task, data: ArrayData, config: TrainConfig) -> f
     return max(DEADLINE_FLOOR_SECONDS, WORK_FACTOR * seconds)
 
 
+class RoundDeadline:
+    """How long each round waits for its sites, read when the round starts.
+
+    Fixed (``--round-timeout``, or sized from the coordinator's held-out data), or, when the
+    coordinator holds no data, measured: ``seconds`` until a round records its sites'
+    training seconds, then ``MEASURED_FACTOR`` × the slowest a site reported so far, kept
+    between ``DEADLINE_FLOOR_SECONDS`` and the starting ``seconds`` (a site's figure is its
+    own word: claiming a long time cannot hold later rounds open beyond that, and one site
+    claiming a short time cannot cut the others' deadline, which follows the slowest).
+
+    Args:
+        seconds: the deadline in seconds (the first rounds' when measured).
+        measured: whether later rounds' deadline is sized from the sites' reported times.
+    """
+
+    def __init__(self, seconds: float, measured: bool = False) -> None:
+        self.seconds = float(seconds)
+        self.measured = measured
+        self.ceiling = float(seconds)
+        self.slowest_site_seconds = 0.0
+
+    def __repr__(self) -> str:
+        return f"RoundDeadline({self.seconds:g} s{', measured' if self.measured else ''})"
+
+    def on_round(self, summary) -> None:  # type: ignore[no-untyped-def]
+        """A round listener: fold the sites' reported training seconds into the deadline."""
+        if not self.measured:
+            return
+        reported = [
+            site.seconds
+            for site in summary.sites
+            if site.status == "ok" and site.seconds is not None and site.seconds > 0
+        ]
+        if not reported:
+            return
+        self.slowest_site_seconds = max(self.slowest_site_seconds, *reported)
+        sized = MEASURED_FACTOR * self.slowest_site_seconds
+        seconds = min(self.ceiling, max(DEADLINE_FLOOR_SECONDS, sized))
+        if seconds != self.seconds:
+            log.info(
+                "round deadline now %.0f s (%g x the slowest site's %.1f s of training)",
+                seconds, MEASURED_FACTOR, self.slowest_site_seconds,
+            )  # fmt: skip
+        self.seconds = seconds
+
+
 class _DeadlineGrid:
     """A grid whose ``send_and_receive`` waits at most ``timeout`` seconds unless told
     otherwise; everything else is the wrapped grid's."""
 
-    def __init__(self, grid, timeout: float) -> None:
-        self._grid, self._timeout = grid, timeout
+    def __init__(self, grid, deadline: RoundDeadline) -> None:
+        self._grid, self._deadline = grid, deadline
 
     def send_and_receive(self, messages, *, timeout: float | None = None):
         return self._grid.send_and_receive(
-            messages, timeout=self._timeout if timeout is None else timeout
+            messages, timeout=self._deadline.seconds if timeout is None else timeout
         )
 
     def __getattr__(self, name: str):
         return getattr(self._grid, name)
 
 
-def deadline_fit_workflow(round_timeout: float):
-    """Flower's default fit workflow (one plain round) closing ``round_timeout`` seconds after
-    its instructions go out, with the replies it has by then."""
+def deadline_fit_workflow(deadline: RoundDeadline):
+    """Flower's default fit workflow (one plain round) closing ``deadline.seconds`` after its
+    instructions go out, with the replies it has by then."""
     from flwr.server.workflow.default_workflows import default_fit_workflow
 
     def fit_workflow(grid, context) -> None:
-        default_fit_workflow(_DeadlineGrid(grid, round_timeout), context)
+        default_fit_workflow(_DeadlineGrid(grid, deadline), context)
 
     return fit_workflow
 
@@ -111,10 +160,10 @@ class DeadlineSecAggPlusWorkflow(SecAggPlusWorkflow):
 
     Parameters
     ----------
-    round_timeout : float
-        Seconds from the round's first SecAgg+ message until it closes. Each stage waits at
-        most what is left of it (and at most the workflow's own per-stage ``timeout``); the
-        two key stages at most ``KEY_STAGE_SHARE`` of it (at least
+    deadline : RoundDeadline
+        Seconds from the round's first SecAgg+ message until it closes (``round_timeout``).
+        Each stage waits at most what is left of it (and at most the workflow's own per-stage
+        ``timeout``); the two key stages at most ``KEY_STAGE_SHARE`` of it (at least
         ``KEY_STAGE_FLOOR_SECONDS``), except in the first round this workflow runs, whose first
         message also pays every site's start-up; the unmasking stage waits at least
         ``FINAL_STAGE_FLOOR_SECONDS``.
@@ -122,14 +171,19 @@ class DeadlineSecAggPlusWorkflow(SecAggPlusWorkflow):
         ``SecAggPlusWorkflow``'s own parameters.
     """
 
-    def __init__(self, round_timeout: float, **kwargs) -> None:
+    def __init__(self, deadline: RoundDeadline, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.round_timeout = round_timeout
+        self.deadline = deadline
         self.stage_timeout = self.timeout
         self._deadline = 0.0
         self._rounds_run = 0
         self.stage_seconds: dict[str, float] = {}
         """Wall seconds of each stage of the last round, by name in ``STAGES``."""
+
+    @property
+    def round_timeout(self) -> float:
+        """This round's deadline in seconds."""
+        return self.deadline.seconds
 
     def __call__(self, grid, context) -> None:
         """Run the protocol with the round's clock started; log each stage's seconds (DEBUG,

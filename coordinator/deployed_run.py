@@ -59,7 +59,8 @@ PLAN_SETTINGS = (
     "weight_decay", "clip_grad_norm", "batch_size", "seed", "device",
     "min_clients", "clients_per_round", "strategy", "proximal_mu", "max_update_norm",
     "round_timeout", "min_replies",
-    "fraction_evaluate", "evaluate_every", "cross_site", "select_metric", "select_mode",
+    "fraction_evaluate", "evaluate_every", "cross_site", "private_evaluation", "select_metric",
+    "select_mode", "run",
     "secure_agg", "secagg_timeout", "dp", "noise_multiplier", "clipping_norm", "dp_epsilon",
     "dp_delta", "checkpoint_dir", "track",
 )  # fmt: skip

@@ -20,11 +20,13 @@ from typing import Any, cast
 import flwr.compat.common.recorddict_compat as compat
 from flwr.app import Message
 from flwr.app.message_type import MessageType
-from flwr.common import Code, EvaluateRes, Status
+from flwr.common import Code, EvaluateIns, EvaluateRes, Status
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, Key
 
 from fedweave.contract import CROSS_SITE_MODEL_KEY, bounded_site_metrics
+from fedweave.coordinator.deadlines import RoundDeadline
+from fedweave.history.records import SiteResult
 
 log = logging.getLogger("fedweave.coordinator")
 
@@ -64,7 +66,13 @@ def weighted_evaluation(results: Sequence[EvaluateOutcome]) -> dict[str, float]:
     return {name: sums[name] / weights[name] for name in sorted(sums)}
 
 
-def _failed(proxy: ClientProxy, reason: str) -> EvaluateOutcome:
+class UnknownSite:
+    """The site of a failure Flower reported without its node."""
+
+    node_id = "?"
+
+
+def failed_outcome(proxy: Any, reason: str) -> EvaluateOutcome:
     res = EvaluateRes(
         status=Status(code=Code.EVALUATE_NOT_IMPLEMENTED, message=reason),
         loss=0.0,
@@ -80,10 +88,115 @@ def _tag(res: EvaluateRes, model: Any) -> None:
         res.metrics[CROSS_SITE_MODEL_KEY] = model
 
 
-def federated_evaluate_workflow(round_timeout: float):
-    """The evaluate step of each round, closing ``round_timeout`` seconds after its messages
-    go out (see the module docstring)."""
+def evaluate_at_sites(
+    grid: Any,
+    instructions: Sequence[tuple[Any, EvaluateIns]],
+    group_id: str,
+    timeout: float,
+) -> tuple[list[EvaluateOutcome], list[EvaluateOutcome]]:
+    """Send each site its ``evaluate`` message and bind every answer by ``timeout`` to the
+    message it answers: ``(results, failures)``, each ``(site, EvaluateRes)`` where ``site``
+    is the instruction's own (anything with a ``node_id``); a failure's status says why.
+    A cross-site result carries the model it scored (``CROSS_SITE_MODEL_KEY``); sites that
+    said nothing by ``timeout`` are in neither list."""
     from fedweave.coordinator.reporting import failure_reason
+
+    results: list[EvaluateOutcome] = []
+    failures: list[EvaluateOutcome] = []
+    if not instructions:
+        return results, failures
+    messages = [
+        Message(
+            content=compat.evaluateins_to_recorddict(ins, True),
+            dst_node_id=site.node_id,
+            message_type=MessageType.EVALUATE,
+            group_id=group_id,
+        )
+        for site, ins in instructions
+    ]
+    replies = list(grid.send_and_receive(messages, timeout=timeout))
+    # pushing gave each message its id: a reply names the one it answers
+    sent = {
+        message.metadata.message_id: (site, ins)
+        for message, (site, ins) in zip(messages, instructions, strict=True)
+    }
+    for reply in replies:
+        asked = sent.get(reply.metadata.reply_to_message_id)
+        if asked is None or asked[0].node_id != reply.metadata.src_node_id:
+            continue
+        site, ins = asked
+        model = ins.config.get(CROSS_SITE_MODEL_KEY)
+        if reply.has_error():
+            outcome = failed_outcome(site, failure_reason(str(reply.error.reason)))
+            _tag(outcome[1], model)
+            failures.append(outcome)
+            continue
+        res = compat.recorddict_to_evaluateres(reply.content)
+        res.metrics = bounded_site_metrics(res.metrics)  # a site's word, bounded
+        _tag(res, model)
+        if res.status.code == Code.OK:
+            results.append((site, res))
+        else:
+            failures.append((site, res))
+    return results, failures
+
+
+def site_evaluations(
+    results: Sequence[EvaluateOutcome],
+    failures: Sequence[EvaluateOutcome],
+    asked: Sequence[Any],
+    expected_cross: Sequence[tuple[str, str]],
+    late: str,
+) -> tuple[list[SiteResult], list[SiteResult]]:
+    """What the asked sites said, as history records: ``(evaluations, cross_site)``.
+
+    Args:
+        results / failures: ``evaluate_at_sites``'s outcomes.
+        asked: the node ids asked to score the global model (silent ones are ``late``).
+        expected_cross: (model, node id) of each cross-site message sent (silent: ``late``).
+        late: the reason recorded for a site that said nothing in time.
+
+    ``evaluations``: one per site asked to score the global model (ok with ``loss`` and its
+    metrics, failed with the reason, or late). ``cross_site``: the global model's row (the
+    same results, ``model`` "global") then one entry per (model, site) of ``expected_cross``;
+    the model is in ``metrics["model"]``.
+    """
+    evaluations, matrix, seen = [], [], set()
+    for site, res in [*results, *failures]:
+        node, model = str(site.node_id), res.metrics.get(CROSS_SITE_MODEL_KEY)
+        metrics = {k: v for k, v in res.metrics.items() if k != CROSS_SITE_MODEL_KEY}
+        ok = res.status.code == Code.OK
+        entry = (
+            SiteResult(node, "ok", int(res.num_examples), {"loss": float(res.loss), **metrics})
+            if ok
+            else SiteResult(node, "failed", metrics=metrics, reason=res.status.message)
+        )
+        if model is None:
+            evaluations.append(entry)
+        else:
+            seen.add((str(model), node))
+            entry.metrics = {**entry.metrics, "model": str(model)}
+            matrix.append(entry)
+    answered = {site.site_id for site in evaluations}
+    evaluations += [
+        SiteResult(str(node), "late", reason=late) for node in asked if str(node) not in answered
+    ]
+    matrix += [
+        SiteResult(node, "late", metrics={"model": model}, reason=late)
+        for model, node in expected_cross
+        if (model, node) not in seen
+    ]
+    global_row = [
+        SiteResult(site.site_id, site.status, site.num_examples,
+                   {**site.metrics, "model": "global"}, reason=site.reason)
+        for site in evaluations
+    ]  # fmt: skip
+    return evaluations, global_row + matrix
+
+
+def federated_evaluate_workflow(deadline: RoundDeadline):
+    """The evaluate step of each round, closing ``deadline.seconds`` after its messages go
+    out (see the module docstring)."""
 
     def evaluate_workflow(grid, context) -> None:
         cfg = context.state.config_records[MAIN_CONFIGS_RECORD]
@@ -96,42 +209,9 @@ def federated_evaluate_workflow(round_timeout: float):
             parameters=parameters,
             client_manager=context.client_manager,
         )
-        results: list[EvaluateOutcome] = []
-        failures: list[EvaluateOutcome | BaseException] = []
-        if instructions:
-            messages = [
-                Message(
-                    content=compat.evaluateins_to_recorddict(ins, True),
-                    dst_node_id=proxy.node_id,
-                    message_type=MessageType.EVALUATE,
-                    group_id=str(current_round),
-                )
-                for proxy, ins in instructions
-            ]
-            replies = list(grid.send_and_receive(messages, timeout=round_timeout))
-            # pushing gave each message its id: a reply names the one it answers
-            sent = {
-                message.metadata.message_id: (proxy, ins)
-                for message, (proxy, ins) in zip(messages, instructions, strict=True)
-            }
-            for reply in replies:
-                asked = sent.get(reply.metadata.reply_to_message_id)
-                if asked is None or asked[0].node_id != reply.metadata.src_node_id:
-                    continue
-                proxy, ins = asked
-                model = ins.config.get(CROSS_SITE_MODEL_KEY)
-                if reply.has_error():
-                    outcome = _failed(proxy, failure_reason(str(reply.error.reason)))
-                    _tag(outcome[1], model)
-                    failures.append(outcome)
-                    continue
-                res = compat.recorddict_to_evaluateres(reply.content)
-                res.metrics = bounded_site_metrics(res.metrics)  # a site's word, bounded
-                _tag(res, model)
-                if res.status.code == Code.OK:
-                    results.append((proxy, res))
-                else:
-                    failures.append((proxy, res))
+        results, failures = evaluate_at_sites(
+            grid, instructions, str(current_round), deadline.seconds
+        )
         context.strategy.aggregate_evaluate(current_round, results, failures)
 
     return evaluate_workflow

@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 from flwr.common import (
-    Code,
     EvaluateIns,
     EvaluateRes,
     FitIns,
@@ -40,7 +39,14 @@ from fedweave.contract import (
     parse_site_error,
     readable_failure,
 )
-from fedweave.coordinator.federated_evaluation import is_evaluation_round, weighted_evaluation
+from fedweave.coordinator.deadlines import RoundDeadline
+from fedweave.coordinator.federated_evaluation import (
+    UnknownSite,
+    failed_outcome,
+    is_evaluation_round,
+    site_evaluations,
+    weighted_evaluation,
+)
 from fedweave.coordinator.rounds import RoundListener, RoundSummary
 from fedweave.flower_patches.secagg_masks import unflatten
 from fedweave.history.records import SiteResult
@@ -148,8 +154,8 @@ class ReportingStrategy(Strategy):
         only the aggregate can be checked here then (sites check their own update first).
     max_update_norm : float | None (default: None)
         Reject updates farther than this (L2) from the global model; ``None``: no bound.
-    round_timeout : float | None (default: None)
-        The round deadline in seconds, named in the reason of every site recorded ``late``.
+    deadline : RoundDeadline | None (default: None)
+        The round deadline, named in the reason of every site recorded ``late``.
     min_replies : int (default: 1)
         Fewest accepted replies a round aggregates; with fewer, the round is recorded as
         failed, the global model is kept and the run goes on.
@@ -173,7 +179,7 @@ class ReportingStrategy(Strategy):
         round_offset: int = 0,
         secure_agg: bool = False,
         max_update_norm: float | None = None,
-        round_timeout: float | None = None,
+        deadline: RoundDeadline | None = None,
         min_replies: int = 1,
         evaluate_every: int = 0,
         last_round: int = 0,
@@ -186,7 +192,7 @@ class ReportingStrategy(Strategy):
         self.round_offset = round_offset
         self.secure_agg = secure_agg
         self.max_update_norm = max_update_norm
-        self.round_timeout = round_timeout
+        self.deadline = deadline
         self.min_replies = min_replies
         self.evaluate_every = evaluate_every
         self.last_round = last_round
@@ -309,8 +315,8 @@ class ReportingStrategy(Strategy):
         missing = [node for node in self._sampled if node not in known]
         reasons = list(dict.fromkeys(unexplained))
         late = (
-            f"no reply within the round deadline ({self.round_timeout:g} s)"
-            if self.round_timeout is not None
+            f"no reply within the round deadline ({self.deadline.seconds:g} s)"
+            if self.deadline is not None
             else "no reply"
         )
         for index, node in enumerate(missing):
@@ -404,78 +410,33 @@ class ReportingStrategy(Strategy):
         summary = self._pending
         if summary is None:
             return None, {}
-        cross = [(p, r) for p, r in results if CROSS_SITE_MODEL_KEY in r.metrics]
-        results = [(p, r) for p, r in results if CROSS_SITE_MODEL_KEY not in r.metrics]
-        failed_cross = [
-            f for f in failures
-            if not isinstance(f, BaseException) and CROSS_SITE_MODEL_KEY in f[1].metrics
+        failures = [
+            f if not isinstance(f, BaseException)  # not sent by our workflow; kept anyway
+            else failed_outcome(UnknownSite(), failure_reason(str(f)))
+            for f in failures
         ]  # fmt: skip
-        failures = [f for f in failures if all(f is not other for other in failed_cross)]
-        evaluations = [
-            SiteResult(
-                str(proxy.node_id),
-                num_examples=int(res.num_examples),
-                metrics={"loss": float(res.loss), **dict(res.metrics)},
-            )
-            for proxy, res in results
-        ]
-        for failure in failures:
-            if isinstance(failure, BaseException):  # not sent by our workflow; kept anyway
-                evaluations.append(SiteResult("?", "failed", reason=failure_reason(str(failure))))
-                continue
-            proxy, res = failure
-            evaluations.append(SiteResult(str(proxy.node_id), "failed", reason=res.status.message))
-        answered = {site.site_id for site in evaluations}
         late = (
-            f"no evaluation within the round deadline ({self.round_timeout:g} s)"
-            if self.round_timeout is not None
+            f"no evaluation within the round deadline ({self.deadline.seconds:g} s)"
+            if self.deadline is not None
             else "no evaluation"
         )
-        for node in self._asked_to_evaluate:
-            if str(node) not in answered:
-                evaluations.append(SiteResult(str(node), "late", reason=late))
+        evaluations, cross_site = site_evaluations(
+            results, failures, self._asked_to_evaluate, self._expected_cross, late
+        )
+        self._expected_cross = []
         summary.evaluations = evaluations
-        summary.federated = weighted_evaluation(results)
+        summary.federated = weighted_evaluation(
+            [(p, r) for p, r in results if CROSS_SITE_MODEL_KEY not in r.metrics]
+        )
         if self._scoring_cross_site:
             self._scoring_cross_site = False
-            summary.cross_site = self._cross_site_matrix(evaluations, cross, failed_cross, late)
+            summary.cross_site = cross_site
         if not summary.central and summary.federated:
             summary.loss = summary.federated.get("loss")
             summary.accuracy = summary.federated.get("accuracy")
         self._finish(summary)
         loss = summary.federated.get("loss")
         return loss, {k: v for k, v in summary.federated.items() if k != "loss"}
-
-    def _cross_site_matrix(
-        self,
-        evaluations: list[SiteResult],
-        cross: list[tuple[ClientProxy, EvaluateRes]],
-        failed: list,
-        late: str,
-    ) -> list[SiteResult]:
-        """One result per (model, site): the global model's row from this round's
-        evaluations, then each site's own model's; the model is in ``metrics["model"]``."""
-        matrix = [
-            SiteResult(site.site_id, site.status, site.num_examples,
-                       {**site.metrics, "model": "global"}, reason=site.reason)
-            for site in evaluations
-        ]  # fmt: skip
-        seen = set()
-        for proxy, res in [*cross, *failed]:
-            owner = str(res.metrics[CROSS_SITE_MODEL_KEY])
-            seen.add((owner, str(proxy.node_id)))
-            metrics = {k: v for k, v in res.metrics.items() if k != CROSS_SITE_MODEL_KEY}
-            if res.status.code == Code.OK:
-                matrix.append(SiteResult(str(proxy.node_id), "ok", int(res.num_examples),
-                                         {"loss": float(res.loss), **metrics, "model": owner}))
-            else:
-                matrix.append(SiteResult(str(proxy.node_id), "failed", metrics={"model": owner},
-                                         reason=res.status.message))  # fmt: skip
-        for owner, node in self._expected_cross:
-            if (owner, node) not in seen:
-                matrix.append(SiteResult(node, "late", metrics={"model": owner}, reason=late))
-        self._expected_cross = []
-        return matrix
 
     def _finish(self, summary: RoundSummary) -> None:
         summary.seconds = time.perf_counter() - self._round_clock

@@ -8,15 +8,19 @@ operator never has to guess whether SecAgg+, TLS or site authentication were on.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedweave.config import RunConfig
+from fedweave.coordinator.deadlines import MEASURED_FACTOR
+
+if TYPE_CHECKING:
+    from fedweave.coordinator.deadlines import RoundDeadline
 
 
 def protections(
     config: RunConfig,
     cohort: int,
-    round_timeout: float,
+    deadline: RoundDeadline,
     *,
     tls: bool | None = None,
     site_authentication: bool | None = None,
@@ -27,7 +31,7 @@ def protections(
     Args:
         config: the run's settings.
         cohort: sites sampled per round.
-        round_timeout: the deadline every round closes at, in seconds.
+        deadline: the deadline rounds close at (fixed, or measured from the sites' times).
         tls / site_authentication: for a deployment; ``None`` in a simulation, where sites
             are processes of this machine and nothing crosses a network.
         central_data: whether the coordinator holds test data (central evaluation, and the
@@ -55,8 +59,9 @@ def protections(
         "site_authentication": site_authentication,
         "differential_privacy": dp,
         "strategy": federation.strategy,
-        "round_timeout": round(round_timeout, 1),
+        "round_timeout": round(deadline.seconds, 1),
         "round_timeout_given": federation.round_timeout is not None,
+        "round_timeout_measured": deadline.measured,
         "min_replies": federation.min_replies or 1,
         "sites_per_round": cohort,
         "stragglers": config.simulation.stragglers,
@@ -90,6 +95,9 @@ def header_line(facts: dict[str, Any]) -> str:
         if facts["round_timeout_given"]
         else " (sized from the task)"
         if evaluation["central"]
+        else f" until the sites' training times are measured, then {MEASURED_FACTOR:g}x the "
+        "slowest (no data at the coordinator to size it on)"
+        if facts.get("round_timeout_measured")
         else " (default: no data at the coordinator to size it on)"
     )
     every = evaluation["federated_every"]

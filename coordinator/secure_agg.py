@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from fedweave.errors import UserError
+
+if TYPE_CHECKING:
+    from fedweave.coordinator.deadlines import RoundDeadline
 
 MIN_SECAGG_COHORT = 3
 
@@ -66,9 +70,9 @@ def derive_shares(cohort: int) -> tuple[int, int]:
     return shares, shares // 2 + 1
 
 
-def make_secagg_workflow(settings: SecAggSettings, cohort: int, round_timeout: float):
+def make_secagg_workflow(settings: SecAggSettings, cohort: int, deadline: RoundDeadline):
     """Flower's SecAgg+ fit workflow for ``cohort`` sites per round, every round closing
-    ``round_timeout`` seconds after it starts (``coordinator/deadlines.py``)."""
+    ``deadline.seconds`` after it starts (``coordinator/deadlines.py``)."""
     from fedweave.coordinator.deadlines import DeadlineSecAggPlusWorkflow
     from fedweave.flower_patches import use_fedweave_secagg
 
@@ -83,7 +87,7 @@ def make_secagg_workflow(settings: SecAggSettings, cohort: int, round_timeout: f
             "need 2 <= threshold <= shares <= sites"
         )
     return DeadlineSecAggPlusWorkflow(
-        round_timeout=round_timeout,
+        deadline=deadline,
         num_shares=1.0 if shares == cohort else shares,
         reconstruction_threshold=threshold,
         max_weight=settings.max_weight,

@@ -111,13 +111,13 @@ def _with_protections(config: RunConfig) -> tuple[RunConfig, dict]:
 
     settings = ServerSettings(config, config.federation.min_clients, config.training.rounds)
     test_data = test_data_of(config)
-    round_timeout = settings.round_timeout(test_data)
+    deadline = settings.deadline(test_data)
     facts = protections(
-        config, settings.cohort, round_timeout, central_data=test_data is not None,
+        config, settings.cohort, deadline, central_data=test_data is not None,
         tls=not config.connection.insecure,
         site_authentication=sites_must_register(config.connection),
     )  # fmt: skip
-    return config.replace(round_timeout=round_timeout), facts
+    return settings.resolved(deadline), facts
 
 
 def _absolute_paths(config: RunConfig) -> RunConfig:
@@ -315,7 +315,11 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
             f"{plan.config.training.rounds} rounds, {min_clients} sites, "
             f"strategy {plan.config.federation.strategy}, SecAgg+ {'on' if secure_agg else 'off'}"
             f", DP {plan.config.privacy.dp}, round deadline "
-            f"{plan.config.federation.round_timeout:g} s"
+            + (
+                f"{plan.config.federation.round_timeout:g} s"
+                if plan.config.federation.round_timeout is not None
+                else "measured from the sites' training times"
+            )
         )
         watcher = _Watcher(store, plan, revoked)
         while True:

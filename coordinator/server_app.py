@@ -34,6 +34,7 @@ from fedweave.contract import (
 )
 from fedweave.coordinator.deadlines import (
     NO_DATA_DEADLINE_SECONDS,
+    RoundDeadline,
     deadline_fit_workflow,
     default_round_timeout,
 )
@@ -109,18 +110,28 @@ class ServerSettings:
             "--strategy fedprox (partial work counts), fewer stragglers, or --no-secure-agg"
         )
 
-    def round_timeout(self, test_data: Any) -> float:
+    def deadline(self, test_data: Any) -> RoundDeadline:
         """``--round-timeout``, or the default sized from the task (``deadlines.py``) on the
-        coordinator's held-out data, or ``NO_DATA_DEADLINE_SECONDS`` without any."""
+        coordinator's held-out data, or, without any, ``NO_DATA_DEADLINE_SECONDS`` measured
+        down from the sites' reported training times."""
         given = self.config.federation.round_timeout
         if given is not None:
-            return given
+            return RoundDeadline(given)
         if test_data is None or len(test_data) == 0:
-            return NO_DATA_DEADLINE_SECONDS
+            return RoundDeadline(NO_DATA_DEADLINE_SECONDS, measured=True)
         task = load_task(self.config.data.task)
-        return default_round_timeout(
-            task, prepared(task, test_data, None), TrainConfig.of(self.config.training, task)
+        return RoundDeadline(
+            default_round_timeout(
+                task, prepared(task, test_data, None), TrainConfig.of(self.config.training, task)
+            )
         )
+
+    def resolved(self, deadline: RoundDeadline) -> RunConfig:
+        """The config to record: a fixed deadline written in (a resumed run keeps it); a
+        measured one left unset, so a resumed run measures again."""
+        if deadline.measured:
+            return self.config
+        return self.config.replace(round_timeout=deadline.seconds)
 
     def strategy_options(self) -> dict[str, float]:
         """Settings of the chosen Flower strategy itself (FedProx's mu)."""
@@ -225,13 +236,14 @@ def make_server_app(
     settings.check()
     config = settings.config
     check_scoring(config, test_data)
-    round_timeout = settings.round_timeout(test_data)
+    deadline = settings.deadline(test_data)
     task = load_task(config.data.task)
     sink = StatisticsSink(statistics)
     listeners = [
+        deadline,
         WithStatistics(
             [SiteNames([ModelHealth(listeners, int(getattr(task, "num_classes", 0)))])], sink
-        )
+        ),
     ]
     app = ServerApp()
 
@@ -248,7 +260,7 @@ def make_server_app(
             listeners=listeners,
             round_offset=settings.round_offset,
             max_update_norm=config.federation.max_update_norm,
-            round_timeout=round_timeout,
+            deadline=deadline,
             min_replies=config.federation.min_replies or 1,
             fraction_fit=settings.cohort / settings.min_clients,
             min_fit_clients=settings.cohort,
@@ -260,7 +272,7 @@ def make_server_app(
             min_evaluate_clients=1,
             initial_parameters=ndarrays_to_parameters(start_weights),
             on_fit_config_fn=lambda server_round: {
-                **settings.fit_config(server_round, round_timeout), **sink.config(),
+                **settings.fit_config(server_round, deadline.seconds), **sink.config(),
             },
             on_evaluate_config_fn=lambda server_round: {
                 **settings.evaluate_config(server_round), **sink.config(),
@@ -278,8 +290,8 @@ def make_server_app(
 
         def make_fit_workflow(cohort: int):
             if settings.secure_agg:
-                return make_secagg_workflow(settings.secagg, cohort, round_timeout)
-            return deadline_fit_workflow(round_timeout)
+                return make_secagg_workflow(settings.secagg, cohort, deadline)
+            return deadline_fit_workflow(deadline)
 
         fit_workflow = make_fit_workflow(settings.cohort)
         if needs_statistics(task):
@@ -288,12 +300,12 @@ def make_server_app(
                 lambda: make_fit_workflow(settings.min_clients),
                 task,
                 settings.min_clients,
-                settings.fit_config(-settings.round_offset, round_timeout),  # round 0
+                settings.fit_config(-settings.round_offset, deadline.seconds),  # round 0
                 sink,
             )
         DefaultWorkflow(
             fit_workflow=fit_workflow,
-            evaluate_workflow=federated_evaluate_workflow(round_timeout),
+            evaluate_workflow=federated_evaluate_workflow(deadline),
         )(grid, legacy)
 
     return app

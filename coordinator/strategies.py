@@ -24,7 +24,7 @@ STRATEGIES: dict[str, tuple[type, dict[str, Any]]] = {
 
 REPORTING_KWARGS = frozenset(
     {
-        "evaluator", "listeners", "round_offset", "max_update_norm", "round_timeout",
+        "evaluator", "listeners", "round_offset", "max_update_norm", "deadline",
         "min_replies", "evaluate_every", "last_round", "cross_site",
     }
 )  # fmt: skip
@@ -65,7 +65,7 @@ def make_strategy(
         The run's seed, which fixes the stragglers of each round.
     **kwargs : Any
         ``evaluator`` (required; ``None`` without central data), ``listeners``,
-        ``round_offset``, ``max_update_norm``, ``round_timeout``, ``min_replies``,
+        ``round_offset``, ``max_update_norm``, ``deadline``, ``min_replies``,
         ``evaluate_every``, ``last_round`` and ``cross_site`` go to ``ReportingStrategy``
         (see there for their meaning and defaults); every other keyword (``fraction_fit``,
         ``min_fit_clients``, ``initial_parameters``, ``on_fit_config_fn``, ...) goes to the

@@ -43,11 +43,9 @@ def _with_protections(config: RunConfig, offset: int, test_data) -> tuple[RunCon
     site keys in a simulation: nothing crosses a network)."""
     settings = server_settings(config, offset)
     settings.check()
-    round_timeout = settings.round_timeout(test_data)
-    facts = protections(
-        config, settings.cohort, round_timeout, central_data=test_data is not None
-    )
-    return config.replace(round_timeout=round_timeout), facts
+    deadline = settings.deadline(test_data)
+    facts = protections(config, settings.cohort, deadline, central_data=test_data is not None)
+    return settings.resolved(deadline), facts
 
 
 def run_and_report(config: RunConfig, resolved: Resolved) -> dict:

@@ -130,7 +130,8 @@ def test_the_deployed_server_app_gets_every_training_setting():
     evaluation = {f.name for f in dataclasses.fields(EvaluationSection)}
     coordinator = evaluation & set(COMMAND_SETTINGS["coordinator"])
     assert coordinator == {
-        "fraction_evaluate", "evaluate_every", "cross_site", "select_metric", "select_mode"
+        "fraction_evaluate", "evaluate_every", "cross_site", "private_evaluation",
+        "select_metric", "select_mode",
     }  # fmt: skip
     assert coordinator <= set(PLAN_SETTINGS)
 

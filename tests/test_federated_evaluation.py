@@ -119,7 +119,7 @@ def test_a_coordinator_without_data_scores_rounds_at_the_sites(hospitals, tmp_pa
     done = simulate_hospitals(root, tmp_path, "--rounds", "4", "--select-metric", "auc")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "evaluation federated every round (100% of sites)" in done.stderr
-    assert "(default: no data at the coordinator to size it on)" in done.stderr
+    assert "until the sites' training times are measured, then 5x the slowest" in done.stderr
     assert done.stderr.count("federated (3/3 sites): loss") == 4
     with open_store(db) as store:
         run = store.list_runs()[0]

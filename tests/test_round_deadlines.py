@@ -11,11 +11,21 @@ not survive (a deployed site handles its messages one at a time).
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 import pytest
 from fault_tasks import SLOW_ONCE_ENV, SLOW_SECONDS
 from test_secure_agg import run_recorded
 
 from fedweave.config import RunConfig
+from fedweave.coordinator.deadlines import (
+    DEADLINE_FLOOR_SECONDS,
+    MEASURED_FACTOR,
+    NO_DATA_DEADLINE_SECONDS,
+    RoundDeadline,
+)
+from fedweave.coordinator.rounds import RoundSummary
+from fedweave.history.records import SiteResult
 
 
 @pytest.mark.parametrize(
@@ -47,3 +57,31 @@ def test_a_stalled_site_is_late_and_the_round_closes_at_its_deadline(
         assert "--min-replies 3" in first["extra"]["failed"]
         assert first["model_sha256"] == rounds[0]["model_sha256"]
         assert second["model_sha256"] != first["model_sha256"]
+
+
+def _round_with(*seconds: float, late: int = 0) -> RoundSummary:
+    sites = [SiteResult(str(i), "ok", 10, seconds=s) for i, s in enumerate(seconds)]
+    sites += [SiteResult(str(100 + i), "late", reason="no reply") for i in range(late)]
+    now = datetime.now(timezone.utc)
+    return RoundSummary(
+        round=1, loss=None, accuracy=None, seconds=1.0, started_at=now, ended_at=now,
+        weights=[], sites=sites,
+    )  # fmt: skip
+
+
+def test_a_measured_deadline_follows_the_slowest_site_between_its_floor_and_ceiling():
+    deadline = RoundDeadline(NO_DATA_DEADLINE_SECONDS, measured=True)
+    deadline.on_round(_round_with(late=3))  # nothing measured yet: the starting deadline
+    assert deadline.seconds == NO_DATA_DEADLINE_SECONDS
+    deadline.on_round(_round_with(2.0, 30.0, late=1))
+    assert deadline.seconds == MEASURED_FACTOR * 30.0
+    deadline.on_round(_round_with(1.0, 1.0))  # the slowest site so far still counts
+    assert deadline.seconds == MEASURED_FACTOR * 30.0
+    deadline.on_round(_round_with(1e9))  # a site's claim cannot hold rounds open longer
+    assert deadline.seconds == NO_DATA_DEADLINE_SECONDS
+    quick = RoundDeadline(NO_DATA_DEADLINE_SECONDS, measured=True)
+    quick.on_round(_round_with(0.5, 0.2))
+    assert quick.seconds == DEADLINE_FLOOR_SECONDS
+    fixed = RoundDeadline(60.0)  # --round-timeout, or sized on the coordinator's data
+    fixed.on_round(_round_with(100.0))
+    assert fixed.seconds == 60.0

@@ -171,6 +171,18 @@ class EvaluationSection:
         "global model and, under plain aggregation, each site's own last model (SecAgg+ never "
         "shows the coordinator one); the matrix is recorded with the last round.",
     )
+    private_evaluation: bool = setting(
+        False,
+        "Under SecAgg+: the sites' evaluation figures reach the coordinator only as their "
+        "example-weighted mean, through the same secure aggregation as the updates (no "
+        "site's own figures are recorded); the task must declare its metrics.",
+    )
+    run: str | None = setting(
+        None,
+        "`fedweave evaluate`: the recorded federated run whose final and best models every "
+        "connected site scores (its id, or 'latest'); nothing is trained.",
+        identity=False,
+    )
     select_metric: str = setting(
         "loss",
         "The metric that picks the best round's model (history export's best.safetensors): "
@@ -507,7 +519,8 @@ _FEDERATION = (
 )  # fmt: skip
 _SECAGG = ("secure_agg", "secagg_timeout")
 _EVALUATION = (
-    "fraction_evaluate", "evaluate_every", "cross_site", "select_metric", "select_mode"
+    "fraction_evaluate", "evaluate_every", "cross_site", "private_evaluation", "select_metric",
+    "select_mode",
 )  # fmt: skip
 _PRIVACY = ("dp", "noise_multiplier", "clipping_norm", "dp_epsilon", "dp_delta")
 
@@ -525,6 +538,11 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         *_EVALUATION, *_SECAGG, *_PRIVACY,
         "address", "insecure", "tls_dir", "allow_unregistered_sites", "site_timeout",
         "max_clock_skew", "state_dir", "once", "db", "checkpoint_dir", "resume", "track",
+    ),
+    "evaluate": (
+        "run", "min_clients", "round_timeout", "batch_size", "device", "address", "insecure",
+        "tls_dir", "allow_unregistered_sites", "site_timeout", "state_dir", "db",
+        "checkpoint_dir",
     ),
     "client": (
         "coordinator", "name", "task", "data", "label_column", "eval_data", "eval_fraction",
