@@ -151,6 +151,11 @@ def run_plan(plan: DeployPlan, grid, context) -> None:
     from fedweave.history.metrics import recorded_statistics
     from fedweave.history.tracking import make_tracker
 
+    if plan.config.evaluation.run:  # `fedweave evaluate`: an evaluation-only run
+        from fedweave.coordinator.evaluation_run import run_evaluation
+
+        run_evaluation(plan, grid, context)
+        return
     exit_with_coordinator()
     store = open_store(read_db_url())
     recorder = tracker = None

@@ -255,11 +255,14 @@ def _wait_for_sites(client, proc, needed: int, timeout: float | None, keys) -> N
 
 
 def serve(config: RunConfig, resolved: Resolved) -> int:
-    """Run the coordinator; returns the exit code (0: run completed)."""
+    """Run the coordinator, or ``fedweave evaluate``'s evaluation-only run
+    (``evaluation_run.py``); returns the exit code (0: run completed)."""
+    from fedweave.coordinator import evaluation_run
     from fedweave.flower_patches import security_patch_problem
     from fedweave.history import open_store
     from fedweave.history.tracking import check_tracker
 
+    evaluating = resolved.command == "evaluate"
     check_tracker(config.history.track)  # the ServerApp builds the tracker; too late to say
     connection, deployment = config.connection, config.deployment
     host, port = parse_address(deployment.address)
@@ -267,11 +270,23 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
     problem = security_patch_problem()
     if problem is not None:
         raise UserError(problem)
-    _check_config(config)
+    if not evaluating:
+        _check_config(config)
     check_port_free(host, port)
     db_url = _absolute_db_url(config.history.db)
     store = open_store(db_url)  # unreachable or wrong DB: one line, before anything starts
-    plan = _prepare_run(store, config, resolved)
+    if evaluating:
+        authenticated = sites_must_register(connection)
+        plan = evaluation_run.prepare_evaluation(
+            store, config, resolved, tls=tls is not None, site_authentication=authenticated
+        )
+    else:
+        plan = _prepare_run(store, config, resolved)
+    again = (
+        f"run it again with fedweave evaluate --run {plan.config.evaluation.run}"
+        if evaluating
+        else f"continue it with --resume {plan.run_id}"
+    )
     min_clients = plan.config.federation.min_clients
     previous = signal.signal(signal.SIGTERM, raise_interrupt)
     link_options = SuperLinkOptions(
@@ -310,7 +325,7 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
         _wait_for_sites(client, proc, min_clients, deployment.site_timeout or None, keys)
         flower_run = client.start_run(build_fab(plan.to_run_config()))
         secure_agg = plan.config.secure_aggregation.secure_agg
-        _echo(
+        started = (
             f"run {plan.run_id} started (Flower run {flower_run}): "
             f"{plan.config.training.rounds} rounds, {min_clients} sites, "
             f"strategy {plan.config.federation.strategy}, SecAgg+ {'on' if secure_agg else 'off'}"
@@ -321,6 +336,9 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
                 else "measured from the sites' training times"
             )
         )
+        if evaluating:
+            started = evaluation_run.started_line(plan, flower_run, store)
+        _echo(started)
         watcher = _Watcher(store, plan, revoked)
         while True:
             watcher.poll()
@@ -343,14 +361,15 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
             reason = (details or run.reason or sub_status or "unknown").splitlines()[0]
             if run.status == "running":
                 store.finish_run(plan.run_id, "failed", reason)
-            _echo(
-                f"run {plan.run_id} {sub_status or 'ended'}: {reason}; continue it with "
-                f"--resume {plan.run_id}"
-            )
+            _echo(f"run {plan.run_id} {sub_status or 'ended'}: {reason}; {again}")
             return 1
         rows = store.rounds(plan.run_id)
         final = rows[-1]["eval_accuracy"] if rows else None
         _echo(f"run {plan.run_id} completed: {len(rows)} rounds, final accuracy {shown(final)}")
+        if evaluating:
+            for line in evaluation_run.matrix_lines(store, plan.run_id):
+                _echo(line)
+            return 0
         if deployment.once:
             return 0
         _echo("serving: sites stay connected for the next run; Ctrl-C to stop")
@@ -363,7 +382,7 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
     except KeyboardInterrupt:
         if not finished:
             store.finish_run(plan.run_id, "interrupted", "coordinator stopped (Ctrl-C/SIGTERM)")
-            _echo(f"run {plan.run_id} interrupted; continue it with --resume {plan.run_id}")
+            _echo(f"run {plan.run_id} interrupted; {again}")
         raise
     except UserError:
         if not finished and store.get_run(plan.run_id).status == "running":

@@ -30,7 +30,7 @@ def build_app() -> typer.Typer:
     """Every subcommand, mounted once."""
     from fedweave.certs_cli import certs_app, sites_app
     from fedweave.client.cli import client
-    from fedweave.coordinator.cli import coordinator
+    from fedweave.coordinator.cli import coordinator, evaluate
     from fedweave.gossip.cli import keys_app, peer, task_app
     from fedweave.history.cli import history_app, predict_command
     from fedweave.simulations.cli import data_app, simulate
@@ -47,6 +47,7 @@ def build_app() -> typer.Typer:
     app.add_typer(history_app, name="history")
     app.command("predict")(predict_command)
     app.command()(coordinator)
+    app.command()(evaluate)
     app.command()(client)
     app.add_typer(certs_app, name="certs")
     app.add_typer(sites_app, name="sites")

@@ -21,7 +21,7 @@ from fedweave.config.resume import config_as_toml, merge_for_resume, stored_run_
 from fedweave.config.sections import EvaluationSection, TrainingSection
 from fedweave.errors import UserError
 
-RUN_COMMANDS = ("simulate", "coordinator", "client", "peer")
+RUN_COMMANDS = ("simulate", "coordinator", "evaluate", "client", "peer")
 
 
 def _commands() -> dict[str, click.Command]:

@@ -181,7 +181,7 @@ class EvaluationSection:
         None,
         "`fedweave evaluate`: the recorded federated run whose final and best models every "
         "connected site scores (its id, or 'latest'); nothing is trained.",
-        identity=False,
+        identity=False, required=True,
     )
     select_metric: str = setting(
         "loss",
