@@ -30,6 +30,7 @@ from fedweave.contract import (
     LOCAL_DP_KEYS,
     MAX_CLOCK_SKEW_KEY,
     MAX_NORM_KEY,
+    PRIVATE_EVALUATION_KEY,
     SECAGG_CLIP_KEY,
     SECAGG_MAX_WEIGHT_KEY,
     STATISTICS_STAGE_KEY,
@@ -155,6 +156,13 @@ def site_console_mod(msg: Message, context: Context, call_next: ClientAppCallabl
             "statistics (%s) of %d examples sent %s", stage, num_examples, sent
         )
         return reply
+    if config.get(PRIVATE_EVALUATION_KEY):
+        SITE_CONSOLE.info(
+            "round %s: evaluated the global model on %d examples; its %s sent %s (the "
+            "coordinator sees only the sites' sum)", round_label, num_examples,
+            config[PRIVATE_EVALUATION_KEY], sent,
+        )  # fmt: skip
+        return reply
     SITE_CONSOLE.info(
         "round %s: trained on %d examples (%s); update sent %s", round_label,
         num_examples, _metrics_line(metrics) or "no metrics", sent,
@@ -189,8 +197,10 @@ def update_check_mod(msg: Message, context: Context, call_next: ClientAppCallabl
     if not reply.content.array_records:
         return reply  # a SecAgg+ key-exchange stage: nothing trained yet
     fit_ins = compat.recorddict_to_fitins(msg.content, keep_input=True)
-    fit_res = compat.recorddict_to_fitres(reply.content, keep_input=True)
     config = fit_ins.config
+    if config.get(PRIVATE_EVALUATION_KEY):
+        return reply  # metrics, not an update: the site checked their range itself
+    fit_res = compat.recorddict_to_fitres(reply.content, keep_input=True)
     reference = parameters_to_ndarrays(fit_ins.parameters)
     update = parameters_to_ndarrays(fit_res.parameters)
     max_norm = config.get(MAX_NORM_KEY)

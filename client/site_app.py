@@ -28,6 +28,7 @@ from fedweave.contract import (
     NODE_DATA_PATH_KEY,
     NODE_PARTITION_KEY,
     OPTIMIZER_KEY,
+    PRIVATE_EVALUATION_KEY,
     PROXIMAL_MU_KEY,
     ROUND_KEY,
     SECAGG_CLIP_KEY,
@@ -171,6 +172,8 @@ class TaskClient(NumPyClient):
         stage = config.get(STATISTICS_STAGE_KEY)
         if stage:
             return self._statistics(str(stage), parameters, config)
+        if config.get(PRIVATE_EVALUATION_KEY):
+            return self._private_evaluation(parameters, config)
         data = self._prepared(config, self.data)
         self._load_global(parameters)
         round_seed = int(config.get(SEED_KEY, 0)) * 1_000_003 + int(config.get(ROUND_KEY, 0)) * 1009
@@ -268,9 +271,9 @@ class TaskClient(NumPyClient):
                 )
             ) from None
 
-    def evaluate(self, parameters: list[np.ndarray], config: dict) -> tuple[float, int, dict]:
-        """Every metric the task computes for the global model on this site's evaluation
-        part, with its example count and (when named) the site's name."""
+    def _scores(self, parameters: list[np.ndarray], config: dict) -> tuple[dict, int]:
+        """The task's evaluation of the global model on this site's evaluation part, and
+        its example count."""
         if self.evaluation is None:
             raise ValueError(
                 "this site holds no evaluation data: start it with --eval-data FILE or an "
@@ -278,8 +281,40 @@ class TaskClient(NumPyClient):
             )
         data = self._prepared(config, self.evaluation)
         self._load_global(parameters)
+        return self.task.evaluate(self.model, data, self.config), len(data)
+
+    def _private_evaluation(
+        self, parameters: list[np.ndarray], config: dict
+    ) -> tuple[list[np.ndarray], int, dict]:
+        """The metrics the run names (``PRIVATE_EVALUATION_KEY``), in its order, as the
+        vector SecAgg+ masks in place of an update: only their sum leaves this site."""
+        names = str(config[PRIVATE_EVALUATION_KEY]).split(",")
+        scores, examples = self._scores(parameters, config)
+        missing = [name for name in names if name not in scores]
+        if missing:
+            raise ValueError(
+                refusal(
+                    f"task '{self.task.name}' here does not compute {', '.join(missing)}, which "
+                    "the run's private evaluation sums; install the coordinator's task code"
+                )
+            )
+        vector = np.asarray([float(scores[name]) for name in names], dtype=np.float64)
+        if SECAGG_CLIP_KEY in config:
+            max_weight = float(config[SECAGG_MAX_WEIGHT_KEY])
+            problem = bound_problem(
+                vector, min(examples, max_weight) / max_weight, float(config[SECAGG_CLIP_KEY]),
+                what="metric",
+            )  # fmt: skip
+            if problem is not None:
+                raise ValueError(refusal(f"private evaluation: {problem}"))
+        metrics = {SITE_NAME_METRIC: self.site_name} if self.site_name else {}
+        return [vector.astype(np.float32)], examples, metrics
+
+    def evaluate(self, parameters: list[np.ndarray], config: dict) -> tuple[float, int, dict]:
+        """Every metric the task computes for the global model on this site's evaluation
+        part, with its example count and (when named) the site's name."""
         started = time.perf_counter()
-        scores = self.task.evaluate(self.model, data, self.config)
+        scores, examples = self._scores(parameters, config)
         metrics: dict[str, Any] = {
             name: float(value) for name, value in scores.items()
             if name != "loss" and isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -287,7 +322,7 @@ class TaskClient(NumPyClient):
         metrics["seconds"] = time.perf_counter() - started
         if self.site_name:
             metrics[SITE_NAME_METRIC] = self.site_name
-        return float(scores["loss"]), len(data), metrics
+        return float(scores["loss"]), examples, metrics
 
 
 def make_client_app(settings: ClientSettings) -> ClientApp:

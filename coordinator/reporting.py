@@ -438,6 +438,29 @@ class ReportingStrategy(Strategy):
         loss = summary.federated.get("loss")
         return loss, {k: v for k, v in summary.federated.items() if k != "loss"}
 
+    def record_private_evaluation(
+        self,
+        server_round: int,
+        federated: dict[str, float] | None,
+        sites: list[SiteResult],
+        problem: str | None,
+    ) -> None:
+        """Finish the round with a private evaluation's outcome (``private_evaluation.py``):
+        the unmasked example-weighted mean (``None`` when there is none), the sites asked with
+        their status and example counts but no figures of their own, and why it failed or
+        was skipped (a warning of the round)."""
+        summary = self._pending
+        if summary is None:
+            return
+        summary.evaluations = sites
+        summary.federated = dict(federated or {})
+        if problem:
+            summary.warnings = [*summary.warnings, problem]
+        if not summary.central and summary.federated:
+            summary.loss = summary.federated.get("loss")
+            summary.accuracy = summary.federated.get("accuracy")
+        self._finish(summary)
+
     def _finish(self, summary: RoundSummary) -> None:
         summary.seconds = time.perf_counter() - self._round_clock
         summary.ended_at = datetime.now(timezone.utc)

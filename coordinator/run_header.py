@@ -69,6 +69,7 @@ def protections(
             "central": central_data,
             "federated_every": config.evaluation.evaluate_every,
             "fraction_evaluate": config.evaluation.fraction_evaluate,
+            "private": config.evaluation.private_evaluation,
         },
     }
 
@@ -107,7 +108,9 @@ def header_line(facts: dict[str, Any]) -> str:
             [
                 f"federated every {'' if every == 1 else f'{every} '}round"
                 f"{'' if every == 1 else 's'} ({100 * evaluation['fraction_evaluate']:g}% of "
-                "sites)"
+                "sites"
+                + ("; private: only their sum through SecAgg+)" if evaluation.get("private")
+                   else ")")
             ]
             if every
             else []

@@ -41,8 +41,14 @@ from fedweave.coordinator.deadlines import (
 from fedweave.coordinator.federated_evaluation import federated_evaluate_workflow
 from fedweave.coordinator.model_health import ModelHealth
 from fedweave.coordinator.privacy import check_privacy, local_dp_config, wrap_for_central_dp
+from fedweave.coordinator.private_evaluation import private_evaluate_workflow
 from fedweave.coordinator.rounds import RoundListener
-from fedweave.coordinator.secure_agg import SecAggSettings, derive_shares, make_secagg_workflow
+from fedweave.coordinator.secure_agg import (
+    MIN_SECAGG_COHORT,
+    SecAggSettings,
+    derive_shares,
+    make_secagg_workflow,
+)
 from fedweave.coordinator.site_names import SiteNames
 from fedweave.coordinator.statistics import StatisticsFirst, StatisticsSink, WithStatistics
 from fedweave.coordinator.strategies import check_strategy_choice, make_strategy
@@ -89,6 +95,14 @@ class ServerSettings:
         if self.secure_agg:
             shares, threshold = derive_shares(self.cohort)
             self._check_stragglers_fit_secagg(shares, threshold)
+        evaluation = self.config.evaluation
+        asked = max(1, int(self.min_clients * evaluation.fraction_evaluate))
+        if evaluation.private_evaluation and asked < MIN_SECAGG_COHORT:
+            raise UserError(
+                f"--fraction-evaluate {evaluation.fraction_evaluate:g} asks {asked} of "
+                f"{self.min_clients} sites, fewer than the {MIN_SECAGG_COHORT} a private "
+                "evaluation sums over; raise --fraction-evaluate (or --min-clients)"
+            )
         min_replies = self.config.federation.min_replies
         if min_replies is not None and min_replies > self.cohort:
             raise UserError(
@@ -186,11 +200,42 @@ def check_scoring(config: RunConfig, test_data: Any) -> None:
             "--evaluate-every at 1 or more"
         )
     known = task_metrics(load_task(config.data.task))
+    if evaluation.private_evaluation:
+        check_private_evaluation(config, known)
     if known is not None and evaluation.select_metric not in known:
         raise UserError(
             f"--select-metric {evaluation.select_metric}: task '{config.data.task}' computes "
             f"{', '.join(known)}; pick one of them"
         )
+
+
+def check_private_evaluation(config: RunConfig, known: tuple[str, ...] | None) -> None:
+    """Refuse a ``--private-evaluation`` that could not run, or would not be private."""
+    evaluation, task = config.evaluation, config.data.task
+    if not config.secure_aggregation.secure_agg:
+        raise UserError(
+            "--private-evaluation sends the sites' figures through SecAgg+, which is off; "
+            "drop --no-secure-agg or --private-evaluation"
+        )
+    if evaluation.evaluate_every == 0:
+        raise UserError("--private-evaluation with --evaluate-every 0 evaluates nothing; raise it")
+    if evaluation.cross_site:
+        raise UserError(
+            "--cross-site records each site's figures, which --private-evaluation keeps from "
+            "the coordinator; pick one"
+        )
+    if known is None:
+        raise UserError(
+            f"task '{task}' does not declare its metrics (a `metrics` tuple), which a private "
+            "evaluation needs to lay out its sums; declare them or drop --private-evaluation"
+        )
+
+
+def private_metric_names(task: Any) -> tuple[str, ...]:
+    """The vector a private evaluation sums: ``loss`` then the task's other declared
+    metrics."""
+    declared = task_metrics(task) or ()
+    return ("loss", *(name for name in declared if name != "loss"))
 
 
 def initial_weights(task_spec: str, seed: int) -> list[np.ndarray]:
@@ -279,6 +324,7 @@ def make_server_app(
             },
             **settings.strategy_options(),
         )
+        reporting = strategy
         strategy = wrap_for_central_dp(
             strategy, config.privacy, settings.secure_agg, settings.cohort
         )
@@ -303,9 +349,19 @@ def make_server_app(
                 settings.fit_config(-settings.round_offset, deadline.seconds),  # round 0
                 sink,
             )
-        DefaultWorkflow(
-            fit_workflow=fit_workflow,
-            evaluate_workflow=federated_evaluate_workflow(deadline),
-        )(grid, legacy)
+        evaluate_workflow = (
+            private_evaluate_workflow(
+                reporting,
+                lambda cohort: make_secagg_workflow(settings.secagg, cohort, deadline),
+                private_metric_names(task),
+                settings.secagg,
+                deadline,
+            )
+            if config.evaluation.private_evaluation
+            else federated_evaluate_workflow(deadline)
+        )
+        DefaultWorkflow(fit_workflow=fit_workflow, evaluate_workflow=evaluate_workflow)(
+            grid, legacy
+        )
 
     return app

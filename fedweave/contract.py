@@ -47,6 +47,11 @@ CROSS_SITE_MODEL_KEY = "fw-cross-site-model"
 """Evaluate config: whose last local model this cross-site evaluation scores (its node id;
 absent: the global model). The coordinator's evaluate step copies it onto the reply."""
 
+PRIVATE_EVALUATION_KEY = "fw-private-evaluation"
+"""Fit config of a private evaluation (``--private-evaluation``): the metric names, comma
+separated, in the order of the vector the site returns in place of an update; SecAgg+ sums
+the sites' vectors, so the coordinator learns only their example-weighted mean."""
+
 SITE_METRIC_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
 MAX_SITE_METRICS = 64
 """A site's reported metrics are its word: the coordinator keeps at most this many, each

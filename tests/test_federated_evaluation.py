@@ -326,3 +326,49 @@ def test_a_sites_reported_metrics_are_bounded_and_cannot_pose_as_the_coordinator
         (None, _Res(0.0, 10, {"train_loss": "x"})),
     ]
     assert weighted_train_metrics(results) == {"train_loss": 0.5}  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+def test_a_private_evaluation_records_only_the_sum_and_it_matches_the_per_site_one(
+    hospitals, tmp_path
+):
+    """The same seeded run twice under SecAgg+: once with per-site evaluation figures, once
+    with --private-evaluation. The global models are the same, so the private run's unmasked
+    example-weighted means must equal the per-site run's (up to SecAgg+'s quantization),
+    while it records no site's own figure."""
+    root, _, _ = hospitals
+    means = {}
+    for label, extra in (("open", ()), ("private", ("--private-evaluation",))):
+        db = f"sqlite:///{tmp_path / f'{label}.db'}"
+        done = simulate_hospitals(root, tmp_path, "--rounds", "2", "--db", db, *extra)
+        assert done.returncode == 0, done.stderr[-3000:]
+        with open_store(db) as store:
+            rows = store.rounds(store.list_runs()[0].run_id)
+        means[label] = [row["extra"]["evaluation"]["federated"] for row in rows]
+        if label == "private":
+            assert "private: only their sum through SecAgg+" in done.stderr
+            for row in rows:
+                sites = row["extra"]["evaluation"]["sites"]
+                assert sorted(s["site"] for s in sites) == [
+                    "hospital-a", "hospital-b", "hospital-c"
+                ]  # fmt: skip
+                assert all(s["status"] == "ok" and s["examples"] > 0 for s in sites), sites
+                assert all(not (set(s.get("metrics") or {}) & {"loss", "auc", "accuracy"})
+                           for s in sites), sites  # fmt: skip
+    for open_round, private_round in zip(means["open"], means["private"], strict=True):
+        assert set(private_round) == {"loss", "accuracy", "auc"}
+        for name, value in private_round.items():
+            assert value == pytest.approx(open_round[name], abs=2e-3), (name, means)
+
+
+def test_private_evaluation_refuses_what_it_cannot_keep_private(hospitals, tmp_path):
+    root, _, _ = hospitals
+    for extra, said in (
+        (("--no-secure-agg",), "drop --no-secure-agg"),
+        (("--cross-site",), "--cross-site records each site's figures"),
+        (("--evaluate-every", "0"), "--evaluate-every"),
+        (("--fraction-evaluate", "0.5"), "fewer than the 3 a private evaluation sums over"),
+    ):
+        done = simulate_hospitals(root, tmp_path, "--private-evaluation", *extra, timeout=120)
+        assert done.returncode == 2 and said in done.stderr, (extra, done.stderr[-1000:])
+        assert "Traceback" not in done.stderr

@@ -44,14 +44,17 @@ def digest(known: dict[str, Any]) -> str:
     return hashlib.sha256(encode_known(known).encode()).hexdigest()[:12]
 
 
-def bound_problem(vector: np.ndarray, weight: float, clipping_range: float) -> str | None:
-    """Why SecAgg+ would clip ``vector`` sent with ``weight`` (``num_examples / max_weight``)."""
+def bound_problem(
+    vector: np.ndarray, weight: float, clipping_range: float, what: str = "statistic"
+) -> str | None:
+    """Why SecAgg+ would clip ``vector`` (of ``what``s) sent with ``weight``
+    (``num_examples / max_weight``)."""
     largest = float(np.max(np.abs(vector))) * weight if vector.size else 0.0
     if not np.all(np.isfinite(vector)):
-        return "a statistic is not finite"
+        return f"a {what} is not finite"
     if largest > clipping_range:
         return (
-            f"a statistic ({largest:.3g} after weighting) exceeds the secure-aggregation "
+            f"a {what} ({largest:.3g} after weighting) exceeds the secure-aggregation "
             f"range ±{clipping_range:g} and would be clipped"
         )
     return None
