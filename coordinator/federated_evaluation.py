@@ -26,6 +26,7 @@ from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECOR
 
 from fedweave.contract import CROSS_SITE_MODEL_KEY, bounded_site_metrics
 from fedweave.coordinator.deadlines import RoundDeadline
+from fedweave.coordinator.secure_agg import SecAggSettings
 from fedweave.history.records import SiteResult
 
 log = logging.getLogger("fedweave.coordinator")
@@ -34,6 +35,10 @@ EvaluateOutcome = tuple[ClientProxy, EvaluateRes]
 
 NOT_AVERAGED = frozenset({"seconds"})
 """Site figures kept per site but not averaged into the round's federated metrics."""
+MAX_EVALUATION_WEIGHT = SecAggSettings().max_weight
+"""A site's example count is its own word: in the round's mean it weighs in with at most this
+many examples (SecAgg+'s cap on an update's weight), so one site claiming millions cannot
+make the federation's figures its own (its claimed count is still recorded)."""
 
 
 def is_evaluation_round(server_round: int, every: int, last_round: int) -> bool:
@@ -46,11 +51,12 @@ def is_evaluation_round(server_round: int, every: int, last_round: int) -> bool:
 
 def weighted_evaluation(results: Sequence[EvaluateOutcome]) -> dict[str, float]:
     """``loss`` and every numeric metric the sites returned, each averaged over the sites
-    that reported it, weighted by their evaluation examples."""
+    that reported it, weighted by their evaluation examples (at most
+    ``MAX_EVALUATION_WEIGHT`` each)."""
     sums: dict[str, float] = {}
     weights: dict[str, float] = {}
     for _, res in results:
-        n = float(res.num_examples)
+        n = min(float(res.num_examples), MAX_EVALUATION_WEIGHT)
         if n <= 0:
             continue
         values: dict[str, Any] = {**res.metrics, "loss": res.loss}

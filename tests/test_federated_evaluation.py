@@ -13,7 +13,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedweave.coordinator.federated_evaluation import is_evaluation_round, weighted_evaluation
+from fedweave.coordinator.federated_evaluation import (
+    MAX_EVALUATION_WEIGHT,
+    is_evaluation_round,
+    weighted_evaluation,
+)
 from fedweave.history import open_store
 from fedweave.history.metrics import best_round, lower_is_better, qualified, round_metrics
 from fedweave.learning.evaluation_split import hold_out
@@ -55,6 +59,11 @@ def test_the_federated_figures_are_example_weighted_over_the_sites_that_report_t
     ]
     got = weighted_evaluation(results)  # type: ignore[arg-type]
     assert got == pytest.approx({"loss": 2.5, "accuracy": 0.8, "auc": 0.9})
+    # a site claiming a billion examples weighs in with at most MAX_EVALUATION_WEIGHT
+    boastful = [(None, _Res(0.0, 10**9, {"accuracy": 1.0})), *results[:2]]
+    claimed = weighted_evaluation(boastful)  # type: ignore[arg-type]
+    cap = MAX_EVALUATION_WEIGHT
+    assert claimed["accuracy"] == pytest.approx((cap * 1.0 + 5 + 27) / (cap + 40))
 
 
 def test_evaluation_rounds_are_every_nth_and_the_last():
