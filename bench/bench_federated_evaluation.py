@@ -6,6 +6,8 @@ central evaluation runs in both), with federated evaluation every round (``--eva
 Federated evaluation is one more message round trip per round (an ``evaluate`` message to
 each site and its reply). The figure to compare it with is a plain round's own time, which is
 one message round trip plus the sites' training. Each figure is the median of rounds 2..R.
+Under SecAgg+ it also times ``--private-evaluation`` (the figures through one more SecAgg+
+exchange: four round trips instead of one).
 
     python bench/bench_federated_evaluation.py [--rounds 6] [--sites 3]
 """
@@ -32,7 +34,7 @@ def main() -> None:
         parser.error("--rounds >= 2; --sites >= 3")
     env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_UPDATE_CHECK="1")
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-    medians: dict[tuple[bool, bool], float] = {}
+    medians: dict[tuple[bool, bool | str], float] = {}
     with tempfile.TemporaryDirectory(prefix="fedweave-bench-fedeval-") as tmp:
         work = Path(tmp)
         prepare(work, args.sites, env)
@@ -46,6 +48,13 @@ def main() -> None:
                     f"{'on' if evaluate else 'off'}: " + " ".join(f"{s:.2f}" for s in seconds),
                     file=sys.stderr,
                 )
+        flags = ("--evaluate-every", "1", "--private-evaluation")
+        seconds = fedweave_run(work, args.sites, args.rounds, True, env, flags)
+        medians[(True, "private")] = statistics.median(seconds[1:])
+        print(
+            "  SecAgg+, private evaluation: " + " ".join(f"{s:.2f}" for s in seconds),
+            file=sys.stderr,
+        )
     print(
         f"deployed rounds, {args.sites} sites, digits, loopback, TLS + site keys; "
         f"median s of rounds 2..{args.rounds}"
@@ -57,6 +66,11 @@ def main() -> None:
             f"{'SecAgg+' if secure else 'plain':<9}{off:>10.3f}{on:>10.3f}{on - off:>9.3f}"
             f"{on / off:>8.2f}"
         )
+    off, private = medians[(True, False)], medians[(True, "private")]
+    print(
+        f"{'private':<9}{off:>10.3f}{private:>10.3f}{private - off:>9.3f}{private / off:>8.2f}"
+        "   (SecAgg+ with --private-evaluation)"
+    )
     plain_round = medians[(False, False)]
     added = medians[(False, True)] - plain_round
     print(

@@ -10,10 +10,10 @@ out of the sum, as SecAgg+ leaves out a dropped update; fewer than SecAgg+'s min
 sites asked and the round's evaluation is skipped with the reason recorded.
 
 The same SecAgg+ quantization as the updates applies: a metric is sent as
-``value × min(examples, max_weight) / max_weight`` within ``±clipping_range``, so the mean is
-exact to about ``quantization step × max_weight / total examples`` (1e-4 for 300 examples at
-the defaults), and a site whose weighted figure falls outside the range refuses rather than
-sending a clipped one.
+``value × min(examples, max_weight) / max_weight`` within ``±clipping_range``, rounded to a
+quantization step, so the mean is off by at most ``sites × step × max_weight / total
+examples`` (2e-3 for three sites of 20 examples at the defaults), and a site whose weighted
+figure falls outside the range refuses rather than sending a clipped one.
 """
 
 from __future__ import annotations

@@ -343,8 +343,9 @@ def test_a_private_evaluation_records_only_the_sum_and_it_matches_the_per_site_o
 ):
     """The same seeded run twice under SecAgg+: once with per-site evaluation figures, once
     with --private-evaluation. The global models are the same, so the private run's unmasked
-    example-weighted means must equal the per-site run's (up to SecAgg+'s quantization),
-    while it records no site's own figure."""
+    example-weighted means must equal the per-site run's up to SecAgg+'s quantization (under
+    3 sites x 3.8e-6 x 10000 / ~60 evaluation examples = 2e-3), while it records no site's
+    own figure."""
     root, _, _ = hospitals
     means = {}
     for label, extra in (("open", ()), ("private", ("--private-evaluation",))):
