@@ -356,8 +356,11 @@ def _client(config: RunConfig, _resolved: Resolved) -> None:
         connection.insecure, connection.site_key, config.evaluation.eval_data,
     )  # fmt: skip
     from fedweave.client.worker_supervisor import worker_command
-    from fedweave.flower_patches import clientapp_worker_usable
+    from fedweave.flower_patches import clientapp_worker_usable, correctness_problem
 
+    problem = correctness_problem("supernode_waits")  # the SuperNode would refuse to start
+    if problem is not None:
+        raise UserError(problem)
     runtime_port = site.runtime_port or free_port()
     use_worker = clientapp_worker_usable()
     command = supernode_command(
@@ -381,9 +384,9 @@ def _client(config: RunConfig, _resolved: Resolved) -> None:
         worker = worker_command(runtime_api, data.task, data.data, data.label_column)
     else:
         _echo(
-            "warning: Flower's own executor runs this site's ClientApps (FEDWEAVE_STOCK_FLOWER=1 "
-            "or another flwr version): it loads whatever app a run names, without fedweave's "
-            "check that only fedweave's own app runs here"
+            "warning: Flower's own executor runs this site's ClientApps (FEDWEAVE_STOCK_FLOWER=1, "
+            "or Flower's per-message functions differ from flwr 1.41.0's): it loads whatever app "
+            "a run names, without fedweave's check that only fedweave's own app runs here"
         )
     code = run_site(
         command, coordinator, site.log_file, connection.connect_timeout, config.output.verbose,

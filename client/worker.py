@@ -9,9 +9,9 @@ executor: the SuperNode runs with ``--isolation process``, and the worker
 1. imports torch, loads the site's task and data, and warms the optimizer path once;
 2. claims each ClientApp task from the SuperNode's Runtime API (``AcquireTask``, what
    ``flower-superexec`` calls), then runs it in this process with Flower's own functions
-   for the pinned version (``push_message`` and ``push_task_output`` of
-   ``flwr.supernode.runtime.run_clientapp``, and its ``pull_task_input`` with a shorter
-   first object-pull backoff), keeping a heartbeat while it runs;
+   for the pinned version (``fedweave.flower_patches.clientapp_worker``: Flower's
+   ``pull_task_input`` with a shorter first object-pull backoff, its ``push_message`` and
+   ``push_task_output``), keeping a heartbeat while it runs;
 3. checks each run's FAB (``fedweave.app_bundle``): it must name fedweave's own apps and
    carry no code. Whatever a run names, this worker runs the installed
    ``fedweave.client.deployed_app`` and nothing else; a foreign run is refused (an error reply
@@ -140,7 +140,12 @@ class ClientAppRunner:
         from flwr.clientapp.client_app import LoadClientAppError
         from flwr.common.constant import ErrorCode, SubStatus
         from flwr.supercore.heartbeat import HeartbeatSender, make_task_heartbeat_fn_http
-        from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
+
+        from fedweave.flower_patches.clientapp_worker import (
+            pull_task_input,
+            push_outcome,
+            push_reply,
+        )
 
         started = time.perf_counter()
         client = self.client(token)
@@ -166,9 +171,9 @@ class ClientAppRunner:
         finally:
             try:
                 if reply is not None and context is not None:
-                    push_message(client, reply, context)
+                    push_reply(client, reply, context)
             finally:
-                push_task_output(client, context, sub_status, details)
+                push_outcome(client, context, sub_status, details)
                 if heartbeat.is_running:
                     heartbeat.stop()
                 client.close()
@@ -201,48 +206,6 @@ class _NoticeHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         print(NOTICE_PREFIX + record.getMessage(), flush=True)
-
-
-def pull_task_input(client):
-    """Flower's ``run_clientapp.pull_task_input`` for 1.41, with the shorter first backoff of
-    ``fedweave.flower_patches.object_pulls``: this worker asks for its message within 0.1 s of
-    the SuperNode creating the task, usually before the SuperNode has the message's weights,
-    and Flower's 1 s first backoff then cost a second or three per message."""
-    from flwr.app import Message
-    from flwr.common.serde import context_from_proto, fab_from_proto, run_from_proto
-    from flwr.proto.node_pb2 import Node
-    from flwr.proto.runtime_pb2 import PullAppMessagesRequest, PullTaskInputRequest
-    from flwr.supercore.inflatable.inflatable_protobuf_utils import (
-        make_confirm_message_received_fn_protobuf,
-        make_pull_object_fn_protobuf,
-    )
-    from flwr.supercore.inflatable.inflatable_utils import pull_and_inflate_object_from_tree
-    from flwr.supercore.task_identity import TaskIdentity
-
-    from fedweave.flower_patches.object_pulls import quick
-
-    res = client.PullTaskInput(PullTaskInputRequest())
-    TaskIdentity.task_id = res.task_id
-    TaskIdentity.run_id = res.run.run_id
-    TaskIdentity.node_id = res.context.node_id
-    context, run, fab = (
-        context_from_proto(res.context), run_from_proto(res.run), fab_from_proto(res.fab)
-    )
-    pulled = client.PullMessages(PullAppMessagesRequest())
-    if not pulled.messages_list:
-        raise RuntimeError("No messages received from Runtime API")
-    node = Node(node_id=context.node_id)
-    tree = pulled.message_object_trees[0]
-    message = quick(pull_and_inflate_object_from_tree)(
-        tree,
-        make_pull_object_fn_protobuf(client.PullObject, node, context.run_id),
-        make_confirm_message_received_fn_protobuf(
-            client.ConfirmMessageReceived, node, context.run_id
-        ),
-        return_type=Message,
-    )
-    message.metadata.__dict__["_message_id"] = tree.object_id  # as Flower's own pull sets it
-    return message, context, run, fab
 
 
 def serve(

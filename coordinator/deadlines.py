@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 
-from flwr.server.workflow import SecAggPlusWorkflow
-
+from fedweave.flower_patches.secagg_stages import (  # noqa: F401 (STAGES: bench_secagg_cohort)
+    STAGES,
+    StagedSecAggPlusWorkflow,
+)
 from fedweave.learning.task import ArrayData, Task
 from fedweave.learning.training import TrainConfig
 
@@ -46,7 +47,6 @@ halting the round for everyone, which is what a site whose link was cut did befo
 KEY_STAGE_FLOOR_SECONDS = 5.0
 
 log = logging.getLogger("fedweave.secagg")
-STAGES = ("setup", "share_keys", "collect_masked_vectors", "unmask")
 
 
 def default_round_timeout(task: Task, data: ArrayData, config: TrainConfig) -> float:
@@ -135,28 +135,12 @@ def deadline_fit_workflow(deadline: RoundDeadline):
     return fit_workflow
 
 
-def forget_sites_without_keys(state) -> None:
-    """Take the sites that did not answer SecAgg+'s key advertisement out of the round.
-
-    Flower 1.41 keeps them among the round's sampled sites, so its unmasking stage lists them
-    as dropped and asks the others for their key shares, which they never made (key shares
-    go only to sites that advertised keys): every surviving site's ClientApp then fails with
-    a ``KeyError`` and the whole round halts. Such a site shares no mask with anyone, so the
-    protocol is unchanged by forgetting it, and the round goes on with the others. Runs only
-    on the Flower version ``use_fedweave_secagg`` allows (it reads the workflow state).
-    """
-    silent = set(state.sampled_node_ids) - set(state.active_node_ids)
-    if not silent:
-        return
-    state.sampled_node_ids -= silent
-    for node_id in silent:
-        state.nid_to_neighbours.pop(node_id, None)
-    for neighbours in state.nid_to_neighbours.values():
-        neighbours -= silent
-
-
-class DeadlineSecAggPlusWorkflow(SecAggPlusWorkflow):
+class DeadlineSecAggPlusWorkflow(StagedSecAggPlusWorkflow):
     """Flower's SecAgg+ workflow whose four stages share one round deadline.
+
+    The policy is here; running Flower's workflow stage by stage (which relies on its
+    internals) is ``fedweave.flower_patches.secagg_stages``, as is taking the sites that sent
+    no keys out of the round (``forget_sites_without_keys``).
 
     Parameters
     ----------
@@ -174,74 +158,44 @@ class DeadlineSecAggPlusWorkflow(SecAggPlusWorkflow):
     def __init__(self, deadline: RoundDeadline, **kwargs) -> None:
         super().__init__(**kwargs)
         self.deadline = deadline
-        self.stage_timeout = self.timeout
         self._deadline = 0.0
         self._rounds_run = 0
-        self.stage_seconds: dict[str, float] = {}
-        """Wall seconds of each stage of the last round, by name in ``STAGES``."""
 
     @property
     def round_timeout(self) -> float:
         """This round's deadline in seconds."""
         return self.deadline.seconds
 
-    def __call__(self, grid, context) -> None:
-        """Run the protocol with the round's clock started; log each stage's seconds (DEBUG,
-        ``fedweave.secagg``, the record's ``stage_seconds``)."""
+    def begin_round(self) -> None:
+        """Start the round's clock."""
         self._deadline = time.monotonic() + self.round_timeout
-        self.stage_seconds = {}
-        try:
-            super().__call__(grid, context)
-        finally:
-            self._rounds_run += 1
-            log.debug(
-                "SecAgg+ stages (s): %s",
-                ", ".join(f"{name} {sec:.3f}" for name, sec in self.stage_seconds.items()),
-                extra={"stage_seconds": dict(self.stage_seconds)},
-            )
 
-    def _timed(self, name: str, stage: Callable[..., bool], *args) -> bool:
-        started = time.perf_counter()
-        try:
-            return stage(*args)
-        finally:
-            self.stage_seconds[name] = time.perf_counter() - started
+    def end_round(self) -> None:
+        """Log each stage's seconds (DEBUG, ``fedweave.secagg``, the record's
+        ``stage_seconds``)."""
+        self._rounds_run += 1
+        log.debug(
+            "SecAgg+ stages (s): %s",
+            ", ".join(f"{name} {sec:.3f}" for name, sec in self.stage_seconds.items()),
+            extra={"stage_seconds": dict(self.stage_seconds)},
+        )
 
-    def _left(self, floor: float = 0.0, cap: float | None = None) -> bool:
-        """Set this stage's timeout to what is left (at most ``cap``); False when nothing is
-        (halt the round rather than send messages no site could answer in time)."""
+    def stage_wait(self, name: str) -> float | None:
+        """What is left of the round's deadline (see the class); None when nothing is, except
+        for unmasking (halt the round rather than send messages no site could answer in
+        time; unmasking with nothing left would lose every site's update)."""
+        if name == "unmask":
+            floor, cap = FINAL_STAGE_FLOOR_SECONDS, None
+        elif name in ("setup", "share_keys"):
+            floor, cap = 0.0, self._key_stage_cap()
+        else:
+            floor, cap = 0.0, None
         left = max(floor, self._deadline - time.monotonic())
-        self.timeout = min(self.stage_timeout, left, cap if cap is not None else left)
-        return left > 0
+        if left <= 0:
+            return None
+        return min(self.stage_timeout, left, cap if cap is not None else left)
 
     def _key_stage_cap(self) -> float | None:
         if self._rounds_run == 0:
             return None
         return max(KEY_STAGE_SHARE * self.round_timeout, KEY_STAGE_FLOOR_SECONDS)
-
-    def setup_stage(self, grid, context, state) -> bool:
-        """Key advertisement, within its share of the round's deadline; a site that sent no
-        keys is then out of the round (``forget_sites_without_keys``)."""
-        if not self._left(cap=self._key_stage_cap()):
-            return False
-        enough = self._timed("setup", super().setup_stage, grid, context, state)
-        forget_sites_without_keys(state)
-        return enough
-
-    def share_keys_stage(self, grid, context, state) -> bool:
-        """Key shares, within its share of the round's deadline."""
-        cap = self._key_stage_cap()
-        return self._left(cap=cap) and self._timed(
-            "share_keys", super().share_keys_stage, grid, context, state
-        )
-
-    def collect_masked_vectors_stage(self, grid, context, state) -> bool:
-        """Local training and the masked updates, within the round's deadline."""
-        return self._left() and self._timed(
-            "collect_masked_vectors", super().collect_masked_vectors_stage, grid, context, state
-        )
-
-    def unmask_stage(self, grid, context, state) -> bool:
-        """Unmasking: what is left of the deadline, but never less than the floor."""
-        self._left(FINAL_STAGE_FLOOR_SECONDS)
-        return self._timed("unmask", super().unmask_stage, grid, context, state)

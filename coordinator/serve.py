@@ -258,7 +258,7 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
     """Run the coordinator, or ``fedweave evaluate``'s evaluation-only run
     (``evaluation_run.py``); returns the exit code (0: run completed)."""
     from fedweave.coordinator import evaluation_run
-    from fedweave.flower_patches import security_patch_problem
+    from fedweave.flower_patches import correctness_problem, security_patch_problem
     from fedweave.history import open_store
     from fedweave.history.tracking import check_tracker
 
@@ -267,7 +267,7 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
     connection, deployment = config.connection, config.deployment
     host, port = parse_address(deployment.address)
     tls = _tls(connection)
-    problem = security_patch_problem()
+    problem = security_patch_problem() or correctness_problem("node_restarts")
     if problem is not None:
         raise UserError(problem)
     if not evaluating:

@@ -50,10 +50,59 @@ def test_supernode_reply_wait_ends_once_no_clientapp_is_left(monkeypatch):
     finisher.join()
 
 
-def test_stock_flower_switch_skips_the_speedups(monkeypatch):
+def test_stock_flower_switch_skips_the_speedups_only(monkeypatch):
+    from fedweave.flower_patches import node_restarts, supernode_waits
+
+    installed = []
+    monkeypatch.setattr(flower_patches, "_applied", set())
+    monkeypatch.setattr(supernode_waits, "install", lambda: installed.append("supernode_waits"))
+    monkeypatch.setattr(node_restarts, "install", lambda: installed.append("node_restarts"))
     monkeypatch.setenv(flower_patches.STOCK_FLOWER_ENV, "1")
     assert flower_patches.tune_deployed_polling() is False
-    assert flower_patches.bound_supernode_waits() is False
+    assert flower_patches.clientapp_worker_usable() is False
+    # correctness fixes are not speed-ups: the switch leaves them on
+    assert flower_patches.bound_supernode_waits() is True
+    assert flower_patches.let_sites_rejoin_at_once() is True
+    assert installed == ["supernode_waits", "node_restarts"]
+
+
+def test_another_flower_refuses_the_correctness_patches_in_one_line(monkeypatch):
+    monkeypatch.setattr(flwr, "__version__", "1.42.0")
+    monkeypatch.setattr(flower_patches, "_applied", set())
+    for start, why in (
+        (flower_patches.bound_supernode_waits, "deaf to every later message"),
+        (flower_patches.let_sites_rejoin_at_once, "refused for up to 60 s"),
+    ):
+        with pytest.raises(UserError) as refused:
+            start()
+        line = str(refused.value)
+        assert "\n" not in line and why in line
+        assert line.startswith("fedweave needs flwr 1.41.0 (installed: 1.42.0): ")
+        assert line.endswith("install flwr==1.41.0")
+    monkeypatch.setenv(flower_patches.STOCK_FLOWER_ENV, "1")  # no way around it
+    with pytest.raises(UserError, match="needs flwr 1.41.0"):
+        flower_patches.bound_supernode_waits()
+
+
+def test_the_patched_supernode_does_not_start_on_another_flower():
+    """``fedweave client``'s SuperNode command on another Flower: one line, exit status 1."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c",
+         "import sys, flwr; flwr.__version__ = '1.42.0'\n"
+         "from fedweave.flower_patches import launch\n"
+         "sys.argv = ['launch', 'flower-supernode', '--help']\n"
+         "launch.main()\n"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == [
+        "fedweave: fedweave needs flwr 1.41.0 (installed: 1.42.0): its 'supernode_waits' fix "
+        "to Flower is written for that version, and without it a site whose ClientApp ends "
+        "without replying stays deaf to every later message; install flwr==1.41.0"
+    ], done.stderr
 
 
 def test_a_restarted_site_takes_its_online_node_back(monkeypatch):
@@ -101,8 +150,9 @@ def test_every_flower_function_a_patch_relies_on_matches_its_fingerprint():
         "print(json.dumps({patch: mismatches(patch) for patch in WRAPPED}))\n"
     )
     changed = json.loads(out.strip().splitlines()[-1])
-    assert len(changed) >= 11  # every patch, the site's ClientApp worker included
-    assert not any(changed.values()), f"Flower code changed under these patches: {changed}"
+    assert len(changed) >= 13  # every patch, the ClientApp worker and SecAgg+ stages included
+    changed = {patch: refs for patch, refs in changed.items() if refs}
+    assert not changed, f"Flower code changed under these patches: {changed}"
 
 
 def test_an_altered_flower_function_is_named_and_its_patch_not_applied():
@@ -123,3 +173,73 @@ def test_an_altered_flower_function_is_named_and_its_patch_not_applied():
     assert "changed here: flwr.superlink.grid.http_grid:HttpGrid.send_and_receive" in out
     assert "security: Flower's code differs from flwr 1.41.0's " \
            "(flwr.superlink.main:_get_middleware)" in out
+
+
+def test_an_altered_flower_function_refuses_a_correctness_patch():
+    out = _fresh_python(
+        "import inspect, textwrap\n"
+        "from flwr.server.superlink.linkstate import in_memory_linkstate as m\n"
+        "source = textwrap.dedent(inspect.getsource(m.InMemoryLinkState.activate_node))\n"
+        "edited = source.replace('NodeStatus.OFFLINE', 'NodeStatus.ONLINE')  # an edited copy\n"
+        "assert edited != source\n"
+        "namespace = dict(vars(m))\n"
+        "exec(edited, namespace)\n"
+        "m.InMemoryLinkState.activate_node = namespace['activate_node']\n"
+        "from fedweave.errors import UserError\n"
+        "from fedweave.flower_patches import let_sites_rejoin_at_once\n"
+        "try:\n"
+        "    let_sites_rejoin_at_once()\n"
+        "except UserError as exc:\n"
+        "    print('refused:', exc)\n"
+    )
+    assert out.startswith(
+        "refused: fedweave needs flwr 1.41.0 as released: Flower's "
+        "flwr.server.superlink.linkstate.in_memory_linkstate:InMemoryLinkState.activate_node "
+        "differ here"
+    ), out
+
+
+def test_secagg_stages_wait_what_the_policy_says_and_forget_silent_sites(monkeypatch):
+    """``StagedSecAggPlusWorkflow`` on Flower's own workflow state: each stage sends with the
+    wait ``stage_wait`` chose, a halt stops before the stage, and after the key advertisement
+    the sites that sent no keys are gone from the sampled sites and every neighbourhood."""
+    from flwr.server.workflow import SecAggPlusWorkflow
+    from flwr.server.workflow.secure_aggregation.secaggplus_workflow import WorkflowState
+
+    from fedweave.coordinator.deadlines import DeadlineSecAggPlusWorkflow, RoundDeadline
+    from fedweave.flower_patches.secagg_stages import STAGES
+
+    sent = []
+
+    def stage(name):
+        def run(self, grid, context, state):
+            sent.append((name, self.timeout))
+            if name == "setup":
+                state.active_node_ids = {1, 2, 3}  # site 4 advertised no keys
+            return True
+
+        return run
+
+    workflow = DeadlineSecAggPlusWorkflow(
+        RoundDeadline(60.0), num_shares=1.0, reconstruction_threshold=2, timeout=30.0
+    )  # built on Flower's code as released (a workflow refuses to be built on other code)
+    for name in STAGES:
+        monkeypatch.setattr(SecAggPlusWorkflow, f"{name}_stage", stage(name))
+    state = WorkflowState(
+        sampled_node_ids={1, 2, 3, 4},
+        nid_to_neighbours={n: {1, 2, 3, 4} - {n} for n in (1, 2, 3, 4)},
+    )
+    workflow.begin_round()
+    for name in STAGES:
+        assert getattr(workflow, f"{name}_stage")(None, None, state) is True
+    assert [name for name, _ in sent] == list(STAGES)
+    assert all(29.0 < wait <= 30.0 for _, wait in sent)  # the per-stage cap, under 60 s left
+    assert set(workflow.stage_seconds) == set(STAGES)
+    assert state.sampled_node_ids == {1, 2, 3}
+    assert state.nid_to_neighbours == {1: {2, 3}, 2: {1, 3}, 3: {1, 2}}
+    workflow.end_round()
+    workflow._deadline = 0.0  # the round's deadline has passed
+    sent.clear()
+    assert workflow.collect_masked_vectors_stage(None, None, state) is False
+    assert workflow.unmask_stage(None, None, state) is True  # at least the floor, still
+    assert sent == [("unmask", 5.0)]

@@ -1,18 +1,25 @@
 """Every change fedweave makes to Flower's internals, behind one version guard.
 
-Each patch replaces a module attribute of Flower with fedweave's own function, and only for the
-exact Flower version it was written and tested against (``PATCHED_FLOWER_VERSION``, the one
-``pyproject.toml`` pins). On any other version:
+Everything in fedweave that touches a Flower private name (replaces a module attribute or a
+method, writes an object's ``__dict__``, overrides an internal stage, edits an internal state
+object) lives in this folder. Each such patch or use is written for the exact Flower version
+``PATCHED_FLOWER_VERSION`` (the one ``pyproject.toml`` pins), and every Flower function or class
+it replaces or relies on is fingerprinted (``fingerprints``: a Flower upgrade fails
+``tests/test_flower_patches.py`` with the names of what changed). On any other version, or on
+Flower code whose fingerprint differs:
 
 - a patch that only makes things faster is skipped with one warning, and Flower's stock code
-  runs (``tune_simulation_engine``);
-- a patch that the other side of a connection relies on refuses to run with the reason
-  (``use_fedweave_secagg``: a site and a coordinator must draw the same SecAgg+ masks,
-  so silently falling back to Flower's generator would corrupt every sum).
+  runs (``simulation_engine``, ``deployed_polling``; the site's ClientApp worker);
+- a patch that fixes a fault, or that the other side of a connection relies on, refuses to
+  start with one line naming the Flower version needed and why: the security patches, the
+  correctness patches ``supernode_waits`` (a site left deaf to every later message) and
+  ``node_restarts`` (a restarted site refused for up to 60 s), SecAgg+'s masks and crypto (a
+  site and a coordinator must draw the same masks, so silently falling back to Flower's
+  generator would corrupt every sum) and running SecAgg+ stage by stage (``secagg_stages``).
 
-``FEDWEAVE_STOCK_FLOWER=1`` skips every patch of the first kind (to compare, or to rule a
-patch out when debugging; ``bench/bench_deployment.py --systems fedweave-unpatched`` uses
-it).
+``FEDWEAVE_STOCK_FLOWER=1`` skips the speed-ups only (to compare, or to rule one out when
+debugging; ``bench/bench_deployment.py --systems fedweave-unpatched`` uses it); the other
+patches apply whatever it says.
 
 The patches, and why each exists:
 
@@ -25,19 +32,26 @@ The patches, and why each exists:
 ``deployed_polling``
     A deployed ServerApp pulls replies every 3 s; fedweave's polls every 0.2 s through the
     grid's public API, so a message round trip no longer waits seconds for nothing.
-``supernode_waits``
-    A site's SuperNode sleeps 3 s when idle and waits without limit for its ClientApp's
-    reply; fedweave caps its sleeps at 0.2 s and stops waiting once no ClientApp is alive to
-    reply (one that died without replying left the site deaf to every later message).
-``node_restarts``
+``supernode_waits`` (correctness: never skipped)
+    A site's SuperNode waits without limit for its ClientApp's reply, so one that died
+    without replying left the site deaf to every later message; fedweave stops waiting once
+    no ClientApp is alive to reply. The same patch caps the SuperNode's 3 s idle sleeps at
+    0.2 s (a speed-up that comes with it).
+``node_restarts`` (correctness: never skipped)
     With site authentication, a site killed and started again at once was refused for up to
     60 s (its node stayed "online" until its heartbeat lapsed) and rounds meanwhile sampled
     its dead node; the SuperLink now lets the key's holder activate its online node again.
-``fedweave.client.worker`` (not a patch, but written on Flower's own per-message functions
-    of this version, so behind the same guard; ``clientapp_worker_usable``)
+``clientapp_worker`` (not a patch: Flower's own per-message functions of this version, for
+    ``fedweave.client.worker``; a speed-up, ``clientapp_worker_usable``)
     A site's SuperNode starts a new ``flwr-clientapp`` process per message (~7 s on 2 cores);
     fedweave's site runs the SuperNode with ``--isolation process`` and one long-lived worker
-    with torch, the task and the data already loaded.
+    with torch, the task and the data already loaded. Its pull sets Flower's ``TaskIdentity``
+    and the message id in ``Metadata.__dict__`` as ``flwr-clientapp`` does.
+``secagg_stages`` (not a patch: Flower's SecAgg+ workflow run stage by stage; refuses)
+    ``coordinator/deadlines.py`` holds SecAgg+ rounds to their deadline by choosing each
+    stage's wait; ``StagedSecAggPlusWorkflow`` overrides the workflow's four stage methods,
+    sets its ``timeout`` before each, and takes the sites that sent no keys out of its
+    internal ``WorkflowState`` (Flower's unmasking stage otherwise halts the round).
 ``secagg_masks``
     SecAgg+'s mask generator seeds NumPy's Mersenne Twister with a 32-bit fold of a 256-bit
     seed (slow, and brute-forceable); fedweave uses AES-256-CTR keyed by the whole seed, and
@@ -122,21 +136,60 @@ def tune_deployed_polling() -> bool:
     return _apply_speedup("deployed_polling", "the ServerApp polls for replies every 3 s")
 
 
+CORRECTNESS_PATCHES: dict[str, str] = {
+    "supernode_waits": "without it a site whose ClientApp ends without replying stays deaf to "
+    "every later message",
+    "node_restarts": "without it a restarted site is refused for up to 60 s and rounds "
+    "sample its dead node",
+}
+"""Patches that fix a fault of Flower 1.41 → what goes wrong without them. Applied whatever
+``FEDWEAVE_STOCK_FLOWER`` says; on another Flower version, or on Flower code whose
+fingerprint differs, they refuse to start (``correctness_problem``)."""
+
+
+def correctness_problem(name: str) -> str | None:
+    """Why correctness patch ``name`` cannot be applied here (one line: the Flower version
+    needed, and why), or None."""
+    why = CORRECTNESS_PATCHES[name]
+    if not flower_is_patchable():
+        return (
+            f"fedweave needs flwr {PATCHED_FLOWER_VERSION} (installed: "
+            f"{installed_flower_version()}): its '{name}' fix to Flower is written for that "
+            f"version, and {why}; install flwr=={PATCHED_FLOWER_VERSION}"
+        )
+    changed = [] if name in _applied else _changed(name)
+    if changed:
+        return (
+            f"fedweave needs flwr {PATCHED_FLOWER_VERSION} as released: Flower's "
+            f"{', '.join(changed)} differ here, and its '{name}' fix was written for the "
+            f"released code ({why}); reinstall flwr=={PATCHED_FLOWER_VERSION}"
+        )
+    return None
+
+
+def _apply_correctness(name: str) -> bool:
+    problem = correctness_problem(name)
+    if problem is not None:
+        raise UserError(problem)
+    if name not in _applied:
+        import importlib
+
+        importlib.import_module(f"fedweave.flower_patches.{name}").install()
+        _applied.add(name)
+    return True
+
+
 def bound_supernode_waits() -> bool:
-    """Capped sleeps and an ending reply wait in a site's SuperNode; False (stock) elsewhere."""
-    return _apply_speedup(
-        "supernode_waits",
-        "the SuperNode keeps Flower's 3 s sleeps and waits without limit for a ClientApp reply",
-    )
+    """A reply wait that ends, and capped sleeps, in a site's SuperNode (True); raises
+    ``UserError`` (one line: the Flower version needed) where that cannot be guaranteed."""
+    return _apply_correctness("supernode_waits")
 
 
 def let_sites_rejoin_at_once() -> bool:
-    """A restarted site takes its node back at once in the coordinator's SuperLink; False
-    (stock) elsewhere."""
-    return _apply_speedup(
-        "node_restarts",
-        "a restarted site is refused until its previous process's heartbeat lapses (<= 60 s)",
-    )
+    """A restarted site takes its node back at once in the coordinator's SuperLink (True);
+    raises ``UserError`` (one line: the Flower version needed) where that cannot be
+    guaranteed."""
+    return _apply_correctness("node_restarts")
 
 
 def clientapp_worker_usable() -> bool:
@@ -151,8 +204,9 @@ def clientapp_worker_usable() -> bool:
 
 
 STOCK_FLOWER_ENV = "FEDWEAVE_STOCK_FLOWER"
-"""Set to 1 to run Flower's stock code where a patch only makes things faster or bounds a wait
-(the SecAgg+ masks are never skipped): to compare, or to rule a patch out when debugging."""
+"""Set to 1 to run Flower's stock code where a patch only makes things faster (the security
+and correctness patches, and the SecAgg+ masks, are never skipped): to compare, or to rule a
+speed-up out when debugging."""
 
 
 def _apply_speedup(name: str, consequence: str) -> bool:

@@ -5,9 +5,11 @@ The version guard (``PATCHED_FLOWER_VERSION``) catches a different release; a fi
 also catches an edited or vendored copy of the same version, and tells a Flower upgrade which
 functions changed (``tests/test_flower_patches.py`` checks every entry). Each entry is the
 SHA-256 (first 16 hex digits) of ``inspect.getsource`` of one Flower function or method,
-taken from flwr 1.41.0. A security or correctness patch (``admin_apis``, ``run_bundles``,
-``tls_suites``, ``refused_keys``, ``secagg_masks``, ``secagg_crypto``) refuses to run on a
-mismatch; a speed-up falls back to Flower's stock code with a warning.
+taken from flwr 1.41.0 (a class: its whole body; a property: its getter). A security or
+correctness patch (``admin_apis``, ``run_bundles``, ``tls_suites``, ``refused_keys``,
+``secagg_masks``, ``secagg_crypto``, ``supernode_waits``, ``node_restarts``,
+``secagg_stages``) refuses to run on a mismatch; a speed-up falls back to Flower's stock code
+with a warning.
 """
 
 from __future__ import annotations
@@ -68,9 +70,34 @@ WRAPPED: dict[str, dict[str, str]] = {
         "flwr.supernode.runtime.run_clientapp:pull_task_input": "5607a23e1673ee87",
         "flwr.supernode.runtime.run_clientapp:push_message": "07cb512c93e065a9",
         "flwr.supernode.runtime.run_clientapp:push_task_output": "9206407456e79e17",
+        "flwr.supercore.inflatable.inflatable_utils:pull_and_inflate_object_from_tree":
+            "139811483a15e4a6",
+        "flwr.supercore.task_identity:TaskIdentity": "49ac1df12b140345",
+        "flwr.supercore.task_identity:_TaskIdentityMeta": "464d7e46fc5a29ed",
+        "flwr.app.metadata:Metadata.message_id": "9e0e1b5a50c5ff09",
+    },
+    "secagg_stages": {
+        f"{_SECAGG_WORKFLOW}:WorkflowState": "91415782137e66cd",
+        f"{_SECAGG_WORKFLOW}:SecAggPlusWorkflow.__init__": "1b479709e3ccb88f",
+        f"{_SECAGG_WORKFLOW}:SecAggPlusWorkflow.__call__": "204402b446244e5e",
+        f"{_SECAGG_WORKFLOW}:SecAggPlusWorkflow.setup_stage": "892a5a68cc6aef04",
+        f"{_SECAGG_WORKFLOW}:SecAggPlusWorkflow.share_keys_stage": "a22dfd6309540039",
+        f"{_SECAGG_WORKFLOW}:SecAggPlusWorkflow.collect_masked_vectors_stage":
+            "e2e2900e524ba35a",
+        f"{_SECAGG_WORKFLOW}:SecAggPlusWorkflow.unmask_stage": "c4639d18768446e9",
+    },
+    "fit_deadline": {  # not a patch: checked by the test only (see below)
+        "flwr.server.workflow.default_workflows:default_fit_workflow": "180d595f43251849",
     },
 }
-"""Patch name → {``module:function`` it relies on → fingerprint of that function's source}."""
+"""Patch name → {``module:function`` it relies on → fingerprint of that function's source}.
+
+Besides the patches, three entries fingerprint Flower code fedweave relies on without replacing
+it: ``clientapp_worker`` (the site's worker runs Flower's per-message functions and sets what
+they set), ``secagg_stages`` (fedweave runs SecAgg+'s workflow stage by stage and edits its
+state) and ``fit_deadline`` (``coordinator/deadlines.py`` hands Flower's default fit workflow a
+grid that bounds its wait; public behaviour, but of a function Flower does not export, so
+checked by ``tests/test_flower_patches.py`` only)."""
 
 
 def fingerprint(ref: str) -> str:
@@ -79,6 +106,8 @@ def fingerprint(ref: str) -> str:
     target = importlib.import_module(module_name)
     for part in name.split("."):  # a method: Class.method
         target = getattr(target, part)
+    if isinstance(target, property):
+        target = target.fget
     target = getattr(target, "__wrapped__", target)
     return hashlib.sha256(inspect.getsource(target).encode()).hexdigest()[:16]
 

@@ -6,7 +6,9 @@ patches for its process applied first. ``COMMAND`` and ``ARGS`` are exactly Flow
 - ``flower-superlink``: ``close_control_surface`` (administrative APIs for this machine only,
   fedweave's bundles only, AEAD TLS) and ``let_sites_rejoin_at_once`` (a restarted site takes
   its node back);
-- ``flower-supernode``: ``bound_supernode_waits`` (capped sleeps, a reply wait that ends).
+- ``flower-supernode``: ``bound_supernode_waits`` (a reply wait that ends, capped sleeps).
+
+A patch that cannot be applied (another Flower version) ends the command with one line.
 """
 
 from __future__ import annotations
@@ -23,18 +25,22 @@ def _superlink() -> Callable[[], None]:
 
     try:
         close_control_surface()
+        let_sites_rejoin_at_once()
     except UserError as exc:
         raise SystemExit(f"fedweave: {exc}") from None
-    let_sites_rejoin_at_once()
     return flower_superlink
 
 
 def _supernode() -> Callable[[], None]:
     from flwr.supernode.cli.flower_supernode import flower_supernode
 
+    from fedweave.errors import UserError
     from fedweave.flower_patches import bound_supernode_waits
 
-    bound_supernode_waits()
+    try:
+        bound_supernode_waits()
+    except UserError as exc:
+        raise SystemExit(f"fedweave: {exc}") from None
     return flower_supernode
 
 
