@@ -14,8 +14,12 @@ a minimal stock Flower app against fedweave's coordinator and sites, on the same
   fedweave then; ``bench_federated_evaluation.py`` measures what it adds); a round's seconds
   are what the coordinator records in the history.
 - ``fedweave-unpatched`` (not run by default): fedweave with ``FEDWEAVE_STOCK_FLOWER=1``,
-  Flower's stock polls, sleeps, backoffs and per-message ``flwr-clientapp`` processes, which is
-  how fedweave deployed before its worker and patches.
+  its speed-ups off: the ServerApp's stock 3 s polls and 1 s first backoff, and a
+  ``flwr-clientapp`` process per message instead of the long-lived worker. The correctness
+  patches stay on whatever the switch says (``fedweave.flower_patches``), so the sites'
+  SuperNodes keep ``supernode_waits``' 0.2 s sleeps and short first backoff, and the
+  SuperLink ``node_restarts``; until 2026-11-25 the switch dropped those too, which is how the
+  row of docs/benchmarks.md dated 2026-11-24 was measured.
 
 Each row's figure is the median of rounds 2..R (round 1 also pays for the sites' first
 ClientApp start-up). Every run starts its own SuperLink and sites.
@@ -183,7 +187,7 @@ def fedweave_run(
 SYSTEMS = {
     "stock": ("stock Flower app", stock_run, {}),
     "fedweave": ("fedweave", fedweave_run, {}),
-    "fedweave-unpatched": ("fedweave, Flower stock", fedweave_run, {STOCK_FLOWER_ENV: "1"}),
+    "fedweave-unpatched": ("fedweave, speed-ups off", fedweave_run, {STOCK_FLOWER_ENV: "1"}),
 }
 
 
