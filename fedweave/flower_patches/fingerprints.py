@@ -21,6 +21,7 @@ import inspect
 _SECAGG_MOD = "flwr.client.mod.secure_aggregation.secaggplus_mod"
 _SECAGG_WORKFLOW = "flwr.server.workflow.secure_aggregation.secaggplus_workflow"
 _LINKSTATE = "flwr.server.superlink.linkstate.in_memory_linkstate"
+_DEFAULT_WORKFLOWS = "flwr.server.workflow.default_workflows"
 
 WRAPPED: dict[str, dict[str, str]] = {
     "admin_apis": {
@@ -86,8 +87,11 @@ WRAPPED: dict[str, dict[str, str]] = {
             "e2e2900e524ba35a",
         f"{_SECAGG_WORKFLOW}:SecAggPlusWorkflow.unmask_stage": "c4639d18768446e9",
     },
-    "fit_deadline": {  # not a patch: checked by the test only (see below)
-        "flwr.server.workflow.default_workflows:default_fit_workflow": "180d595f43251849",
+    "default_workflow": {  # not a patch: checked by the test only (see below)
+        "flwr.server.workflow.constant:": "e2dd8c4ef3895250",  # the whole module
+        f"{_DEFAULT_WORKFLOWS}:DefaultWorkflow.__call__": "866c7974d30c0149",
+        f"{_DEFAULT_WORKFLOWS}:default_fit_workflow": "180d595f43251849",
+        f"{_DEFAULT_WORKFLOWS}:default_evaluate_workflow": "54dfd81e37bc9220",
     },
 }
 """Patch name → {``module:function`` it relies on → fingerprint of that function's source}.
@@ -95,16 +99,21 @@ WRAPPED: dict[str, dict[str, str]] = {
 Besides the patches, three entries fingerprint Flower code fedweave relies on without replacing
 it: ``clientapp_worker`` (the site's worker runs Flower's per-message functions and sets what
 they set), ``secagg_stages`` (fedweave runs SecAgg+'s workflow stage by stage and edits its
-state) and ``fit_deadline`` (``coordinator/deadlines.py`` hands Flower's default fit workflow a
-grid that bounds its wait; public behaviour, but of a function Flower does not export, so
-checked by ``tests/test_flower_patches.py`` only)."""
+state) and ``default_workflow``: ``coordinator/deadlines.py`` hands Flower's default fit
+workflow a grid that bounds its wait, and the coordinator's own fit and evaluate workflows
+(``statistics.py``, ``federated_evaluation.py``, ``private_evaluation.py``) read and write the
+records ``DefaultWorkflow`` keeps in the context (``flwr.server.workflow.constant``: the round
+number, the global parameters) as Flower's default workflows do. No private names there, but
+modules Flower does not export and behaviour it does not document, so checked by
+``tests/test_flower_patches.py`` only: an upgrade is told to look at them again."""
 
 
 def fingerprint(ref: str) -> str:
-    """The fingerprint of ``module:function`` as installed (its source's SHA-256, 16 digits)."""
+    """The fingerprint of ``module:function`` (``module:`` for a whole module) as installed
+    (its source's SHA-256, 16 digits)."""
     module_name, _, name = ref.partition(":")
     target = importlib.import_module(module_name)
-    for part in name.split("."):  # a method: Class.method
+    for part in name.split(".") if name else []:  # a method: Class.method; none: the module
         target = getattr(target, part)
     if isinstance(target, property):
         target = target.fget
