@@ -1,0 +1,85 @@
+"""SecAgg+'s mask generator and quantization (fedweave.flower_patches.secagg_masks).
+
+Needs numpy, cryptography and Flower only (no torch), so tests/test_python_versions.py also
+runs it on every Python version the project claims.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+from fedweave.flower_patches.secagg_masks import (
+    FAST_MODULUS,
+    _make_prg,
+    keystream_uint32,
+    quantize_flat,
+    unflatten,
+)
+
+
+def test_quantize_flat_is_one_uint32_vector_a_function_of_the_update():
+    rng = np.random.default_rng(3)
+    update = [rng.normal(size=(7, 5)).astype(np.float32), rng.normal(size=11), np.zeros(())]
+    clip, levels = 2.0, 2**20
+    first = quantize_flat(update, clip, levels)
+    assert len(first) == 1 and first[0].dtype == np.uint32 and first[0].size == 35 + 11 + 1
+    assert np.array_equal(first[0], quantize_flat(update, clip, levels)[0])
+    assert int(first[0].max()) <= levels
+    # within one quantization step of the exact value (clipped to the range)
+    exact = (np.clip(np.concatenate([np.ravel(a) for a in update]), -clip, clip) + clip) * (
+        levels / (2 * clip)
+    )
+    assert np.all(np.abs(first[0] - exact) <= 1.0)
+    changed = [update[0], update[1] + 1e-3, update[2]]
+    assert not np.array_equal(first[0], quantize_flat(changed, clip, levels)[0])
+
+
+def test_quantize_flat_rounds_without_bias():
+    clip, levels = 8.0, 2**22
+    step = 2 * clip / levels
+    rounded = quantize_flat([np.full(100_000, -clip + 0.25 * step)], clip, levels)[0]
+    assert set(np.unique(rounded)) <= {0, 1}
+    assert abs(float(rounded.mean()) - 0.25) < 0.01
+
+
+def test_keystream_is_aes256_ctr_keyed_by_the_seed_digest():
+    seed = bytes(range(32))
+    stream = keystream_uint32(seed, 1001)
+    assert stream.dtype == np.uint32 and stream.size == 1001
+    key = hashlib.sha256(seed).digest()
+    expected = Cipher(algorithms.AES(key), modes.CTR(b"\0" * 16)).encryptor().update(
+        bytes(4 * 1001)
+    )
+    assert stream.tobytes() == expected
+    assert not np.array_equal(stream, keystream_uint32(b"another seed", 1001))
+
+
+def test_mask_generator_shapes_the_stream_and_keeps_flower_for_other_moduli():
+    calls = []
+
+    def flower_prg(seed, num_range, dimensions_list):
+        calls.append(num_range)
+        return ["flower"]
+
+    prg = _make_prg(flower_prg)
+    dims = [(3, 4), (5,), ()]
+    masks = prg(b"seed", FAST_MODULUS, dims)
+    assert [m.shape for m in masks] == [(3, 4), (5,), ()]
+    assert np.array_equal(
+        np.concatenate([np.ravel(m) for m in masks]), keystream_uint32(b"seed", 18)
+    )
+    assert calls == []
+    assert prg(b"seed", 2**16, dims) == ["flower"] and calls == [2**16]
+
+
+def test_unflatten_restores_the_model_shapes_and_dtypes():
+    like = [np.zeros((2, 3), np.float32), np.zeros(4, np.float64)]
+    flat = [np.arange(10, dtype=np.float64)]
+    back = unflatten(flat, like)
+    assert [b.shape for b in back] == [(2, 3), (4,)]
+    assert [b.dtype for b in back] == [np.float32, np.float64]
+    assert back[1].tolist() == [6.0, 7.0, 8.0, 9.0]
+    assert unflatten(flat, like[:1]) is flat  # not a flat aggregate of these shapes
