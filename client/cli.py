@@ -159,6 +159,7 @@ class _LogFollower:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - closed by the thread
         self.connected = False
+        self.lost = False
         self.refused = False
         self.last_error = ""
         self.thread = threading.Thread(target=self._run, name="supernode-log", daemon=True)
@@ -176,9 +177,10 @@ class _LogFollower:
             if RETRY_MARK in line:
                 wait = line.split(RETRY_MARK, 1)[1].strip()
                 state = "lost; reconnecting" if self.connected else "unreachable; retrying"
+                self.lost = self.connected
                 _echo(f"coordinator {self.coordinator} {state} in {wait}")
             elif "SuperNode ID:" in line:
-                self.connected = True
+                self.connected, self.lost = True, False
                 _echo(f"connected to {self.coordinator} as node {text.rsplit(':', 1)[-1].strip()}")
             elif "[RUN " in line and "ROUND" in line and line not in rounds_seen:
                 rounds_seen.add(line)
@@ -188,6 +190,48 @@ class _LogFollower:
             elif "ERROR" in line or "Exit Code" in line or "exit code" in line:
                 self.last_error = text
         self.log.close()
+
+
+PROBE_EVERY_S = 5.0
+"""While the site is not connected (or has lost its coordinator), it probes the coordinator's
+address this often (``client/reachability.py``)."""
+
+
+def _wait_probing(
+    proc: subprocess.Popen, follower: _LogFollower, coordinator: str, ca_cert: Path | None
+) -> int:
+    """Wait for the SuperNode to exit, probing the coordinator while this site is not
+    connected to it: a certificate or name that cannot work ends the site at once with its
+    own line; a coordinator that is not there (yet, or any more) is said once per change."""
+    from fedweave.client.reachability import explained, probe
+    from fedweave.errors import UserError
+
+    host, port = parse_host_port(coordinator, "--coordinator", "coord.example.org:9092")
+    said, next_probe = "ok", time.monotonic()
+    while True:
+        try:
+            return proc.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            pass
+        waiting = not follower.connected or follower.lost
+        if not waiting or time.monotonic() < next_probe:
+            if not waiting:
+                said = "ok"
+            continue
+        found = probe(host, port, ca_cert)
+        next_probe = time.monotonic() + PROBE_EVERY_S
+        if found.fatal:
+            raise UserError(explained(found, coordinator, ca_cert))
+        if found.kind != said and found.kind != "ok":
+            if follower.lost and found.kind == "refused":
+                _echo(
+                    f"the coordinator at {coordinator} is not running (connection refused): "
+                    "its run ended or it stopped; this site waits for it to start again "
+                    "(Ctrl-C to stop)"
+                )
+            else:
+                _echo(f"waiting: {explained(found, coordinator, ca_cert)}")
+        said = found.kind
 
 
 def _start_supernode(command: list[str], env: dict[str, str]) -> subprocess.Popen:
@@ -215,6 +259,7 @@ def run_site(
     verbose: bool = False,
     worker: list[str] | None = None,
     key_fingerprint: str | None = None,
+    ca_cert: Path | None = None,
 ) -> int:
     """Run the SuperNode until it exits or we are stopped; returns our exit code.
 
@@ -222,6 +267,8 @@ def run_site(
     (``WorkerSupervisor``); None when the SuperNode starts its own ClientApp processes.
     ``key_fingerprint``: the site key's ``SHA256:...``, shown when the coordinator refuses it
     (its console shows the same fingerprint).
+    ``ca_cert``: the CA the coordinator's certificate must verify with (None: no TLS); the
+    site probes the coordinator with it while not connected (``_wait_probing``).
 
     A SuperNode whose key the coordinator has not registered (yet) exits at once; the site
     then tries again with growing waits until ``connect_timeout``, because sites are often
@@ -253,7 +300,7 @@ def run_site(
             proc = _start_supernode(command, env)
             follower = _LogFollower(proc.stdout, log_path, coordinator, verbose)
             launched = time.monotonic()
-            code = proc.wait()
+            code = _wait_probing(proc, follower, coordinator, ca_cert)
             stop_process_group(proc)
             follower.thread.join(5)
             if follower.connected:
@@ -301,11 +348,17 @@ def run_site(
             "coordinator's: synchronise it with NTP)"
         )
     if not follower.connected and code != 0:
+        from fedweave.client.reachability import explained, probe
+
         waited = time.monotonic() - started
+        found = probe(*parse_host_port(coordinator, "--coordinator", "host:port"), ca_cert)
+        why = explained(found, coordinator, ca_cert) or (
+            f"{follower.last_error or 'no answer'}; check the address, the firewall, "
+            "--ca-cert, and that the coordinator runs"
+        )
         raise UserError(
             f"coordinator {coordinator} unreachable for {waited:.0f} s "
-            f"(--connect-timeout {connect_timeout:g}): {follower.last_error or 'no answer'}; "
-            "check the address, the firewall, --ca-cert, and that the coordinator runs"
+            f"(--connect-timeout {connect_timeout:g}): {why}"
         )
     if code != 0:
         raise UserError(
@@ -391,6 +444,7 @@ def _client(config: RunConfig, _resolved: Resolved) -> None:
     code = run_site(
         command, coordinator, site.log_file, connection.connect_timeout, config.output.verbose,
         worker, _site_key_fingerprint(connection.site_key),
+        None if connection.insecure else connection.ca_cert,
     )  # fmt: skip
     raise typer.Exit(code)
 

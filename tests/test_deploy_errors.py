@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 from pathlib import Path
 
 import pytest
-from test_deploy_support import free_port, make_deployment, run_fedweave
+from test_deploy_support import Processes, free_port, make_deployment, run_fedweave, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -150,9 +151,67 @@ def test_client_gives_up_on_an_unreachable_coordinator_after_connect_timeout(dep
         timeout=120,
     )
     elapsed = time.monotonic() - started
-    one_line_error(done, f"127.0.0.1:{port}", "--connect-timeout 6")
+    one_line_error(done, f"127.0.0.1:{port}", "--connect-timeout 6", "nothing listens at")
     assert "unreachable; retrying in" in done.stderr  # the backoff is visible while it waits
+    assert f"waiting: nothing listens at 127.0.0.1:{port} (connection refused)" in done.stderr
     assert 5 <= elapsed < 60, elapsed
+
+
+@pytest.mark.timeout(180)
+def test_client_names_a_wrong_ca_at_once(deployment, tmp_path):
+    """A coordinator with its own CA, a site given another: the site says so within seconds
+    (OpenSSL's verify result), not "unreachable" after its connect timeout."""
+    other = tmp_path / "other-ca"
+    done = run_fedweave("certs", "init", "--out", str(other), "--host", "localhost",
+                        cwd=deployment)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    port = free_port()
+    procs = Processes(tmp_path)
+    try:
+        coord = procs.start(
+            "coordinator", "coordinator", "--address", f"127.0.0.1:{port}", "--rounds", "1",
+            "--min-clients", "3", "--db", f"sqlite:///{tmp_path / 'h.db'}",
+            "--state-dir", str(tmp_path / "state"), "--tls-dir", str(deployment / "tls"),
+            "--once",
+        )  # fmt: skip
+        wait_for(
+            lambda: "sites connected" in procs.output("coordinator"), 60,
+            "the coordinator to listen", coord, lambda: procs.output("coordinator"),
+        )  # fmt: skip
+        started = time.monotonic()
+        done = run_fedweave(
+            "client", "--coordinator", f"127.0.0.1:{port}", "--data", "split/site-0.npz",
+            "--ca-cert", str(other / "ca.pem"), cwd=deployment, timeout=120,
+        )  # fmt: skip
+        elapsed = time.monotonic() - started
+    finally:
+        procs.close()
+    one_line_error(done, f"127.0.0.1:{port}", "does not verify", str(other / "ca.pem"))
+    assert elapsed < 30, elapsed
+
+
+def test_client_names_a_port_that_does_not_speak_tls(deployment):
+    """Another service on the port (or a coordinator started with --insecure)."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+
+        def answer_in_plain_text() -> None:
+            for _ in range(3):  # the site's first probe, and a spare
+                try:
+                    conn, _ = server.accept()
+                except OSError:
+                    return
+                with conn:
+                    conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+
+        threading.Thread(target=answer_in_plain_text, daemon=True).start()
+        done = run_fedweave(
+            "client", "--coordinator", f"127.0.0.1:{port}", "--data", "split/site-0.npz",
+            "--ca-cert", "tls/ca.pem", "--connect-timeout", "20", cwd=deployment, timeout=120,
+        )  # fmt: skip
+    one_line_error(done, f"127.0.0.1:{port}", "not with TLS", "--insecure")
 
 
 def _survivors(text: str) -> list[int]:
