@@ -198,11 +198,17 @@ address this often (``client/reachability.py``)."""
 
 
 def _wait_probing(
-    proc: subprocess.Popen, follower: _LogFollower, coordinator: str, ca_cert: Path | None
+    proc: subprocess.Popen,
+    follower: _LogFollower,
+    coordinator: str,
+    ca_cert: Path | None,
+    has_connected: bool,
 ) -> int:
     """Wait for the SuperNode to exit, probing the coordinator while this site is not
-    connected to it: a certificate or name that cannot work ends the site at once with its
-    own line; a coordinator that is not there (yet, or any more) is said once per change."""
+    connected to it: before it ever connected (``has_connected``), a certificate or name that
+    cannot work ends the site at once with its own line; a coordinator that is not there (yet,
+    or any more), or anything once the site has taken part, is said once per change (a
+    long-running site rides out a DNS or certificate hiccup)."""
     from fedweave.client.reachability import explained, probe
     from fedweave.errors import UserError
 
@@ -220,7 +226,7 @@ def _wait_probing(
             continue
         found = probe(host, port, ca_cert)
         next_probe = time.monotonic() + PROBE_EVERY_S
-        if found.fatal:
+        if found.fatal and not has_connected:
             raise UserError(explained(found, coordinator, ca_cert))
         if found.kind != said and found.kind != "ok":
             if follower.lost and found.kind == "refused":
@@ -288,7 +294,7 @@ def run_site(
     previous = signal.signal(signal.SIGTERM, raise_interrupt)
     _echo(f"site starting: connecting to {coordinator} (log: {log_path})")
     started, wait, rejoin_wait = time.monotonic(), 2.0, 2.0
-    refusals = 0
+    refusals, has_connected = 0, False
     proc: subprocess.Popen | None = None
     supervisor = None
     try:
@@ -300,7 +306,8 @@ def run_site(
             proc = _start_supernode(command, env)
             follower = _LogFollower(proc.stdout, log_path, coordinator, verbose)
             launched = time.monotonic()
-            code = _wait_probing(proc, follower, coordinator, ca_cert)
+            code = _wait_probing(proc, follower, coordinator, ca_cert, has_connected)
+            has_connected = has_connected or follower.connected
             stop_process_group(proc)
             follower.thread.join(5)
             if follower.connected:
