@@ -16,6 +16,9 @@ FROM ${PYTHON_IMAGE}
 
 ARG TORCH_SPEC="torch==2.13.0"
 ARG TORCH_INDEX="https://download.pytorch.org/whl/cpu"
+# Sites and coordinators: the light install (no Ray, flwr-datasets or pyarrow: `fedweave
+# simulate` is not for the image). Add "[postgres,parquet]" for Parquet site files, or
+# "[postgres,simulation]" for an image that simulates.
 ARG FEDWEAVE_EXTRAS="[postgres]"
 
 # Offline by default: no telemetry, no update checks, no runtime dependency installation.

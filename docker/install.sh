@@ -5,7 +5,9 @@
 #   TORCH_SPEC       torch requirement (default torch==2.13.0: the CPU wheel CI uses)
 #   TORCH_INDEX      pip index for torch; empty = pip's configured index (CI). The image uses
 #                    https://download.pytorch.org/whl/cpu (CPU) or .../whl/cu124 (CUDA).
-#   FEDWEAVE_EXTRAS  extras, e.g. "[dev]" (CI) or "[postgres]" (image); default none
+#   FEDWEAVE_EXTRAS  extras, e.g. "[dev]" (CI: everything, simulation included) or
+#                    "[postgres]" (image: a site's or coordinator's light install, no Ray);
+#                    default none (pip install fedweave); "[simulation]" for fedweave simulate
 #   EDITABLE         1: pip install -e (a development checkout, as CI does)
 # Run from the repository root, inside the environment to install into.
 set -eu

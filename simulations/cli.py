@@ -50,6 +50,9 @@ def data_split(
 
 
 def _simulate(config: RunConfig, resolved: Resolved) -> None:
+    from fedweave.extras import require
+
+    require("simulation", "fedweave simulate")  # Ray and flwr-datasets: not in a site's install
     from fedweave.simulations.report import check_writable
 
     data = config.data

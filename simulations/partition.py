@@ -2,9 +2,12 @@
 (``auto``, the default, is ``iid`` here; a task that generates its own sites, such as
 ``synthetic-1-1``, is split by ``fedweave.simulations.split`` instead).
 
-The partitioning itself is flwr-datasets' (IidPartitioner, DirichletPartitioner,
-PathologicalPartitioner); this module only adapts our in-memory labels to the Hugging Face
-``Dataset`` those partitioners expect and returns index arrays. Seeded and deterministic.
+The skewed partitions are flwr-datasets' (DirichletPartitioner, PathologicalPartitioner);
+this module only adapts our in-memory labels to the Hugging Face ``Dataset`` those partitioners
+expect and returns index arrays. They need the simulation extra (``fedweave[simulation]``);
+``iid`` needs none: it is a seeded shuffle cut into contiguous blocks, exactly what
+flwr-datasets' IidPartitioner cuts (tests/test_light_install.py checks they agree), so a light
+install can still split data for a pilot. Seeded and deterministic.
 """
 
 from __future__ import annotations
@@ -19,14 +22,8 @@ PARTITION_SCHEMES = ("auto", "iid", "dirichlet", "shards")
 def _make_partitioner(
     scheme: str, num_clients: int, alpha: float, shards_per_client: int, seed: int
 ):  # -> flwr_datasets.partitioner.Partitioner
-    from flwr_datasets.partitioner import (
-        DirichletPartitioner,
-        IidPartitioner,
-        PathologicalPartitioner,
-    )
+    from flwr_datasets.partitioner import DirichletPartitioner, PathologicalPartitioner
 
-    if scheme in ("auto", "iid"):
-        return IidPartitioner(num_partitions=num_clients)
     if scheme == "dirichlet":
         return DirichletPartitioner(
             num_partitions=num_clients,
@@ -82,6 +79,14 @@ def partition_indices(
     if scheme == "shards" and not 1 <= shards_per_client <= num_classes:
         raise UserError(f"--shards-per-client must be between 1 and {num_classes}")
 
+    if scheme in ("auto", "iid"):
+        # IidPartitioner's contiguous blocks (Dataset.shard(contiguous=True)) of a seeded
+        # shuffle: the first len % n sites hold one example more
+        order = np.random.default_rng(seed).permutation(len(labels))
+        return [order[block] for block in np.array_split(np.arange(len(labels)), num_clients)]
+    from fedweave.extras import require
+
+    require("simulation", f"--partition {scheme}", ("flwr_datasets", "datasets"))
     import datasets
 
     datasets.disable_progress_bars()
@@ -100,9 +105,6 @@ def partition_indices(
             f"cannot split {len(labels)} examples into {num_clients} '{scheme}' sites "
             f"({exc}); use fewer clients or a larger --alpha"
         ) from exc
-    if scheme in ("auto", "iid"):  # IidPartitioner cuts contiguous blocks: shuffle first, seeded
-        order = np.random.default_rng(seed).permutation(len(labels))
-        parts = [order[p] for p in parts]
     return parts
 
 

@@ -26,6 +26,17 @@ def test_the_wheel_provides_only_the_fedweave_import_name(tmp_path):
     info = next(n.split("/")[0] for n in names if n.endswith(".dist-info/RECORD"))
     assert zipfile.ZipFile(wheel).read(f"{info}/top_level.txt").split() == [b"fedweave"]
     assert {n.split("/")[0] for n in names} == {"fedweave", info}
+    # the light install (issue 22): the base requirements carry no Ray, flwr-datasets,
+    # Hugging Face datasets or pyarrow; the simulation extra does
+    metadata = zipfile.ZipFile(wheel).read(f"{info}/METADATA").decode()
+    requires = [line.split(":", 1)[1].strip().lower() for line in metadata.splitlines()
+                if line.startswith("Requires-Dist:")]  # fmt: skip
+    base = [r for r in requires if "extra ==" not in r]
+    assert "flwr==1.41.0" in base
+    for heavy in ("ray", "flwr-datasets", "datasets", "pyarrow", "flwr[simulation]"):
+        assert not [r for r in base if r.startswith(heavy)], (heavy, base)
+    simulation = [r.split(";")[0] for r in requires if "extra == \"simulation\"" in r]
+    assert sorted(simulation) == ["flwr-datasets<0.7,>=0.6.1", "flwr[simulation]==1.41.0"]
     for module in ("fedweave/client/site_app.py", "fedweave/coordinator/serve.py",
                    "fedweave/gossip/peer.py", "fedweave/gossip/PROTOCOL.md",
                    "fedweave/simulations/partition.py", "fedweave/learning/training.py",

@@ -185,6 +185,10 @@ def read_frame(path: Path):
     import pandas as pd
 
     suffix = path.suffix.lower()
+    if suffix in (".parquet", ".pq"):
+        from fedweave.extras import require
+
+        require("parquet", f"{path}: reading Parquet")  # or save the table as .csv
     try:
         if suffix == ".csv":
             frame = pd.read_csv(path, dtype=str, keep_default_na=False, skipinitialspace=True)
