@@ -53,8 +53,9 @@ NEED_TORCH = [
     "tests/test_config.py::test_declared_choices_are_the_ones_the_modes_implement",
 ]
 # Runtime dependencies those tests do not touch (torch and what only training, data or plots
-# use); everything else in [project] dependencies is installed with its declared range, Flower
-# with its simulation extra (Ray: the simulation engine patch's fingerprints).
+# use); everything else in [project] dependencies and the simulation extra is installed with
+# its declared range (Flower with its own simulation extra: Ray, whose engine the patches
+# fingerprint).
 NOT_NEEDED = {"torch", "flwr-datasets", "scikit-learn", "matplotlib", "pillow", "safetensors"}
 
 
@@ -69,7 +70,9 @@ def claimed_versions() -> list[str]:
 
 def requirements() -> list[str]:
     out = []
-    for line in PYPROJECT["project"]["dependencies"]:
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    # the simulation extra too: its Flower brings Ray, whose engine the patches fingerprint
+    for line in [*PYPROJECT["project"]["dependencies"], *extras["simulation"]]:
         req = Requirement(line)
         if req.name.lower() in NOT_NEEDED:
             continue
