@@ -3,9 +3,10 @@
 ``pip install fedweave`` is what a site, a coordinator and a gossip peer need. Simulating many
 sites on one machine needs Flower's Ray engine and flwr-datasets' partitioners (with Hugging
 Face ``datasets`` and pyarrow): ``pip install 'fedweave[simulation]'``. Reading Parquet site
-files needs pyarrow: ``pip install 'fedweave[parquet]'``. A command that needs an extra that
-is not installed says which one in one line (``UserError``: exit 2, no traceback) before it
-imports anything from it.
+files needs pyarrow: ``pip install 'fedweave[parquet]'``; ``--track`` needs its tracker's
+package: ``pip install 'fedweave[tensorboard]'`` or ``'fedweave[mlflow]'``. A command that
+needs an extra that is not installed says which one in one line (``UserError``: exit 2, no
+traceback) before it imports anything from it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from fedweave.errors import UserError
 EXTRAS: dict[str, tuple[str, ...]] = {
     "simulation": ("ray", "flwr_datasets", "datasets"),
     "parquet": ("pyarrow",),
+    "tensorboard": ("tensorboard",),
+    "mlflow": ("mlflow",),
 }
 
 

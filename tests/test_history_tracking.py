@@ -73,9 +73,9 @@ def test_no_tracker_unknown_tracker_and_missing_package() -> None:
         make_tracker("wandb", "r1", {})
     for kind in ("mlflow", "tensorboard"):
         if importlib.util.find_spec(kind) is None:
-            with pytest.raises(UserError, match=f"pip install {kind}"):
+            with pytest.raises(UserError, match=rf"pip install 'fedweave\[{kind}\]'"):
                 check_tracker(kind)
-            with pytest.raises(UserError, match=f"pip install {kind}"):
+            with pytest.raises(UserError, match=rf"pip install 'fedweave\[{kind}\]'"):
                 make_tracker(kind, "r1", {})
         else:
             check_tracker(kind)
@@ -94,8 +94,8 @@ def test_coordinator_refuses_track_without_the_package_before_starting(tmp_path:
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode == 2, done.stderr
     assert lines == [
-        "error: tracking with mlflow needs the 'mlflow' package; run `pip install mlflow` or "
-        "leave tracking off"
+        "error: tracking with mlflow needs the mlflow extra (mlflow not installed): "
+        "pip install 'fedweave[mlflow]'"
     ], done.stderr
     assert not (tmp_path / "h.db").exists() and not (tmp_path / "state").exists()
 

@@ -34,12 +34,12 @@ site names and metric names.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from typing import Any, Protocol
 
 from fedweave.errors import UserError
+from fedweave.extras import require
 from fedweave.history.metrics import round_metrics as recorded_metrics
 from fedweave.history.metrics import site_metrics
 from fedweave.history.records import COORDINATOR_ACTOR, RoundRecord
@@ -150,13 +150,6 @@ class TensorBoardTracker:
         self._writer.close()
 
 
-def _missing(kind: str) -> UserError:
-    return UserError(
-        f"tracking with {kind} needs the '{kind}' package; "
-        f"run `pip install {kind}` or leave tracking off"
-    )
-
-
 def check_tracker(kind: str | None) -> None:
     """Raise the ``UserError`` that ``make_tracker(kind, ...)`` would for an unknown tracker
     or a missing package, without importing or starting anything: for a command's checks
@@ -165,8 +158,7 @@ def check_tracker(kind: str | None) -> None:
         return
     if kind not in TRACKERS:
         raise UserError(f"unknown tracker '{kind}'; choose one of {', '.join(TRACKERS)}")
-    if importlib.util.find_spec(kind) is None:  # both packages import by their own name
-        raise _missing(kind)
+    require(kind, f"tracking with {kind}")
 
 
 def make_tracker(
@@ -185,5 +177,8 @@ def make_tracker(
         if kind == "mlflow":
             return MlflowTracker(run_id, config, **options)
         return TensorBoardTracker(run_id, config, **options)
-    except ImportError:  # installed but does not import (say a broken dependency)
-        raise _missing(kind) from None
+    except ImportError as exc:  # installed but does not import (say a broken dependency)
+        raise UserError(
+            f"tracking with {kind}: the package is installed but does not import ({exc}); "
+            f"reinstall it: pip install --force-reinstall 'fedweave[{kind}]'"
+        ) from None
