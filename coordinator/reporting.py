@@ -303,12 +303,13 @@ class ReportingStrategy(Strategy):
                         self._sites.append(SiteResult(site_id, status, reason=problem))
                     continue
                 unexplained.append(failure_reason(str(failure)))
-            else:
+            else:  # bound to its site: what it said, under its node (not the text's)
                 proxy, res = failure
                 known.add(proxy.node_id)
-                self._sites.append(
-                    SiteResult(str(proxy.node_id), "failed", reason=res.status.message)
-                )
+                message = res.status.message
+                said = parse_site_error(message)
+                status, reason = (said[1], said[2]) if said else ("failed", failure_reason(message))
+                self._sites.append(SiteResult(str(proxy.node_id), status, reason=reason))
         # Flower's failures carry no node id (and SecAgg+ lists a stage-2 failure twice): the
         # failed sites are the sampled ones that neither replied nor were rejected, as many as
         # there are errors; the rest said nothing by the deadline, so they are late.
