@@ -310,9 +310,10 @@ class ReportingStrategy(Strategy):
                 said = parse_site_error(message)
                 status, reason = (said[1], said[2]) if said else ("failed", failure_reason(message))
                 self._sites.append(SiteResult(str(proxy.node_id), status, reason=reason))
-        # Flower's failures carry no node id (and SecAgg+ lists a stage-2 failure twice): the
-        # failed sites are the sampled ones that neither replied nor were rejected, as many as
-        # there are errors; the rest said nothing by the deadline, so they are late.
+        # SecAgg+'s failures carry no node id (a plain round's are bound to their site by the
+        # fit step), and it lists a stage-2 failure twice: the failed sites are the sampled
+        # ones that neither replied nor were rejected, as many as there are errors; the rest
+        # said nothing by the deadline, so they are late.
         missing = [node for node in self._sampled if node not in known]
         reasons = list(dict.fromkeys(unexplained))
         late = (
