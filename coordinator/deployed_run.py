@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -137,17 +139,41 @@ def exit_with_coordinator(poll_s: float = 0.2) -> None:
     threading.Thread(target=watch, name="coordinator-watch", daemon=True).start()
 
 
+@contextmanager
+def recording_run(run_id: str) -> Iterator[Any]:
+    """The history store this ServerApp records run ``run_id`` into (the process leaves with
+    the coordinator's: ``exit_with_coordinator``). The run is marked completed when the body
+    ends, failed with the first line of its error when it raises (a stop signal is the CLI's
+    to record, as interrupted); the store is closed either way."""
+    from fedweave.history import open_store
+
+    exit_with_coordinator()
+    store = open_store(read_db_url())
+    try:
+        yield store
+        store.finish_run(run_id, "completed")
+    except Exception as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        store.finish_run(run_id, "failed", reason)
+        raise
+    finally:
+        store.close()
+
+
 def run_plan(plan: DeployPlan, grid, context) -> None:
     """The ServerApp body: continue ``plan.run_id`` after its last recorded round.
 
     Rounds are recorded (checkpoint first, then the round's rows) by the same recorder the
     simulation uses, and mirrored to MLflow or TensorBoard with ``--track``; the CLI watches
     the history to print progress. A failure marks the run failed with its reason;
-    completion marks it completed.
+    completion marks it completed (``recording_run``).
     """
-    from fedweave.coordinator.history_recorder import BackgroundRecorder, HistoryRecorder
+    from fedweave.coordinator.history_recorder import (
+        BackgroundRecorder,
+        HistoryRecorder,
+        resume_point,  # torch: only once a run starts
+    )
     from fedweave.coordinator.server_app import ServerSettings, initial_weights, make_server_app
-    from fedweave.history import open_store
     from fedweave.history.metrics import recorded_statistics
     from fedweave.history.tracking import make_tracker
 
@@ -156,49 +182,35 @@ def run_plan(plan: DeployPlan, grid, context) -> None:
 
         run_evaluation(plan, grid, context)
         return
-    exit_with_coordinator()
-    store = open_store(read_db_url())
-    recorder = tracker = None
-    try:
-        from fedweave.coordinator.history_recorder import (
-            resume_point,  # torch: only once a run starts
-        )
-
+    with recording_run(plan.run_id) as store:
         config = plan.config
         weights, offset = resume_point(store, plan.run_id)
         remaining = config.training.rounds - offset
-        if remaining > 0:
-            settings = ServerSettings(
-                config=config,
-                min_clients=config.federation.min_clients,
-                rounds=remaining,
-                round_offset=offset,
-            )
-            start = (
-                weights
-                if weights is not None
-                else initial_weights(config.data.task, config.training.seed)
-            )
-            # `fedweave coordinator` checked the package is there (check_tracker); files
-            # land relative to its directory, which Flower's processes inherit
-            tracker = make_tracker(
-                config.history.track, plan.run_id, store.get_run(plan.run_id).config
-            )
-            recorder = BackgroundRecorder(
-                HistoryRecorder(store, plan.run_id, config.history.checkpoint_dir, tracker=tracker)
-            )
+        if remaining <= 0:
+            return
+        settings = ServerSettings(
+            config=config,
+            min_clients=config.federation.min_clients,
+            rounds=remaining,
+            round_offset=offset,
+        )
+        start = (
+            weights
+            if weights is not None
+            else initial_weights(config.data.task, config.training.seed)
+        )
+        # `fedweave coordinator` checked the package is there (check_tracker); files land
+        # relative to its directory, which Flower's processes inherit
+        tracker = make_tracker(config.history.track, plan.run_id, store.get_run(plan.run_id).config)
+        recorder = BackgroundRecorder(
+            HistoryRecorder(store, plan.run_id, config.history.checkpoint_dir, tracker=tracker)
+        )
+        try:
             statistics = recorded_statistics(store.rounds(plan.run_id)) if offset else None
             app = make_server_app(settings, test_data_of(config), start, [recorder], statistics)
             app(grid=grid, context=context)
             recorder.flush()
-        store.finish_run(plan.run_id, "completed")
-    except Exception as exc:  # a stop signal is the CLI's to record (as interrupted)
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        store.finish_run(plan.run_id, "failed", reason)
-        raise
-    finally:
-        if recorder is not None:
+        finally:
             recorder.close()  # writes what is pending, to the tracker too
-        if tracker is not None:
-            tracker.close()
-        store.close()
+            if tracker is not None:
+                tracker.close()

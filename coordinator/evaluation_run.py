@@ -303,16 +303,13 @@ def run_evaluation(plan: Any, grid: Any, context: Any) -> None:
     ``HistoryRecorder`` a training run uses, so the final model is checkpointed with the new
     run (``history export`` and ``predict`` work on it) and the evaluated run is only read.
     """
-    from fedweave.coordinator.deployed_run import exit_with_coordinator, read_db_url
+    from fedweave.coordinator.deployed_run import recording_run
     from fedweave.coordinator.history_recorder import HistoryRecorder
     from fedweave.coordinator.site_names import SiteNames
-    from fedweave.history import open_store
     from fedweave.history.metrics import recorded_statistics
     from fedweave.history.model_export import checkpoint_weights
 
-    exit_with_coordinator()
-    store = open_store(read_db_url())
-    try:
+    with recording_run(plan.run_id) as store:
         config = plan.config
         evaluated = store.get_run(str(config.evaluation.run))
         rows = store.rounds(evaluated.run_id)
@@ -325,10 +322,3 @@ def run_evaluation(plan: Any, grid: Any, context: Any) -> None:
         summary = score_at_sites(grid, config, models, recorded_statistics(rows))
         recorder = HistoryRecorder(store, plan.run_id, Path(config.history.checkpoint_dir))
         SiteNames([recorder]).on_round(summary)
-        store.finish_run(plan.run_id, "completed")
-    except Exception as exc:  # a stop signal is the CLI's to record (as interrupted)
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        store.finish_run(plan.run_id, "failed", reason)
-        raise
-    finally:
-        store.close()

@@ -24,25 +24,23 @@ from typing import Any, cast
 
 import numpy as np
 from flwr.common import FitIns, FitRes, Parameters, parameters_to_ndarrays
-from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
-from flwr.server.strategy import Strategy
 
 from fedweave.contract import (
     PRIVATE_EVALUATION_KEY,
     SECAGG_CLIP_KEY,
     SECAGG_MAX_WEIGHT_KEY,
     SITE_NAME_METRIC,
-    readable_failure,
 )
 from fedweave.coordinator.deadlines import RoundDeadline
 from fedweave.coordinator.secure_agg import MIN_SECAGG_COHORT, SecAggSettings
+from fedweave.coordinator.vector_exchange import VectorExchangeStrategy, failure_text
 from fedweave.history.records import SiteResult
 
 log = logging.getLogger("fedweave.coordinator")
 
 
-class PrivateEvaluationStrategy(Strategy):
+class PrivateEvaluationStrategy(VectorExchangeStrategy):
     """One SecAgg+ exchange: the given sites score ``FitIns.parameters`` and send their
     metric vectors; keeps the unmasked example-weighted mean.
 
@@ -59,9 +57,6 @@ class PrivateEvaluationStrategy(Strategy):
         self.counted: list[tuple[ClientProxy, FitRes]] = []
         self.failures: list[str] = []
 
-    def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
-        return None
-
     def configure_fit(self, server_round, parameters, client_manager):  # type: ignore[no-untyped-def]
         return self.asked
 
@@ -71,7 +66,7 @@ class PrivateEvaluationStrategy(Strategy):
         results: list[tuple[ClientProxy, FitRes]],
         failures: list[tuple[ClientProxy, FitRes] | BaseException],
     ) -> tuple[Parameters | None, dict]:
-        self.failures = [_failure_text(f) for f in failures]
+        self.failures = [failure_text(f) for f in failures]
         if not results:
             return None, {}
         # SecAgg+ hands every result the same unmasked mean
@@ -86,22 +81,6 @@ class PrivateEvaluationStrategy(Strategy):
         self.mean = {name: float(value) for name, value in zip(self.names, vector)}
         self.counted = list(results)
         return None, {}
-
-    def configure_evaluate(self, server_round, parameters, client_manager):  # type: ignore[no-untyped-def]
-        return []
-
-    def aggregate_evaluate(self, server_round, results, failures):  # type: ignore[no-untyped-def]
-        return None, {}
-
-    def evaluate(self, server_round, parameters):  # type: ignore[no-untyped-def]
-        return None
-
-
-def _failure_text(failure: Any) -> str:
-    if isinstance(failure, BaseException):
-        return readable_failure(str(failure))
-    _, res = failure
-    return readable_failure(getattr(res.status, "message", str(res)))
 
 
 def private_evaluate_workflow(

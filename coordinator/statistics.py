@@ -25,9 +25,9 @@ from flwr.common import (
 )
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
-from flwr.server.strategy import Strategy
 
-from fedweave.contract import STATISTICS_KEY, STATISTICS_STAGE_KEY, readable_failure
+from fedweave.contract import STATISTICS_KEY, STATISTICS_STAGE_KEY
+from fedweave.coordinator.vector_exchange import VectorExchangeStrategy, failure_text
 from fedweave.errors import UserError
 from fedweave.learning.statistics import encode_known
 
@@ -61,7 +61,7 @@ class WithStatistics:
             listener.on_round(summary)
 
 
-class StatisticsStrategy(Strategy):
+class StatisticsStrategy(VectorExchangeStrategy):
     """Asks every connected site for one stage's vector and keeps the weighted mean.
 
     Args:
@@ -79,9 +79,6 @@ class StatisticsStrategy(Strategy):
         self.mean: np.ndarray | None = None
         self.failures: list[str] = []
 
-    def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
-        return None
-
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, FitIns]]:
@@ -96,7 +93,7 @@ class StatisticsStrategy(Strategy):
         results: list[tuple[ClientProxy, FitRes]],
         failures: list[tuple[ClientProxy, FitRes] | BaseException],
     ) -> tuple[Parameters | None, dict]:
-        self.failures = [_failure_text(f) for f in failures]
+        self.failures = [failure_text(f) for f in failures]
         usable = []
         for proxy, res in results:  # a site's word is checked, not trusted
             vector = parameters_to_ndarrays(res.parameters)
@@ -114,22 +111,6 @@ class StatisticsStrategy(Strategy):
         vectors = [v for v, _ in usable]
         self.mean = sum(w * v for w, v in zip(weights, vectors))
         return None, {}
-
-    def configure_evaluate(self, server_round, parameters, client_manager):  # type: ignore[no-untyped-def]
-        return []
-
-    def aggregate_evaluate(self, server_round, results, failures):  # type: ignore[no-untyped-def]
-        return None, {}
-
-    def evaluate(self, server_round, parameters):  # type: ignore[no-untyped-def]
-        return None
-
-
-def _failure_text(failure: Any) -> str:
-    if isinstance(failure, BaseException):
-        return readable_failure(str(failure))
-    _, res = failure
-    return readable_failure(getattr(res.status, "message", str(res)))
 
 
 class StatisticsFirst:

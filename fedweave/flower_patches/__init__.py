@@ -147,10 +147,11 @@ CORRECTNESS_PATCHES: dict[str, str] = {
 fingerprint differs, they refuse to start (``correctness_problem``)."""
 
 
-def correctness_problem(name: str) -> str | None:
-    """Why correctness patch ``name`` cannot be applied here (one line: the Flower version
-    needed, and why), or None."""
-    why = CORRECTNESS_PATCHES[name]
+def correctness_problem(name: str, why: str | None = None) -> str | None:
+    """Why correctness patch ``name`` (or any fingerprint entry ``name`` that correctness
+    relies on, with ``why``) cannot be applied here (one line: the Flower version needed,
+    and why), or None."""
+    why = why or CORRECTNESS_PATCHES[name]
     if not flower_is_patchable():
         return (
             f"fedweave needs flwr {PATCHED_FLOWER_VERSION} (installed: "

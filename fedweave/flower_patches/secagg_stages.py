@@ -44,24 +44,12 @@ def forget_sites_without_keys(state) -> None:
 
 def stages_problem() -> str | None:
     """Why Flower's SecAgg+ workflow cannot be run stage by stage here, or None."""
-    from fedweave.flower_patches import PATCHED_FLOWER_VERSION, flower_is_patchable
-    from fedweave.flower_patches.fingerprints import mismatches
+    from fedweave.flower_patches import correctness_problem
 
-    if not flower_is_patchable():
-        from fedweave.flower_patches import installed_flower_version
-
-        return (
-            f"SecAgg+ rounds need flwr {PATCHED_FLOWER_VERSION} (installed: "
-            f"{installed_flower_version()}): fedweave runs its workflow stage by stage to "
-            f"hold rounds to their deadline; install flwr=={PATCHED_FLOWER_VERSION}"
-        )
-    changed = mismatches("secagg_stages")
-    if changed:
-        return (
-            f"SecAgg+ rounds need flwr {PATCHED_FLOWER_VERSION} as released; Flower's "
-            f"{', '.join(changed)} differ here: reinstall flwr=={PATCHED_FLOWER_VERSION}"
-        )
-    return None
+    return correctness_problem(
+        "secagg_stages",
+        why="fedweave runs SecAgg+ stage by stage to hold every round to its deadline",
+    )
 
 
 class StagedSecAggPlusWorkflow(SecAggPlusWorkflow):
