@@ -308,7 +308,10 @@ class ReportingStrategy(Strategy):
                 known.add(proxy.node_id)
                 message = res.status.message
                 said = parse_site_error(message)
-                status, reason = (said[1], said[2]) if said else ("failed", failure_reason(message))
+                # a site's word: its own status, a bounded reason, and never another's node
+                status, reason = (
+                    (said[1], said[2][:300]) if said else ("failed", failure_reason(message))
+                )
                 self._sites.append(SiteResult(str(proxy.node_id), status, reason=reason))
         # SecAgg+'s failures carry no node id (a plain round's are bound to their site by the
         # fit step), and it lists a stage-2 failure twice: the failed sites are the sampled
@@ -433,9 +436,6 @@ class ReportingStrategy(Strategy):
         if self._scoring_cross_site:
             self._scoring_cross_site = False
             summary.cross_site = cross_site
-        if not summary.central and summary.federated:
-            summary.loss = summary.federated.get("loss")
-            summary.accuracy = summary.federated.get("accuracy")
         self._finish(summary)
         loss = summary.federated.get("loss")
         return loss, {k: v for k, v in summary.federated.items() if k != "loss"}
@@ -458,12 +458,14 @@ class ReportingStrategy(Strategy):
         summary.federated = dict(federated or {})
         if problem:
             summary.warnings = [*summary.warnings, problem]
-        if not summary.central and summary.federated:
-            summary.loss = summary.federated.get("loss")
-            summary.accuracy = summary.federated.get("accuracy")
         self._finish(summary)
 
     def _finish(self, summary: RoundSummary) -> None:
+        """Close the round: its headline figures are the federated ones when the
+        coordinator holds no data; tell the listeners."""
+        if not summary.central and summary.federated:
+            summary.loss = summary.federated.get("loss")
+            summary.accuracy = summary.federated.get("accuracy")
         summary.seconds = time.perf_counter() - self._round_clock
         summary.ended_at = datetime.now(timezone.utc)
         for listener in self.listeners:
