@@ -1,6 +1,7 @@
 """A hung site in a deployed plain round: the site's whole process tree is stopped with
 SIGSTOP (a frozen VM, a stuck GPU job); the round closes at its deadline with the other sites,
-the hung site is recorded late, and after SIGCONT it takes part again and the run completes."""
+the hung site is recorded late, and after SIGCONT it takes part again (by the round after the
+next: the round in flight when it wakes may close before its reply) and the run completes."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from test_deploy_support import (
 )
 
 SITES = 3
-ROUNDS = 3
+ROUNDS = 4
 DEADLINE = 30.0
 
 
@@ -60,14 +61,16 @@ def test_a_hung_site_is_late_and_the_round_closes_at_its_deadline(tmp_path):
         procs.close()
 
     rounds, site_rows, run = recorded(db)
-    assert run.status == "completed" and [r["round"] for r in rounds] == [1, 2, 3]
+    assert run.status == "completed" and [r["round"] for r in rounds] == [1, 2, 3, 4]
     second = rounds[1]
     print(f"round 2 closed in {second['extra']['seconds']:.1f} s (deadline {DEADLINE:g} s)")
     assert second["sampled"] == SITES and second["replied"] == SITES - 1
     assert second["extra"]["seconds"] <= DEADLINE * 1.1, second["extra"]
     late = [s for s in site_rows if s["status"] == "late"]
-    assert [s["round"] for s in late] == [2], site_rows
+    print("late:", [(s["round"], s["site_id"], s["reason"]) for s in late])
+    assert [s["round"] for s in late] in ([2], [2, 3]), site_rows
+    assert {s["site_id"] for s in late} == {"site2"}
     assert f"round deadline ({DEADLINE:g} s)" in late[0]["reason"]
-    assert rounds[2]["replied"] == SITES  # the site is back, its late reply was discarded
+    assert rounds[3]["replied"] == SITES  # the site is back, its late reply was discarded
     assert "late: no reply within the round deadline" in out
     assert "round deadline 30 s" in out  # the run header says how rounds close
