@@ -12,9 +12,10 @@ Flower code whose fingerprint differs:
   runs (``simulation_engine``, ``deployed_polling``; the site's ClientApp worker);
 - a patch that fixes a fault, or that the other side of a connection relies on, refuses to
   start with one line naming the Flower version needed and why: the security patches, the
-  correctness patches ``supernode_waits`` (a site left deaf to every later message) and
-  ``node_restarts`` (a restarted site refused for up to 60 s), SecAgg+'s masks and crypto (a
-  site and a coordinator must draw the same masks, so silently falling back to Flower's
+  correctness patches ``supernode_waits`` (a site left deaf to every later message),
+  ``supernode_state`` (the site's connection state as data) and ``node_restarts`` (a
+  restarted site refused for up to 60 s), SecAgg+'s masks and crypto (a site and a
+  coordinator must draw the same masks, so silently falling back to Flower's
   generator would corrupt every sum) and running SecAgg+ stage by stage (``secagg_stages``).
 
 ``FEDWEAVE_STOCK_FLOWER=1`` skips the speed-ups only (to compare, or to rule one out when
@@ -37,6 +38,12 @@ The patches, and why each exists:
     without replying left the site deaf to every later message; fedweave stops waiting once
     no ClientApp is alive to reply. The same patch caps the SuperNode's 3 s idle sleeps at
     0.2 s (a speed-up that comes with it).
+``supernode_state`` (correctness: never skipped)
+    Flower's SuperNode says whether it connected, was refused, retries or saw a run end in
+    its log only, in words a release may change; the site decided from that text. fedweave
+    wraps the SuperNode's connection, its retry handlers and its message pull so that each
+    of these is appended as a JSON line (HTTP status, Flower's error code, the ``ssl``
+    exception, the run id) to a file the site reads; the log is for people.
 ``node_restarts`` (correctness: never skipped)
     With site authentication, a site killed and started again at once was refused for up to
     60 s (its node stayed "online" until its heartbeat lapsed) and rounds meanwhile sampled
@@ -141,6 +148,8 @@ CORRECTNESS_PATCHES: dict[str, str] = {
     "every later message",
     "node_restarts": "without it a restarted site is refused for up to 60 s and rounds "
     "sample its dead node",
+    "supernode_state": "without it a site cannot tell connected, refused, retrying and a "
+    "finished run apart",
 }
 """Patches that fix a fault of Flower 1.41 → what goes wrong without them. Applied whatever
 ``FEDWEAVE_STOCK_FLOWER`` says; on another Flower version, or on Flower code whose
@@ -184,6 +193,13 @@ def bound_supernode_waits() -> bool:
     """A reply wait that ends, and capped sleeps, in a site's SuperNode (True); raises
     ``UserError`` (one line: the Flower version needed) where that cannot be guaranteed."""
     return _apply_correctness("supernode_waits")
+
+
+def report_supernode_state() -> bool:
+    """The site's SuperNode appends what happens to it (connected, refused, retrying, a run
+    ended) as JSON lines to the file its site names (True); raises ``UserError`` (one line:
+    the Flower version needed) where that cannot be guaranteed."""
+    return _apply_correctness("supernode_state")
 
 
 def let_sites_rejoin_at_once() -> bool:

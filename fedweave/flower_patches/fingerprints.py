@@ -7,9 +7,9 @@ functions changed (``tests/test_flower_patches.py`` checks every entry). Each en
 SHA-256 (first 16 hex digits) of ``inspect.getsource`` of one Flower function or method,
 taken from flwr 1.41.0 (a class: its whole body; a property: its getter). A security or
 correctness patch (``admin_apis``, ``run_bundles``, ``tls_suites``, ``refused_keys``,
-``secagg_masks``, ``secagg_crypto``, ``supernode_waits``, ``node_restarts``,
-``secagg_stages``) refuses to run on a mismatch; a speed-up falls back to Flower's stock code
-with a warning.
+``secagg_masks``, ``secagg_crypto``, ``supernode_waits``, ``supernode_state``,
+``node_restarts``, ``secagg_stages``) refuses to run on a mismatch; a speed-up falls back to
+Flower's stock code with a warning.
 """
 
 from __future__ import annotations
@@ -47,6 +47,18 @@ WRAPPED: dict[str, dict[str, str]] = {
         "flwr.supernode.start_client_internal:start_client_internal": "9e89a6eb68fbec68",
         "flwr.supernode.start_client_internal:_push_messages": "00bb86faffdec114",
         "flwr.supercore.inflatable.inflatable_utils:pull_objects": "31bb2de46b450e6a",
+    },
+    "supernode_state": {
+        "flwr.supernode.start_client_internal:start_client_internal": "9e89a6eb68fbec68",
+        "flwr.supernode.start_client_internal:_init_connection": "800f9aba73646ea2",
+        "flwr.supernode.fleet_http_connection:http_request_response": "b80ca36779c2657f",
+        "flwr.supercore.retry.http_retry:make_simple_http_retry_invoker": "49e12326a4b17e26",
+        "flwr.supercore.retry.retry_invoker:RetryInvoker.invoke": "14c8260448b85ac5",
+        "flwr.supercore.retry.retry_invoker:RetryState": "84b599404d737e09",
+        "flwr.supercore.error.base:ApiErrorCode": "d5e9ed6a18a359fc",
+        # the coordinator's side: a refused key, a finished run's GetRun (403)
+        "flwr.superlink.servicer.fleet.fleet_handlers:activate_node": "0370edbbeb924eac",
+        "flwr.superlink.servicer.fleet.fleet_handlers:get_run": "004ad390c8b38c0e",
     },
     "node_restarts": {
         f"{_LINKSTATE}:InMemoryLinkState.activate_node": "ddd272f4a52bcc3e",

@@ -6,7 +6,9 @@ patches for its process applied first. ``COMMAND`` and ``ARGS`` are exactly Flow
 - ``flower-superlink``: ``close_control_surface`` (administrative APIs for this machine only,
   fedweave's bundles only, AEAD TLS) and ``let_sites_rejoin_at_once`` (a restarted site takes
   its node back);
-- ``flower-supernode``: ``bound_supernode_waits`` (a reply wait that ends, capped sleeps).
+- ``flower-supernode``: ``bound_supernode_waits`` (a reply wait that ends, capped sleeps) and
+  ``report_supernode_state`` (connected, refused, retrying, a run ended: JSON lines to the
+  file ``fedweave client`` names in ``FEDWEAVE_SUPERNODE_STATE_FILE``).
 
 A patch that cannot be applied (another Flower version) ends the command with one line.
 """
@@ -35,10 +37,11 @@ def _supernode() -> Callable[[], None]:
     from flwr.supernode.cli.flower_supernode import flower_supernode
 
     from fedweave.errors import UserError
-    from fedweave.flower_patches import bound_supernode_waits
+    from fedweave.flower_patches import bound_supernode_waits, report_supernode_state
 
     try:
         bound_supernode_waits()
+        report_supernode_state()
     except UserError as exc:
         raise SystemExit(f"fedweave: {exc}") from None
     return flower_supernode
