@@ -4,7 +4,9 @@ ClientApp, ``fedweave.client.deployed_app:app``, trains on ``--data`` only). Mou
 
 Everything a site operator can get wrong (data file, CA certificate, site key) is checked
 before connecting. Then the SuperNode connects, with Flower's own exponential backoff, and
-this process turns its log into a few readable lines: waiting, connected, each round. The
+this process turns the events it reports (``fedweave.flower_patches.supernode_state``: data
+in a file, not its log, which is copied for people) into a few readable lines: waiting,
+connected, each round, a run's end. The
 SuperNode runs in its own process group, tied to this process (it gets SIGTERM if we die), and
 Ctrl-C or SIGTERM stops the whole group.
 """
@@ -18,7 +20,9 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, Any
 
 import typer
 
@@ -33,7 +37,6 @@ OFFLINE_ENV = {
     "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
     "PYTHONUNBUFFERED": "1",
 }
-RETRY_MARK = "Connection attempt failed, retrying in"
 
 
 def _echo(message: str) -> None:
@@ -151,45 +154,122 @@ def supernode_command(
     return cmd
 
 
-class _LogFollower:
-    """Copies the SuperNode's output to a log file and echoes the lines a site operator needs."""
+class _LogCopier:
+    """Copies the SuperNode's output to the site's log file (for people: nothing is decided
+    from it), and to stderr with ``--verbose``."""
 
-    def __init__(self, stream, log_path: Path, coordinator: str, verbose: bool) -> None:
-        self.stream, self.coordinator, self.verbose = stream, coordinator, verbose
+    def __init__(self, stream: IO[str], log_path: Path, verbose: bool) -> None:
+        self.stream, self.verbose = stream, verbose
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - closed by the thread
-        self.connected = False
-        self.lost = False
-        self.refused = False
-        self.last_error = ""
         self.thread = threading.Thread(target=self._run, name="supernode-log", daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
-        rounds_seen: set[str] = set()
         for raw in self.stream:
             line = raw.rstrip()
             self.log.write(line + "\n")
             self.log.flush()
-            text = line.split(":", 1)[-1].strip() if "\x1b" in line else line.strip()
             if self.verbose:
                 _echo(line)
-            if RETRY_MARK in line:
-                wait = line.split(RETRY_MARK, 1)[1].strip()
-                state = "lost; reconnecting" if self.connected else "unreachable; retrying"
-                self.lost = self.connected
-                _echo(f"coordinator {self.coordinator} {state} in {wait}")
-            elif "SuperNode ID:" in line:
-                self.connected, self.lost = True, False
-                _echo(f"connected to {self.coordinator} as node {text.rsplit(':', 1)[-1].strip()}")
-            elif "[RUN " in line and "ROUND" in line and line not in rounds_seen:
-                rounds_seen.add(line)
-                _echo(f"taking part in {text.strip('[]').lower()}")
-            elif "Failed to activate SuperNode" in line:
-                self.refused = True
-            elif "ERROR" in line or "Exit Code" in line or "exit code" in line:
-                self.last_error = text
         self.log.close()
+
+
+@dataclass
+class _SupernodeState:
+    """What one SuperNode process has reported (``fedweave.flower_patches.supernode_state``).
+
+    Attributes:
+        connected: it activated its node with the coordinator.
+        lost: connected, then its requests started failing (the coordinator went away).
+        refused: why the coordinator refused this site (``unknown-key``, ``needs-key``,
+            ``signature``), or None.
+        failure: its last request that gave up before it connected (the event), or None.
+        tls_failed: that request failed in the TLS handshake.
+    """
+
+    connected: bool = False
+    lost: bool = False
+    refused: str | None = None
+    failure: dict[str, Any] | None = None
+    tls_failed: bool = False
+
+
+class _SupernodeEvents:
+    """Reads the events a SuperNode appends to ``path`` and says the ones a site operator
+    needs, in one line each.
+
+    Args:
+        path: the state file named in the SuperNode's ``FEDWEAVE_SUPERNODE_STATE_FILE``.
+        coordinator: the coordinator's ``HOST:PORT``, for the lines said.
+    """
+
+    def __init__(self, path: Path, coordinator: str) -> None:
+        self.path, self.coordinator = path, coordinator
+        self.state = _SupernodeState()
+        self.offset = 0
+        self.rounds_seen: set[tuple[int, str]] = set()
+
+    def poll(self) -> _SupernodeState:
+        """Apply the events appended since the last poll; the state after them."""
+        from fedweave.flower_patches.supernode_state import read_events
+
+        events, self.offset = read_events(self.path, self.offset)
+        for event in events:
+            self._apply(event)
+        return self.state
+
+    def _apply(self, event: dict[str, Any]) -> None:
+        state, kind = self.state, event["event"]
+        if kind == "connected":
+            state.connected, state.lost, state.failure = True, False, None
+            _echo(f"connected to {self.coordinator} as node {event.get('node_id')}")
+        elif kind == "retrying":
+            wait = _number(event.get("wait_s"))
+            state.lost = state.connected
+            how = "lost; reconnecting" if state.connected else "unreachable; retrying"
+            _echo(f"coordinator {self.coordinator} {how} in {wait:.1f} s")
+        elif kind == "recovered" and state.lost:
+            state.lost = False
+            _echo(f"coordinator {self.coordinator} answers again")
+        elif kind == "refused":
+            state.refused = str(event.get("why", "unknown-key"))
+        elif kind == "gave-up" and not state.connected:
+            state.failure = event
+            state.tls_failed = event.get("error") == "tls"
+        elif kind == "message":
+            run_round = (_integer(event.get("run_id")), str(event.get("round", "")))
+            if run_round not in self.rounds_seen:
+                self.rounds_seen.add(run_round)
+                run, round_id = run_round
+                _echo(f"taking part in run {run}" + (f", round {round_id}" if round_id else ""))
+        elif kind == "run-ended":
+            _echo(f"run {_integer(event.get('run_id'))} ended; waiting for the next run")
+
+
+def _number(value: object) -> float:
+    return float(value) if isinstance(value, (int, float)) else 0.0
+
+
+def _integer(value: object) -> int:
+    return int(value) if isinstance(value, int) else 0
+
+
+def _failure_text(state: _SupernodeState, code: int) -> str:
+    """What ended a SuperNode that never connected, from its last failed request (the
+    event) or its exit code (Flower's ``ExitCode``)."""
+    failure = state.failure
+    if failure is not None:
+        detail = str(failure.get("error", "unknown"))
+        if "tls_verify_code" in failure:
+            detail += f", OpenSSL verify code {failure['tls_verify_code']}"
+        if "flower_code" in failure:
+            detail += f", Flower error code {failure['flower_code']}"
+        return f"its {failure.get('call', 'request')} request failed ({detail})"
+    from flwr.supercore.exit import ExitCode
+
+    names = {value: name for name, value in vars(ExitCode).items() if isinstance(value, int)}
+    return f"Flower's SuperNode exited with code {code} ({names.get(code, 'unknown')})"
 
 
 PROBE_EVERY_S = 5.0
@@ -199,16 +279,17 @@ address this often (``client/reachability.py``)."""
 
 def _wait_probing(
     proc: subprocess.Popen,
-    follower: _LogFollower,
+    events: _SupernodeEvents,
     coordinator: str,
     ca_cert: Path | None,
     has_connected: bool,
 ) -> int:
-    """Wait for the SuperNode to exit, probing the coordinator while this site is not
-    connected to it: before it ever connected (``has_connected``), a certificate or name that
-    cannot work ends the site at once with its own line; a coordinator that is not there (yet,
-    or any more), or anything once the site has taken part, is said once per change (a
-    long-running site rides out a DNS or certificate hiccup)."""
+    """Wait for the SuperNode to exit, following its events and probing the coordinator
+    while this site is not connected to it: before it ever connected (``has_connected``), a
+    certificate or name that cannot work ends the site at once with its own line; a
+    coordinator that is not there (yet, or any more), or anything once the site has taken
+    part, is said once per change (a long-running site rides out a DNS or certificate
+    hiccup). A refused site's SuperNode ends itself."""
     from fedweave.client.reachability import explained, probe
     from fedweave.errors import UserError
 
@@ -216,10 +297,15 @@ def _wait_probing(
     said, next_probe = "ok", time.monotonic()
     while True:
         try:
-            return proc.wait(timeout=0.5)
+            code = proc.wait(timeout=0.5)
         except subprocess.TimeoutExpired:
-            pass
-        waiting = not follower.connected or follower.lost
+            code = None
+        state = events.poll()
+        if code is not None:
+            return code
+        if state.tls_failed:
+            next_probe, state.tls_failed = time.monotonic(), False  # explain it now
+        waiting = not state.connected or state.lost
         if not waiting or time.monotonic() < next_probe:
             if not waiting:
                 said = "ok"
@@ -229,7 +315,7 @@ def _wait_probing(
         if found.fatal and not has_connected:
             raise UserError(explained(found, coordinator, ca_cert))
         if found.kind != said and found.kind != "ok":
-            if follower.lost and found.kind == "refused":
+            if state.lost and found.kind == "refused":
                 _echo(
                     f"the coordinator at {coordinator} is not running (connection refused): "
                     "its run ended or it stopped; this site waits for it to start again "
@@ -257,6 +343,39 @@ def _start_supernode(command: list[str], env: dict[str, str]) -> subprocess.Pope
     )
 
 
+def refusal_text(why: str, coordinator: str, site_key: Path | None, fingerprint: str | None) -> str:
+    """One line: why ``coordinator`` refused this site and what to do about it.
+
+    Args:
+        why: the refusal's reason code (``fedweave.flower_patches.supernode_state``).
+        coordinator: the coordinator's ``HOST:PORT``.
+        site_key: this site's private key file (``--site-key``), None without one.
+        fingerprint: the key's ``SHA256:...`` (the coordinator's console shows the same).
+    """
+    from fedweave.certs import public_key_path
+
+    pub = public_key_path(site_key) if site_key is not None else Path("site.pub")
+    if why == "needs-key":
+        return (
+            f"coordinator {coordinator} admits registered sites only and this site has no "
+            "key: make one (`fedweave sites new-key --out site.key`), send site.pub to the "
+            "coordinator's operator (`fedweave sites add-key DIR site.pub`) and start this "
+            "site with --site-key site.key"
+        )
+    if why == "signature":
+        return (
+            f"coordinator {coordinator} rejected this site's signed requests (HTTP 401): "
+            "this site's clock is more than 5 s ahead of or 305 s behind the coordinator's; "
+            "synchronise it with NTP"
+        )
+    key = f" ({fingerprint})" if fingerprint else ""
+    return (
+        f"coordinator {coordinator} refused this site: its key is not registered there{key}; "
+        f"send {pub} to the coordinator's operator (`fedweave sites add-key DIR {pub.name}`), "
+        "then start this site again (a revoked key is refused the same way)"
+    )
+
+
 def run_site(
     command: list[str],
     coordinator: str,
@@ -266,6 +385,7 @@ def run_site(
     worker: list[str] | None = None,
     key_fingerprint: str | None = None,
     ca_cert: Path | None = None,
+    site_key: Path | None = None,
 ) -> int:
     """Run the SuperNode until it exits or we are stopped; returns our exit code.
 
@@ -275,10 +395,14 @@ def run_site(
     (its console shows the same fingerprint).
     ``ca_cert``: the CA the coordinator's certificate must verify with (None: no TLS); the
     site probes the coordinator with it while not connected (``_wait_probing``).
+    ``site_key``: this site's private key file; a refusal names its ``.pub`` to send.
 
-    A SuperNode whose key the coordinator has not registered (yet) exits at once; the site
-    then tries again with growing waits until ``connect_timeout``, because sites are often
-    started before the coordinator's operator has added their key.
+    The SuperNode reports connected, refused, retrying and a finished run as events in a
+    state file beside the log (``fedweave.flower_patches.supernode_state``); the log itself
+    is only copied. A site the coordinator refuses before it ever connected (its key is not
+    registered) ends at once with one line naming the key file to send; one refused after
+    it had taken part (its key revoked, or its clock off) tries again with growing waits
+    until ``connect_timeout``.
 
     A SuperNode that exits after it had connected is started again: a restarted coordinator
     keeps no Flower state (``fedweave.coordinator.superlink``), so it refuses this site's old
@@ -286,11 +410,14 @@ def run_site(
     such restarts grow from 2 s to 30 s while they keep coming within a minute.
     """
     from fedweave.errors import UserError
+    from fedweave.flower_patches.supernode_state import SUPERNODE_STATE_FILE_ENV
 
     env = dict(os.environ)
     for key, value in OFFLINE_ENV.items():
         env.setdefault(key, value)
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    state_path = log_path.parent / f"{log_path.name}.state.jsonl"
+    supernode_env = {**env, SUPERNODE_STATE_FILE_ENV: str(state_path.resolve())}
     previous = signal.signal(signal.SIGTERM, raise_interrupt)
     _echo(f"site starting: connecting to {coordinator} (log: {log_path})")
     started, wait, rejoin_wait = time.monotonic(), 2.0, 2.0
@@ -303,14 +430,18 @@ def run_site(
 
             supervisor = WorkerSupervisor(worker, env, log_path, _echo).start()
         while True:
-            proc = _start_supernode(command, env)
-            follower = _LogFollower(proc.stdout, log_path, coordinator, verbose)
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            state_path.write_bytes(b"")  # each SuperNode reports from a clean file
+            proc = _start_supernode(command, supernode_env)
+            copier = _LogCopier(proc.stdout, log_path, verbose)  # type: ignore[arg-type]
+            events = _SupernodeEvents(state_path, coordinator)
             launched = time.monotonic()
-            code = _wait_probing(proc, follower, coordinator, ca_cert, has_connected)
-            has_connected = has_connected or follower.connected
+            code = _wait_probing(proc, events, coordinator, ca_cert, has_connected)
             stop_process_group(proc)
-            follower.thread.join(5)
-            if follower.connected:
+            copier.thread.join(5)
+            state = events.poll()
+            has_connected = has_connected or state.connected
+            if state.connected:
                 rejoin_wait = 2.0 if time.monotonic() - launched > 60 else rejoin_wait
                 _echo(
                     f"coordinator {coordinator} dropped this site (restarted?); "
@@ -319,15 +450,14 @@ def run_site(
                 time.sleep(rejoin_wait)
                 started, wait, rejoin_wait = time.monotonic(), 2.0, min(rejoin_wait * 2, 30.0)
                 continue
+            if state.refused is not None and not has_connected:
+                raise UserError(refusal_text(state.refused, coordinator, site_key, key_fingerprint))
             left = connect_timeout - (time.monotonic() - started)
-            if not follower.refused or left <= 0:
+            if state.refused is None or left <= 0:
                 break
-            key = f"key {key_fingerprint}" if key_fingerprint else "key"
             _echo(
-                f"coordinator {coordinator} refused this site's {key}: not registered there "
-                "(send site.pub to its operator: `fedweave sites add-key DIR site.pub`), "
-                "revoked, or this site's clock is off; retrying in "
-                f"{min(wait, left):.0f} s, for {left:.0f} s more (--connect-timeout)"
+                f"{refusal_text(state.refused, coordinator, site_key, key_fingerprint)}; "
+                f"retrying in {min(wait, left):.0f} s, for {left:.0f} s more (--connect-timeout)"
                 if not refusals
                 else f"coordinator {coordinator} refused this site again; retrying in "
                 f"{min(wait, left):.0f} s"
@@ -347,20 +477,15 @@ def run_site(
             stop_process_group(proc)
         if supervisor is not None:
             supervisor.stop()
-    if follower.refused:
-        raise UserError(
-            f"coordinator {coordinator} refused this site: its key is not registered there; "
-            "send site.pub to the coordinator (`fedweave sites add-key DIR site.pub`) and retry "
-            "(a registered site is refused too when its clock is more than 5 s ahead of the "
-            "coordinator's: synchronise it with NTP)"
-        )
-    if not follower.connected and code != 0:
+    if state.refused is not None:
+        raise UserError(refusal_text(state.refused, coordinator, site_key, key_fingerprint))
+    if not state.connected and code != 0:
         from fedweave.client.reachability import explained, probe
 
         waited = time.monotonic() - started
         found = probe(*parse_host_port(coordinator, "--coordinator", "host:port"), ca_cert)
         why = explained(found, coordinator, ca_cert) or (
-            f"{follower.last_error or 'no answer'}; check the address, the firewall, "
+            f"{_failure_text(state, code)}; check the address, the firewall, "
             "--ca-cert, and that the coordinator runs"
         )
         raise UserError(
@@ -368,9 +493,7 @@ def run_site(
             f"(--connect-timeout {connect_timeout:g}): {why}"
         )
     if code != 0:
-        raise UserError(
-            f"the site stopped (exit {code}): {follower.last_error or 'see ' + str(log_path)}"
-        )
+        raise UserError(f"the site stopped: {_failure_text(state, code)}; see {log_path}")
     return 0
 
 
@@ -418,9 +541,10 @@ def _client(config: RunConfig, _resolved: Resolved) -> None:
     from fedweave.client.worker_supervisor import worker_command
     from fedweave.flower_patches import clientapp_worker_usable, correctness_problem
 
-    problem = correctness_problem("supernode_waits")  # the SuperNode would refuse to start
-    if problem is not None:
-        raise UserError(problem)
+    for patch in ("supernode_waits", "supernode_state"):  # the SuperNode would refuse to start
+        problem = correctness_problem(patch)
+        if problem is not None:
+            raise UserError(problem)
     runtime_port = site.runtime_port or free_port()
     use_worker = clientapp_worker_usable()
     command = supernode_command(
@@ -451,7 +575,7 @@ def _client(config: RunConfig, _resolved: Resolved) -> None:
     code = run_site(
         command, coordinator, site.log_file, connection.connect_timeout, config.output.verbose,
         worker, _site_key_fingerprint(connection.site_key),
-        None if connection.insecure else connection.ca_cert,
+        None if connection.insecure else connection.ca_cert, connection.site_key,
     )  # fmt: skip
     raise typer.Exit(code)
 

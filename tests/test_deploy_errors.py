@@ -190,6 +190,50 @@ def test_client_names_a_wrong_ca_at_once(deployment, tmp_path):
     assert elapsed < 30, elapsed
 
 
+@pytest.mark.timeout(180)
+def test_client_names_an_unregistered_key_and_the_file_to_send(tmp_path):
+    """A site whose key the coordinator does not know: one line naming the key file to send
+    its operator, decided from Flower's error code (not its log) and said within 30 s."""
+    make_deployment(tmp_path, sites=1, unregistered=1)
+    port = free_port()
+    procs = Processes(tmp_path)
+    try:
+        coord = procs.start(
+            "coordinator", "coordinator", "--address", f"127.0.0.1:{port}", "--rounds", "1",
+            "--min-clients", "3", "--db", f"sqlite:///{tmp_path / 'h.db'}",
+            "--state-dir", str(tmp_path / "state"), "--tls-dir", "tls", "--once",
+        )  # fmt: skip
+        wait_for(
+            lambda: "sites connected" in procs.output("coordinator"), 60,
+            "the coordinator to listen", coord, lambda: procs.output("coordinator"),
+        )  # fmt: skip
+        started = time.monotonic()
+        done = run_fedweave(
+            "client", "--coordinator", f"127.0.0.1:{port}", "--data", "split/site-0.npz",
+            "--ca-cert", "tls/ca.pem", "--site-key", "site1.key", "--log-file", "site1.log",
+            cwd=tmp_path, timeout=120,
+        )  # fmt: skip
+        elapsed = time.monotonic() - started
+    finally:
+        procs.close()
+    line = one_line_error(
+        done,
+        f"coordinator 127.0.0.1:{port} refused this site:",
+        "refused this site: its key is not registered there (SHA256:",
+        f"send {Path('site1.pub')} to the coordinator's operator",
+        "fedweave sites add-key DIR site1.pub",
+    )
+    print(f"{elapsed:.1f} s: {line}")
+    assert elapsed < 30, elapsed
+    import json
+
+    state_file = tmp_path / "site1.log.state.jsonl"
+    events = [json.loads(line) for line in state_file.read_text().splitlines()]
+    refused = [e for e in events if e["event"] == "refused"]
+    assert refused and refused[0]["why"] == "unknown-key", events
+    assert refused[0]["http_status"] == 412 and refused[0]["flower_code"] == 2004, events
+
+
 def test_client_names_a_port_that_does_not_speak_tls(deployment):
     """Another service on the port (or a coordinator started with --insecure)."""
     with socket.socket() as server:
