@@ -31,12 +31,8 @@ from fedweave.contract import (
     NODE_SITE_NAME_KEY,
     NODE_TASK_KEY,
     RUN_TASK_KEY,
-    refusal,
+    SiteRefusal,
 )
-
-
-class SiteRefused(RuntimeError):
-    """This site cannot take part in this run; the message says why and what to change."""
 
 
 def _config_str(config: dict, key: str) -> str | None:
@@ -58,16 +54,14 @@ def site_client(context: Context):
     site_task = _config_str(context.node_config, NODE_TASK_KEY)
     data_path = _config_str(context.node_config, NODE_DATA_PATH_KEY)
     if run_task is None:
-        raise SiteRefused(refusal("the run does not name a task"))
+        raise SiteRefusal("the run does not name a task")
     if site_task is not None and site_task != run_task:
-        raise SiteRefused(
-            refusal(
-                f"site holds task '{site_task}' but the run trains '{run_task}'; "
-                f"restart the site with --task {run_task} and matching data"
-            )
+        raise SiteRefusal(
+            f"site holds task '{site_task}' but the run trains '{run_task}'; "
+            f"restart the site with --task {run_task} and matching data"
         )
     if data_path is None:
-        raise SiteRefused(refusal("the site has no data file (fedweave client --data)"))
+        raise SiteRefusal("the site has no data file (fedweave client --data)")
     try:
         label_column = _config_str(context.node_config, NODE_LABEL_COLUMN_KEY)
         data, evaluation = cached_site_parts(
@@ -76,7 +70,7 @@ def site_client(context: Context):
             float(_config_str(context.node_config, NODE_EVAL_FRACTION_KEY) or 0.1),
         )  # fmt: skip
     except Exception as exc:  # a UserError from the reader: wrong shape, classes, file
-        raise SiteRefused(refusal(str(exc).splitlines()[0])) from None
+        raise SiteRefusal(str(exc).splitlines()[0]) from None
     config = TrainConfig.for_task(
         cached_task(run_task), device=_config_str(context.node_config, NODE_DEVICE_KEY)
     )

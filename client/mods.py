@@ -1,6 +1,10 @@
 """Client mods that run at the site around the ClientApp.
 
-``stale_round_guard`` is outermost: a message of a round older than the newest this site has
+``site_outcome_mod`` is outermost: whatever the site's code raises becomes an error reply
+whose code says what happened (refused, rejected, late, failed: ``fedweave.contract``) and
+whose reason says why, so the coordinator reads it as data bound to this site.
+
+``stale_round_guard`` comes next: a message of a round older than the newest this site has
 seen (it arrives after its round's deadline, say a site that was stalled) is refused before
 SecAgg+ could mix it into the state of the round in progress.
 
@@ -34,12 +38,31 @@ from fedweave.contract import (
     SECAGG_CLIP_KEY,
     SECAGG_MAX_WEIGHT_KEY,
     STATISTICS_STAGE_KEY,
-    refusal,
-    rejection,
+    LateWork,
+    SiteOutcome,
+    SiteRefusal,
+    UpdateRejected,
+    one_line,
 )
 from fedweave.learning.validation import clipped_fraction, update_problem
 
 log = logging.getLogger("fedweave.client")
+
+
+def site_outcome_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """``call_next``'s reply, or, when the site's code raises, an error reply carrying the
+    outcome's code (``SiteOutcome``: refused, rejected, late; anything else: failed, with its
+    type) and its reason on one line."""
+    from flwr.app import Error
+
+    try:
+        return call_next(msg, context)
+    except SiteOutcome as exc:
+        code, reason = exc.code, one_line(str(exc))
+    except Exception as exc:  # the task's own failure: said to the coordinator, logged here
+        log.error("message of round %s failed", msg.metadata.group_id or "-", exc_info=exc)
+        code, reason = SiteOutcome.code, one_line(f"{type(exc).__name__}: {exc}")
+    return Message(Error(code=code, reason=reason), reply_to=msg)
 
 
 STALE_ROUND_RECORD = "fedweave.site"
@@ -58,7 +81,7 @@ def stale_round_guard(msg: Message, context: Context, call_next: ClientAppCallab
     newest = int(record[NEWEST_ROUND_KEY]) if record is not None else 0
     if round_number < newest:
         log.warning("dropped a late message of round %s (now in round %s)", round_number, newest)
-        raise ValueError(
+        raise LateWork(
             f"late message of round {round_number} refused: this site is in round {newest}"
         )
     context.state.config_records[STALE_ROUND_RECORD] = ConfigRecord(
@@ -102,7 +125,7 @@ def clock_guard(msg: Message, context: Context, call_next: ClientAppCallable) ->
     )
     if problem is not None:
         log.warning("round refused: %s", problem)
-        raise ValueError(refusal(problem))
+        raise SiteRefusal(problem)
     return call_next(msg, context)
 
 
@@ -207,7 +230,7 @@ def update_check_mod(msg: Message, context: Context, call_next: ClientAppCallabl
     problem = update_problem(update, reference, float(max_norm) if max_norm else None)
     if problem is not None:
         log.warning("update rejected before sending: %s", problem)
-        raise ValueError(rejection(msg.metadata.dst_node_id, problem))
+        raise UpdateRejected(problem)
     if SECAGG_CLIP_KEY in config:
         clip = float(config[SECAGG_CLIP_KEY])
         scale = fit_res.num_examples / float(config[SECAGG_MAX_WEIGHT_KEY])
@@ -276,6 +299,7 @@ def local_dp_when_asked(msg: Message, context: Context, call_next: ClientAppCall
 
 
 SITE_MODS = [
+    site_outcome_mod,
     stale_round_guard,
     clock_guard,
     secagg_when_asked,
@@ -284,5 +308,6 @@ SITE_MODS = [
     central_dp_clipping_when_asked,
     local_dp_when_asked,
 ]
-"""Outermost first: late rounds and a wrong clock are refused before anything else; SecAgg+
-masks what the update check has passed, after DP has clipped or noised it."""
+"""Outermost first: every outcome becomes a reply with its code; late rounds and a wrong
+clock are refused before anything else; SecAgg+ masks what the update check has passed,
+after DP has clipped or noised it."""

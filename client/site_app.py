@@ -39,8 +39,8 @@ from fedweave.contract import (
     STATISTICS_STAGE_KEY,
     WEIGHT_DECAY_KEY,
     WORK_FRACTION_KEY,
-    late,
-    refusal,
+    LateWork,
+    SiteRefusal,
 )
 from fedweave.learning.data import load_site_data
 from fedweave.learning.evaluation_split import hold_out
@@ -162,12 +162,9 @@ class TaskClient(NumPyClient):
     def fit(self, parameters: list[np.ndarray], config: dict) -> tuple[list[np.ndarray], int, dict]:
         work = float(config.get(WORK_FRACTION_KEY, 1.0))
         if work < 1.0 and bool(config.get(DROPS_PARTIAL_WORK_KEY, False)):
-            raise RuntimeError(
-                late(
-                    self.node_id,
-                    f"simulated straggler: {100 * work:.0f}% of its local work done by the "
-                    "deadline, and the strategy drops partial work",
-                )
+            raise LateWork(
+                f"simulated straggler: {100 * work:.0f}% of its local work done by the "
+                "deadline, and the strategy drops partial work",
             )
         stage = config.get(STATISTICS_STAGE_KEY)
         if stage:
@@ -206,20 +203,16 @@ class TaskClient(NumPyClient):
             return data
         text = config.get(STATISTICS_KEY)
         if not text:
-            raise ValueError(
-                refusal(
-                    f"task '{self.task.name}' standardises with federated statistics but the "
-                    "run sent none; run the coordinator's fedweave version"
-                )
+            raise SiteRefusal(
+                f"task '{self.task.name}' standardises with federated statistics but the "
+                "run sent none; run the coordinator's fedweave version"
             )
         known = decode_known(str(text))
         schema = getattr(self.task, "schema", None)
         if schema is not None and known.get("schema") not in (None, schema.digest()):
-            raise ValueError(
-                refusal(
-                    f"this site's table schema ({schema.digest()}) differs from the run's "
-                    f"({known.get('schema')}); install the coordinator's task code here"
-                )
+            raise SiteRefusal(
+                f"this site's table schema ({schema.digest()}) differs from the run's "
+                f"({known.get('schema')}); install the coordinator's task code here"
             )
         # A deployed site builds a new client per message: keep the prepared data per
         # (site data, statistics), not per client, so it is prepared once a run, not a round.
@@ -237,15 +230,13 @@ class TaskClient(NumPyClient):
         """This site's vector for one federated-statistics stage: a mean over its examples."""
         task: Any = self.task
         if not needs_statistics(task) or stage not in task.statistics_stages:
-            raise ValueError(refusal(f"task '{task.name}' has no statistics stage '{stage}'"))
+            raise SiteRefusal(f"task '{task.name}' has no statistics stage '{stage}'")
         known = decode_known(str(config.get(STATISTICS_KEY, "")))
         vector = np.asarray(task.local_statistics(self.data, stage, known), dtype=np.float32)
         if parameters and vector.shape != parameters[0].shape:
-            raise ValueError(
-                refusal(
-                    f"statistics of stage '{stage}' have {vector.size} values, the run "
-                    f"expects {parameters[0].size}; install the coordinator's task code here"
-                )
+            raise SiteRefusal(
+                f"statistics of stage '{stage}' have {vector.size} values, the run "
+                f"expects {parameters[0].size}; install the coordinator's task code here"
             )
         if SECAGG_CLIP_KEY in config:
             weight = min(len(self.data), float(config[SECAGG_MAX_WEIGHT_KEY]))
@@ -254,7 +245,7 @@ class TaskClient(NumPyClient):
                 float(config[SECAGG_CLIP_KEY]),
             )  # fmt: skip
             if problem is not None:
-                raise ValueError(refusal(f"statistics stage '{stage}': {problem}"))
+                raise SiteRefusal(f"statistics stage '{stage}': {problem}")
         return [vector], len(self.data), {}
 
     def _load_global(self, parameters: list[np.ndarray]) -> None:
@@ -263,19 +254,17 @@ class TaskClient(NumPyClient):
             set_weights(self.model, parameters)
         except (ValueError, RuntimeError) as exc:
             problem = str(exc).strip().splitlines()[-1][:160]
-            raise ValueError(
-                refusal(
-                    f"this site's model for task '{self.task.name}' differs from the "
-                    f"coordinator's ({problem}); install the coordinator's fedweave version "
-                    "and task code at this site"
-                )
+            raise SiteRefusal(
+                f"this site's model for task '{self.task.name}' differs from the "
+                f"coordinator's ({problem}); install the coordinator's fedweave version "
+                "and task code at this site"
             ) from None
 
     def _scores(self, parameters: list[np.ndarray], config: dict) -> tuple[dict, int]:
         """The task's evaluation of the global model on this site's evaluation part, and
         its example count."""
         if self.evaluation is None:
-            raise ValueError(
+            raise SiteRefusal(
                 "this site holds no evaluation data: start it with --eval-data FILE or an "
                 "--eval-fraction above 0"
             )
@@ -292,11 +281,9 @@ class TaskClient(NumPyClient):
         scores, examples = self._scores(parameters, config)
         missing = [name for name in names if name not in scores]
         if missing:
-            raise ValueError(
-                refusal(
-                    f"task '{self.task.name}' here does not compute {', '.join(missing)}, which "
-                    "the run's private evaluation sums; install the coordinator's task code"
-                )
+            raise SiteRefusal(
+                f"task '{self.task.name}' here does not compute {', '.join(missing)}, which "
+                "the run's private evaluation sums; install the coordinator's task code"
             )
         vector = np.asarray([float(scores[name]) for name in names], dtype=np.float64)
         if SECAGG_CLIP_KEY in config:
@@ -306,7 +293,7 @@ class TaskClient(NumPyClient):
                 what="metric",
             )  # fmt: skip
             if problem is not None:
-                raise ValueError(refusal(f"private evaluation: {problem}"))
+                raise SiteRefusal(f"private evaluation: {problem}")
         metrics = {SITE_NAME_METRIC: self.site_name} if self.site_name else {}
         return [vector.astype(np.float32)], examples, metrics
 

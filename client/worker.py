@@ -15,7 +15,8 @@ executor: the SuperNode runs with ``--isolation process``, and the worker
 3. checks each run's FAB (``fedweave.app_bundle``): it must name fedweave's own apps and
    carry no code. Whatever a run names, this worker runs the installed
    ``fedweave.client.deployed_app`` and nothing else; a foreign run is refused (an error reply
-   ``fedweave-refused: ...``), logged, and shown in the site's console with its run id. The
+   with the ``SiteRefusal`` code and the reason), logged, and shown in the site's console with
+   its run id. The
    FAB is never installed, so none of its files can be imported.
 
 An exception in the ClientApp becomes an error reply, as in ``flwr-clientapp``. A worker that
@@ -35,6 +36,8 @@ import os
 import signal
 import threading
 import time
+
+from fedweave.contract import SiteOutcome, SiteRefusal, one_line
 
 NOTICE_PREFIX = "site notice: "
 """Starts a line this worker writes to stdout for the site's console (``WorkerSupervisor``)."""
@@ -64,7 +67,7 @@ def warm_up(task: str | None, data_path: str | None, label_column: str | None) -
             log.warning("site data not preloaded: %s", str(exc).splitlines()[0])
 
 
-class ForeignRunRefused(Exception):
+class ForeignRunRefused(SiteRefusal):
     """A run whose bundle is not fedweave's: answered with the refusal, never run."""
 
 
@@ -103,7 +106,7 @@ class ClientAppRunner:
         import hashlib
 
         from fedweave.app_bundle import bundle_problem
-        from fedweave.contract import CLIENT_APP_REF, refusal
+        from fedweave.contract import CLIENT_APP_REF
 
         content = bytes(fab.content)
         digest = hashlib.sha256(content).digest()  # our own digest: not the hash we were told
@@ -115,7 +118,7 @@ class ClientAppRunner:
                 print(NOTICE_PREFIX + notice, flush=True)
         problem = self._verdicts[digest]
         if problem is not None:
-            raise ForeignRunRefused(refusal(f"run {run.run_id}: {problem}"))
+            raise ForeignRunRefused(f"run {run.run_id}: {problem}")
         if self._app is None:
             import importlib
 
@@ -160,7 +163,9 @@ class ClientAppRunner:
         except Exception as exc:  # the ClientApp's failure becomes the site's error reply
             code = ErrorCode.CLIENT_APP_RAISED_EXCEPTION
             reason = f"{type(exc)}:<'{exc}'>"
-            if isinstance(exc, LoadClientAppError):
+            if isinstance(exc, SiteOutcome):  # the refusal of a foreign bundle
+                code, reason = exc.code, one_line(str(exc))
+            elif isinstance(exc, LoadClientAppError):
                 code = ErrorCode.LOAD_CLIENT_APP_EXCEPTION
                 reason = "An exception was raised when attempting to load `ClientApp`"
             if not isinstance(exc, ForeignRunRefused):

@@ -110,50 +110,18 @@ class RoundDeadline:
 
 class _DeadlineGrid:
     """A grid whose ``send_and_receive`` waits at most ``timeout`` seconds unless told
-    otherwise, and hands back each error reply as a failed ``FitRes`` bound to the site that
-    sent it (``failure_bound_to_its_site``); everything else is the wrapped grid's."""
+    otherwise; everything else is the wrapped grid's."""
 
     def __init__(self, grid, deadline: RoundDeadline) -> None:
         self._grid, self._deadline = grid, deadline
 
     def send_and_receive(self, messages, *, timeout: float | None = None):
-        messages = list(messages)
-        replies = self._grid.send_and_receive(
+        return self._grid.send_and_receive(
             messages, timeout=self._deadline.seconds if timeout is None else timeout
         )
-        # pushing gave each message its id: an error reply names the one it answers
-        sent = {message.metadata.message_id: message for message in messages}
-        return [failure_bound_to_its_site(reply, sent) for reply in replies]
 
     def __getattr__(self, name: str):
         return getattr(self._grid, name)
-
-
-def failure_bound_to_its_site(reply, sent: dict):  # type: ignore[no-untyped-def]
-    """``reply`` itself, unless it is an error reply to a training instruction in ``sent``
-    (message id → message): then a content reply from the same site carrying a failed
-    ``FitRes`` whose status message is the error's reason.
-
-    Flower's default fit workflow turns an error reply into a bare ``Exception`` without the
-    node that sent it, so the reporting strategy could only pair such failures with the
-    silent sites by position; as a failed ``FitRes`` it reaches the strategy as
-    ``(site, FitRes)``, bound to the right site."""
-    import flwr.compat.common.recorddict_compat as compat
-    from flwr.app import Message
-    from flwr.common import Code, FitRes, Parameters, Status
-
-    asked = sent.get(reply.metadata.reply_to_message_id)
-    if not reply.has_error() or asked is None or asked.metadata.dst_node_id != (
-        reply.metadata.src_node_id
-    ):
-        return reply
-    failed = FitRes(
-        status=Status(code=Code.FIT_NOT_IMPLEMENTED, message=str(reply.error.reason)),
-        parameters=Parameters(tensors=[], tensor_type=""),
-        num_examples=0,
-        metrics={},
-    )
-    return Message(compat.fitres_to_recorddict(failed, keep_input=False), reply_to=asked)
 
 
 def deadline_fit_workflow(deadline: RoundDeadline):

@@ -306,6 +306,7 @@ def run_evaluation(plan: Any, grid: Any, context: Any) -> None:
     from fedweave.coordinator.deployed_run import recording_run
     from fedweave.coordinator.history_recorder import HistoryRecorder
     from fedweave.coordinator.site_names import SiteNames
+    from fedweave.coordinator.site_outcomes import OutcomeGrid, SiteReplies
     from fedweave.history.metrics import recorded_statistics
     from fedweave.history.model_export import checkpoint_weights
 
@@ -319,6 +320,7 @@ def run_evaluation(plan: Any, grid: Any, context: Any) -> None:
         ]
         if not models:
             raise RuntimeError(f"run {evaluated.run_id} has no recorded model")
+        grid = OutcomeGrid(grid, SiteReplies())  # a malformed evaluation: a failed site
         summary = score_at_sites(grid, config, models, recorded_statistics(rows))
         recorder = HistoryRecorder(store, plan.run_id, Path(config.history.checkpoint_dir))
         SiteNames([recorder]).on_round(summary)

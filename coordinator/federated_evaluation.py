@@ -24,7 +24,7 @@ from flwr.common import Code, EvaluateIns, EvaluateRes, Status
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, Key
 
-from fedweave.contract import CROSS_SITE_MODEL_KEY, bounded_site_metrics
+from fedweave.contract import CROSS_SITE_MODEL_KEY, bounded_site_metrics, one_line
 from fedweave.coordinator.deadlines import RoundDeadline
 from fedweave.coordinator.secure_agg import SecAggSettings
 from fedweave.history.records import SiteResult
@@ -78,12 +78,18 @@ class UnknownSite:
     node_id = "?"
 
 
-def failed_outcome(proxy: Any, reason: str) -> EvaluateOutcome:
+OUTCOME_TAG = "fw-outcome"
+"""A failed evaluation's metric: the status its site said (``refused``, ``failed``, ``lost``,
+...), taken out again by ``site_evaluations``."""
+
+
+def failed_outcome(proxy: Any, reason: str, status: str = "failed") -> EvaluateOutcome:
+    """An evaluation that did not happen at ``proxy``'s site: ``status`` with ``reason``."""
     res = EvaluateRes(
         status=Status(code=Code.EVALUATE_NOT_IMPLEMENTED, message=reason),
         loss=0.0,
         num_examples=0,
-        metrics={},
+        metrics={OUTCOME_TAG: status},
     )
     return proxy, res
 
@@ -105,7 +111,7 @@ def evaluate_at_sites(
     is the instruction's own (anything with a ``node_id``); a failure's status says why.
     A cross-site result carries the model it scored (``CROSS_SITE_MODEL_KEY``); sites that
     said nothing by ``timeout`` are in neither list."""
-    from fedweave.coordinator.reporting import failure_reason
+    from fedweave.contract import outcome_of
 
     results: list[EvaluateOutcome] = []
     failures: list[EvaluateOutcome] = []
@@ -133,7 +139,8 @@ def evaluate_at_sites(
         site, ins = asked
         model = ins.config.get(CROSS_SITE_MODEL_KEY)
         if reply.has_error():
-            outcome = failed_outcome(site, failure_reason(str(reply.error.reason)))
+            status, reason = outcome_of(int(reply.error.code), reply.error.reason)
+            outcome = failed_outcome(site, reason, status)
             _tag(outcome[1], model)
             failures.append(outcome)
             continue
@@ -170,12 +177,15 @@ def site_evaluations(
     evaluations, matrix, seen = [], [], set()
     for site, res in [*results, *failures]:
         node, model = str(site.node_id), res.metrics.get(CROSS_SITE_MODEL_KEY)
-        metrics = {k: v for k, v in res.metrics.items() if k != CROSS_SITE_MODEL_KEY}
+        status = str(res.metrics.get(OUTCOME_TAG, "failed"))
+        metrics = {
+            k: v for k, v in res.metrics.items() if k not in (CROSS_SITE_MODEL_KEY, OUTCOME_TAG)
+        }
         ok = res.status.code == Code.OK
         entry = (
             SiteResult(node, "ok", int(res.num_examples), {"loss": float(res.loss), **metrics})
             if ok
-            else SiteResult(node, "failed", metrics=metrics, reason=res.status.message)
+            else SiteResult(node, status, metrics=metrics, reason=one_line(res.status.message))
         )
         if model is None:
             evaluations.append(entry)

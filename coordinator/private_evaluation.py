@@ -137,26 +137,27 @@ def private_evaluate_workflow(
             context=context, config=context.config, strategy=strategy,
             client_manager=context.client_manager,
         )  # fmt: skip
+        mark = reporting.site_replies.mark()
         make_secagg_workflow(len(asked))(grid, stage)
         counted = {str(proxy.node_id): res for proxy, res in strategy.counted}
-        # SecAgg+ reports a failure without its site: a site left out is late when nothing
-        # failed, else failed with the round's failures named (not one guessed to be its own)
-        failures = "; ".join(dict.fromkeys(strategy.failures))
-        status, left_out = (
-            ("failed", f"left out of the secure sum; this round's failures: {failures}")
-            if failures
-            else ("late", f"not in the secure sum by the round deadline ({deadline.seconds:g} s)")
-        )
-        sites = [
-            SiteResult(
-                str(proxy.node_id), "ok", int(counted[str(proxy.node_id)].num_examples),
-                _name_only(counted[str(proxy.node_id)].metrics),
+        # a site left out said why (noted under its node by the run's grid), or nothing
+        silent = f"not in the secure sum by the round deadline ({deadline.seconds:g} s)"
+        sites = []
+        for proxy in asked:
+            node = str(proxy.node_id)
+            if node in counted:
+                sites.append(SiteResult(
+                    node, "ok", int(counted[node].num_examples), _name_only(counted[node].metrics)
+                ))  # fmt: skip
+                continue
+            said = reporting.site_replies.said(current_round, proxy.node_id, since=mark)
+            sites.append(
+                SiteResult(node, said.status, reason=said.reason)
+                if said is not None
+                else SiteResult(node, "late", reason=silent)
             )
-            if str(proxy.node_id) in counted
-            else SiteResult(str(proxy.node_id), status, reason=left_out)
-            for proxy in asked
-        ]  # fmt: skip
-        reason = None if strategy.mean is not None else f"private evaluation failed: {left_out}"
+        failures = "; ".join(dict.fromkeys(strategy.failures)) or silent
+        reason = None if strategy.mean is not None else f"private evaluation failed: {failures}"
         if reason:
             log.warning("round %s: %s", current_round, reason)
         reporting.record_private_evaluation(current_round, strategy.mean, sites, reason)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import re
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
@@ -34,10 +33,8 @@ from flwr.server.strategy import Strategy
 from fedweave.contract import (
     CLIPPED_FRACTION_METRIC,
     CROSS_SITE_MODEL_KEY,
-    REFUSED_PREFIX,
     bounded_site_metrics,
-    parse_site_error,
-    readable_failure,
+    one_line,
 )
 from fedweave.coordinator.deadlines import RoundDeadline
 from fedweave.coordinator.federated_evaluation import (
@@ -48,6 +45,7 @@ from fedweave.coordinator.federated_evaluation import (
     weighted_evaluation,
 )
 from fedweave.coordinator.rounds import RoundListener, RoundSummary
+from fedweave.coordinator.site_outcomes import SiteReplies, failure_said
 from fedweave.flower_patches.secagg_masks import unflatten
 from fedweave.history.records import SiteResult
 from fedweave.learning.validation import update_problem
@@ -76,25 +74,6 @@ def weighted_train_metrics(results: Sequence[tuple[ClientProxy, FitRes]]) -> dic
         key: sum(metrics.get(key, 0.0) * n for metrics, n in reported) / total
         for key in sorted(keys)
     }
-
-
-_APP_MESSAGE = re.compile(r"occurred\. Message: ([^\n'\"\\]+)")
-_ERROR_REASON = re.compile(r"reason=['\"](.+?)['\"]\)?$", re.S)
-
-
-def failure_reason(text: str) -> str:
-    """The site's own error message out of Flower's/Ray's wrapping, on one short line (a
-    site's refusal as ``refused: <reason>``)."""
-    if REFUSED_PREFIX in text:
-        return readable_failure(text.strip())[:300]
-    found = _APP_MESSAGE.findall(text)
-    if found:
-        return found[-1].strip()[:300]
-    wrapped = _ERROR_REASON.search(text.strip())
-    if wrapped:  # Flower's Error(code=..., reason='...') as the deployment engine reports it
-        text = wrapped.group(1)
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return (lines[-1] if lines else "no reply")[:300]
 
 
 def arrival_independent_order(
@@ -164,6 +143,9 @@ class ReportingStrategy(Strategy):
         (Flower's numbering); 0: never.
     last_round : int (default: 0)
         The last round this process runs (Flower's numbering).
+    site_replies : SiteReplies | None (default: None)
+        What each site said in error replies, noted by node by the run's ``OutcomeGrid``;
+        ``None``: none noted, so a sampled site without a result is ``late``.
     cross_site : bool (default: False)
         After ``last_round``'s training, every connected site scores the final global model
         and, under plain aggregation, each site's own last model (under SecAgg+ the
@@ -184,8 +166,11 @@ class ReportingStrategy(Strategy):
         evaluate_every: int = 0,
         last_round: int = 0,
         cross_site: bool = False,
+        site_replies: SiteReplies | None = None,
     ) -> None:
         super().__init__()
+        self.site_replies = site_replies if site_replies is not None else SiteReplies()
+        self._replies_mark = 0
         self.strategy = strategy
         self.evaluator = evaluator
         self.listeners = list(listeners)
@@ -229,6 +214,7 @@ class ReportingStrategy(Strategy):
         self._sites, self._warnings, self._train_metrics = [], [], {}
         self._aggregated, self._failed, self._pending = False, None, None
         self._asked_to_evaluate = []
+        self._replies_mark = self.site_replies.mark()  # what sites say in this round's fit
         instructions = self.strategy.configure_fit(server_round, parameters, client_manager)
         self._sampled = [proxy.node_id for proxy, _ in instructions]
         return instructions
@@ -290,45 +276,28 @@ class ReportingStrategy(Strategy):
                 )
         return accepted
 
-    def _record_failures(self, failures: list) -> None:
+    def _record_failures(self, server_round: int, failures: list) -> None:
+        """Record each sampled site that did not reply with an update: what it said, bound to
+        its node (``SiteReplies``), or ``late`` when it said nothing by the deadline."""
         known = {int(site.site_id) for site in self._sites}
-        unexplained = []
         for failure in failures:
-            if isinstance(failure, BaseException):
-                said = parse_site_error(str(failure))
-                if said:
-                    site_id, status, problem = said
-                    if int(site_id) not in known:
-                        known.add(int(site_id))
-                        self._sites.append(SiteResult(site_id, status, reason=problem))
-                    continue
-                unexplained.append(failure_reason(str(failure)))
-            else:  # bound to its site: what it said, under its node (not the text's)
+            if not isinstance(failure, BaseException):  # a result whose status is not OK
                 proxy, res = failure
                 known.add(proxy.node_id)
-                message = res.status.message
-                said = parse_site_error(message)
-                # a site's word: its own status, a bounded reason, and never another's node
-                status, reason = (
-                    (said[1], said[2][:300]) if said else ("failed", failure_reason(message))
-                )
-                self._sites.append(SiteResult(str(proxy.node_id), status, reason=reason))
-        # SecAgg+'s failures carry no node id (a plain round's are bound to their site by the
-        # fit step), and it lists a stage-2 failure twice: the failed sites are the sampled
-        # ones that neither replied nor were rejected, as many as there are errors; the rest
-        # said nothing by the deadline, so they are late.
-        missing = [node for node in self._sampled if node not in known]
-        reasons = list(dict.fromkeys(unexplained))
+                reason = one_line(res.status.message) or "no reason given"
+                self._sites.append(SiteResult(str(proxy.node_id), "failed", reason=reason))
+        # an error reply reaches the strategy without its node; the grid noted it by node
         late = (
             f"no reply within the round deadline ({self.deadline.seconds:g} s)"
             if self.deadline is not None
             else "no reply"
         )
-        for index, node in enumerate(missing):
-            if index < len(reasons):
-                self._sites.append(SiteResult(str(node), "failed", reason=reasons[index]))
-            else:
-                self._sites.append(SiteResult(str(node), "late", reason=late))
+        for node in self._sampled:
+            if node in known:
+                continue
+            said = self.site_replies.said(server_round, node, since=self._replies_mark)
+            status, reason = (said.status, said.reason) if said else ("late", late)
+            self._sites.append(SiteResult(str(node), status, reason=reason))
 
     def aggregate_fit(
         self,
@@ -348,7 +317,7 @@ class ReportingStrategy(Strategy):
             self._train_metrics = weighted_train_metrics(accepted)
             if self.cross_site and server_round == self.last_round:
                 self._local_models = {proxy.node_id: res.parameters for proxy, res in accepted}
-        self._record_failures(failures)
+        self._record_failures(server_round, failures)
         replied = sum(1 for site in self._sites if site.status == "ok")
         if replied < self.min_replies:
             self._failed = (
@@ -380,7 +349,7 @@ class ReportingStrategy(Strategy):
             instructions = [(proxy, ins) for proxy in client_manager.all().values()]
         # a site still training at this round's deadline would most likely miss the
         # evaluation's too, and hold the round open a second deadline: it is not asked
-        late = {site.site_id for site in self._sites if site.status == "late"}
+        late = {site.site_id for site in self._sites if site.status in ("late", "lost")}
         instructions = [(proxy, ins) for proxy, ins in instructions
                         if str(proxy.node_id) not in late]  # fmt: skip
         self._asked_to_evaluate = [proxy.node_id for proxy, _ in instructions]
@@ -417,7 +386,7 @@ class ReportingStrategy(Strategy):
             return None, {}
         failures = [
             f if not isinstance(f, BaseException)  # not sent by our workflow; kept anyway
-            else failed_outcome(UnknownSite(), failure_reason(str(f)))
+            else failed_outcome(UnknownSite(), failure_said(f).reason, failure_said(f).status)
             for f in failures
         ]  # fmt: skip
         late = (

@@ -22,7 +22,6 @@ import typer
 from fedweave.certs import TlsFiles, registered_site_keys
 from fedweave.config import Resolved, RunConfig
 from fedweave.config.sections import ConnectionSection
-from fedweave.contract import readable_failure
 from fedweave.coordinator.deployed_run import (
     COORDINATOR_PID_ENV,
     DB_URL_FILE_ENV,
@@ -183,7 +182,7 @@ class _Watcher:
             )
             for site in self.store.site_results(self.plan.run_id, row["round"]):
                 if site["status"] != "ok":
-                    reason = readable_failure(site.get("reason"))
+                    reason = site.get("reason") or "no reason given"
                     node = (site.get("metrics") or {}).get("node_id", site["site_id"])
                     name = self.revoked.get(str(node))
                     who = f"{site['site_id']} ({name}, key revoked)" if name else site["site_id"]

@@ -50,6 +50,7 @@ from fedweave.coordinator.secure_agg import (
     make_secagg_workflow,
 )
 from fedweave.coordinator.site_names import SiteNames
+from fedweave.coordinator.site_outcomes import OutcomeGrid, SiteReplies
 from fedweave.coordinator.statistics import StatisticsFirst, StatisticsSink, WithStatistics
 from fedweave.coordinator.strategies import check_strategy_choice, make_strategy
 from fedweave.errors import UserError
@@ -294,6 +295,8 @@ def make_server_app(
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
+        site_replies = SiteReplies()
+        grid = OutcomeGrid(grid, site_replies)  # every workflow's replies, bound to their site
         strategy = make_strategy(
             config.federation.strategy,
             settings.secure_agg,
@@ -313,6 +316,7 @@ def make_server_app(
             evaluate_every=config.evaluation.evaluate_every,
             last_round=settings.rounds,
             cross_site=config.evaluation.cross_site,
+            site_replies=site_replies,
             fraction_evaluate=config.evaluation.fraction_evaluate,
             min_evaluate_clients=1,
             initial_parameters=ndarrays_to_parameters(start_weights),

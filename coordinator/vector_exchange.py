@@ -14,16 +14,18 @@ from flwr.common import Parameters
 from flwr.server.client_manager import ClientManager
 from flwr.server.strategy import Strategy
 
-from fedweave.contract import readable_failure
+from fedweave.contract import one_line
+from fedweave.coordinator.site_outcomes import failure_said
 
 
 def failure_text(failure: Any) -> str:
-    """One readable line for a fit failure: an exception, or a ``(site, FitRes)`` whose
-    status says why."""
+    """One readable line for a fit failure: an error reply Flower wrapped in an exception
+    (its status and reason), or a ``(site, FitRes)`` whose status says why."""
     if isinstance(failure, BaseException):
-        return readable_failure(str(failure))
+        said = failure_said(failure)
+        return f"{said.status}: {said.reason}"
     _, res = failure
-    return readable_failure(getattr(res.status, "message", str(res)))
+    return "failed: " + one_line(getattr(res.status, "message", str(res)))
 
 
 class VectorExchangeStrategy(Strategy):

@@ -8,8 +8,8 @@ The coordinator (``fedweave.coordinator``) writes these keys and the site
 - Run config (coordinator → every Flower process of the run).
 - Node config (``fedweave client`` → its own SuperNode).
 - Fit config (coordinator → each sampled site, every round).
-- Error prefixes (site → coordinator): a refused run, a rejected update or a simulated
-  straggler's late reply, with the reason.
+- Site outcomes (site → coordinator): error codes for a refused run, a rejected update, a
+  simulated straggler's late reply and any other failure, each with its reason.
 """
 
 from __future__ import annotations
@@ -115,52 +115,72 @@ CLIPPED_FRACTION_METRIC = "secagg_clipped_fraction"
 """Fit metric: share of a site's weights SecAgg+ will clip (reported, never silent)."""
 SECONDS_METRIC = "seconds"
 
-REJECTED_PREFIX = "fedweave-rejected"
-"""Starts a site's error when it refuses to send its own (invalid) update."""
-LATE_PREFIX = "fedweave-late"
-"""Starts a simulated straggler's error when the strategy drops partial work."""
-REFUSED_PREFIX = "fedweave-refused"
-"""Starts a site's error when it cannot take part in a run (wrong task or data)."""
-
-SITE_ERROR_STATUS = {REJECTED_PREFIX: "rejected", LATE_PREFIX: "late"}
-"""A site's error prefix → the status the round records for that site."""
-_SITE_ERROR = re.compile(
-    "(" + "|".join(map(re.escape, SITE_ERROR_STATUS)) + r") site (\d+): ([^'\"\n>\\]*)"
-)  # the reason ends where Flower's quoting or a (repr-escaped) newline starts
+MAX_REASON_CHARS = 300
+"""A site's reason is its own word: kept to one printable line of at most this many characters."""
 
 
-def rejection(site_id: int, problem: str) -> str:
-    """The error text of a site that refuses to send its update."""
-    return f"{REJECTED_PREFIX} site {site_id}: {problem}"
+class SiteOutcome(Exception):
+    """A site's answer that is not a result, raised by the site's code with its reason.
+
+    The site's outermost mod (``fedweave.client.mods.site_outcome_mod``) turns it into an
+    error reply whose ``Error.code`` is the class's ``code`` and whose ``Error.reason`` is
+    the reason, so the coordinator reads the outcome as data bound to the node that sent
+    it (``outcome_of``), never out of exception text.
+    """
+
+    status = "failed"
+    code = 1000
 
 
-def late(site_id: int, reason: str) -> str:
-    """The error text of a simulated straggler whose partial work the strategy drops."""
-    return f"{LATE_PREFIX} site {site_id}: {reason}"
+class SiteRefusal(SiteOutcome):
+    """This site cannot take part in this run (wrong task or data, a foreign run bundle,
+    a clock too far off, ...); the reason says what to change."""
+
+    status = "refused"
+    code = 1001
 
 
-def parse_site_error(text: str) -> tuple[str, str, str] | None:
-    """(site id, status, reason) out of an error that carries a site's ``rejection`` (status
-    ``rejected``) or a straggler's ``late`` (status ``late``), else None."""
-    match = _SITE_ERROR.search(text)
-    if match is None:
-        return None
-    return match.group(2), SITE_ERROR_STATUS[match.group(1)], match.group(3).strip()
+class UpdateRejected(SiteOutcome):
+    """This site refuses to send its own update (not finite, wrong shape, too far from the
+    global model); the reason names the problem."""
+
+    status = "rejected"
+    code = 1002
 
 
-def refusal(reason: str) -> str:
-    """The error text of a site that refuses a run."""
-    return f"{REFUSED_PREFIX}: {reason}"
+class LateWork(SiteOutcome):
+    """A simulated straggler whose partial work the strategy drops."""
+
+    status = "late"
+    code = 1003
 
 
-def readable_failure(text: str | None) -> str:
-    """A site's failure reason without Flower's ``Error(code=.., reason="<class ..>:<'..'>")``
-    wrapping: a refusal reads ``refused: <reason>``."""
-    text = text or "no reason given"
-    marker = f"{REFUSED_PREFIX}: "
-    if marker in text:
-        inner = text.split(marker, 1)[1]
-        for tail in ("'>\")", "'>"):
-            inner = inner.removesuffix(tail)
-        return "refused: " + inner
-    return text
+SITE_FAILED_CODE = SiteOutcome.code
+"""Any other exception at the site: ``failed``, with its type and first line."""
+SITE_OUTCOME_STATUS = {
+    kind.code: kind.status for kind in (SiteOutcome, SiteRefusal, UpdateRejected, LateWork)
+}
+"""A fedweave site's error code → the status the coordinator records for it."""
+
+
+def one_line(text: str, limit: int = MAX_REASON_CHARS) -> str:
+    """``text``'s first non-empty line, printable characters only, at most ``limit`` long."""
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    first = lines[0] if lines else ""
+    return "".join(c if c.isprintable() else "?" for c in first)[:limit]
+
+
+def outcome_of(code: int, reason: str | None) -> tuple[str, str]:
+    """(status, reason) of an error reply with ``code`` and ``reason``: a fedweave site's own
+    outcome, Flower's (``lost`` for a node it lost, else ``failed``), or ``failed`` with
+    ``malformed reply`` for a code neither knows."""
+    from flwr.common.constant import ErrorCode
+
+    said = one_line(reason or "") or "no reason given"
+    if code in SITE_OUTCOME_STATUS:
+        return SITE_OUTCOME_STATUS[code], said
+    if code == ErrorCode.NODE_UNAVAILABLE:  # the SuperLink lost the site
+        return "lost", said
+    if code in {value for name, value in vars(ErrorCode).items() if name.isupper()}:
+        return "failed", said  # Flower's own: the ClientApp did not load, crashed, ...
+    return "failed", f"malformed reply: unknown outcome code {code}"

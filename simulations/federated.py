@@ -18,7 +18,6 @@ make_flower_offline()
 
 from fedweave.client.site_app import ClientSettings, make_client_app  # noqa: E402
 from fedweave.config import RunConfig  # noqa: E402
-from fedweave.contract import LATE_PREFIX, REFUSED_PREFIX, REJECTED_PREFIX  # noqa: E402
 from fedweave.coordinator.rounds import RoundListener, RoundSummary  # noqa: E402
 from fedweave.coordinator.server_app import ServerSettings, initial_weights, make_server_app  # noqa: E402
 from fedweave.learning.data import load_site_data  # noqa: E402
@@ -85,30 +84,9 @@ def backend_config(config: RunConfig) -> dict:
     }
 
 
-class _ExpectedSiteErrors(logging.Filter):
-    """Flower logs every ClientApp exception three times, traceback included. A simulated
-    straggler's late reply, a rejected update and a refused run are expected outcomes that the
-    round's records and report carry with their reason, so they are not logged again."""
-
-    HEADLINE = "An exception was raised when processing a message by %s"  # the backend's
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.msg == self.HEADLINE:
-            return False
-        text = record.getMessage()
-        return not any(prefix in text for prefix in (LATE_PREFIX, REJECTED_PREFIX, REFUSED_PREFIX))
-
-
-_EXPECTED_SITE_ERRORS = _ExpectedSiteErrors()
-
-
 def quiet_flower(verbose: bool) -> None:
     flower = logging.getLogger("flwr")
     flower.setLevel(logging.INFO if verbose else logging.ERROR)
-    if verbose:
-        flower.removeFilter(_EXPECTED_SITE_ERRORS)
-    else:
-        flower.addFilter(_EXPECTED_SITE_ERRORS)
 
 
 def run_federated_simulation(

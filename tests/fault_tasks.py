@@ -154,6 +154,42 @@ class StallsInRound2Digits(_OneBadSite):
         return metrics
 
 
+FAIL_MARK, NAN_MARK = 7.0, 8.0
+"""``MarkedDigits``: a site whose file holds this value raises while training, or sends NaN."""
+
+
+class MarkedDigits(DigitsTask):
+    """Each site's file says how it behaves (digits features are in [0, 1]): holding
+    ``FAIL_MARK`` it raises while training, holding ``NAN_MARK`` it trains NaN weights (which
+    its own update check rejects before sending); any other site trains normally."""
+
+    name = "digits-marked"
+
+    def read_site_data(self, path) -> ArrayData:
+        data = read_npz(path)
+        site = _SiteFile(data.x, data.y)
+        object.__setattr__(site, "marked", float(data.x.max()))
+        return site
+
+    def train(self, model, data, config):
+        metrics = super().train(model, data, config)
+        mark = float(getattr(data, "marked", 0.0))
+        if mark == FAIL_MARK:
+            raise RuntimeError("injected fault: this site crashes while training")
+        if mark == NAN_MARK:
+            with torch.no_grad():
+                model[0].weight.fill_(float("nan"))
+        return metrics
+
+
+def mark_site(path, mark: float) -> None:
+    """Write ``mark`` into the first value of the site file at ``path`` (``MarkedDigits``)."""
+    with np.load(path) as data:
+        arrays = {name: data[name].copy() for name in data.files}
+    arrays["x"][0, 0] = mark
+    np.savez(path, **arrays)
+
+
 def bad_site_index(split_dir) -> int:
     """Which site file holds the sentinel example."""
     for index in range(1000):

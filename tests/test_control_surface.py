@@ -119,7 +119,7 @@ def test_the_site_worker_runs_fedweaves_app_and_refuses_any_other(capsys):
     evil = fab(_fab({"pyproject.toml": _pyproject(SERVER_APP_REF, CLIENT_APP_REF),
                      "README.md": b"x", "evil.py": b"raise SystemExit"}))  # fmt: skip
     for _ in range(2):
-        with pytest.raises(ForeignRunRefused, match="fedweave-refused: run 42: the bundle"):
+        with pytest.raises(ForeignRunRefused, match="run 42: the bundle"):
             runner._client_app(run, evil)
     out = capsys.readouterr().out.splitlines()
     notices = [line for line in out if line.startswith(NOTICE_PREFIX)]

@@ -41,7 +41,7 @@ def test_the_clock_check_refuses_only_a_difference_it_can_prove() -> None:
 def test_a_site_whose_clock_is_behind_is_refused_recorded_and_the_run_goes_on(tmp_path):
     """Four registered sites, TLS, SecAgg+; the fourth runs 120 s behind (every Python process
     of it, see tests/fixtures/skewed_clock): each round it refuses with the measured
-    difference, the coordinator records it failed with that reason, SecAgg+ recovers it as a
+    difference, the coordinator records it refused with that reason, SecAgg+ recovers it as a
     dropout and the three others complete both rounds."""
     make_deployment(tmp_path, 4)
     db = f"sqlite:///{tmp_path / 'history.db'}"
@@ -59,7 +59,7 @@ def test_a_site_whose_clock_is_behind_is_refused_recorded_and_the_run_goes_on(tm
     for failed in refused_every_round(db, rounds=2, sites=4):
         # 120 s less the instruction's delivery time, rounded
         assert re.match(
-            r"refused: this site's clock is 1(19|20) s behind the coordinator's \(at most 60 s",
+            r"this site's clock is 1(19|20) s behind the coordinator's \(at most 60 s",
             failed["reason"],
         ), failed
     assert "s behind the coordinator's" in out
@@ -69,7 +69,7 @@ def test_a_site_whose_model_differs_refuses_with_the_reason(tmp_path) -> None:
     """A site whose task builds another model (an older fedweave or task code) refuses the
     round's weights with a reason naming the fix, instead of crashing inside torch."""
     from fedweave.client.site_app import TaskClient
-    from fedweave.contract import readable_failure
+    from fedweave.contract import SiteRefusal
     from fedweave.learning.task import ArrayData
     from fedweave.learning.tasks.digits import DigitsTask
     from fedweave.learning.training import TrainConfig
@@ -78,8 +78,8 @@ def test_a_site_whose_model_differs_refuses_with_the_reason(tmp_path) -> None:
     coordinator_weights = get_weights(DigitsTask(hidden=64).build_model())
     data = ArrayData(np.zeros((4, 64), np.float32), np.zeros(4, np.int64))
     site = TaskClient(DigitsTask(hidden=32), data, TrainConfig(), site_index=0)
-    with pytest.raises(ValueError) as refused:
+    with pytest.raises(SiteRefusal) as refused:
         site.fit(coordinator_weights, {"round": 1})
-    reason = readable_failure(str(refused.value))
-    assert reason.startswith("refused: this site's model for task 'digits' differs"), reason
+    reason = str(refused.value)
+    assert reason.startswith("this site's model for task 'digits' differs"), reason
     assert "install the coordinator's fedweave version" in reason

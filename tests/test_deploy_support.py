@@ -185,7 +185,8 @@ def recorded(db_url: str) -> tuple[list[dict], list[dict], object]:
 
 def refused_every_round(db_url: str, rounds: int, sites: int) -> list[dict]:
     """Check the run completed ``rounds`` rounds, in each of which exactly one of ``sites``
-    sampled sites failed and the others replied; return the failed site's row of each round."""
+    sampled sites refused (its own status, sent as data) and the others replied; return the
+    refusing site's row of each round."""
     recorded_rounds, site_rows, run = recorded(db_url)
     assert [r["round"] for r in recorded_rounds] == list(range(1, rounds + 1))
     assert run.status == "completed"
@@ -193,8 +194,8 @@ def refused_every_round(db_url: str, rounds: int, sites: int) -> list[dict]:
     failed_rows = []
     for n in range(1, rounds + 1):
         rows = [s for s in site_rows if s["round"] == n]
-        assert sorted(s["status"] for s in rows) == ["failed"] + ["ok"] * (sites - 1), rows
-        failed_rows += [s for s in rows if s["status"] == "failed"]
+        assert sorted(s["status"] for s in rows) == ["ok"] * (sites - 1) + ["refused"], rows
+        failed_rows += [s for s in rows if s["status"] == "refused"]
     return failed_rows
 
 

@@ -233,9 +233,9 @@ def test_a_site_that_cannot_evaluate_is_recorded_and_the_round_goes_on(tmp_path)
     for row in rounds:
         assert row["eval_accuracy"] is not None  # central evaluation on digits' test split
         for site in row["extra"]["evaluation"].get("sites", []):
-            assert site["status"] == "failed"
+            assert site["status"] == "refused"
             assert "holds no evaluation data" in site["reason"], site
-    assert "evaluation failed: this site holds no evaluation data" in done.stderr
+    assert "evaluation refused: this site holds no evaluation data" in done.stderr
 
 
 @pytest.mark.parametrize(

@@ -108,9 +108,9 @@ def test_a_site_crashing_in_the_masked_stage_does_not_stop_the_round(tmp_path):
 
 
 def test_a_plain_rounds_crash_is_recorded_against_the_site_that_crashed(tmp_path):
-    """Flower hands the strategy a bare exception for an error reply; the fit step binds it
-    to the site that sent it (``deadlines.failure_bound_to_its_site``), so the failure is
-    recorded under that site's name, not paired with a silent site by position."""
+    """Flower hands the strategy a bare exception for an error reply; the run's grid noted it
+    under the site that sent it (``site_outcomes.OutcomeGrid``), so the failure is recorded
+    under that site's name, not paired with a silent site by position."""
     sim = RunConfig.of(
         task="fault_tasks:RaisingDigits", clients=4, rounds=2, partition="iid", secure_agg=False
     )
@@ -168,30 +168,3 @@ def test_share_derivation_and_refusals():
         derive_shares(2)
     with pytest.raises(UserError, match="only reveals"):
         server_settings(RunConfig.of(strategy="krum", secure_agg=True)).check()
-
-
-def test_a_bound_failure_is_recorded_under_its_own_node_with_what_the_site_said():
-    """A failure the fit step bound to its site arrives as ``(site, FitRes)``: recorded under
-    that site's node (whatever node id its text names), with the status the site said, and
-    never paired with a silent site by position (that one stays ``late``)."""
-    from types import SimpleNamespace
-
-    from flwr.common import Code, FitRes, Parameters, Status
-    from flwr.server.strategy import FedAvg
-
-    from fedweave.contract import rejection
-    from fedweave.coordinator.reporting import ReportingStrategy
-
-    def failed(text: str) -> FitRes:
-        return FitRes(Status(Code.FIT_NOT_IMPLEMENTED, text), Parameters([], ""), 0, {})
-
-    reporting = ReportingStrategy(FedAvg(), evaluator=None)
-    reporting._sampled = [11, 22, 33]
-    reporting._record_failures([
-        (SimpleNamespace(node_id=22), failed(rejection(99, "update not finite"))),
-        (SimpleNamespace(node_id=33), failed("Error(code=1, reason='disk full')")),
-    ])  # fmt: skip
-    recorded = {site.site_id: (site.status, site.reason) for site in reporting._sites}
-    assert recorded["22"] == ("rejected", "update not finite")
-    assert recorded["33"][0] == "failed" and "disk full" in recorded["33"][1]
-    assert recorded["11"][0] == "late"

@@ -31,13 +31,15 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-SCHEMA_REVISION = "0003"
+SCHEMA_REVISION = "0004"
 """The Alembic revision these models describe; equal to the newest migration (tested)."""
 
 RUN_MODES = ("federated", "gossip")
 RUN_STATUSES = ("running", "completed", "completed-alone", "failed", "interrupted")
 """``completed-alone``: a gossip peer ran its rounds, but more than its bound without partners."""
-SITE_STATUSES = ("ok", "failed", "rejected", "late")
+SITE_STATUSES = ("ok", "failed", "rejected", "late", "refused", "lost")
+"""``refused``: the site cannot take part in the run and said why; ``lost``: the SuperLink
+lost the site mid-round; ``late``: no reply by the round deadline."""
 
 NAMING = {
     "ix": "ix_%(column_0_label)s",

@@ -20,8 +20,9 @@ class SiteResult:
 
     Attributes:
         site_id: Flower node id as text, or the gossip neighbour's peer id.
-        status: ``"ok"``, ``"failed"``, ``"rejected"`` or ``"late"`` (no reply by the round
-            deadline).
+        status: ``"ok"``, ``"failed"``, ``"rejected"``, ``"refused"`` (the site cannot take
+            part in the run), ``"lost"`` (the SuperLink lost it) or ``"late"`` (no reply by
+            the round deadline).
         num_examples: examples the site trained on (0 when unknown).
         metrics: whatever the site reported (train_loss, train_accuracy, ...).
         seconds: the site's own training time, when known.

@@ -1,0 +1,167 @@
+"""What each site said, bound to the node that said it.
+
+A site answers every message with a result or an error reply whose code says what happened
+(``fedweave.contract``: refused, rejected, late, failed) and whose reason says why; Flower's
+own error replies (a ClientApp that crashed, a node the SuperLink lost) carry Flower's codes.
+Flower's workflows hand a strategy those errors without their node, so every workflow of a
+run sends through ``OutcomeGrid``, which notes each error reply's outcome under its round
+and node in ``SiteReplies`` before the workflow sees it. The reporting strategy reads a
+silent-looking site's outcome there: what the site said, or, when it said nothing, ``late``.
+
+A reply whose content is not the result it was asked for (no fit or evaluation result, a
+status code Flower does not know) is turned into an error reply from the same site and noted
+``failed`` with ``malformed reply``, so a workflow never trips over it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fedweave.contract import SITE_FAILED_CODE, one_line, outcome_of
+
+MAX_ROUNDS_KEPT = 8
+"""Rounds whose outcomes are kept; a round's are read when it ends."""
+
+
+@dataclass(frozen=True)
+class SiteSaid:
+    """One site's outcome in one round: ``status`` as the history records it (``refused``,
+    ``rejected``, ``late``, ``failed`` or ``lost``) and the reason, one line."""
+
+    status: str
+    reason: str
+
+
+class SiteReplies:
+    """The outcomes of the error replies of the last ``MAX_ROUNDS_KEPT`` rounds, by round
+    (Flower's group id, the round's number as text) and node, in the order they were noted.
+
+    One round may ask a site several times (SecAgg+'s four stages, the round's evaluation,
+    federated statistics before round 1), so a reader takes ``mark()`` before its exchange
+    and asks for what a site said ``since`` then: its first word in that exchange.
+    """
+
+    def __init__(self) -> None:
+        self._rounds: dict[str, dict[int, list[tuple[int, SiteSaid]]]] = {}
+        self._noted = 0
+
+    def mark(self) -> int:
+        """A point in time: ``said(..., since=mark)`` ignores what was noted before it."""
+        return self._noted
+
+    def note(self, group_id: str, node_id: int, said: SiteSaid) -> None:
+        """Note ``said`` as what ``node_id`` answered in round ``group_id``."""
+        if group_id not in self._rounds:
+            self._rounds[group_id] = {}
+            while len(self._rounds) > MAX_ROUNDS_KEPT:
+                del self._rounds[next(iter(self._rounds))]
+        self._rounds[group_id].setdefault(int(node_id), []).append((self._noted, said))
+        self._noted += 1
+
+    def said(self, server_round: int | str, node_id: int, since: int = 0) -> SiteSaid | None:
+        """What ``node_id`` first said in ``server_round`` (Flower's numbering) at or after
+        ``since``, or None."""
+        noted = self._rounds.get(str(server_round), {}).get(int(node_id), [])
+        return next((said for serial, said in noted if serial >= since), None)
+
+
+def failure_said(failure: BaseException) -> SiteSaid:
+    """The outcome of a failure a Flower workflow reports without its node: the error reply
+    it wraps (``Exception(message.error)``, structured), else the exception's type and line."""
+    from flwr.app import Error
+
+    error = failure.args[0] if failure.args else None
+    if isinstance(error, Error):
+        return SiteSaid(*outcome_of(int(error.code), error.reason))
+    return SiteSaid("failed", one_line(f"{type(failure).__name__}: {failure}"))
+
+
+_FIT_RESULT = (
+    ("array_records", "fitres.parameters", None),
+    ("metric_records", "fitres.num_examples", "num_examples"),
+    ("config_records", "fitres.metrics", None),
+    ("config_records", "fitres.status", "code"),
+)
+_EVALUATE_RESULT = (
+    ("metric_records", "evaluateres.loss", "loss"),
+    ("metric_records", "evaluateres.num_examples", "num_examples"),
+    ("config_records", "evaluateres.metrics", None),
+    ("config_records", "evaluateres.status", "code"),
+)
+
+
+def result_problem(asked: Any, reply: Any) -> str | None:
+    """Why ``reply``'s content is not the fit or evaluation result ``asked`` (a plain fit or
+    evaluate instruction in Flower's legacy record layout) calls for, or None. SecAgg+'s
+    stage replies are checked by its own workflow."""
+    from flwr.app.message_type import MessageType
+    from flwr.common import Code
+    from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
+
+    kind = asked.metadata.message_type
+    content = asked.content
+    if kind == MessageType.EVALUATE and "evaluateins.config" in content.config_records:
+        expected = _EVALUATE_RESULT
+    elif (
+        kind == MessageType.TRAIN
+        and "fitins.config" in content.config_records
+        and RECORD_KEY_CONFIGS not in content.config_records
+    ):
+        expected = _FIT_RESULT
+    else:
+        return None
+    for records, name, key in expected:
+        record = getattr(reply.content, records).get(name)
+        if record is None or (key is not None and key not in record):
+            return f"no {name}{'.' + key if key else ''}"
+    status = reply.content.config_records[expected[-1][1]]["code"]
+    if not isinstance(status, int) or status not in {code.value for code in Code}:
+        return f"unknown status code {one_line(repr(status), 40)}"
+    return None
+
+
+class OutcomeGrid:
+    """A grid that notes every error reply's outcome in ``replies`` under its round and node,
+    and turns a malformed result into an error reply (``result_problem``); everything else is
+    the wrapped grid's.
+
+    Parameters
+    ----------
+    grid : Grid
+        The grid the ServerApp was given (or another wrapper around it).
+    replies : SiteReplies
+        Where the outcomes go; the reporting strategy reads them.
+    """
+
+    def __init__(self, grid: Any, replies: SiteReplies) -> None:
+        self._grid, self.replies = grid, replies
+
+    def send_and_receive(self, messages, *, timeout: float | None = None):  # type: ignore[no-untyped-def]
+        messages = list(messages)
+        received = self._grid.send_and_receive(messages, timeout=timeout)
+        # pushing gave each message its id: a reply names the one it answers
+        sent = {message.metadata.message_id: message for message in messages}
+        return [
+            self._noted(reply, sent.get(reply.metadata.reply_to_message_id)) for reply in received
+        ]
+
+    def _noted(self, reply: Any, asked: Any):  # type: ignore[no-untyped-def]
+        from flwr.app import Error, Message
+
+        if asked is None or asked.metadata.dst_node_id != reply.metadata.src_node_id:
+            return reply  # answers nothing this call sent: the workflow ignores it too
+        group_id, node_id = asked.metadata.group_id, asked.metadata.dst_node_id
+        if reply.has_error():
+            status, reason = outcome_of(int(reply.error.code), reply.error.reason)
+            self.replies.note(group_id, node_id, SiteSaid(status, reason))
+            return reply
+        problem = result_problem(asked, reply)
+        if problem is None:
+            return reply
+        reason = f"malformed reply: {problem}"
+        self.replies.note(group_id, node_id, SiteSaid("failed", reason))
+        return Message(Error(code=SITE_FAILED_CODE, reason=reason), reply_to=asked)
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(self._grid, name)

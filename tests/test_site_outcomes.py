@@ -1,0 +1,206 @@
+"""A site's outcome travels as data bound to its node: the site's outermost mod turns what its
+code raised into an error reply with a code (``fedweave.contract``), the run's grid notes each
+error reply under its round and node (``coordinator/site_outcomes.py``), and the reporting
+strategy records what each sampled site said, or ``late`` for a silent one.
+
+Flower's real ``Message``, ``Error`` and legacy record layout throughout; the grid under
+``OutcomeGrid`` is a stand-in that answers as the SuperLink would (a real deployment's round
+with every outcome is ``test_deploy_outcomes.py``)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from flwr.app import Error, Message, Metadata, RecordDict
+from flwr.app.message_type import MessageType
+from flwr.common import Code, EvaluateIns, FitIns, FitRes, Parameters, Status
+from flwr.common.constant import ErrorCode
+from flwr.compat.common import recorddict_compat as compat
+from flwr.server.strategy import FedAvg
+
+from fedweave.client.mods import site_outcome_mod
+from fedweave.contract import (
+    SITE_FAILED_CODE,
+    LateWork,
+    SiteRefusal,
+    UpdateRejected,
+    one_line,
+    outcome_of,
+)
+from fedweave.coordinator.reporting import ReportingStrategy
+from fedweave.coordinator.site_outcomes import OutcomeGrid, SiteReplies, SiteSaid, failure_said
+from fedweave.history.records import SiteResult
+
+ROUND = "3"
+
+
+def instruction(node: int, content: RecordDict | None = None, kind: str = MessageType.TRAIN):
+    """An instruction to ``node`` in round ``ROUND`` as the SuperLink hands it back (id set)."""
+    metadata = Metadata(
+        run_id=1, message_id=f"m{node}", src_node_id=0, dst_node_id=node,
+        reply_to_message_id="", group_id=ROUND, created_at=0.0, ttl=60.0, message_type=kind,
+    )  # fmt: skip
+    if content is None:
+        content = compat.fitins_to_recorddict(
+            FitIns(Parameters([], "numpy.ndarray"), {"round": 3}), keep_input=True
+        )
+    return Message(content=content, metadata=metadata)
+
+
+def fit_result(num_examples: int = 10) -> RecordDict:
+    res = FitRes(Status(Code.OK, "Success"), Parameters([], "numpy.ndarray"), num_examples, {})
+    return compat.fitres_to_recorddict(res, keep_input=True)
+
+
+def test_each_code_reads_as_its_status_and_an_unknown_one_is_a_malformed_reply():
+    assert outcome_of(SiteRefusal.code, "wrong task\nsecond line") == ("refused", "wrong task")
+    assert outcome_of(UpdateRejected.code, "not finite") == ("rejected", "not finite")
+    assert outcome_of(LateWork.code, "too slow") == ("late", "too slow")
+    assert outcome_of(SITE_FAILED_CODE, "RuntimeError: disk full") == (
+        "failed", "RuntimeError: disk full",
+    )  # fmt: skip
+    assert outcome_of(ErrorCode.NODE_UNAVAILABLE, "node went away")[0] == "lost"
+    assert outcome_of(ErrorCode.CLIENT_APP_CRASHED, "worker exited") == ("failed", "worker exited")
+    assert outcome_of(4242, "whatever it says") == (
+        "failed", "malformed reply: unknown outcome code 4242",
+    )  # fmt: skip
+    assert outcome_of(SiteRefusal.code, None) == ("refused", "no reason given")
+    assert len(one_line("x" * 5000)) == 300 and one_line("a\x1b[31mb") == "a?[31mb"
+
+
+@pytest.mark.parametrize(
+    "raised, code, reason",
+    [
+        (SiteRefusal("site holds task 'a' but the run trains 'b'"), SiteRefusal.code,
+         "site holds task 'a' but the run trains 'b'"),
+        (UpdateRejected("update has non-finite values"), UpdateRejected.code,
+         "update has non-finite values"),
+        (LateWork("simulated straggler"), LateWork.code, "simulated straggler"),
+        (RuntimeError("injected fault\nTraceback ..."), SITE_FAILED_CODE,
+         "RuntimeError: injected fault"),
+    ],
+)  # fmt: skip
+def test_the_sites_outermost_mod_answers_what_its_code_raised_as_a_coded_error(
+    raised, code, reason
+):
+    asked = instruction(7)
+
+    def call_next(msg, context):
+        raise raised
+
+    reply = site_outcome_mod(asked, SimpleNamespace(), call_next)
+    assert reply.has_error() and reply.error.code == code and reply.error.reason == reason
+    assert reply.metadata.reply_to_message_id == "m7" and reply.metadata.src_node_id == 7
+
+
+def test_the_sites_outermost_mod_passes_a_result_through():
+    asked = instruction(7)
+    result = Message(fit_result(), reply_to=asked)
+    assert site_outcome_mod(asked, SimpleNamespace(), lambda msg, ctx: result) is result
+
+
+class _Grid:
+    """Answers each instruction with what ``answers`` says for its node (None: silent)."""
+
+    def __init__(self, answers):
+        self.answers = answers
+
+    def send_and_receive(self, messages, *, timeout=None):
+        replies = []
+        for message in messages:
+            answer = self.answers[message.metadata.dst_node_id]
+            if answer is None:
+                continue
+            replies.append(Message(answer, reply_to=message))
+        return replies
+
+
+def test_every_outcome_is_recorded_against_the_site_that_said_it():
+    """One site ok, one refusing, one rejecting its own update, one failing, one lost by the
+    SuperLink, one with an unknown code, one whose result is malformed, one silent: each is
+    recorded under its own node, whatever order the replies come in."""
+    malformed = fit_result()
+    del malformed.metric_records["fitres.num_examples"]
+    answers = {
+        11: fit_result(),
+        12: Error(SiteRefusal.code, "site holds task 'a' but the run trains 'b'"),
+        13: Error(UpdateRejected.code, "update has non-finite values"),
+        14: Error(SITE_FAILED_CODE, "RuntimeError: injected fault"),
+        15: Error(ErrorCode.NODE_UNAVAILABLE, "Node 15 is unavailable"),
+        16: Error(4242, "trust me"),
+        17: malformed,
+        18: None,
+    }
+    replies = SiteReplies()
+    grid = OutcomeGrid(_Grid(answers), replies)
+    received = grid.send_and_receive([instruction(node) for node in reversed(answers)])
+    assert len(received) == 7
+    by_node = {reply.metadata.src_node_id: reply for reply in received}
+    assert by_node[17].has_error() and "malformed reply" in by_node[17].error.reason
+    assert not by_node[11].has_error()
+
+    # Flower's fit workflow: results for content replies, a bare exception per error reply
+    reporting = ReportingStrategy(FedAvg(), evaluator=None, site_replies=replies)
+    reporting._sampled = list(answers)
+    reporting._sites = [SiteResult("11", "ok", 10)]  # what aggregate_fit records for a result
+    reporting._record_failures(
+        int(ROUND), [Exception(r.error) for r in received if r.has_error()]
+    )
+    recorded = {int(site.site_id): (site.status, site.reason) for site in reporting._sites}
+    assert recorded == {
+        11: ("ok", None),
+        12: ("refused", "site holds task 'a' but the run trains 'b'"),
+        13: ("rejected", "update has non-finite values"),
+        14: ("failed", "RuntimeError: injected fault"),
+        15: ("lost", "Node 15 is unavailable"),
+        16: ("failed", "malformed reply: unknown outcome code 4242"),
+        17: ("failed", "malformed reply: no fitres.num_examples.num_examples"),
+        18: ("late", "no reply"),
+    }
+    assert replies.said(ROUND, 18) is None and replies.said(4, 12) is None  # bound to its round
+
+
+def test_a_reply_to_another_call_or_from_another_node_is_left_alone():
+    replies = SiteReplies()
+    asked = instruction(21)
+    stranger = Message(Error(SiteRefusal.code, "not me"), reply_to=instruction(22))
+    grid = OutcomeGrid(SimpleNamespace(send_and_receive=lambda m, timeout=None: [stranger]),
+                       replies)  # fmt: skip
+    assert grid.send_and_receive([asked]) == [stranger]
+    assert replies.said(ROUND, 21) is None and replies.said(ROUND, 22) is None
+
+
+def test_an_unknown_result_status_or_evaluation_without_loss_is_malformed():
+    bad_status = fit_result()
+    bad_status.config_records["fitres.status"]["code"] = 99
+    evaluate = compat.evaluateins_to_recorddict(
+        EvaluateIns(Parameters([], "numpy.ndarray"), {}), keep_input=True
+    )
+    no_loss = RecordDict()
+    replies = SiteReplies()
+    answers = {31: bad_status, 32: no_loss}
+    grid = OutcomeGrid(_Grid(answers), replies)
+    grid.send_and_receive([instruction(31), instruction(32, evaluate, MessageType.EVALUATE)])
+    assert replies.said(ROUND, 31) == SiteSaid("failed", "malformed reply: unknown status code 99")
+    assert replies.said(ROUND, 32) == SiteSaid(
+        "failed", "malformed reply: no evaluateres.loss.loss"
+    )
+
+
+def test_a_workflow_failure_without_its_node_still_reads_as_data():
+    said = failure_said(Exception(Error(SiteRefusal.code, "no data file")))
+    assert said == SiteSaid("refused", "no data file")
+    assert failure_said(TimeoutError("grid timed out")) == SiteSaid(
+        "failed", "TimeoutError: grid timed out"
+    )
+
+
+def test_a_sites_first_word_in_a_round_is_kept_and_old_rounds_are_forgotten():
+    replies = SiteReplies()
+    replies.note("1", 5, SiteSaid("rejected", "first"))
+    replies.note("1", 5, SiteSaid("failed", "second"))  # SecAgg+ asks again in a later stage
+    assert replies.said(1, 5) == SiteSaid("rejected", "first")
+    for round_number in range(2, 20):
+        replies.note(str(round_number), 5, SiteSaid("late", "x"))
+    assert replies.said(1, 5) is None and replies.said(19, 5) is not None
