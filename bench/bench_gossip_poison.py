@@ -1,10 +1,10 @@
 """Benchmark: the review's poisoning attack against default gossip peers, measured.
 
 Three default peers (CURVE, default ``pairwise`` mixing; started by the simulation launcher,
-``fedweave.simulations.gossip``, exactly as ``fedweave simulate --mode gossip`` does) learn
-``digits``. An outsider written from ``gossip/PROTOCOL.md`` (raw pyzmq + ``wire``) attacks once
-the peers reach ``--attack-round``, with the review's message: an offer of finite weights of
-1e30 and ``num_examples`` = 2^53.
+``fedweave.simulations.gossip_simulation``, exactly as ``fedweave simulate --mode gossip``
+does) learn ``digits``. An outsider written from ``gossip/PROTOCOL.md`` (raw pyzmq +
+``wire``) attacks once the peers reach ``--attack-round``, with the review's message: an offer
+of finite weights of 1e30 and ``num_examples`` = 2^53.
 
 Variants:
   none              no attacker (the reference)
@@ -45,7 +45,7 @@ from fedweave.gossip import wire
 from fedweave.gossip.keys import load_keyring, new_keys
 from fedweave.learning.task import load_task
 from fedweave.learning.weights import get_named_weights
-from fedweave.simulations.gossip import GossipSimulation, run_gossip_simulation
+from fedweave.simulations.gossip_simulation import GossipSimulation, run_gossip_simulation
 
 VARIANTS = (
     "none", "outsider", "outsider-4-ids", "member", "member-4-ids", "member-flood",

@@ -3,9 +3,9 @@
 (2) Rounds gossip needs to reach the accuracy FedAvg reaches in 20 rounds, ÷ 20 (goal ≤ 1.2).
     FedAvg is the real federated simulation (Flower, all sites every round, central test
     accuracy of the global model); gossip's accuracy is the mean test accuracy of the peers'
-    own models (``fedweave.simulations.gossip``), on the very same ``write_split`` files. The same
-    ratio for the peers' mean model (``network_accuracy``) is printed beside it: it shows how
-    much of the gap is the peers' disagreement rather than slower learning.
+    own models (``fedweave.simulations.gossip_simulation``), on the very same ``write_split``
+    files. The same ratio for the peers' mean model (``network_accuracy``) is printed beside
+    it: it shows how much of the gap is the peers' disagreement rather than slower learning.
 (3) Wall time per gossip round ÷ per federated round (goal ≤ 0.5), from the same two runs.
 
 Both runs share this machine's cores; on a 2-core box the 10 peers time-share, so (3) is a
@@ -55,7 +55,7 @@ def run_fedavg(args: argparse.Namespace) -> list[dict]:
 
 
 def run_gossip(args: argparse.Namespace) -> dict:
-    from fedweave.simulations.gossip import GossipSimulation, run_gossip_simulation
+    from fedweave.simulations.gossip_simulation import GossipSimulation, run_gossip_simulation
     from fedweave.simulations.netns import bridged_hosts
 
     config = shared_config(args).replace(

@@ -4,10 +4,11 @@ ServerApp body that records every round in the SQL history.
 Two processes share this module. ``fedweave coordinator`` (the CLI) creates or resumes the
 history run and writes the plan into the Flower App Bundle's run config; Flower's
 ``flwr-serverapp`` (started by the SuperLink) reads the plan back, continues after the last
-recorded round and records the rest. The history's database URL never travels in the run
-config (the SuperLink stores and shows run configs) nor in any environment (every Flower
-process would inherit its password): the coordinator writes it to a 0600 file in a 0700
-folder and the environment names only that file (``FEDWEAVE_DEPLOY_DB_FILE``).
+recorded round and records the rest. What only this deployment knows (the history's database
+URL, the coordinator's process id) never travels in the run config (the SuperLink stores and
+shows run configs) nor in any environment (every Flower process would inherit the password):
+the coordinator writes it to a 0600 file in a 0700 folder (``write_deployment_file``) and the
+plan carries only that file's path.
 """
 
 from __future__ import annotations
@@ -24,36 +25,45 @@ from fedweave.config import SETTINGS, RunConfig
 from fedweave.config.run_config import coerce
 from fedweave.contract import RUN_ID_KEY as RUN_CONFIG_ID_KEY
 
-COORDINATOR_PID_ENV = "FEDWEAVE_COORDINATOR_PID"
-"""The ``fedweave coordinator`` process the ServerApp must not outlive (set by the coordinator)."""
-
-DB_URL_FILE_ENV = "FEDWEAVE_DEPLOY_DB_FILE"
-"""Environment variable naming the 0600 file the ServerApp reads the history URL from (set by
-the coordinator; the URL itself, with its password, is never in an environment)."""
+DEPLOYMENT_FILE_KEY = "fw-deployment-file"
+"""Run config: the path of the coordinator's 0600 deployment file (``write_deployment_file``)."""
 
 
-def write_db_url_file(folder: Path, url: str) -> Path:
-    """Write ``url`` to ``folder/history-db-url`` readable by this user only; returns the path.
+@dataclass(frozen=True)
+class Deployment:
+    """What the ServerApp learns from the coordinator that started it, out of the run config.
 
-    The file is created 0600 in one step (no moment where it is readable by others), in a
-    folder made 0700.
+    Attributes:
+        db_url: the history database URL (may hold a password).
+        coordinator_pid: the ``fedweave coordinator`` process the ServerApp must not outlive.
     """
+
+    db_url: str
+    coordinator_pid: int
+
+
+def write_deployment_file(folder: Path, deployment: Deployment) -> Path:
+    """Write ``deployment`` as JSON to ``folder/deployment.json`` readable by this user only;
+    returns the path. The file is created 0600 in one step (no moment where it is readable by
+    others), in a folder made 0700."""
+    import json
+
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     folder.chmod(0o700)
-    path = folder / "history-db-url"
+    path = folder / "deployment.json"
     path.unlink(missing_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as out:
-        out.write(url)
+        json.dump({"db_url": deployment.db_url, "coordinator_pid": deployment.coordinator_pid}, out)
     return path
 
 
-def read_db_url() -> str | None:
-    """The history URL the coordinator left for this ServerApp, or None (the default)."""
-    path = os.environ.get(DB_URL_FILE_ENV)
-    if not path:
-        return None
-    return Path(path).read_text(encoding="utf-8").strip() or None
+def read_deployment_file(path: Path) -> Deployment:
+    """The ``Deployment`` the coordinator wrote to ``path``."""
+    import json
+
+    data = json.loads(path.read_text(encoding="utf-8"))
+    return Deployment(str(data["db_url"]), int(data["coordinator_pid"]))
 
 
 PLAN_SETTINGS = (
@@ -76,15 +86,20 @@ class DeployPlan:
     Attributes:
         run_id: the history run to record into.
         config: the run's settings; paths are absolute on the coordinator's machine.
+        deployment_file: the coordinator's deployment file (``write_deployment_file``);
+            ``None`` until the coordinator has written it.
     """
 
     run_id: str
     config: RunConfig
+    deployment_file: Path | None = None
 
     def to_run_config(self) -> dict[str, Any]:
         """Flower run-config keys: ``fw-run-id`` plus each plan setting with ``-`` for ``_``
         (unset optional settings are left out: run configs hold no nulls)."""
         out: dict[str, Any] = {RUN_CONFIG_ID_KEY: self.run_id}
+        if self.deployment_file is not None:
+            out[DEPLOYMENT_FILE_KEY] = str(self.deployment_file)
         for name in PLAN_SETTINGS:
             value = self.config.value(name)
             if value is not None:
@@ -102,7 +117,12 @@ class DeployPlan:
             key = name.replace("_", "-")
             if key in run_config:
                 values[name] = coerce(SETTINGS[name], run_config[key], f"run config {key}")
-        return cls(str(run_config[RUN_CONFIG_ID_KEY]), RunConfig().replace(**values))
+        deployment_file = run_config.get(DEPLOYMENT_FILE_KEY)
+        return cls(
+            str(run_config[RUN_CONFIG_ID_KEY]),
+            RunConfig().replace(**values),
+            Path(str(deployment_file)) if deployment_file else None,
+        )
 
 
 def test_data_of(config: RunConfig):
@@ -115,19 +135,19 @@ def test_data_of(config: RunConfig):
     )
 
 
-def exit_with_coordinator(poll_s: float = 0.2) -> None:
+def exit_with_coordinator(pid: int, poll_s: float = 0.2) -> None:
     """Leave at once when the coordinator process is gone (even by kill -9).
 
     Flower's own chain (SuperLink → SuperExec → flwr-serverapp) takes several seconds to
     notice and then retries a dead SuperLink; meanwhile a restarted coordinator may already
     be resuming the run. Every recorded round is on disk and in the database (atomically),
-    so a hard exit loses at most the round in flight, which the resume redoes.
+    so a hard exit loses at most the round in flight, which the resume redoes. ``pid`` is
+    the coordinator's (0: none to watch).
     """
     import threading
 
     from fedweave.history.liveness import pid_alive
 
-    pid = int(os.environ.get(COORDINATOR_PID_ENV, "0") or 0)
     if pid <= 0:
         return
 
@@ -140,21 +160,25 @@ def exit_with_coordinator(poll_s: float = 0.2) -> None:
 
 
 @contextmanager
-def recording_run(run_id: str) -> Iterator[Any]:
-    """The history store this ServerApp records run ``run_id`` into (the process leaves with
+def recording_run(plan: DeployPlan) -> Iterator[Any]:
+    """The history store this ServerApp records ``plan``'s run into (the process leaves with
     the coordinator's: ``exit_with_coordinator``). The run is marked completed when the body
     ends, failed with the first line of its error when it raises (a stop signal is the CLI's
-    to record, as interrupted); the store is closed either way."""
+    to record, as interrupted); the store is closed either way. Without a deployment file (a
+    run config written by hand) the history is the default one."""
     from fedweave.history import open_store
 
-    exit_with_coordinator()
-    store = open_store(read_db_url())
+    deployment = (
+        read_deployment_file(plan.deployment_file) if plan.deployment_file is not None else None
+    )
+    exit_with_coordinator(deployment.coordinator_pid if deployment else 0)
+    store = open_store(deployment.db_url if deployment else None)
     try:
         yield store
-        store.finish_run(run_id, "completed")
+        store.finish_run(plan.run_id, "completed")
     except Exception as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        store.finish_run(run_id, "failed", reason)
+        store.finish_run(plan.run_id, "failed", reason)
         raise
     finally:
         store.close()
@@ -182,7 +206,7 @@ def run_plan(plan: DeployPlan, grid, context) -> None:
 
         run_evaluation(plan, grid, context)
         return
-    with recording_run(plan.run_id) as store:
+    with recording_run(plan) as store:
         config = plan.config
         weights, offset = resume_point(store, plan.run_id)
         remaining = config.training.rounds - offset

@@ -310,7 +310,7 @@ def run_evaluation(plan: Any, grid: Any, context: Any) -> None:
     from fedweave.history.metrics import recorded_statistics
     from fedweave.history.model_export import checkpoint_weights
 
-    with recording_run(plan.run_id) as store:
+    with recording_run(plan) as store:
         config = plan.config
         evaluated = store.get_run(str(config.evaluation.run))
         rows = store.rounds(evaluated.run_id)

@@ -15,6 +15,7 @@ import os
 import signal
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import typer
@@ -22,12 +23,7 @@ import typer
 from fedweave.certs import TlsFiles, registered_site_keys
 from fedweave.config import Resolved, RunConfig
 from fedweave.config.sections import ConnectionSection
-from fedweave.coordinator.deployed_run import (
-    COORDINATOR_PID_ENV,
-    DB_URL_FILE_ENV,
-    DeployPlan,
-    write_db_url_file,
-)
+from fedweave.coordinator.deployed_run import Deployment, DeployPlan, write_deployment_file
 from fedweave.coordinator.refused_keys import RefusedKeys
 from fedweave.coordinator.rounds import shown
 from fedweave.coordinator.superlink import (
@@ -294,19 +290,17 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
     )  # fmt: skip
     proc = client = None
     finished = False
-    db_url_file: Path | None = None
+    deployment_file: Path | None = None
     refused_notes = link_options.state_dir / "refused-keys.jsonl"
     try:
-        db_url_file = write_db_url_file(link_options.state_dir / "secrets", db_url)
+        deployment_file = write_deployment_file(
+            link_options.state_dir / "secrets", Deployment(db_url, os.getpid())
+        )
+        plan = replace(plan, deployment_file=deployment_file)
         refused_notes.unlink(missing_ok=True)
         proc, client = start_superlink(
-            link_options,
-            child_env({
-                DB_URL_FILE_ENV: str(db_url_file),
-                COORDINATOR_PID_ENV: str(os.getpid()),
-                REFUSED_KEYS_FILE_ENV: str(refused_notes),
-            }),
-        )  # fmt: skip
+            link_options, child_env({REFUSED_KEYS_FILE_ENV: str(refused_notes)})
+        )
         scheme = "https" if tls else "http (insecure)"
         _echo(
             f"coordinator listening on {host}:{port} ({scheme}); "
@@ -392,7 +386,7 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
             client.close()
         if proc is not None:
             stop_process_group(proc)
-        if db_url_file is not None:
-            db_url_file.unlink(missing_ok=True)
+        if deployment_file is not None:
+            deployment_file.unlink(missing_ok=True)
         signal.signal(signal.SIGTERM, previous)
         store.close()

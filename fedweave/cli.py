@@ -69,6 +69,9 @@ def main(argv: list[str] | None = None) -> None:
 
     ``argv`` defaults to the process's arguments (``python -m fedweave.gossip`` passes its own).
     """
+    from fedweave.offline import make_flower_offline
+
+    make_flower_offline()  # before anything imports flwr or ray
     try:
         with user_errors_as_one_line():
             code = build_app()(args=argv, standalone_mode=False)

@@ -1,6 +1,7 @@
-"""What a peer leaves behind: the ``ready`` / ``round`` / ``done`` / ``final`` events and
-model dumps a simulation reads (``ResultsLog``), and one row per round in the SQL history run
-(``HistoryWriter``). Only the peer's own thread calls it, between network waits."""
+"""A peer's ``Recorder``: after each round it writes what the peer leaves behind through the
+two writers of ``history_writer.py``: the ``ready`` / ``round`` / ``done`` / ``final`` events
+and model dumps a simulation reads (``ResultsLog``), and one row per round in the SQL history
+run (``HistoryWriter``). Only the peer's own thread calls it, between network waits."""
 
 from __future__ import annotations
 

@@ -93,7 +93,7 @@ def _simulate(config: RunConfig, resolved: Resolved) -> None:
             raise UserError(
                 "--resume is for federated runs; a gossip peer rejoins by starting again"
             )
-        from fedweave.simulations.gossip import GossipSimulation, run_gossip_and_report
+        from fedweave.simulations.gossip_simulation import GossipSimulation, run_gossip_and_report
 
         run_gossip_and_report(GossipSimulation(config, secure=not config.connection.insecure))
         return

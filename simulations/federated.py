@@ -12,22 +12,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fedweave.offline import make_flower_offline
-
-make_flower_offline()
-
-from fedweave.client.site_app import ClientSettings, make_client_app  # noqa: E402
-from fedweave.config import RunConfig  # noqa: E402
-from fedweave.coordinator.rounds import RoundListener, RoundSummary  # noqa: E402
-from fedweave.coordinator.server_app import ServerSettings, initial_weights, make_server_app  # noqa: E402
-from fedweave.learning.data import load_site_data  # noqa: E402
-from fedweave.learning.task import load_task  # noqa: E402
-from fedweave.simulations.site_files import (  # noqa: E402
+from fedweave.client.site_app import ClientSettings, make_client_app
+from fedweave.config import RunConfig
+from fedweave.coordinator.rounds import RoundListener, RoundSummary
+from fedweave.coordinator.server_app import ServerSettings, initial_weights, make_server_app
+from fedweave.learning.data import load_site_data
+from fedweave.learning.task import load_task
+from fedweave.simulations.site_files import (
     check_site_files,
     site_name,
     site_paths,
 )
-from fedweave.simulations.split import test_file, write_split  # noqa: E402
+from fedweave.simulations.split import test_file, write_split
 
 
 def server_settings(config: RunConfig, round_offset: int = 0) -> ServerSettings:
@@ -113,7 +109,9 @@ def run_federated_simulation(
     from flwr.simulation import run_simulation
 
     from fedweave.flower_patches import tune_simulation_engine
+    from fedweave.offline import make_flower_offline
 
+    make_flower_offline()  # Ray reads its settings when it starts
     tune_simulation_engine()
     verbose = config.output.verbose
     quiet_flower(verbose)

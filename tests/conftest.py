@@ -19,6 +19,13 @@ import pytest
 PG_URL_ENVVAR = "FEDWEAVE_TEST_PG_URL"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Keep Flower and Ray offline in tests that call the library, as ``fedweave`` does."""
+    from fedweave.offline import make_flower_offline
+
+    make_flower_offline()
+
+
 def _psycopg_url(url: str) -> str:
     for prefix in ("postgres://", "postgresql://"):
         if url.startswith(prefix):

@@ -19,7 +19,14 @@ from pathlib import Path
 
 import pytest
 from conftest import namespace_hosts
-from test_deploy_support import Processes, recorded, run_fedweave, wait_for, wait_for_success
+from test_deploy_support import (
+    Processes,
+    descendants,
+    recorded,
+    run_fedweave,
+    wait_for,
+    wait_for_success,
+)
 
 OUTSIDER = Path(__file__).parent / "fixtures" / "outsider.py"
 PORT = 9092
@@ -30,16 +37,6 @@ def _environ(pid: int) -> bytes:
         return Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
         return b""
-
-
-def _children_of(coordinator_pid: int) -> list[int]:
-    """Pids of the Flower processes a coordinator started (they carry its pid in their env)."""
-    marker = f"FEDWEAVE_COORDINATOR_PID={coordinator_pid}".encode()
-    return [
-        int(entry.name)
-        for entry in Path("/proc").iterdir()
-        if entry.name.isdigit() and marker in _environ(int(entry.name))
-    ]
 
 
 def _outsider(host, address: str, ca: Path, marker: Path) -> dict[str, str]:
@@ -95,11 +92,11 @@ def test_outsider_with_the_ca_certificate_is_refused_everything(tmp_path):
             assert "StartRun refused: the bundle carries files (evil.py)" in link_log
 
             secret = db.encode()
-            children = _children_of(coordinator.pid)
+            children = descendants(coordinator.pid)
             assert children, "the coordinator's Flower processes not found"
             assert not [pid for pid in children if secret in _environ(pid)]
-            url_file = tmp_path / "coordinator-state" / "secrets" / "history-db-url"
-            assert url_file.stat().st_mode & 0o077 == 0, oct(url_file.stat().st_mode)
+            deployment = tmp_path / "coordinator-state" / "secrets" / "deployment.json"
+            assert deployment.stat().st_mode & 0o077 == 0, oct(deployment.stat().st_mode)
 
             out = wait_for_success(procs, coordinator, "the run to complete")
         finally:
@@ -108,4 +105,4 @@ def test_outsider_with_the_ca_certificate_is_refused_everything(tmp_path):
     rounds, sites, run = recorded(db)
     assert run.status == "completed" and [r["round"] for r in rounds] == [1, 2, 3], out
     assert {s["status"] for s in sites} == {"ok"}, sites  # only the registered site took part
-    assert not (tmp_path / "coordinator-state" / "secrets" / "history-db-url").exists()
+    assert not (tmp_path / "coordinator-state" / "secrets" / "deployment.json").exists()

@@ -272,9 +272,42 @@ def site_args(port: int, index: int, key_index: int | None = None, *extra: str) 
     ]
 
 
+def descendants(pid: int) -> list[int]:
+    """Pids of ``pid``'s living descendants (children, their children, ...), from /proc: every
+    Flower process a coordinator started, while it lives."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            state, ppid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+        except (OSError, ValueError):
+            continue
+        if state != "Z":
+            parents[int(entry.name)] = int(ppid)
+    found: list[int] = []
+    frontier = {pid}
+    while frontier:
+        children = [child for child, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = set(children)
+    return found
+
+
+def alive(pids: list[int]) -> list[int]:
+    """Those of ``pids`` that still run (not zombies)."""
+    living = []
+    for pid in pids:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                living.append(pid)
+        except (OSError, IndexError):
+            continue
+    return living
+
+
 def processes_mentioning(text: str) -> list[int]:
-    """Pids whose command line or environment contains ``text`` (finds every Flower process
-    a coordinator started: they inherit its ``FEDWEAVE_COORDINATOR_PID``)."""
+    """Pids whose command line or environment contains ``text``."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fedweave.config import RunConfig
-from fedweave.simulations.gossip import GossipSimulation, run_gossip_simulation
+from fedweave.simulations.gossip_simulation import GossipSimulation, run_gossip_simulation
 
 pytestmark = pytest.mark.slow
 

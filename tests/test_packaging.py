@@ -1,6 +1,7 @@
 """The distribution installs one import name, ``fedweave``; the repository's mode folders
 (client/, coordinator/, gossip/, simulations/) land inside it."""
 
+import os
 import shutil
 import subprocess
 import sys
@@ -100,3 +101,31 @@ def test_import_arrows():
         for path in (REPO / mode).rglob("*.py"):
             for module, _ in _imports(path):
                 assert _mode(module) in (None, mode), f"{path} imports {module}"
+
+
+def test_importing_any_fedweave_module_leaves_the_environment_alone():
+    """No import with side effects: importing each fedweave module (its dependencies imported
+    first, since flwr and scikit-learn set variables of their own) changes no environment
+    variable; the entry point (``fedweave.cli.main``) and the simulation set Flower's offline
+    settings when they run."""
+    code = """
+import importlib, os, pkgutil
+import flwr.server, sklearn, torch  # what the dependencies set when imported is theirs
+import fedweave
+before, changed = dict(os.environ), {}
+for info in pkgutil.walk_packages(fedweave.__path__, "fedweave."):
+    if info.name.endswith("__main__"):
+        continue
+    importlib.import_module(info.name)
+    now = dict(os.environ)
+    if now != before:
+        changed[info.name] = sorted(set(now.items()) ^ set(before.items()))
+        before = now
+print(changed)
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLWR_", "RAY_"))}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "{}", done.stdout
