@@ -5,6 +5,7 @@ site's follower, and the wrapped retry handlers, without a network."""
 from __future__ import annotations
 
 import json
+import os
 import ssl
 from pathlib import Path
 
@@ -194,3 +195,29 @@ def test_a_run_that_no_longer_runs_is_reported_once(tmp_path, monkeypatch):
         ("run-ended", 6),
         ("message", 7),
     ]
+
+
+def test_the_patch_is_a_correctness_patch_applied_in_the_supernode(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    import flwr
+
+    from fedweave import flower_patches
+
+    assert flower_patches.correctness_problem("supernode_state") is None
+    monkeypatch.setattr(flwr, "__version__", "1.42.0")
+    line = flower_patches.correctness_problem("supernode_state")
+    assert line is not None and "\n" not in line and "connected, refused" in line
+    code = (
+        "from fedweave.flower_patches import launch\n"
+        "launch._supernode()\n"
+        "from flwr.supernode import start_client_internal as loop, fleet_http_connection as c\n"
+        "print(loop._fedweave_state_patched, c.make_simple_http_retry_invoker.__module__)\n"
+    )
+    env = {**os.environ, supernode_state.SUPERNODE_STATE_FILE_ENV: str(tmp_path / "s.jsonl")}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "fedweave.flower_patches.supernode_state"]
