@@ -1,5 +1,6 @@
-"""One deployed federated run: its plan (what Flower's run config carries) and the
-ServerApp body that records every round in the SQL history.
+"""One deployed federated run: its plan (what Flower's run config carries) and the ServerApp
+that records every round in the SQL history (``server_app``, which the coordinator's Flower
+App Bundle names: Flower's ``flwr-serverapp`` imports it from the installed package).
 
 Two processes share this module. ``fedweave coordinator`` (the CLI) creates or resumes the
 history run and writes the plan into the Flower App Bundle's run config; Flower's
@@ -20,6 +21,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from flwr.common import Context
+from flwr.server import Grid, ServerApp
 
 from fedweave.config import SETTINGS, RunConfig
 from fedweave.config.run_config import coerce
@@ -238,3 +242,15 @@ def run_plan(plan: DeployPlan, grid, context) -> None:
             recorder.close()  # writes what is pending, to the tracker too
             if tracker is not None:
                 tracker.close()
+
+
+server_app = ServerApp()
+
+
+@server_app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Run (or continue) the planned run against the SuperLink's connected sites."""
+    from fedweave.flower_patches import tune_deployed_polling
+
+    tune_deployed_polling()
+    run_plan(DeployPlan.from_run_config(dict(context.run_config)), grid, context)

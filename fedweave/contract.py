@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-SERVER_APP_REF = "fedweave.coordinator.deployed_app:server_app"
+SERVER_APP_REF = "fedweave.coordinator.deployed_run:server_app"
 CLIENT_APP_REF = "fedweave.client.deployed_app:app"
 
 RUN_ID_KEY = "fw-run-id"

@@ -115,7 +115,7 @@ def test_the_site_and_coordinator_stacks_import_without_the_extra(tmp_path):
     code = (
         "import fedweave.client.site_app, fedweave.client.deployed_app\n"
         "import fedweave.coordinator.server_app, fedweave.coordinator.serve\n"
-        "import fedweave.coordinator.deployed_app, fedweave.gossip.peer\n"
+        "import fedweave.coordinator.deployed_run, fedweave.gossip.peer\n"
         "from pathlib import Path\n"
         "from fedweave.errors import UserError\n"
         "from fedweave.learning.tabular import read_frame\n"
