@@ -266,10 +266,9 @@ def _failure_text(state: _SupernodeState, code: int) -> str:
         if "flower_code" in failure:
             detail += f", Flower error code {failure['flower_code']}"
         return f"its {failure.get('call', 'request')} request failed ({detail})"
-    from flwr.supercore.exit import ExitCode
+    from fedweave.flower_patches.supernode_state import exit_code_name
 
-    names = {value: name for name, value in vars(ExitCode).items() if isinstance(value, int)}
-    return f"Flower's SuperNode exited with code {code} ({names.get(code, 'unknown')})"
+    return f"Flower's SuperNode exited with code {code} ({exit_code_name(code)})"
 
 
 PROBE_EVERY_S = 5.0

@@ -56,6 +56,7 @@ WRAPPED: dict[str, dict[str, str]] = {
         "flwr.supercore.retry.retry_invoker:RetryInvoker.invoke": "14c8260448b85ac5",
         "flwr.supercore.retry.retry_invoker:RetryState": "84b599404d737e09",
         "flwr.supercore.error.base:ApiErrorCode": "d5e9ed6a18a359fc",
+        "flwr.supercore.exit.exit_code:ExitCode": "b07980836e1d3225",  # named in messages
         # the coordinator's side: a refused key, a finished run's GetRun (403)
         "flwr.superlink.servicer.fleet.fleet_handlers:activate_node": "0370edbbeb924eac",
         "flwr.superlink.servicer.fleet.fleet_handlers:get_run": "004ad390c8b38c0e",

@@ -118,6 +118,15 @@ def read_events(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
     return events, offset + end
 
 
+def exit_code_name(code: int) -> str:
+    """The name of a SuperNode exit status in Flower's ``ExitCode`` (e.g. 305:
+    ``SUPERNODE_CONNECTION_ERROR``), or ``unknown``."""
+    from flwr.supercore.exit import ExitCode
+
+    names = {value: name for name, value in vars(ExitCode).items() if isinstance(value, int)}
+    return names.get(code, "unknown")
+
+
 def _call_name(target: Callable[..., Any]) -> str:
     return str(getattr(target, "__name__", type(target).__name__))
 
