@@ -32,6 +32,9 @@ from fedweave.addresses import free_ports
 from fedweave.gossip.keys import new_key_group
 from fedweave.processes import tied_to_us
 
+VECTOR_PEER = Path(__file__).resolve().parents[1] / "tests" / "vector_peer.py"
+"""A gossip peer whose model is a fixed vector (the protocol alone, no training)."""
+
 
 def rounds_of(path: Path) -> list[dict]:
     if not path.exists():
@@ -49,7 +52,7 @@ def run_once(args: argparse.Namespace, work: Path) -> list[float]:
     for i in range(args.peers):
         np.save(work / f"v{i}.npy", np.full(1000, float(i)))
         argv = [
-            sys.executable, "-m", "fedweave.gossip", "peer",
+            sys.executable, str(VECTOR_PEER), "peer",
             "--listen", f"tcp://127.0.0.1:{ports[i]}", "--vector", str(work / f"v{i}.npy"),
             "--rounds", "0", "--round-interval", str(args.round_interval),
             "--exchange-timeout", str(args.exchange_timeout),

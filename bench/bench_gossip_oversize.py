@@ -41,6 +41,9 @@ from fedweave.addresses import free_ports
 from fedweave.gossip import wire
 from fedweave.gossip.keys import load_keyring, new_key_group
 
+VECTOR_PEER = Path(__file__).resolve().parents[1] / "tests" / "vector_peer.py"
+"""A gossip peer whose model is a fixed vector (the protocol alone, no training)."""
+
 
 def _kib(pid: int, field: str) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -136,7 +139,7 @@ def case_peer(work: Path, total_mb: int, count: int, limit_mb: int) -> dict:
     results = work / f"r-{count}.jsonl"
     results.unlink(missing_ok=True)
     cmd = [
-        sys.executable, "-m", "fedweave.gossip", "peer", "--listen", addr, "--vector",
+        sys.executable, str(VECTOR_PEER), "peer", "--listen", addr, "--vector",
         str(work / "v.npy"), "--rounds", "0", "--round-interval", "0.5", "--max-message-mb",
         str(limit_mb), "--keys", str(keys[0]), "--results", str(results), "--db", "none",
         "--log-level", "warning", "--wait-for-peers", "1",  # alone on purpose: the target

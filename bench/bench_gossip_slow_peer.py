@@ -33,6 +33,9 @@ from fedweave.addresses import free_ports
 from fedweave.gossip.keys import new_key_group
 from fedweave.processes import stop_process_group, tied_to_us
 
+VECTOR_PEER = Path(__file__).resolve().parents[1] / "tests" / "vector_peer.py"
+"""A gossip peer whose model is a fixed vector (the protocol alone, no training)."""
+
 
 def spawn_peers(args: argparse.Namespace, work: Path) -> list[subprocess.Popen[bytes]]:
     ports = free_ports(args.peers)
@@ -43,7 +46,7 @@ def spawn_peers(args: argparse.Namespace, work: Path) -> list[subprocess.Popen[b
     for i in range(args.peers):
         np.save(work / f"v{i}.npy", np.full(args.dim, float(i), dtype=np.float32))
         argv = [
-            sys.executable, "-m", "fedweave.gossip", "peer",
+            sys.executable, str(VECTOR_PEER), "peer",
             "--listen", f"tcp://127.0.0.1:{ports[i]}",
             "--vector", str(work / f"v{i}.npy"),
             "--rounds", "0", "--fanout", str(args.fanout),

@@ -38,7 +38,7 @@ def _peer(config: RunConfig, _resolved: Resolved) -> None:
     _setup_logging(config.peer.log_level)
     from fedweave.gossip.peer import run_peer
 
-    if config.peer.threads > 0 and config.peer.vector is None:
+    if config.peer.threads > 0:
         import torch
 
         torch.set_num_threads(config.peer.threads)

@@ -1,7 +1,10 @@
-"""What a peer trains: a task's torch model on local data, or (tests) a fixed vector.
+"""What a peer trains: a task's torch model on local data (``build_learner``), or a fixed
+vector.
 
 The peer loop only sees named NumPy arrays, so the same loop gossips a torch model or a
-synthetic vector; the vector learner is how the tests check exact average preservation.
+synthetic vector; the vector learner is how the tests and protocol benchmarks check exact
+average preservation (``tests/vector_peer.py`` hands it to a real peer; no product option
+does).
 """
 
 from __future__ import annotations
@@ -119,15 +122,7 @@ class VectorLearner:
 
 
 def build_learner(config: Any, peer_id: str) -> Learner:
-    """The learner a peer's config asks for: ``--vector FILE.npy`` (tests) or a task."""
-    if config.peer.vector is not None:
-        try:
-            vector = np.load(config.peer.vector, allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            raise UserError(
-                f"cannot read vector {config.peer.vector} ({exc}); pass a .npy file"
-            ) from exc
-        return VectorLearner(vector, config.peer.vector_examples)
+    """The learner a peer's config asks for: its task on its local data."""
     from fedweave.learning.data import load_site_data
     from fedweave.learning.statistics import local_only_statistics, needs_statistics
     from fedweave.learning.task import load_task

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from vector_peer import SCRIPT as VECTOR_PEER
 
 from fedweave.addresses import free_ports
 from fedweave.gossip.keys import load_keyring, new_keys
@@ -23,7 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def _spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
     env = dict(os.environ, OMP_NUM_THREADS="1", FEDWEAVE_DB="none")
-    cmd = [sys.executable, "-m", "fedweave.gossip", "peer", "--log-level", "info", *args]
+    cmd = [sys.executable, str(VECTOR_PEER), "peer", "--log-level", "info", *args]
     with log.open("wb") as handle:
         return subprocess.Popen(cmd, env=env, stdout=handle, stderr=subprocess.STDOUT, cwd=REPO)
 

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from vector_peer import SCRIPT as VECTOR_PEER
 
 from fedweave.addresses import free_ports
 
@@ -26,7 +27,7 @@ def _env() -> dict[str, str]:
 
 
 def _spawn(args: list[str], log: Path, cwd: Path) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "fedweave.gossip", "peer", "--log-level", "info", *args]
+    cmd = [sys.executable, str(VECTOR_PEER), "peer", "--log-level", "info", *args]
     with log.open("ab") as handle:
         return subprocess.Popen(cmd, env=_env(), stdout=handle, stderr=subprocess.STDOUT, cwd=cwd)
 

@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zmq
+from vector_peer import SCRIPT as VECTOR_PEER
+from vector_peer import vector_learner
 
 from fedweave.addresses import free_ports
 from fedweave.gossip import wire
@@ -27,7 +29,7 @@ def _env() -> dict[str, str]:
 
 
 def _spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "fedweave.gossip", "peer", "--log-level", "info", *args]
+    cmd = [sys.executable, str(VECTOR_PEER), "peer", "--log-level", "info", *args]
     with log.open("wb") as handle:
         return subprocess.Popen(cmd, env=_env(), stdout=handle, stderr=subprocess.STDOUT, cwd=REPO)
 
@@ -231,8 +233,7 @@ def test_unreachable_seeds_exit_nonzero_with_a_clear_message(tmp_path: Path) -> 
     proc = subprocess.run(
         [
             sys.executable,
-            "-m",
-            "fedweave.gossip",
+            str(VECTOR_PEER),
             "peer",
             "--listen",
             "tcp://127.0.0.1:0",
@@ -263,7 +264,7 @@ def test_unreachable_seeds_exit_nonzero_with_a_clear_message(tmp_path: Path) -> 
 
 def test_bad_flags_are_one_line_errors(tmp_path: Path) -> None:
     np.save(tmp_path / "v.npy", np.zeros(3))
-    base = [sys.executable, "-m", "fedweave.gossip", "peer", "--listen", "tcp://127.0.0.1:0"]
+    base = [sys.executable, str(VECTOR_PEER), "peer", "--listen", "tcp://127.0.0.1:0"]
     keys = _key_group(tmp_path, 2)[0]
     cases = {
         "--mix": ["--vector", str(tmp_path / "v.npy"), "--mix", "median"],
@@ -528,19 +529,23 @@ def test_sigterm_stops_a_standalone_peer_cleanly_and_marks_its_run_interrupted(
     assert "Traceback" not in (tmp_path / "p.log").read_text()
 
 
-def test_an_offer_during_our_own_exchange_waits_and_is_then_mixed_exactly(tmp_path: Path) -> None:
+def test_an_offer_during_our_own_exchange_waits_and_is_then_mixed_exactly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A peer with its own offer out never mixes another one in between: an offer with a
     larger exchange id than ours is held and answered right after (landing exactly on the
     pairwise average), one with a smaller exchange id hears busy at once (whatever the
     senders' peer ids: who waits is a coin toss per exchange, not always one peer)."""
+    import fedweave.gossip.peer as peer_module
     from fedweave.config import RunConfig
     from fedweave.gossip.peer import Peer
 
     np.save(tmp_path / "v.npy", np.full(4, 10.0))
+    monkeypatch.setattr(peer_module, "build_learner", vector_learner(tmp_path / "v.npy"))
     (port,) = free_ports(1)
     # plaintext: the offers below come from raw sockets with made-up ids
     listen = f"tcp://127.0.0.1:{port}"
-    config = RunConfig.of(listen=listen, vector=tmp_path / "v.npy", insecure=True)
+    config = RunConfig.of(listen=listen, insecure=True)
     peer = Peer(config)
     ctx = zmq.Context()
     socks = []

@@ -11,7 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zmq
+from vector_peer import vector_learner
 
+import fedweave.gossip.peer as peer_module
 from fedweave.addresses import free_ports
 from fedweave.config import RunConfig
 from fedweave.gossip import wire
@@ -74,14 +76,12 @@ def test_a_huge_example_count_weighs_at_most_ratio_times_ours() -> None:
 
 
 @pytest.fixture
-def peer(tmp_path: Path) -> Iterator[Peer]:
+def peer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Peer]:
     """A plaintext peer with model ``[10]*16`` and 300 examples; raw sockets talk to it."""
     np.save(tmp_path / "v.npy", np.full(16, 10.0))
+    monkeypatch.setattr(peer_module, "build_learner", vector_learner(tmp_path / "v.npy", 300))
     (port,) = free_ports(1)
-    config = RunConfig.of(
-        listen=f"tcp://127.0.0.1:{port}", vector=tmp_path / "v.npy", vector_examples=300,
-        insecure=True,
-    )  # fmt: skip
+    config = RunConfig.of(listen=f"tcp://127.0.0.1:{port}", insecure=True)
     p = Peer(config)
     try:
         yield p
@@ -155,15 +155,17 @@ def test_two_to_the_53_examples_do_not_drag_a_peer_all_the_way(
     assert moved == pytest.approx(2.0 * 3000 / 3300)
 
 
-def test_with_curve_a_member_cannot_speak_for_made_up_ids(tmp_path: Path) -> None:
+def test_with_curve_a_member_cannot_speak_for_made_up_ids(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Robust mixing counts senders: with CURVE a sender is the key ZAP authenticated, so
     one member's key under four made-up ids is one member, and the four are dropped."""
     dirs = [tmp_path / "k-peer", tmp_path / "k-member"]
     new_key_group(dirs)
     np.save(tmp_path / "v.npy", np.full(16, 10.0))
+    monkeypatch.setattr(peer_module, "build_learner", vector_learner(tmp_path / "v.npy"))
     (port,) = free_ports(1)
-    p = Peer(RunConfig.of(listen=f"tcp://127.0.0.1:{port}", vector=tmp_path / "v.npy",
-                          keys=dirs[0], mix="trimmed"))  # fmt: skip
+    p = Peer(RunConfig.of(listen=f"tcp://127.0.0.1:{port}", keys=dirs[0], mix="trimmed"))
     ctx = zmq.Context()
     s = ctx.socket(zmq.DEALER)
     s.setsockopt(zmq.LINGER, 0)

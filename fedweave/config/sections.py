@@ -472,10 +472,6 @@ class PeerSection:
                                    identity=False, stored=False)
     dump_models: Path | None = setting(None, "Per-round model dumps.", hidden=True,
                                        identity=False, stored=False)
-    vector: Path | None = setting(None, "Gossip a .npy vector (tests).", hidden=True,
-                                  identity=False, stored=False)
-    vector_examples: int = setting(1, "Weight of --vector.", hidden=True, identity=False,
-                                   stored=False)
 
 
 @dataclass(frozen=True)
@@ -556,7 +552,7 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         "wait_for_peers", "seed_timeout", "linger", "max_alone", "checkpoint_every",
         "connect_timeout", "keys", "insecure", "threads", "log_level", "db", "checkpoint_dir",
         "resume",
-        "run_id", "results", "dump_models", "vector", "vector_examples",
+        "run_id", "results", "dump_models",
     ),
     "data split": (*_SPLIT, "seed"),
 }  # fmt: skip
