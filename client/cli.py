@@ -342,6 +342,12 @@ def _start_supernode(command: list[str], env: dict[str, str]) -> subprocess.Pope
     )
 
 
+REFUSED_PATIENCE_S = 8.0
+"""How long a site that never connected tries again after its first refusal before it ends
+(the error then comes within 30 s of the start: a coordinator registers its sites' keys
+moments after it starts listening, so a site started with it may be refused at first)."""
+
+
 def refusal_text(why: str, coordinator: str, site_key: Path | None, fingerprint: str | None) -> str:
     """One line: why ``coordinator`` refused this site and what to do about it.
 
@@ -399,9 +405,11 @@ def run_site(
     The SuperNode reports connected, refused, retrying and a finished run as events in a
     state file beside the log (``fedweave.flower_patches.supernode_state``); the log itself
     is only copied. A site the coordinator refuses before it ever connected (its key is not
-    registered) ends at once with one line naming the key file to send; one refused after
-    it had taken part (its key revoked, or its clock off) tries again with growing waits
-    until ``connect_timeout``.
+    registered) says so at once, naming the key file to send, tries again for
+    ``REFUSED_PATIENCE_S`` (a coordinator that is starting registers its sites' keys just
+    after it starts listening), then ends with that line; one refused after it had taken
+    part (its key revoked, or its clock off) tries again with growing waits until
+    ``connect_timeout``.
 
     A SuperNode that exits after it had connected is started again: a restarted coordinator
     keeps no Flower state (``fedweave.coordinator.superlink``), so it refuses this site's old
@@ -421,6 +429,7 @@ def run_site(
     _echo(f"site starting: connecting to {coordinator} (log: {log_path})")
     started, wait, rejoin_wait = time.monotonic(), 2.0, 2.0
     refusals, has_connected = 0, False
+    first_refused: float | None = None
     proc: subprocess.Popen | None = None
     supervisor = None
     try:
@@ -449,16 +458,22 @@ def run_site(
                 time.sleep(rejoin_wait)
                 started, wait, rejoin_wait = time.monotonic(), 2.0, min(rejoin_wait * 2, 30.0)
                 continue
-            if state.refused is not None and not has_connected:
-                raise UserError(refusal_text(state.refused, coordinator, site_key, key_fingerprint))
-            left = connect_timeout - (time.monotonic() - started)
-            if state.refused is None or left <= 0:
+            if state.refused is None:
+                break
+            now = time.monotonic()
+            first_refused = now if first_refused is None else first_refused
+            if has_connected:
+                left, until = connect_timeout - (now - started), "--connect-timeout"
+            else:
+                left = min(REFUSED_PATIENCE_S, connect_timeout) - (now - first_refused)
+                until = "the coordinator may be registering keys as it starts"
+            if left <= 0:
                 break
             _echo(
                 f"{refusal_text(state.refused, coordinator, site_key, key_fingerprint)}; "
-                f"retrying in {min(wait, left):.0f} s, for {left:.0f} s more (--connect-timeout)"
+                f"trying again in {min(wait, left):.0f} s, for {left:.0f} s more ({until})"
                 if not refusals
-                else f"coordinator {coordinator} refused this site again; retrying in "
+                else f"coordinator {coordinator} refused this site again; trying again in "
                 f"{min(wait, left):.0f} s"
             )
             refusals += 1

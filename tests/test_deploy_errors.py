@@ -225,6 +225,9 @@ def test_client_names_an_unregistered_key_and_the_file_to_send(tmp_path):
     )
     print(f"{elapsed:.1f} s: {line}")
     assert elapsed < 30, elapsed
+    # said at the first refusal, then tried again briefly (keys are registered as a
+    # coordinator starts)
+    assert "site1.pub" in done.stderr.split("trying again in", 1)[0], done.stderr
     import json
 
     state_file = tmp_path / "site1.log.state.jsonl"
