@@ -282,13 +282,17 @@ def _wait_probing(
     coordinator: str,
     ca_cert: Path | None,
     has_connected: bool,
-) -> int:
+    connected_by: float | None = None,
+) -> int | None:
     """Wait for the SuperNode to exit, following its events and probing the coordinator
     while this site is not connected to it: before it ever connected (``has_connected``), a
     certificate or name that cannot work ends the site at once with its own line; a
     coordinator that is not there (yet, or any more), or anything once the site has taken
     part, is said once per change (a long-running site rides out a DNS or certificate
-    hiccup). A refused site's SuperNode ends itself."""
+    hiccup). A refused site's SuperNode ends itself.
+
+    Returns the SuperNode's exit status, or None once ``connected_by`` (a ``time.monotonic``
+    moment) has passed with the SuperNode not connected (the caller then stops it)."""
     from fedweave.client.reachability import explained, probe
     from fedweave.errors import UserError
 
@@ -302,6 +306,8 @@ def _wait_probing(
         state = events.poll()
         if code is not None:
             return code
+        if connected_by is not None and not state.connected and time.monotonic() > connected_by:
+            return None
         if state.tls_failed:
             next_probe, state.tls_failed = time.monotonic(), False  # explain it now
         waiting = not state.connected or state.lost
@@ -430,6 +436,7 @@ def run_site(
     started, wait, rejoin_wait = time.monotonic(), 2.0, 2.0
     refusals, has_connected = 0, False
     first_refused: float | None = None
+    refused_why: str | None = None
     proc: subprocess.Popen | None = None
     supervisor = None
     try:
@@ -444,7 +451,11 @@ def run_site(
             copier = _LogCopier(proc.stdout, log_path, verbose)  # type: ignore[arg-type]
             events = _SupernodeEvents(state_path, coordinator)
             launched = time.monotonic()
-            code = _wait_probing(proc, events, coordinator, ca_cert, has_connected)
+            refused_until = (
+                None if first_refused is None or has_connected
+                else first_refused + min(REFUSED_PATIENCE_S, connect_timeout)
+            )  # fmt: skip
+            code = _wait_probing(proc, events, coordinator, ca_cert, has_connected, refused_until)
             stop_process_group(proc)
             copier.thread.join(5)
             state = events.poll()
@@ -458,8 +469,11 @@ def run_site(
                 time.sleep(rejoin_wait)
                 started, wait, rejoin_wait = time.monotonic(), 2.0, min(rejoin_wait * 2, 30.0)
                 continue
+            if code is None and refused_why is not None:  # patience ran out mid-attempt
+                raise UserError(refusal_text(refused_why, coordinator, site_key, key_fingerprint))
             if state.refused is None:
                 break
+            refused_why = state.refused
             now = time.monotonic()
             first_refused = now if first_refused is None else first_refused
             if has_connected:
