@@ -21,7 +21,7 @@ from __future__ import annotations
 from flwr.client import ClientApp
 from flwr.common import Context
 
-from fedweave.client.mods import SITE_MODS
+from fedweave.client.mods import site_mods
 from fedweave.contract import (
     NODE_DATA_PATH_KEY,
     NODE_DEVICE_KEY,
@@ -81,4 +81,4 @@ def site_client(context: Context):
     ).to_client()
 
 
-app = ClientApp(client_fn=site_client, mods=SITE_MODS)
+app = ClientApp(client_fn=site_client, mods=site_mods())

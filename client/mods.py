@@ -1,8 +1,9 @@
 """Client mods that run at the site around the ClientApp.
 
-``site_outcome_mod`` is outermost: whatever the site's code raises becomes an error reply
-whose code says what happened (refused, rejected, late, failed: ``fedweave.contract``) and
-whose reason says why, so the coordinator reads it as data bound to this site.
+``answering_outcomes`` is outermost: whatever the site's code raises becomes an outcome reply
+whose code says what happened (refused, rejected, late, failed: ``fedweave.contract``), whose
+reason says why and which names the site, so the coordinator reads it as data bound to this
+site.
 
 ``stale_round_guard`` comes next: a message of a round older than the newest this site has
 seen (it arrives after its round's deadline, say a site that was stalled) is refused before
@@ -21,10 +22,11 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from flwr.app import Context, Message
 from flwr.app.message_type import MessageType
-from flwr.clientapp.typing import ClientAppCallable
+from flwr.clientapp.typing import ClientAppCallable, Mod
 from flwr.common import parameters_to_ndarrays
 from flwr.compat.common import recorddict_compat as compat
 
@@ -34,6 +36,7 @@ from fedweave.contract import (
     LOCAL_DP_KEYS,
     MAX_CLOCK_SKEW_KEY,
     MAX_NORM_KEY,
+    NODE_SITE_NAME_KEY,
     PRIVATE_EVALUATION_KEY,
     SECAGG_CLIP_KEY,
     SECAGG_MAX_WEIGHT_KEY,
@@ -42,27 +45,41 @@ from fedweave.contract import (
     SiteOutcome,
     SiteRefusal,
     UpdateRejected,
-    one_line,
+    outcome_content,
 )
 from fedweave.learning.validation import clipped_fraction, update_problem
 
 log = logging.getLogger("fedweave.client")
 
 
-def site_outcome_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
-    """``call_next``'s reply, or, when the site's code raises, an error reply carrying the
-    outcome's code (``SiteOutcome``: refused, rejected, late; anything else: failed, with its
-    type) and its reason on one line."""
-    from flwr.app import Error
+SiteNameOf = Callable[[Context], str | None]
+"""This site's name for a message's context (``None``: it has none)."""
 
-    try:
-        return call_next(msg, context)
-    except SiteOutcome as exc:
-        code, reason = exc.code, one_line(str(exc))
-    except Exception as exc:  # the task's own failure: said to the coordinator, logged here
-        log.error("message of round %s failed", msg.metadata.group_id or "-", exc_info=exc)
-        code, reason = SiteOutcome.code, one_line(f"{type(exc).__name__}: {exc}")
-    return Message(Error(code=code, reason=reason), reply_to=msg)
+
+def node_site_name(context: Context) -> str | None:
+    """A deployed site's name: ``fedweave client --name`` in its node config."""
+    name = context.node_config.get(NODE_SITE_NAME_KEY)
+    return str(name) if name else None
+
+
+def answering_outcomes(site_name_of: SiteNameOf) -> Mod:
+    """The outermost site mod: ``call_next``'s reply, or, when the site's code raises, an
+    outcome reply (``fedweave.contract.outcome_content``) with the outcome's code
+    (``SiteOutcome``: refused, rejected, late; anything else: failed, with its type), its
+    reason on one line and this site's name (``site_name_of``), so the coordinator records
+    it under the right site even when it never sent a result."""
+
+    def site_outcome_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+        try:
+            return call_next(msg, context)
+        except SiteOutcome as exc:
+            code, reason = exc.code, str(exc)
+        except Exception as exc:  # the task's own failure: said to the coordinator, logged here
+            log.error("message of round %s failed", msg.metadata.group_id or "-", exc_info=exc)
+            code, reason = SiteOutcome.code, f"{type(exc).__name__}: {exc}"
+        return Message(outcome_content(code, reason, site_name_of(context)), reply_to=msg)
+
+    return site_outcome_mod
 
 
 STALE_ROUND_RECORD = "fedweave.site"
@@ -298,16 +315,17 @@ def local_dp_when_asked(msg: Message, context: Context, call_next: ClientAppCall
     return LocalDpMod(clipping_norm, sensitivity, epsilon, delta)(msg, context, call_next)
 
 
-SITE_MODS = [
-    site_outcome_mod,
-    stale_round_guard,
-    clock_guard,
-    secagg_when_asked,
-    site_console_mod,
-    update_check_mod,
-    central_dp_clipping_when_asked,
-    local_dp_when_asked,
-]
-"""Outermost first: every outcome becomes a reply with its code; late rounds and a wrong
-clock are refused before anything else; SecAgg+ masks what the update check has passed,
-after DP has clipped or noised it."""
+def site_mods(site_name_of: SiteNameOf = node_site_name) -> list[Mod]:
+    """Every site mod, outermost first: every outcome becomes a reply with its code and the
+    site's name (``site_name_of``); late rounds and a wrong clock are refused before anything
+    else; SecAgg+ masks what the update check has passed, after DP has clipped or noised it."""
+    return [
+        answering_outcomes(site_name_of),
+        stale_round_guard,
+        clock_guard,
+        secagg_when_asked,
+        site_console_mod,
+        update_check_mod,
+        central_dp_clipping_when_asked,
+        local_dp_when_asked,
+    ]

@@ -18,7 +18,7 @@ import torch
 from flwr.client import ClientApp, NumPyClient
 from flwr.common import Context
 
-from fedweave.client.mods import SITE_MODS
+from fedweave.client.mods import site_mods
 from fedweave.contract import (
     BATCH_SIZE_KEY,
     CLIP_GRAD_NORM_KEY,
@@ -335,4 +335,8 @@ def make_client_app(settings: ClientSettings) -> ClientApp:
         )  # fmt: skip
         return client.to_client()
 
-    return ClientApp(client_fn=client_fn, mods=SITE_MODS)
+    def site_name_of(context: Context) -> str | None:
+        index = int(context.node_config.get(NODE_PARTITION_KEY, 0))
+        return settings.site_names[index] if index < len(settings.site_names) else None
+
+    return ClientApp(client_fn=client_fn, mods=site_mods(site_name_of))

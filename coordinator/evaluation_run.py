@@ -237,10 +237,12 @@ def score_at_sites(
     config: RunConfig,
     models: list[tuple[str, list]],
     statistics: dict[str, Any] | None,
+    site_replies: Any = None,
 ) -> Any:
     """Send every connected site each of ``models`` (name, weights; the first is the final
     global model) and gather one ``RoundSummary``: the final model's figures, each site's
-    evaluation of it, and the matrix."""
+    evaluation of it, and the matrix. ``site_replies``: the ``SiteReplies`` the grid notes
+    what each site said in (for a failed site's name), or None."""
     from flwr.common import EvaluateIns, ndarrays_to_parameters
 
     from fedweave.contract import BATCH_SIZE_KEY, CROSS_SITE_MODEL_KEY, ROUND_KEY, SEED_KEY
@@ -269,7 +271,7 @@ def score_at_sites(
         if index:
             expected += [(name, str(site.node_id)) for site in sites]
     started, started_at = time.perf_counter(), datetime.now(timezone.utc)
-    results, failures = evaluate_at_sites(grid, instructions, "1", timeout)
+    results, failures = evaluate_at_sites(grid, instructions, "1", timeout, site_replies)
     late = f"no evaluation within the deadline ({timeout:g} s)"
     evaluations, matrix = site_evaluations(
         results, failures, [site.node_id for site in sites], expected, late
@@ -320,7 +322,8 @@ def run_evaluation(plan: Any, grid: Any, context: Any) -> None:
         ]
         if not models:
             raise RuntimeError(f"run {evaluated.run_id} has no recorded model")
-        grid = OutcomeGrid(grid, SiteReplies())  # a malformed evaluation: a failed site
-        summary = score_at_sites(grid, config, models, recorded_statistics(rows))
+        site_replies = SiteReplies()  # what each site said, by node, with its name
+        grid = OutcomeGrid(grid, site_replies)
+        summary = score_at_sites(grid, config, models, recorded_statistics(rows), site_replies)
         recorder = HistoryRecorder(store, plan.run_id, Path(config.history.checkpoint_dir))
         SiteNames([recorder]).on_round(summary)

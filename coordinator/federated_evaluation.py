@@ -27,6 +27,7 @@ from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECOR
 from fedweave.contract import CROSS_SITE_MODEL_KEY, bounded_site_metrics, one_line
 from fedweave.coordinator.deadlines import RoundDeadline
 from fedweave.coordinator.secure_agg import SecAggSettings
+from fedweave.coordinator.site_outcomes import SiteReplies
 from fedweave.history.records import SiteResult
 
 log = logging.getLogger("fedweave.coordinator")
@@ -83,13 +84,16 @@ OUTCOME_TAG = "fw-outcome"
 ...), taken out again by ``site_evaluations``."""
 
 
-def failed_outcome(proxy: Any, reason: str, status: str = "failed") -> EvaluateOutcome:
-    """An evaluation that did not happen at ``proxy``'s site: ``status`` with ``reason``."""
+def failed_outcome(
+    proxy: Any, reason: str, status: str = "failed", metrics: dict[str, Any] | None = None
+) -> EvaluateOutcome:
+    """An evaluation that did not happen at ``proxy``'s site: ``status`` with ``reason`` (and
+    ``metrics`` to record with it: the site's name, when it gave one)."""
     res = EvaluateRes(
         status=Status(code=Code.EVALUATE_NOT_IMPLEMENTED, message=reason),
         loss=0.0,
         num_examples=0,
-        metrics={OUTCOME_TAG: status},
+        metrics={**(metrics or {}), OUTCOME_TAG: status},
     )
     return proxy, res
 
@@ -105,12 +109,14 @@ def evaluate_at_sites(
     instructions: Sequence[tuple[Any, EvaluateIns]],
     group_id: str,
     timeout: float,
+    site_replies: SiteReplies | None = None,
 ) -> tuple[list[EvaluateOutcome], list[EvaluateOutcome]]:
     """Send each site its ``evaluate`` message and bind every answer by ``timeout`` to the
     message it answers: ``(results, failures)``, each ``(site, EvaluateRes)`` where ``site``
     is the instruction's own (anything with a ``node_id``); a failure's status says why.
     A cross-site result carries the model it scored (``CROSS_SITE_MODEL_KEY``); sites that
-    said nothing by ``timeout`` are in neither list."""
+    said nothing by ``timeout`` are in neither list. ``site_replies``: where the run's grid
+    notes what each site said, for the name of a site that failed."""
     from fedweave.contract import outcome_of
 
     results: list[EvaluateOutcome] = []
@@ -126,6 +132,7 @@ def evaluate_at_sites(
         )
         for site, ins in instructions
     ]
+    mark = site_replies.mark() if site_replies is not None else 0
     replies = list(grid.send_and_receive(messages, timeout=timeout))
     # pushing gave each message its id: a reply names the one it answers
     sent = {
@@ -140,7 +147,12 @@ def evaluate_at_sites(
         model = ins.config.get(CROSS_SITE_MODEL_KEY)
         if reply.has_error():
             status, reason = outcome_of(int(reply.error.code), reply.error.reason)
-            outcome = failed_outcome(site, reason, status)
+            said = (
+                site_replies.said(group_id, site.node_id, since=mark)
+                if site_replies is not None
+                else None
+            )
+            outcome = failed_outcome(site, reason, status, said.metrics() if said else None)
             _tag(outcome[1], model)
             failures.append(outcome)
             continue
@@ -210,9 +222,9 @@ def site_evaluations(
     return evaluations, global_row + matrix
 
 
-def federated_evaluate_workflow(deadline: RoundDeadline):
+def federated_evaluate_workflow(deadline: RoundDeadline, site_replies: SiteReplies | None = None):
     """The evaluate step of each round, closing ``deadline.seconds`` after its messages go
-    out (see the module docstring)."""
+    out (see the module docstring); ``site_replies`` as for ``evaluate_at_sites``."""
 
     def evaluate_workflow(grid, context) -> None:
         cfg = context.state.config_records[MAIN_CONFIGS_RECORD]
@@ -226,7 +238,7 @@ def federated_evaluate_workflow(deadline: RoundDeadline):
             client_manager=context.client_manager,
         )
         results, failures = evaluate_at_sites(
-            grid, instructions, str(current_round), deadline.seconds
+            grid, instructions, str(current_round), deadline.seconds, site_replies
         )
         context.strategy.aggregate_evaluate(current_round, results, failures)
 

@@ -152,7 +152,7 @@ def private_evaluate_workflow(
                 continue
             said = reporting.site_replies.said(current_round, proxy.node_id, since=mark)
             sites.append(
-                SiteResult(node, said.status, reason=said.reason)
+                SiteResult(node, said.status, metrics=said.metrics(), reason=said.reason)
                 if said is not None
                 else SiteResult(node, "late", reason=silent)
             )

@@ -296,8 +296,11 @@ class ReportingStrategy(Strategy):
             if node in known:
                 continue
             said = self.site_replies.said(server_round, node, since=self._replies_mark)
-            status, reason = (said.status, said.reason) if said else ("late", late)
-            self._sites.append(SiteResult(str(node), status, reason=reason))
+            self._sites.append(
+                SiteResult(str(node), said.status, metrics=said.metrics(), reason=said.reason)
+                if said is not None
+                else SiteResult(str(node), "late", reason=late)
+            )
 
     def aggregate_fit(
         self,

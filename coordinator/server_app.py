@@ -362,7 +362,7 @@ def make_server_app(
                 deadline,
             )
             if config.evaluation.private_evaluation
-            else federated_evaluate_workflow(deadline)
+            else federated_evaluate_workflow(deadline, site_replies)
         )
         DefaultWorkflow(fit_workflow=fit_workflow, evaluate_workflow=evaluate_workflow)(
             grid, legacy

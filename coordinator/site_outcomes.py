@@ -1,12 +1,13 @@
 """What each site said, bound to the node that said it.
 
-A site answers every message with a result or an error reply whose code says what happened
-(``fedweave.contract``: refused, rejected, late, failed) and whose reason says why; Flower's
-own error replies (a ClientApp that crashed, a node the SuperLink lost) carry Flower's codes.
-Flower's workflows hand a strategy those errors without their node, so every workflow of a
-run sends through ``OutcomeGrid``, which notes each error reply's outcome under its round
-and node in ``SiteReplies`` before the workflow sees it. The reporting strategy reads a
-silent-looking site's outcome there: what the site said, or, when it said nothing, ``late``.
+A site answers every message with a result or an outcome reply whose code says what happened
+(``fedweave.contract``: refused, rejected, late, failed), whose reason says why and which
+names the site; Flower's own error replies (a ClientApp that crashed, a node the SuperLink
+lost) carry Flower's codes. Every workflow of a run sends through ``OutcomeGrid``, which
+notes each outcome under its round and node in ``SiteReplies`` and hands the workflow an
+error reply in its place (Flower's workflows pass errors to a strategy without their node).
+The reporting strategy reads a silent-looking site's outcome there: what the site said, or,
+when it said nothing, ``late``.
 
 A reply whose content is not the result it was asked for (no fit or evaluation result, a
 status code Flower does not know) is turned into an error reply from the same site and noted
@@ -18,7 +19,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from fedweave.contract import SITE_FAILED_CODE, one_line, outcome_of
+from fedweave.contract import (
+    SITE_FAILED_CODE,
+    SITE_NAME_METRIC,
+    one_line,
+    outcome_of,
+    read_outcome,
+)
 
 MAX_ROUNDS_KEPT = 8
 """Rounds whose outcomes are kept; a round's are read when it ends."""
@@ -27,10 +34,16 @@ MAX_ROUNDS_KEPT = 8
 @dataclass(frozen=True)
 class SiteSaid:
     """One site's outcome in one round: ``status`` as the history records it (``refused``,
-    ``rejected``, ``late``, ``failed`` or ``lost``) and the reason, one line."""
+    ``rejected``, ``late``, ``failed`` or ``lost``), the reason (one line) and the name the
+    site gave (``None``: none, or Flower spoke for it)."""
 
     status: str
     reason: str
+    site_name: str | None = None
+
+    def metrics(self) -> dict[str, str]:
+        """The site's record's metrics: its name, for ``SiteNames``, when it gave one."""
+        return {SITE_NAME_METRIC: self.site_name} if self.site_name else {}
 
 
 class SiteReplies:
@@ -152,10 +165,16 @@ class OutcomeGrid:
         if asked is None or asked.metadata.dst_node_id != reply.metadata.src_node_id:
             return reply  # answers nothing this call sent: the workflow ignores it too
         group_id, node_id = asked.metadata.group_id, asked.metadata.dst_node_id
-        if reply.has_error():
+        if reply.has_error():  # Flower's own, or a foreign bundle the site's worker refused
             status, reason = outcome_of(int(reply.error.code), reply.error.reason)
             self.replies.note(group_id, node_id, SiteSaid(status, reason))
             return reply
+        outcome = read_outcome(reply.content)
+        if outcome is not None:  # what the site's code raised: an error for the workflow
+            code, said, site_name = outcome
+            status, reason = outcome_of(code, said)
+            self.replies.note(group_id, node_id, SiteSaid(status, reason, site_name))
+            return Message(Error(code=code, reason=reason), reply_to=asked)
         problem = result_problem(asked, reply)
         if problem is None:
             return reply

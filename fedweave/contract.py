@@ -15,6 +15,7 @@ The coordinator (``fedweave.coordinator``) writes these keys and the site
 from __future__ import annotations
 
 import re
+from typing import Any
 
 SERVER_APP_REF = "fedweave.coordinator.deployed_run:server_app"
 CLIENT_APP_REF = "fedweave.client.deployed_app:app"
@@ -122,10 +123,10 @@ MAX_REASON_CHARS = 300
 class SiteOutcome(Exception):
     """A site's answer that is not a result, raised by the site's code with its reason.
 
-    The site's outermost mod (``fedweave.client.mods.site_outcome_mod``) turns it into an
-    error reply whose ``Error.code`` is the class's ``code`` and whose ``Error.reason`` is
-    the reason, so the coordinator reads the outcome as data bound to the node that sent
-    it (``outcome_of``), never out of exception text.
+    The site's outermost mod (``fedweave.client.mods.answering_outcomes``) answers it with an
+    outcome reply (``outcome_content``: the class's ``code``, the reason and the site's
+    name), so the coordinator reads the outcome as data bound to the node that sent it
+    (``read_outcome``, ``outcome_of``), never out of exception text.
     """
 
     status = "failed"
@@ -170,6 +171,38 @@ def one_line(text: str, limit: int = MAX_REASON_CHARS) -> str:
     return "".join(c if c.isprintable() else "?" for c in first)[:limit]
 
 
+OUTCOME_RECORD = "fedweave.outcome"
+"""The config record of an outcome reply: ``code`` (int), ``reason`` (str) and, when the site
+has one, ``site-name`` (str)."""
+
+
+def outcome_content(code: int, reason: str, site_name: str | None) -> Any:
+    """The content of a site's outcome reply (a Flower ``RecordDict``)."""
+    from flwr.app import ConfigRecord, RecordDict
+
+    record = ConfigRecord({"code": int(code), "reason": one_line(reason)})
+    if site_name:
+        record["site-name"] = str(site_name)
+    return RecordDict({OUTCOME_RECORD: record})
+
+
+def read_outcome(content: Any) -> tuple[int, str, str | None] | None:
+    """``(code, reason, site name)`` of an outcome reply's content, None when it holds no
+    outcome record; a record with a missing or mistyped field reads as a malformed reply
+    (``MALFORMED_CODE``)."""
+    record = content.config_records.get(OUTCOME_RECORD)
+    if record is None:
+        return None
+    code, reason, name = record.get("code"), record.get("reason"), record.get("site-name")
+    if not isinstance(code, int) or isinstance(code, bool) or not isinstance(reason, str):
+        return MALFORMED_CODE, "outcome without an integer code and a reason", None
+    return code, reason, name if isinstance(name, str) else None
+
+
+MALFORMED_CODE = -1
+"""Not a code any site sends: ``outcome_of`` reads it as a malformed reply."""
+
+
 def outcome_of(code: int, reason: str | None) -> tuple[str, str]:
     """(status, reason) of an error reply with ``code`` and ``reason``: a fedweave site's own
     outcome, Flower's (``lost`` for a node it lost, else ``failed``), or ``failed`` with
@@ -177,6 +210,8 @@ def outcome_of(code: int, reason: str | None) -> tuple[str, str]:
     from flwr.common.constant import ErrorCode
 
     said = one_line(reason or "") or "no reason given"
+    if code == MALFORMED_CODE:
+        return "failed", f"malformed reply: {said}"
     if code in SITE_OUTCOME_STATUS:
         return SITE_OUTCOME_STATUS[code], said
     if code == ErrorCode.NODE_UNAVAILABLE:  # the SuperLink lost the site

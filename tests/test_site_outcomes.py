@@ -1,7 +1,8 @@
 """A site's outcome travels as data bound to its node: the site's outermost mod turns what its
-code raised into an error reply with a code (``fedweave.contract``), the run's grid notes each
-error reply under its round and node (``coordinator/site_outcomes.py``), and the reporting
-strategy records what each sampled site said, or ``late`` for a silent one.
+code raised into an outcome reply with a code, a reason and the site's name
+(``fedweave.contract``), the run's grid notes each outcome under its round and node
+(``coordinator/site_outcomes.py``), and the reporting strategy records what each sampled site
+said, or ``late`` for a silent one.
 
 Flower's real ``Message``, ``Error`` and legacy record layout throughout; the grid under
 ``OutcomeGrid`` is a stand-in that answers as the SuperLink would (a real deployment's round
@@ -19,14 +20,17 @@ from flwr.common.constant import ErrorCode
 from flwr.compat.common import recorddict_compat as compat
 from flwr.server.strategy import FedAvg
 
-from fedweave.client.mods import site_outcome_mod
+from fedweave.client.mods import answering_outcomes
 from fedweave.contract import (
     SITE_FAILED_CODE,
+    SITE_NAME_METRIC,
     LateWork,
     SiteRefusal,
     UpdateRejected,
     one_line,
+    outcome_content,
     outcome_of,
+    read_outcome,
 )
 from fedweave.coordinator.reporting import ReportingStrategy
 from fedweave.coordinator.site_outcomes import OutcomeGrid, SiteReplies, SiteSaid, failure_said
@@ -81,7 +85,7 @@ def test_each_code_reads_as_its_status_and_an_unknown_one_is_a_malformed_reply()
          "RuntimeError: injected fault"),
     ],
 )  # fmt: skip
-def test_the_sites_outermost_mod_answers_what_its_code_raised_as_a_coded_error(
+def test_the_sites_outermost_mod_answers_what_its_code_raised_as_a_coded_outcome(
     raised, code, reason
 ):
     asked = instruction(7)
@@ -89,15 +93,17 @@ def test_the_sites_outermost_mod_answers_what_its_code_raised_as_a_coded_error(
     def call_next(msg, context):
         raise raised
 
-    reply = site_outcome_mod(asked, SimpleNamespace(), call_next)
-    assert reply.has_error() and reply.error.code == code and reply.error.reason == reason
+    mod = answering_outcomes(lambda context: "hospital-a")
+    reply = mod(asked, SimpleNamespace(), call_next)
+    assert not reply.has_error() and read_outcome(reply.content) == (code, reason, "hospital-a")
     assert reply.metadata.reply_to_message_id == "m7" and reply.metadata.src_node_id == 7
 
 
 def test_the_sites_outermost_mod_passes_a_result_through():
     asked = instruction(7)
     result = Message(fit_result(), reply_to=asked)
-    assert site_outcome_mod(asked, SimpleNamespace(), lambda msg, ctx: result) is result
+    mod = answering_outcomes(lambda context: None)
+    assert mod(asked, SimpleNamespace(), lambda msg, ctx: result) is result
 
 
 class _Grid:
@@ -124,21 +130,25 @@ def test_every_outcome_is_recorded_against_the_site_that_said_it():
     del malformed.metric_records["fitres.num_examples"]
     answers = {
         11: fit_result(),
-        12: Error(SiteRefusal.code, "site holds task 'a' but the run trains 'b'"),
-        13: Error(UpdateRejected.code, "update has non-finite values"),
-        14: Error(SITE_FAILED_CODE, "RuntimeError: injected fault"),
+        12: outcome_content(SiteRefusal.code, "site holds task 'a' but the run trains 'b'", "a"),
+        13: outcome_content(UpdateRejected.code, "update has non-finite values", "b"),
+        14: outcome_content(SITE_FAILED_CODE, "RuntimeError: injected fault", None),
         15: Error(ErrorCode.NODE_UNAVAILABLE, "Node 15 is unavailable"),
-        16: Error(4242, "trust me"),
+        16: outcome_content(4242, "trust me", "d"),
         17: malformed,
         18: None,
+        19: Error(SiteRefusal.code, "run 7: the bundle carries files"),  # the worker's refusal
     }
     replies = SiteReplies()
     grid = OutcomeGrid(_Grid(answers), replies)
     received = grid.send_and_receive([instruction(node) for node in reversed(answers)])
-    assert len(received) == 7
+    assert len(received) == 8
     by_node = {reply.metadata.src_node_id: reply for reply in received}
     assert by_node[17].has_error() and "malformed reply" in by_node[17].error.reason
     assert not by_node[11].has_error()
+    # every outcome reaches the workflow as an error reply, as Flower's workflows expect
+    assert all(by_node[node].has_error() for node in (12, 13, 14, 15, 16, 17, 19))
+    assert by_node[12].error.code == SiteRefusal.code
 
     # Flower's fit workflow: results for content replies, a bare exception per error reply
     reporting = ReportingStrategy(FedAvg(), evaluator=None, site_replies=replies)
@@ -147,16 +157,20 @@ def test_every_outcome_is_recorded_against_the_site_that_said_it():
     reporting._record_failures(
         int(ROUND), [Exception(r.error) for r in received if r.has_error()]
     )
-    recorded = {int(site.site_id): (site.status, site.reason) for site in reporting._sites}
+    recorded = {
+        int(site.site_id): (site.status, site.reason, site.metrics.get(SITE_NAME_METRIC))
+        for site in reporting._sites
+    }
     assert recorded == {
-        11: ("ok", None),
-        12: ("refused", "site holds task 'a' but the run trains 'b'"),
-        13: ("rejected", "update has non-finite values"),
-        14: ("failed", "RuntimeError: injected fault"),
-        15: ("lost", "Node 15 is unavailable"),
-        16: ("failed", "malformed reply: unknown outcome code 4242"),
-        17: ("failed", "malformed reply: no fitres.num_examples.num_examples"),
-        18: ("late", "no reply"),
+        11: ("ok", None, None),
+        12: ("refused", "site holds task 'a' but the run trains 'b'", "a"),
+        13: ("rejected", "update has non-finite values", "b"),
+        14: ("failed", "RuntimeError: injected fault", None),
+        15: ("lost", "Node 15 is unavailable", None),
+        16: ("failed", "malformed reply: unknown outcome code 4242", "d"),
+        17: ("failed", "malformed reply: no fitres.num_examples.num_examples", None),
+        18: ("late", "no reply", None),
+        19: ("refused", "run 7: the bundle carries files", None),
     }
     assert replies.said(ROUND, 18) is None and replies.said(4, 12) is None  # bound to its round
 
@@ -164,7 +178,7 @@ def test_every_outcome_is_recorded_against_the_site_that_said_it():
 def test_a_reply_to_another_call_or_from_another_node_is_left_alone():
     replies = SiteReplies()
     asked = instruction(21)
-    stranger = Message(Error(SiteRefusal.code, "not me"), reply_to=instruction(22))
+    stranger = Message(outcome_content(SiteRefusal.code, "not me", "x"), reply_to=instruction(22))
     grid = OutcomeGrid(SimpleNamespace(send_and_receive=lambda m, timeout=None: [stranger]),
                        replies)  # fmt: skip
     assert grid.send_and_receive([asked]) == [stranger]
@@ -185,6 +199,17 @@ def test_an_unknown_result_status_or_evaluation_without_loss_is_malformed():
     assert replies.said(ROUND, 31) == SiteSaid("failed", "malformed reply: unknown status code 99")
     assert replies.said(ROUND, 32) == SiteSaid(
         "failed", "malformed reply: no evaluateres.loss.loss"
+    )
+
+
+def test_an_outcome_record_without_its_fields_is_a_malformed_reply():
+    from flwr.app import ConfigRecord
+
+    no_code = RecordDict({"fedweave.outcome": ConfigRecord({"reason": "x"})})
+    replies = SiteReplies()
+    OutcomeGrid(_Grid({41: no_code}), replies).send_and_receive([instruction(41)])
+    assert replies.said(ROUND, 41) == SiteSaid(
+        "failed", "malformed reply: outcome without an integer code and a reason"
     )
 
 
