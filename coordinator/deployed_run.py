@@ -235,7 +235,9 @@ def run_plan(plan: DeployPlan, grid, context) -> None:
         )
         try:
             statistics = recorded_statistics(store.rounds(plan.run_id)) if offset else None
-            app = make_server_app(settings, test_data_of(config), start, [recorder], statistics)
+            app = make_server_app(
+                settings, test_data_of(config), start, [recorder], statistics, [recorder]
+            )
             app(grid=grid, context=context)
             recorder.flush()
         finally:

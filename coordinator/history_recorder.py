@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 from fedweave.coordinator.rounds import RoundSummary
 from fedweave.errors import UserError
-from fedweave.history.records import COORDINATOR_ACTOR, CheckpointRef, RoundRecord
+from fedweave.history.records import COORDINATOR_ACTOR, CheckpointRef, RoundInFlight, RoundRecord
 from fedweave.learning.weights import load_weights_npz, save_weights_npz, weights_sha256
+
+log = logging.getLogger(__name__)
 
 
 def checkpoint_path(checkpoint_dir: Path, run_id: str, round_number: int) -> Path:
@@ -97,6 +100,16 @@ class HistoryRecorder:
         self.retry_seconds = retry_seconds
         self.tracker = tracker
 
+    def on_round_start(self, started: RoundInFlight) -> None:
+        """Note the round under way (for a live view); a database hiccup costs only the note,
+        never the run: the round itself is recorded, with its retries, when it ends."""
+        from fedweave.history.errors import HistoryError
+
+        try:
+            self.store.note_round_started(self.run_id, started)
+        except HistoryError as exc:
+            log.warning("round %d's start not noted in the history: %s", started.round, exc)
+
     def on_round(self, summary: RoundSummary) -> None:
         path = checkpoint_path(self.checkpoint_dir, self.run_id, summary.round)
         file_sha256, size = save_weights_npz(path, summary.weights)
@@ -114,6 +127,7 @@ class HistoryRecorder:
             model_sha256=weights_sha256(summary.weights),
             extra={
                 "seconds": summary.seconds,
+                "deadline_seconds": summary.deadline_seconds,
                 "warnings": summary.warnings,
                 **({"failed": summary.failed} if summary.failed else {}),
                 **({"statistics": summary.statistics} if summary.statistics else {}),
@@ -127,7 +141,8 @@ class HistoryRecorder:
 
 
 class BackgroundRecorder:
-    """Runs a round listener on a writer thread, so recording overlaps the next round.
+    """Runs a round listener on a writer thread, so recording overlaps the next round (and
+    its round starts, in order with the rounds, when it has ``on_round_start``).
 
     Rounds are handed over in order and written in order; at most ``max_pending`` wait
     (default 2), after which the coordinator waits instead of running ahead. A failed write
@@ -140,7 +155,9 @@ class BackgroundRecorder:
         import threading
 
         self.listener = listener
-        self._queue: queue.Queue[RoundSummary | None] = queue.Queue(maxsize=max_pending)
+        self._queue: queue.Queue[RoundSummary | RoundInFlight | None] = queue.Queue(
+            maxsize=max_pending
+        )
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._drain, name="history-writer", daemon=True)
         self._thread.start()
@@ -149,7 +166,9 @@ class BackgroundRecorder:
         while True:
             summary = self._queue.get()
             try:
-                if summary is not None and self._error is None:
+                if isinstance(summary, RoundInFlight) and self._error is None:
+                    self.listener.on_round_start(summary)
+                elif summary is not None and self._error is None:
                     self.listener.on_round(summary)
             except BaseException as exc:  # noqa: BLE001 - handed to the coordinator's thread
                 self._error = exc
@@ -165,6 +184,10 @@ class BackgroundRecorder:
     def on_round(self, summary: RoundSummary) -> None:
         self._raise_if_failed()
         self._queue.put(summary)
+
+    def on_round_start(self, started: RoundInFlight) -> None:
+        if hasattr(self.listener, "on_round_start"):
+            self._queue.put(started)
 
     def flush(self) -> None:
         """Wait until every handed-over round is written; raise the first write failure."""

@@ -44,10 +44,10 @@ from fedweave.coordinator.federated_evaluation import (
     site_evaluations,
     weighted_evaluation,
 )
-from fedweave.coordinator.rounds import RoundListener, RoundSummary
+from fedweave.coordinator.rounds import RoundListener, RoundStartListener, RoundSummary
 from fedweave.coordinator.site_outcomes import SiteReplies, failure_said
 from fedweave.flower_patches.secagg_masks import unflatten
-from fedweave.history.records import SiteResult
+from fedweave.history.records import RoundInFlight, SiteResult
 from fedweave.learning.validation import update_problem
 
 log = logging.getLogger("fedweave.coordinator")
@@ -126,6 +126,9 @@ class ReportingStrategy(Strategy):
         scored by federated evaluation only.
     listeners : Sequence[RoundListener] (default: ())
         Told about every completed round (history, progress, report), in order.
+    round_starts : Sequence[RoundStartListener] (default: ())
+        Told when each round's sites have been asked (the history's round in flight, which a
+        live view counts down).
     round_offset : int (default: 0)
         Added to Flower's round number, so a resumed run keeps counting.
     secure_agg : bool (default: False)
@@ -158,6 +161,7 @@ class ReportingStrategy(Strategy):
         *,
         evaluator: CentralEvaluator | None,
         listeners: Sequence[RoundListener] = (),
+        round_starts: Sequence[RoundStartListener] = (),
         round_offset: int = 0,
         secure_agg: bool = False,
         max_update_norm: float | None = None,
@@ -174,6 +178,7 @@ class ReportingStrategy(Strategy):
         self.strategy = strategy
         self.evaluator = evaluator
         self.listeners = list(listeners)
+        self.round_starts = list(round_starts)
         self.round_offset = round_offset
         self.secure_agg = secure_agg
         self.max_update_norm = max_update_norm
@@ -217,6 +222,15 @@ class ReportingStrategy(Strategy):
         self._replies_mark = self.site_replies.mark()  # what sites say in this round's fit
         instructions = self.strategy.configure_fit(server_round, parameters, client_manager)
         self._sampled = [proxy.node_id for proxy, _ in instructions]
+        started = RoundInFlight(
+            round=server_round + self.round_offset,
+            started_at=self._round_started[1],
+            deadline_seconds=self.deadline.seconds if self.deadline is not None else None,
+            sampled=len(instructions),
+            connected=client_manager.num_available(),
+        )
+        for listener in self.round_starts:
+            listener.on_round_start(started)
         return instructions
 
     def _note_clipping(self, proxy: ClientProxy, res: FitRes) -> None:
@@ -481,6 +495,7 @@ class ReportingStrategy(Strategy):
             warnings=self._warnings,
             failed=self._failed,
             central=central,
+            deadline_seconds=self.deadline.seconds if self.deadline is not None else None,
         )
         if not central:
             return None

@@ -1,4 +1,5 @@
-"""What the coordinator tells listeners after each round (progress, report, history)."""
+"""What the coordinator tells listeners as each round starts and after it (progress, report,
+history)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from fedweave.history.records import SiteResult
+from fedweave.history.records import RoundInFlight, SiteResult
 
 
 @dataclass
@@ -38,6 +39,8 @@ class RoundSummary:
             count, failed or late with the reason).
         cross_site: after the last round with ``--cross-site``: one result per (model, site),
             the model (``"global"`` or its owner site) in ``metrics["model"]``.
+        deadline_seconds: how long the round's training waited for its sites (``None``: no
+            deadline).
     """
 
     round: int
@@ -56,6 +59,7 @@ class RoundSummary:
     federated: dict[str, float] = field(default_factory=dict)
     evaluations: list[SiteResult] = field(default_factory=list)
     cross_site: list[SiteResult] = field(default_factory=list)
+    deadline_seconds: float | None = None
 
     @property
     def sampled(self) -> int:
@@ -75,3 +79,9 @@ class RoundListener(Protocol):
     """Receives each completed round, in order, on the coordinator's thread."""
 
     def on_round(self, summary: RoundSummary) -> None: ...
+
+
+class RoundStartListener(Protocol):
+    """Told when a round's sites have been asked, on the coordinator's thread."""
+
+    def on_round_start(self, started: RoundInFlight) -> None: ...

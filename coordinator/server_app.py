@@ -42,7 +42,7 @@ from fedweave.coordinator.federated_evaluation import federated_evaluate_workflo
 from fedweave.coordinator.model_health import ModelHealth
 from fedweave.coordinator.privacy import check_privacy, local_dp_config, wrap_for_central_dp
 from fedweave.coordinator.private_evaluation import private_evaluate_workflow
-from fedweave.coordinator.rounds import RoundListener
+from fedweave.coordinator.rounds import RoundListener, RoundStartListener
 from fedweave.coordinator.secure_agg import (
     MIN_SECAGG_COHORT,
     SecAggSettings,
@@ -275,10 +275,12 @@ def make_server_app(
     start_weights: list[np.ndarray],
     listeners: Sequence[RoundListener] = (),
     statistics: dict[str, Any] | None = None,
+    round_starts: Sequence[RoundStartListener] = (),
 ) -> ServerApp:
     """A ServerApp that runs ``settings.rounds`` rounds from ``start_weights``; a task that
     needs federated statistics gathers them first, unless ``statistics`` (a resumed run's
-    recorded ones) are given."""
+    recorded ones) are given. ``listeners`` hear of every finished round, ``round_starts`` of
+    every round whose sites were just asked."""
     settings.check()
     config = settings.config
     check_scoring(config, test_data)
@@ -306,6 +308,7 @@ def make_server_app(
                 config.data.task, test_data, config.training.device, sink
             ),
             listeners=listeners,
+            round_starts=round_starts,
             round_offset=settings.round_offset,
             max_update_norm=config.federation.max_update_norm,
             deadline=deadline,

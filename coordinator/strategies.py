@@ -24,7 +24,7 @@ STRATEGIES: dict[str, tuple[type, dict[str, Any]]] = {
 
 REPORTING_KWARGS = frozenset(
     {
-        "evaluator", "listeners", "round_offset", "max_update_norm", "deadline",
+        "evaluator", "listeners", "round_starts", "round_offset", "max_update_norm", "deadline",
         "min_replies", "evaluate_every", "last_round", "cross_site", "site_replies",
     }
 )  # fmt: skip
@@ -65,7 +65,7 @@ def make_strategy(
         The run's seed, which fixes the stragglers of each round.
     **kwargs : Any
         ``evaluator`` (required; ``None`` without central data), ``listeners``,
-        ``round_offset``, ``max_update_norm``, ``deadline``, ``min_replies``,
+        ``round_starts``, ``round_offset``, ``max_update_norm``, ``deadline``, ``min_replies``,
         ``evaluate_every``, ``last_round``, ``cross_site`` and ``site_replies`` go to
         ``ReportingStrategy`` (see there for their meaning and defaults); every other keyword
         (``fraction_fit``, ``min_fit_clients``, ``initial_parameters``, ``on_fit_config_fn``,

@@ -14,7 +14,7 @@ from typing import Any
 
 from fedweave.client.site_app import ClientSettings, make_client_app
 from fedweave.config import RunConfig
-from fedweave.coordinator.rounds import RoundListener, RoundSummary
+from fedweave.coordinator.rounds import RoundListener, RoundStartListener, RoundSummary
 from fedweave.coordinator.server_app import ServerSettings, initial_weights, make_server_app
 from fedweave.learning.data import load_site_data
 from fedweave.learning.task import load_task
@@ -93,6 +93,7 @@ def run_federated_simulation(
     round_offset: int = 0,
     statistics: dict | None = None,
     test_data: Any = None,
+    round_starts: Sequence[RoundStartListener] = (),
 ) -> list[dict]:
     """Split the data, run ``rounds - round_offset`` rounds, return the report rows.
 
@@ -105,6 +106,7 @@ def run_federated_simulation(
             from the sites before round 1 when the task needs them.
         test_data: the held-out data, when the caller has read it and checked the site
             files already (``--data-dir``); default: read here.
+        round_starts: told as each round's sites are asked (the history's round in flight).
     """
     from flwr.simulation import run_simulation
 
@@ -143,7 +145,7 @@ def run_federated_simulation(
             else initial_weights(data.task, config.training.seed)
         )
         server_app = make_server_app(
-            settings, test_data, weights, [collector, *listeners], statistics
+            settings, test_data, weights, [collector, *listeners], statistics, round_starts
         )
         client_app = make_client_app(
             ClientSettings(

@@ -106,6 +106,7 @@ def run_and_report(config: RunConfig, resolved: Resolved) -> dict:
                 round_offset=offset,
                 statistics=recorded_statistics(store.rounds(run_id)) if offset else None,
                 test_data=test if config.data.data_dir is not None else None,
+                round_starts=[recorder],
             )
         recorder.flush()
     except KeyboardInterrupt:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from fedweave.history.records import (
     COORDINATOR_ACTOR,
     CheckpointRef,
+    RoundInFlight,
     RoundRecord,
     RunInfo,
     SiteResult,
@@ -53,6 +54,7 @@ __all__ = [
     "HistoryError",
     "HistoryStore",
     "HistoryUnavailableError",
+    "RoundInFlight",
     "RoundRecord",
     "RunInfo",
     "SchemaMismatchError",

@@ -8,7 +8,13 @@ from pathlib import PurePath
 from typing import Any
 
 from fedweave.history.models import Checkpoint, Round, Run, SiteRow
-from fedweave.history.records import CheckpointRef, RoundRecord, RunInfo, SiteResult
+from fedweave.history.records import (
+    CheckpointRef,
+    RoundInFlight,
+    RoundRecord,
+    RunInfo,
+    SiteResult,
+)
 
 
 def jsonable(value: Any) -> Any:
@@ -61,7 +67,25 @@ def run_info(run: Run, rounds_completed: int, actors: int) -> RunInfo:
         hostname=run.hostname,
         heartbeat_at=run.heartbeat_at,
         actors=actors,
+        round_in_flight=round_in_flight(run.round_in_flight),
     )
+
+
+def round_in_flight(value: dict[str, Any] | None) -> RoundInFlight | None:
+    """The stored ``runs.round_in_flight`` as a record (``None`` when unset or unreadable)."""
+    if not value:
+        return None
+    try:
+        deadline = value.get("deadline_seconds")
+        return RoundInFlight(
+            round=int(value["round"]),
+            started_at=datetime.fromisoformat(value["started_at"]),
+            deadline_seconds=None if deadline is None else float(deadline),
+            sampled=int(value.get("sampled", 0)),
+            connected=int(value.get("connected", 0)),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def round_dict(row: Round, checkpoint: Checkpoint | None) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-SCHEMA_REVISION = "0004"
+SCHEMA_REVISION = "0005"
 """The Alembic revision these models describe; equal to the newest migration (tested)."""
 
 RUN_MODES = ("federated", "gossip")
@@ -114,6 +114,9 @@ class Run(Base):
     pid: Mapped[int | None] = mapped_column(Integer)
     hostname: Mapped[str | None] = mapped_column(String(255))
     heartbeat_at: Mapped[datetime | None]
+    round_in_flight: Mapped[dict[str, Any] | None]
+    """The coordinator's round now under way (``records.RoundInFlight`` as a dict), set when it
+    starts and cleared when it is recorded or the run ends: what a live view counts down."""
 
     rounds: Mapped[list[Round]] = relationship(
         back_populates="run", cascade="all, delete-orphan", passive_deletes=True

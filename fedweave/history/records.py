@@ -71,6 +71,26 @@ class RoundRecord:
 
 
 @dataclass
+class RoundInFlight:
+    """The coordinator's round now under way, noted when it starts (``note_round_started``)
+    and cleared when it is recorded or the run ends.
+
+    Attributes:
+        round: its 1-based number.
+        started_at: when its sites were asked (UTC).
+        deadline_seconds: how long its training waits for the sites (``None``: no deadline).
+        sampled: sites asked to train in it.
+        connected: sites connected to the coordinator when it started.
+    """
+
+    round: int
+    started_at: datetime
+    deadline_seconds: float | None
+    sampled: int
+    connected: int
+
+
+@dataclass
 class CheckpointRef:
     """A model checkpoint written to disk (atomically) before its round is recorded."""
 
@@ -102,3 +122,5 @@ class RunInfo:
     """Refreshed by every recorded round; used to detect runs whose process died."""
     actors: int = 0
     """Distinct actors that recorded rounds (1 for federated, the peer count for gossip)."""
+    round_in_flight: RoundInFlight | None = None
+    """The coordinator's round under way (federated runs that are running), if noted."""

@@ -40,7 +40,13 @@ from fedweave.history.errors import DuplicateRoundError, HistoryError, HistoryUn
 from fedweave.history.liveness import STALE_AFTER_S, run_is_dead, this_host
 from fedweave.history.migrate import ensure_schema
 from fedweave.history.models import RUN_MODES, SITE_STATUSES, Checkpoint, Round, Run, SiteRow
-from fedweave.history.records import CheckpointRef, RoundRecord, RunInfo, SiteResult
+from fedweave.history.records import (
+    CheckpointRef,
+    RoundInFlight,
+    RoundRecord,
+    RunInfo,
+    SiteResult,
+)
 
 T = TypeVar("T")
 FINISHED_STATUSES = ("completed", "completed-alone", "failed", "interrupted")
@@ -61,6 +67,7 @@ def open_store(
     *,
     stale_after_s: float = STALE_AFTER_S,
     busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
+    read_only: bool = False,
 ) -> HistoryStore:
     """Open (and by default migrate) the history database at ``url``.
 
@@ -73,7 +80,11 @@ def open_store(
         stale_after_s: heartbeat age after which a running run of another host is taken
             as interrupted (default 600 s).
         busy_timeout_ms: SQLite only, how long a writer waits for the file lock (5000 ms).
+        read_only: a reader that changes nothing (the dashboard): no migration (an old schema
+            is refused with the migrate hint) and no marking of dead runs as interrupted.
     """
+    if read_only:
+        migrate = False
     url = url or DEFAULT_DB_URL
     engine = make_engine(url, busy_timeout_ms)
     try:
@@ -94,6 +105,8 @@ def open_store(
             "point --db at a fedweave history database (or an empty one)"
         ) from None
     store = HistoryStore(engine, url, stale_after_s=stale_after_s)
+    if read_only:
+        return store
     try:
         store.detect_interrupted()
     except HistoryError:  # best effort: e.g. a read-only user may still list runs
@@ -241,6 +254,28 @@ class HistoryStore:
         def work(session: Session, _attempt: int) -> None:
             run = self._run_row(session, run_id)
             run.status, run.reason, run.ended_at = status, reason, _now()
+            run.round_in_flight = None
+
+        self._write(work, retry_seconds)
+
+    def note_round_started(
+        self, run_id: str, started: RoundInFlight, retry_seconds: float = 2.0
+    ) -> None:
+        """Keep ``started`` as the run's round under way (and refresh its heartbeat) until the
+        round is recorded or the run ends."""
+
+        def work(session: Session, _attempt: int) -> None:
+            self._touch(session, run_id)
+            run = self._run_row(session, run_id)
+            run.round_in_flight = jsonable(
+                {
+                    "round": started.round,
+                    "started_at": started.started_at,
+                    "deadline_seconds": started.deadline_seconds,
+                    "sampled": started.sampled,
+                    "connected": started.connected,
+                }
+            )
 
         self._write(work, retry_seconds)
 
@@ -331,6 +366,10 @@ class HistoryStore:
                     f"{record.round + 1})"
                 )
             session.add(row)
+            run = self._run_row(session, run_id)
+            in_flight = run.round_in_flight or {}
+            if in_flight and int(in_flight.get("round", 0)) <= record.round:
+                run.round_in_flight = None
             session.flush()
 
         try:
@@ -468,22 +507,32 @@ class HistoryStore:
             "`fedweave history runs --db URL` (or use 'latest')"
         )
 
-    def rounds(self, run_id: str, actor: str | None = None) -> list[dict[str, Any]]:
-        """One dict per round row (see ``convert.round_dict``), ordered by actor, round."""
+    def rounds(
+        self, run_id: str, actor: str | None = None, after: int | None = None
+    ) -> list[dict[str, Any]]:
+        """One dict per round row (see ``convert.round_dict``), ordered by actor, round; only
+        rounds numbered above ``after`` when given (a live view's next poll)."""
         query = select(Round, Checkpoint).outerjoin(Checkpoint).where(Round.run_id == run_id)
         if actor is not None:
             query = query.where(Round.actor == actor)
+        if after is not None:
+            query = query.where(Round.round > after)
         with self._reading() as session:
             return [
                 round_dict(row, ckpt)
                 for row, ckpt in session.execute(query.order_by(Round.actor, Round.round))
             ]
 
-    def site_results(self, run_id: str, round: int | None = None) -> list[dict[str, Any]]:
-        """Site rows of a run (or of one round), ordered by actor, round, site id."""
+    def site_results(
+        self, run_id: str, round: int | None = None, after: int | None = None
+    ) -> list[dict[str, Any]]:
+        """Site rows of a run (or of one round; or of the rounds above ``after``), ordered by
+        actor, round, site id."""
         query = select(SiteRow, Round).join(Round).where(Round.run_id == run_id)
         if round is not None:
             query = query.where(Round.round == round)
+        if after is not None:
+            query = query.where(Round.round > after)
         with self._reading() as session:
             return [
                 site_dict(site, row)
