@@ -7,7 +7,9 @@ as ``error: <one line>`` on stderr with exit code 2.
 
 from __future__ import annotations
 
+import math
 import sys
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -82,8 +84,171 @@ def _when(value: datetime | None) -> str:
     return value.astimezone().strftime("%Y-%m-%d %H:%M:%S") if value else "-"
 
 
-def _num(value: float | None, digits: int = 4) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
+def _when_short(value: datetime | None) -> str:
+    """``_when`` without the year and the seconds (``11-26 10:13``), for narrow consoles."""
+    return value.astimezone().strftime("%m-%d %H:%M") if value else "-"
+
+
+def _num(value: float | None) -> str:
+    """``value`` to 4 significant digits in fixed point (0.1235, 0.04115, 12.35, 1235), with
+    an exponent outside 1e-4 .. 1e6; ``-`` when unknown. CSV and JSON keep every digit."""
+    if value is None:
+        return "-"
+    value = float(value)
+    if value == 0 or not math.isfinite(value):
+        return f"{value:g}"
+    magnitude = math.floor(math.log10(abs(value)))
+    if not -4 <= magnitude < 6:
+        return f"{value:.3e}"
+    return f"{value:.{max(0, 3 - magnitude)}f}"
+
+
+def _bytes(count: int | None) -> str:
+    """A byte count to 4 significant digits with a decimal unit (``123.5 MB``)."""
+    if not count:
+        return "-"
+    for power, unit in ((4, "TB"), (3, "GB"), (2, "MB"), (1, "kB")):
+        if count >= 1000**power:
+            return f"{_num(count / 1000**power)} {unit}"
+    return f"{count} B"
+
+
+def _metrics_text(metrics: dict[str, Any]) -> str:
+    """A site's metrics as ``auc 0.9912, loss 0.2123``, numbers to 4 significant digits."""
+    text = ", ".join(
+        f"{name} {_num(value) if isinstance(value, float) else value}"
+        for name, value in sorted(metrics.items())
+    )
+    return text or "-"
+
+
+FLEX_MIN = 10
+"""A free-text column (a reason, a site's metrics) is shown only where it gets this many
+characters at least; it wraps into whatever room the table leaves."""
+
+
+@dataclass
+class _Column:
+    """One column of a console table, and how it gives way when the console is narrow.
+
+    A table that fits the console is printed whole. Otherwise its headers of two words
+    (``eval loss``, ``central.auc``) go on two lines where that makes the column narrower,
+    the columns of rank 0 (what names a row, and its key facts) are always shown, and the
+    others are added by rank (1 first) while they fit: whole, else abbreviated (``short``),
+    else left out, which a dim line under the table then names. Cells never wrap, except
+    those of a ``flexible`` column, which wraps into the room left.
+    """
+
+    header: str
+    cells: list[str]
+    rank: int = 0
+    numeric: bool = False
+    flexible: bool = False
+    short: list[str] | None = None
+
+
+def _text_width(text: str) -> int:
+    from rich.cells import cell_len
+
+    return max((cell_len(line) for line in text.split("\n")), default=0)
+
+
+def _stacked(header: str, cells: list[str]) -> str:
+    """``eval loss`` as ``eval/loss``, ``central.auc`` as ``central./auc`` (two lines) where
+    the header is wider than the column's cells."""
+    widest = max(map(_text_width, cells), default=0)
+    for separator, kept in ((" ", ""), (".", ".")):
+        head, found, tail = header.partition(separator)
+        if found and tail and _text_width(header) > widest:
+            return f"{head}{kept}\n{tail}"
+    return header
+
+
+def _table_width(shown: list[tuple[_Column, str, list[str]]]) -> int:
+    """The width of a rich table (default box, padding 1) of these columns, each as wide as
+    its widest cell; a flexible column counts at FLEX_MIN."""
+    total = 1
+    for column, header, cells in shown:
+        width = max(_text_width(header), *map(_text_width, cells))
+        total += (min(width, FLEX_MIN) if column.flexible else width) + 3
+    return total
+
+
+def _fit(
+    columns: list[_Column], width: int
+) -> tuple[list[tuple[_Column, str, list[str]]], list[str]]:
+    """(the columns to show, as (column, header, cells), in table order; the headers of the
+    columns left out) for a console ``width`` wide."""
+    whole = [(column, column.header, column.cells) for column in columns]
+    if _table_width(whole) <= width:
+        return whole, []
+    chosen: dict[int, tuple[_Column, str, list[str]]] = {}
+    for index, column in sorted(enumerate(columns), key=lambda item: item[1].rank):
+        for cells in [column.cells] + ([column.short] if column.short else []):
+            trial = {**chosen, index: (column, _stacked(column.header, cells), cells)}
+            if column.rank == 0 or _table_width(list(trial.values())) <= width:
+                chosen = trial
+                break
+    left_out = [column.header for index, column in enumerate(columns) if index not in chosen]
+    return [chosen[index] for index in sorted(chosen)], left_out
+
+
+def _fitted_table(
+    console: Any, columns: list[_Column], title: str | None = None
+) -> tuple[Any, list[str]]:
+    """(a rich Table of ``columns`` fitted to the console's width, the columns left out)."""
+    from rich.table import Table
+    from rich.text import Text
+
+    shown, left_out = _fit(columns, console.width)
+    # where even the rank-0 columns do not fit (a very narrow console) every cell may wrap:
+    # wrapped beats squeezed to nothing
+    fits = _table_width(shown) <= console.width
+    table = Table(title=title)
+    for column, header, cells in shown:
+        fixed = fits and not column.flexible
+        table.add_column(
+            header,
+            justify="right" if column.numeric else "left",
+            no_wrap=fixed,
+            min_width=max(_text_width(header), *map(_text_width, cells)) if fixed else None,
+            overflow="fold",
+        )
+    for row in zip(*(cells for _, _, cells in shown)):
+        table.add_row(*(Text(cell) for cell in row))
+    return table, left_out
+
+
+def _print_left_out(console: Any, left_out: list[str], formats: str) -> None:
+    """One dim line under a table that left columns out, naming them."""
+    from rich.text import Text
+
+    if left_out:
+        console.print(
+            Text(
+                f"left out at {console.width} columns: {', '.join(left_out)}; "
+                f"a wider terminal or {formats} shows them",
+                style="dim",
+            )
+        )
+
+
+def _print_parts(console: Any, parts: list[Any]) -> None:
+    """``parts`` (str or rich Text) joined by two spaces, wrapped between parts, never inside
+    one that fits the console (``seed 42`` stays on one line)."""
+    from rich.text import Text
+
+    line = Text()
+    for part in parts:
+        text = Text(part) if isinstance(part, str) else part
+        if line and line.cell_len + 2 + text.cell_len > console.width:
+            console.print(line)
+            line = Text()
+        if line:
+            line.append("  ")
+        line.append_text(text)
+    if line:
+        console.print(line)
 
 
 @history_app.command("runs")
@@ -101,7 +266,6 @@ def runs_command(
     import json
 
     from rich.console import Console
-    from rich.table import Table
 
     with user_errors_as_one_line():
         with _open(db) as store:
@@ -111,36 +275,45 @@ def runs_command(
 
             typer.echo(json.dumps([run_dict(run) for run in runs], indent=2))
             return
-        table = Table(title=f"runs in {store.masked_url}")
-        for column in (
-            "run id",
-            "mode",
-            "task",
-            "status",
-            "rounds",
-            "started",
-            "ended",
-            "seed",
-            "version",
-            "reason",
-        ):
-            table.add_column(
-                column, overflow="fold", no_wrap=column in ("run id", "started", "ended")
-            )
-        for run in runs:
-            table.add_row(
-                run.run_id,
-                run.mode,
-                run.task,
-                run.status,
-                str(run.rounds_completed),
-                _when(run.started_at),
-                _when(run.ended_at),
-                "-" if run.seed is None else str(run.seed),
-                run.code_version,
-                run.reason or "",
-            )
-        Console().print(table if runs else f"no runs in {store.masked_url}")
+        console = Console()
+        if not runs:
+            console.print(f"no runs in {store.masked_url}")
+            return
+        # at 80 columns: id, mode, task, status and rounds always; then, while they fit, the
+        # start (else without year and seconds), the reason, the end, the seed, the version
+        table, left_out = _fitted_table(
+            console,
+            [
+                _Column("run id", [run.run_id for run in runs]),
+                _Column("mode", [run.mode for run in runs]),
+                _Column("task", [run.task for run in runs]),
+                _Column("status", [run.status for run in runs]),
+                _Column("rounds", [str(run.rounds_completed) for run in runs], numeric=True),
+                _Column(
+                    "started",
+                    [_when(run.started_at) for run in runs],
+                    rank=1,
+                    short=[_when_short(run.started_at) for run in runs],
+                ),
+                _Column(
+                    "ended",
+                    [_when(run.ended_at) for run in runs],
+                    rank=3,
+                    short=[_when_short(run.ended_at) for run in runs],
+                ),
+                _Column(
+                    "seed",
+                    ["-" if run.seed is None else str(run.seed) for run in runs],
+                    rank=4,
+                    numeric=True,
+                ),
+                _Column("version", [run.code_version for run in runs], rank=5),
+                _Column("reason", [run.reason or "" for run in runs], rank=2, flexible=True),
+            ],
+            title=f"runs in {store.masked_url}",
+        )
+        console.print(table)
+        _print_left_out(console, left_out, "--format json")
 
 
 @history_app.command("show")
@@ -218,92 +391,143 @@ def _print_run(
     import json
 
     from rich.console import Console
-    from rich.table import Table
+    from rich.text import Text
 
     console = Console()
-    console.print(
-        f"[bold]run {info.run_id}[/bold]  {info.mode} / {info.task}  "
-        f"status [bold]{info.status}[/bold]" + (f" ({info.reason})" if info.reason else "")
+    _print_parts(
+        console,
+        [
+            Text(f"run {info.run_id}", style="bold"),
+            f"{info.mode} / {info.task}",
+            Text.assemble("status ", (info.status, "bold")),
+        ]
+        + ([f"({info.reason})"] if info.reason else []),
     )
-    console.print(
-        f"started {_when(info.started_at)}  ended {_when(info.ended_at)}  "
-        f"seed {info.seed}  fedweave {info.code_version}  "
-        f"host {info.hostname} pid {info.pid}"
+    _print_parts(
+        console,
+        [
+            f"started {_when(info.started_at)}",
+            f"ended {_when(info.ended_at)}",
+            f"seed {info.seed}",
+            f"fedweave {info.code_version}",
+            f"host {info.hostname} pid {info.pid}",
+        ],
     )
     console.print(f"config {json.dumps(info.config, sort_keys=True)}", soft_wrap=True)
+    if rounds:
+        table, left_out = _fitted_table(console, _round_columns(info, rounds))
+        console.print(table)
+        _print_left_out(console, left_out, "--format json/csv")
+    else:
+        console.print("no rounds recorded yet")
+    _print_best(console, info, rounds)
+    _print_cross_site(console, info, rounds)
+    if site_rows is not None:
+        _print_site_results(console, site_rows)
+        _print_site_evaluations(console, rounds)
+
+
+def _round_columns(info: RunInfo, rounds: list[dict[str, Any]]) -> list[_Column]:
+    """The rounds table. Always shown: the actor (gossip), the round, eval loss and
+    accuracy; then, while they fit: the run's --select-metric, train loss, the drops so far
+    (gossip), seconds, failed, replied, sampled, the other evaluation metrics, the checkpoint,
+    bytes in and out, and last the metrics that repeat eval loss or accuracy."""
+    from fedweave.history.metrics import qualified
+
     several = len({row["actor"] for row in rounds}) > 1
     with_drops = any("drops" in (row.get("extra") or {}) for row in rounds)
     with_bytes = any(row["bytes_in"] or row["bytes_out"] for row in rounds)
     evaluated = [
         name for name in metric_names(rounds) if name.split(".", 1)[0] in ("central", "federated")
     ]
-    table = Table()
-    for column in (
-        (["actor"] if several else [])
+    found = [round_metrics(row) for row in rounds]
+    evaluation = (info.config.get("settings") or {}).get("evaluation") or {}
+    selected = qualified(rounds, str(evaluation.get("select_metric") or "loss"))
+
+    def train_loss(row: dict[str, Any]) -> str:
+        value = row["train_metrics"].get("train_loss", row["train_metrics"].get("loss"))
+        return _num(value) if isinstance(value, (int, float)) else "-"
+
+    def repeats_headline(name: str) -> bool:
+        """Whether metric ``name`` is eval loss or eval accuracy again in every round."""
+        return any(
+            all(metrics.get(name) == row[field] for metrics, row in zip(found, rounds))
+            for field in ("eval_loss", "eval_accuracy")
+        )
+
+    def rank(name: str) -> int:
+        if repeats_headline(name):
+            return 12
+        return 1 if name == selected else 8
+
+    def numbers(header: str, values: list[Any], rank: int) -> _Column:
+        return _Column(header, [str(value) for value in values], rank, numeric=True)
+
+    return (
+        ([_Column("actor", [row["actor"] for row in rounds])] if several else [])
         + [
-            "round",
-            "seconds",
-            "sampled",
-            "replied",
-            "failed",
-            "eval loss",
-            "eval acc",
-            "train loss",
+            numbers("round", [row["round"] for row in rounds], 0),
+            numbers("seconds", [_num(row["seconds"]) for row in rounds], 4),
+            numbers("sampled", [row["sampled"] for row in rounds], 7),
+            numbers("replied", [row["replied"] for row in rounds], 6),
+            numbers("failed", [row["failed"] for row in rounds], 5),
+            numbers("eval loss", [_num(row["eval_loss"]) for row in rounds], 0),
+            numbers("eval acc", [_num(row["eval_accuracy"]) for row in rounds], 0),
+            numbers("train loss", [train_loss(row) for row in rounds], 2),
         ]
-        + (["bytes in", "bytes out"] if with_bytes else [])
-        + ["checkpoint"]
-        + evaluated
-        + (["drops so far"] if with_drops else [])
-    ):
-        table.add_column(column, overflow="fold")
-    for row in rounds:
-        train_loss = row["train_metrics"].get("train_loss", row["train_metrics"].get("loss"))
-        cells = [
-            str(row["round"]),
-            _num(row["seconds"], 2),
-            str(row["sampled"]),
-            str(row["replied"]),
-            str(row["failed"]),
-            _num(row["eval_loss"]),
-            _num(row["eval_accuracy"]),
-            _num(train_loss) if isinstance(train_loss, (int, float)) else "-",
-            *([str(row["bytes_in"] or "-"), str(row["bytes_out"] or "-")] if with_bytes else []),
-            "yes" if row["checkpoint_path"] else "",
+        + (
+            [
+                numbers("bytes in", [_bytes(row["bytes_in"]) for row in rounds], 10),
+                numbers("bytes out", [_bytes(row["bytes_out"]) for row in rounds], 11),
+            ]
+            if with_bytes
+            else []
+        )
+        + [_Column("checkpoint", ["yes" if row["checkpoint_path"] else "" for row in rounds], 9)]
+        + [
+            numbers(name, [_num(metrics.get(name)) for metrics in found], rank(name))
+            for name in evaluated
         ]
-        found = round_metrics(row)
-        cells += [_num(found.get(name)) for name in evaluated]
-        if with_drops:
-            cells.append(_drops((row.get("extra") or {}).get("drops")))
-        table.add_row(*([row["actor"]] if several else []), *cells)
-    console.print(table if rounds else "no rounds recorded yet")
-    _print_best(console, info, rounds)
-    _print_cross_site(console, info, rounds)
-    if site_rows is not None:
-        sites_table = Table(title="site results")
-        for column in (
-            "actor",
-            "round",
-            "site",
-            "status",
-            "examples",
-            "seconds",
-            "metrics",
-            "reason",
-        ):
-            sites_table.add_column(column, overflow="fold")
-        for site in site_rows:
-            sites_table.add_row(
-                site["actor"],
-                str(site["round"]),
-                site["site_id"],
-                site["status"],
-                str(site["num_examples"]),
-                _num(site["seconds"], 2),
-                json.dumps(site["metrics"], sort_keys=True),
-                site["reason"] or "",
-            )
-        console.print(sites_table)
-        _print_site_evaluations(console, rounds)
+        + (
+            [
+                _Column(
+                    "drops so far",
+                    [_drops((row.get("extra") or {}).get("drops")) for row in rounds],
+                    rank=3,
+                    flexible=True,
+                )
+            ]
+            if with_drops
+            else []
+        )
+    )
+
+
+def _print_site_results(console: Any, site_rows: list[dict[str, Any]]) -> None:
+    """Each site's (gossip: each neighbour's) result per round. The actor is left out first
+    when it is the coordinator in every row; round, site and status are always shown."""
+    several = len({site["actor"] for site in site_rows}) > 1
+    table, left_out = _fitted_table(
+        console,
+        [
+            _Column("actor", [site["actor"] for site in site_rows], 0 if several else 5),
+            _Column("round", [str(site["round"]) for site in site_rows], numeric=True),
+            _Column("site", [site["site_id"] for site in site_rows]),
+            _Column("status", [site["status"] for site in site_rows]),
+            _Column("examples", [str(site["num_examples"]) for site in site_rows], 3, numeric=True),
+            _Column("seconds", [_num(site["seconds"]) for site in site_rows], 4, numeric=True),
+            _Column(
+                "metrics",
+                [_metrics_text(site["metrics"] or {}) for site in site_rows],
+                2,
+                flexible=True,
+            ),
+            _Column("reason", [site["reason"] or "" for site in site_rows], 1, flexible=True),
+        ],
+        title="site results",
+    )
+    console.print(table)
+    _print_left_out(console, left_out, "--format json/csv --sites")
 
 
 def _print_best(console: Any, info: RunInfo, rounds: list[dict[str, Any]]) -> None:
@@ -317,14 +541,16 @@ def _print_best(console: Any, info: RunInfo, rounds: list[dict[str, Any]]) -> No
     if best is not None:
         console.print(
             f"best round {chosen['round']} by {chosen['qualified']} ({chosen['mode']}): "
-            f"{chosen['value']:.4f}",
+            f"{_num(chosen['value'])}",
             highlight=False,
         )
 
 
 def _print_cross_site(console: Any, info: RunInfo, rounds: list[dict[str, Any]]) -> None:
-    """The cross-site matrix (models × sites) for the run's --select-metric."""
+    """The cross-site matrix (models × sites) for the run's --select-metric; split into
+    several tables of fewer sites each where all sites do not fit the console."""
     from rich.table import Table
+    from rich.text import Text
 
     from fedweave.history.metrics import cross_site_matrix
 
@@ -334,37 +560,56 @@ def _print_cross_site(console: Any, info: RunInfo, rounds: list[dict[str, Any]])
     if found is None:
         return
     models, sites, cells = found
-    table = Table(title=f"cross-site evaluation: {metric} of each model (rows) at each site")
-    table.add_column("model")
+    title = f"cross-site evaluation: {metric} of each model (rows) at each site"
+
+    def column(site: str) -> tuple[_Column, str, list[str]]:
+        values = [cells.get((model, site), "-") for model in models]
+        return _Column(site, values), site, values
+
+    parts: list[list[str]] = [[]]  # the sites of each table
     for site in sites:
-        table.add_column(site)
-    for model in models:
-        table.add_row(model, *(cells.get((model, site), "-") for site in sites))
-    console.print(table)
+        trial = [(_Column("model", models), "model", models), *map(column, [*parts[-1], site])]
+        if parts[-1] and _table_width(trial) > console.width:
+            parts.append([])
+        parts[-1].append(site)
+    for number, part in enumerate(parts):
+        more = f"cross-site evaluation: {metric}, more sites"
+        table = Table(title=title if number == 0 else more)
+        table.add_column("model", no_wrap=True)
+        for site in part:
+            table.add_column(site, justify="right", no_wrap=True, overflow="fold")
+        for model in models:
+            table.add_row(Text(model), *(Text(cells.get((model, site), "-")) for site in part))
+        console.print(table)
 
 
 def _print_site_evaluations(console: Any, rounds: list[dict[str, Any]]) -> None:
     """Each site's federated evaluation per round, when the run has any."""
-    import json
-
-    from rich.table import Table
-
     rows = [(row, site) for row in rounds for site in site_evaluations(row)]
     if not rows:
         return
-    table = Table(title="site evaluations (federated)")
-    for column in ("round", "site", "status", "examples", "metrics", "reason"):
-        table.add_column(column, overflow="fold")
-    for row, site in rows:
-        metrics = {k: v for k, v in (site.get("metrics") or {}).items() if k != "node_id"}
-        table.add_row(
-            str(row["round"]), str(site.get("site")), str(site.get("status")),
-            str(site.get("examples") or 0),
-            json.dumps({k: round(v, 4) if isinstance(v, float) else v
-                        for k, v in sorted(metrics.items())}),
-            site.get("reason") or "",
-        )  # fmt: skip
+
+    def metrics(site: dict[str, Any]) -> str:
+        return _metrics_text(
+            {k: v for k, v in (site.get("metrics") or {}).items() if k != "node_id"}
+        )
+
+    table, left_out = _fitted_table(
+        console,
+        [
+            _Column("round", [str(row["round"]) for row, _ in rows], numeric=True),
+            _Column("site", [str(site.get("site")) for _, site in rows]),
+            _Column("status", [str(site.get("status")) for _, site in rows]),
+            _Column(
+                "examples", [str(site.get("examples") or 0) for _, site in rows], 3, numeric=True
+            ),
+            _Column("metrics", [metrics(site) for _, site in rows], 1, flexible=True),
+            _Column("reason", [site.get("reason") or "" for _, site in rows], 2, flexible=True),
+        ],
+        title="site evaluations (federated)",
+    )
     console.print(table)
+    _print_left_out(console, left_out, "--format json")
 
 
 @history_app.command("plot")
