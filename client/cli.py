@@ -204,8 +204,8 @@ class _SupernodeEvents:
         coordinator: the coordinator's ``HOST:PORT``, for the lines said.
     """
 
-    def __init__(self, path: Path, coordinator: str) -> None:
-        self.path, self.coordinator = path, coordinator
+    def __init__(self, path: Path, coordinator: str, journal=None) -> None:
+        self.path, self.coordinator, self.journal = path, coordinator, journal
         self.state = _SupernodeState()
         self.offset = 0
         self.rounds_seen: set[tuple[int, str]] = set()
@@ -220,6 +220,7 @@ class _SupernodeEvents:
         return self.state
 
     def _apply(self, event: dict[str, Any]) -> None:
+        self._note(event)
         state, kind = self.state, event["event"]
         if kind == "connected":
             state.connected, state.lost, state.failure = True, False, None
@@ -245,6 +246,23 @@ class _SupernodeEvents:
                 _echo(f"taking part in run {run}" + (f", round {round_id}" if round_id else ""))
         elif kind == "run-ended":
             _echo(f"run {_integer(event.get('run_id'))} ended; waiting for the next run")
+
+
+    def _note(self, event: dict[str, Any]) -> None:
+        """Tell the status view (``--status-address``) what the event changes."""
+        if self.journal is None:
+            return
+        kind = event["event"]
+        if kind == "connected":
+            self.journal.connected("connected", f"node {event.get('node_id')}")
+        elif kind == "retrying" and self.state.connected:
+            self.journal.connected("lost", "reconnecting")
+        elif kind == "recovered":
+            self.journal.connected("connected")
+        elif kind == "refused":
+            self.journal.connected("refused", str(event.get("why", "unknown-key")))
+        elif kind == "run-ended":
+            self.journal.run_ended(_integer(event.get("run_id")))
 
 
 def _number(value: object) -> float:
@@ -397,6 +415,7 @@ def run_site(
     key_fingerprint: str | None = None,
     ca_cert: Path | None = None,
     site_key: Path | None = None,
+    journal=None,
 ) -> int:
     """Run the SuperNode until it exits or we are stopped; returns our exit code.
 
@@ -407,6 +426,8 @@ def run_site(
     ``ca_cert``: the CA the coordinator's certificate must verify with (None: no TLS); the
     site probes the coordinator with it while not connected (``_wait_probing``).
     ``site_key``: this site's private key file; a refusal names its ``.pub`` to send.
+    ``journal``: the status view's ``SiteJournal`` (``--status-address``), told the
+    connection's changes and every record the worker reports; None without one.
 
     The SuperNode reports connected, refused, retrying and a finished run as events in a
     state file beside the log (``fedweave.flower_patches.supernode_state``); the log itself
@@ -443,13 +464,15 @@ def run_site(
         if worker is not None:
             from fedweave.client.worker_supervisor import WorkerSupervisor
 
-            supervisor = WorkerSupervisor(worker, env, log_path, _echo).start()
+            supervisor = WorkerSupervisor(
+                worker, env, log_path, _echo, journal.add if journal is not None else None
+            ).start()
         while True:
             log_path.parent.mkdir(parents=True, exist_ok=True)
             state_path.write_bytes(b"")  # each SuperNode reports from a clean file
             proc = _start_supernode(command, supernode_env)
             copier = _LogCopier(proc.stdout, log_path, verbose)  # type: ignore[arg-type]
-            events = _SupernodeEvents(state_path, coordinator)
+            events = _SupernodeEvents(state_path, coordinator, journal)
             launched = time.monotonic()
             refused_until = (
                 None if first_refused is None or has_connected
@@ -573,6 +596,7 @@ def _client(config: RunConfig, _resolved: Resolved) -> None:
         problem = correctness_problem(patch)
         if problem is not None:
             raise UserError(problem)
+    name = site_name(site.name, connection.site_key)
     runtime_port = site.runtime_port or free_port()
     use_worker = clientapp_worker_usable()
     command = supernode_command(
@@ -586,10 +610,17 @@ def _client(config: RunConfig, _resolved: Resolved) -> None:
         data.label_column,
         config.training.device,
         external_worker=use_worker,
-        name=site_name(site.name, connection.site_key),
+        name=name,
         eval_data=config.evaluation.eval_data,
         eval_fraction=config.evaluation.eval_fraction,
     )
+    journal = status = None
+    if config.monitoring.status_address is not None:
+        from fedweave.client.site_status import SiteJournal, serve_status
+
+        journal = SiteJournal(name, coordinator)
+        serving, status = serve_status(config.monitoring.status_address, journal)
+        _echo(f"this site's status at {serving.url}/")
     worker = None
     if use_worker:
         runtime_api = f"127.0.0.1:{runtime_port}"
@@ -600,11 +631,15 @@ def _client(config: RunConfig, _resolved: Resolved) -> None:
             "or Flower's per-message functions differ from flwr 1.41.0's): it loads whatever app "
             "a run names, without fedweave's check that only fedweave's own app runs here"
         )
-    code = run_site(
-        command, coordinator, site.log_file, connection.connect_timeout, config.output.verbose,
-        worker, _site_key_fingerprint(connection.site_key),
-        None if connection.insecure else connection.ca_cert, connection.site_key,
-    )  # fmt: skip
+    try:
+        code = run_site(
+            command, coordinator, site.log_file, connection.connect_timeout,
+            config.output.verbose, worker, _site_key_fingerprint(connection.site_key),
+            None if connection.insecure else connection.ca_cert, connection.site_key, journal,
+        )  # fmt: skip
+    finally:
+        if status is not None:
+            status.close()
     raise typer.Exit(code)
 
 

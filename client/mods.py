@@ -46,6 +46,7 @@ from fedweave.contract import (
     SiteRefusal,
     UpdateRejected,
     outcome_content,
+    outcome_of,
 )
 from fedweave.learning.validation import clipped_fraction, update_problem
 
@@ -77,6 +78,8 @@ def answering_outcomes(site_name_of: SiteNameOf) -> Mod:
         except Exception as exc:  # the task's own failure: said to the coordinator, logged here
             log.error("message of round %s failed", msg.metadata.group_id or "-", exc_info=exc)
             code, reason = SiteOutcome.code, f"{type(exc).__name__}: {exc}"
+        status, said = outcome_of(code, reason)
+        site_record(msg, outcome=status, reason=said)
         return Message(outcome_content(code, reason, site_name_of(context)), reply_to=msg)
 
     return site_outcome_mod
@@ -150,6 +153,31 @@ SITE_CONSOLE = logging.getLogger("fedweave.site.console")
 """What the site's operator should see of each round (the deployed worker prints it on the
 site's console; in a simulation nobody attaches a handler, so it stays quiet)."""
 
+SITE_RECORDS = logging.getLogger("fedweave.site.records")
+SITE_RECORDS.propagate = False
+"""The same as data, one ``site_record`` per message this site answered (the deployed worker
+hands them to ``fedweave client``'s status view; in a simulation they go nowhere)."""
+
+
+def site_record(msg: Message, **fields: object) -> None:
+    """Note what this site did with ``msg``: its kind, run and round, then ``fields``
+    (``outcome``, ``examples``, ``metrics``, ``sent``, ``reason``)."""
+    if not SITE_RECORDS.isEnabledFor(logging.INFO):
+        return
+    kind = {MessageType.TRAIN: "train", MessageType.EVALUATE: "evaluate"}.get(
+        msg.metadata.message_type, str(msg.metadata.message_type)
+    )
+    record = {"kind": kind, "run": msg.metadata.run_id, "round": msg.metadata.group_id or None,
+              **fields}  # fmt: skip
+    SITE_RECORDS.info("%s", kind, extra={"site_record": record})
+
+
+def _numbers(metrics: dict) -> dict[str, float]:
+    return {
+        str(name): float(value) for name, value in metrics.items()
+        if isinstance(value, (int, float)) and not isinstance(value, bool)
+    }  # fmt: skip
+
 
 def _metrics_line(metrics: dict) -> str:
     shown = [
@@ -191,12 +219,16 @@ def site_console_mod(msg: Message, context: Context, call_next: ClientAppCallabl
     metrics = dict(reply.content.config_records.get("fitres.metrics") or {})
     sent = "masked (SecAgg+)" if SECAGG_CLIP_KEY in config else "in the clear"
     stage = config.get(STATISTICS_STAGE_KEY)
+    masked = SECAGG_CLIP_KEY in config
     if stage:
         SITE_CONSOLE.info(
             "statistics (%s) of %d examples sent %s", stage, num_examples, sent
         )
+        site_record(msg, outcome="ok", part="statistics", examples=num_examples, masked=masked)
         return reply
     if config.get(PRIVATE_EVALUATION_KEY):
+        site_record(msg, outcome="ok", part="private evaluation", examples=num_examples,
+                    masked=masked)  # fmt: skip
         SITE_CONSOLE.info(
             "round %s: evaluated the global model on %d examples; its %s sent %s (the "
             "coordinator sees only the sites' sum)", round_label, num_examples,
@@ -207,6 +239,8 @@ def site_console_mod(msg: Message, context: Context, call_next: ClientAppCallabl
         "round %s: trained on %d examples (%s); update sent %s", round_label,
         num_examples, _metrics_line(metrics) or "no metrics", sent,
     )  # fmt: skip
+    site_record(msg, outcome="ok", part="training", examples=num_examples,
+                metrics=_numbers(metrics), masked=masked)  # fmt: skip
     return reply
 
 
@@ -226,6 +260,8 @@ def _evaluation_line(msg: Message, context: Context, call_next: ClientAppCallabl
         "round %s: evaluated the global model on %d examples (%s)", round_label,
         res.num_examples, shown or "no metrics",
     )  # fmt: skip
+    site_record(msg, outcome="ok", part="evaluation", examples=res.num_examples,
+                metrics=_numbers(figures))  # fmt: skip
     return reply
 
 

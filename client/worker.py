@@ -40,6 +40,8 @@ import time
 from fedweave.contract import SiteOutcome, SiteRefusal, one_line
 
 NOTICE_PREFIX = "site notice: "
+RECORD_PREFIX = "site record: "
+"""Before one JSON line of ``client/mods.py``'s ``site_record`` on the worker's stdout."""
 """Starts a line this worker writes to stdout for the site's console (``WorkerSupervisor``)."""
 
 POLL_SECONDS = 0.1
@@ -213,6 +215,17 @@ class _NoticeHandler(logging.Handler):
         print(NOTICE_PREFIX + record.getMessage(), flush=True)
 
 
+class _RecordHandler(logging.Handler):
+    """The site's records (``client/mods.py``) as JSON lines for ``fedweave client``."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        import json
+
+        fields = getattr(record, "site_record", None)
+        if isinstance(fields, dict):
+            print(RECORD_PREFIX + json.dumps(fields, default=str), flush=True)
+
+
 def serve(
     runtime_api_address: str,
     stop: threading.Event,
@@ -260,6 +273,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll otherwise
     logging.getLogger("fedweave.site.console").addHandler(_NoticeHandler())
+    logging.getLogger("fedweave.site.records").addHandler(_RecordHandler())
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

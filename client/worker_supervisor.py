@@ -34,6 +34,10 @@ def worker_command(
     return cmd + (["--label-column", label_column] if label_column else [])
 
 
+MAX_RECORD_CHARS = 64 * 1024
+"""A site record longer than this (a task reporting thousands of metrics) is not kept."""
+
+
 class WorkerSupervisor:
     """Keeps one worker process alive until ``stop()``.
 
@@ -42,12 +46,20 @@ class WorkerSupervisor:
         env: its environment.
         log_path: file its output is appended to (the site's log).
         echo: where restart notices go (the operator's terminal).
+        on_record: given each site record the worker reports (``client/mods.py``'s
+            ``site_record``, a dict); default: dropped.
     """
 
     def __init__(
-        self, command: list[str], env: dict[str, str], log_path: Path, echo: Callable[[str], None]
+        self,
+        command: list[str],
+        env: dict[str, str],
+        log_path: Path,
+        echo: Callable[[str], None],
+        on_record: Callable[[dict], None] | None = None,
     ) -> None:
         self.command, self.env, self.log_path, self.echo = command, env, log_path, echo
+        self.on_record = on_record
         self.restarts = 0
         self._stop = threading.Event()
         self._proc: subprocess.Popen | None = None
@@ -69,15 +81,31 @@ class WorkerSupervisor:
         return proc
 
     def _copy_stdout(self, proc: subprocess.Popen) -> None:
-        """The worker's stdout to the log; its notices (``NOTICE_PREFIX``) to the console."""
-        from fedweave.client.worker import NOTICE_PREFIX
+        """The worker's stdout to the log; its notices (``NOTICE_PREFIX``) to the console;
+        its records (``RECORD_PREFIX``) to ``on_record``."""
+        from fedweave.client.worker import NOTICE_PREFIX, RECORD_PREFIX
 
         with self.log_path.open("a", encoding="utf-8") as log:
             for line in proc.stdout:
+                if line.startswith(RECORD_PREFIX):
+                    self._record(line[len(RECORD_PREFIX) :])
+                    continue
                 log.write(line)
                 log.flush()
                 if line.startswith(NOTICE_PREFIX):
                     self.echo(line[len(NOTICE_PREFIX) :].rstrip())
+
+    def _record(self, text: str) -> None:
+        import json
+
+        if self.on_record is None or len(text) > MAX_RECORD_CHARS:
+            return
+        try:
+            record = json.loads(text)
+        except ValueError:
+            return
+        if isinstance(record, dict):
+            self.on_record(record)
 
     def _keep_alive(self) -> None:
         wait = 1.0

@@ -156,15 +156,24 @@ def _prepare_run(store, config: RunConfig, resolved: Resolved) -> DeployPlan:
 
 
 class _Watcher:
-    """Prints each newly recorded round (and its failed sites) exactly once."""
+    """Prints each newly recorded round (and its failed sites) exactly once, and a warning
+    line when a site is late ``--stall-after`` rounds in a row or the round in flight runs
+    past its deadlines and ``--stall-grace`` (``fedweave/history/alerts.py``)."""
 
     def __init__(self, store, plan: DeployPlan, revoked: dict[str, str]) -> None:
+        from fedweave.history.alerts import AlertRules, LateStreaks
+
         self.store, self.plan, self.revoked = store, plan, revoked
         self.rounds = plan.config.training.rounds
         self.printed = {r["round"] for r in store.rounds(plan.run_id)}
+        monitoring = plan.config.monitoring
+        self.rules = AlertRules(monitoring.stall_after, monitoring.stall_grace)
+        self.streaks = LateStreaks()
+        self.streaks.add_rows(store.site_results(plan.run_id))
+        self.warned_overdue: set[int] = set()
 
     def poll(self) -> None:
-        for row in self.store.rounds(self.plan.run_id):
+        for row in self.store.rounds(self.plan.run_id, after=max(self.printed, default=0)):
             if row["round"] in self.printed:
                 continue
             self.printed.add(row["round"])
@@ -176,7 +185,8 @@ class _Watcher:
                 + (f", {seconds:.1f} s" if seconds is not None else "")
                 + (f"; FAILED: {failed}" if failed else "")
             )
-            for site in self.store.site_results(self.plan.run_id, row["round"]):
+            site_rows = self.store.site_results(self.plan.run_id, row["round"])
+            for site in site_rows:
                 if site["status"] != "ok":
                     reason = site.get("reason") or "no reason given"
                     node = (site.get("metrics") or {}).get("node_id", site["site_id"])
@@ -187,6 +197,23 @@ class _Watcher:
                 _echo(f"  {line}")
             for warning in (row.get("extra") or {}).get("warnings") or ():
                 _echo(f"  warning: {warning}")
+            self.streaks.add_rows(site_rows)
+            for late in self.streaks.flagged(self.rules):
+                if len(late.rounds) == self.rules.late_in_a_row and late.rounds[-1] == row["round"]:
+                    _echo(f"warning: {late.line()}")
+        self._warn_if_overdue()
+
+    def _warn_if_overdue(self) -> None:
+        from datetime import datetime, timezone
+
+        from fedweave.history.alerts import overdue_round
+
+        overdue = overdue_round(
+            self.store.get_run(self.plan.run_id), datetime.now(timezone.utc), self.rules
+        )
+        if overdue is not None and overdue.round not in self.warned_overdue:
+            self.warned_overdue.add(overdue.round)
+            _echo(f"warning: {overdue.line()}")
 
 
 def _sync_site_keys(
@@ -229,6 +256,48 @@ def _sync_site_keys(
             _echo(f"site key {path.stem} registered")
 
 
+def _metrics_exposure(config: RunConfig):
+    """``--metrics-address``: checked (loopback, or TLS with the coordinator's certificate and
+    ``--auth-file``) and its socket bound before anything starts; ``None`` when not asked."""
+    monitoring = config.monitoring
+    if monitoring.metrics_address is None:
+        return None
+    from fedweave.dashboard.security import exposure
+    from fedweave.dashboard.server import bind
+
+    tls_dir = None if config.connection.insecure else config.connection.tls_dir
+    serving = exposure(monitoring.metrics_address, "--metrics-address", tls_dir,
+                       monitoring.auth_file)  # fmt: skip
+    return serving, bind(serving, "--metrics-address")
+
+
+def _serve_metrics(metrics, store, plan: DeployPlan, client):
+    """Serve ``/metrics`` of the planned run (sites connected: the SuperLink's own count;
+    alerts by the run's ``--stall-after`` and ``--stall-grace``)."""
+    from fedweave.dashboard.app import make_app
+    from fedweave.dashboard.prometheus import HistoryCollector
+    from fedweave.dashboard.server import BackgroundServer
+    from fedweave.dashboard.views import Views
+    from fedweave.history.alerts import AlertRules
+
+    serving, sock = metrics
+    last = [0]
+
+    def connected() -> int:
+        try:
+            last[0] = len(client.online_nodes())
+        except Exception:  # noqa: BLE001 - a scrape must not fail on a busy Control API
+            pass
+        return last[0]
+
+    monitoring = plan.config.monitoring
+    views = Views(store, AlertRules(monitoring.stall_after, monitoring.stall_grace))
+    collector = HistoryCollector(views, run_id=plan.run_id, connected=connected)
+    app = make_app(views, serving.credentials, pages=False, collector=collector)
+    _echo(f"Prometheus metrics of run {plan.run_id} at {serving.url}/metrics")
+    return BackgroundServer(app, serving, sock)
+
+
 def _wait_for_sites(client, proc, needed: int, timeout: float | None, keys) -> None:
     last, deadline = -1, None if timeout is None else time.monotonic() + timeout
     while True:
@@ -268,6 +337,7 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
     if not evaluating:
         _check_config(config)
     check_port_free(host, port)
+    metrics = _metrics_exposure(config)
     db_url = _absolute_db_url(config.history.db)
     store = open_store(db_url)  # unreachable or wrong DB: one line, before anything starts
     if evaluating:
@@ -288,7 +358,7 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
         host, port, deployment.state_dir.resolve(), tls,
         node_auth=sites_must_register(connection),
     )  # fmt: skip
-    proc = client = None
+    proc = client = metrics_server = None
     finished = False
     deployment_file: Path | None = None
     refused_notes = link_options.state_dir / "refused-keys.jsonl"
@@ -306,6 +376,8 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
             f"coordinator listening on {host}:{port} ({scheme}); "
             f"Flower log in {link_options.log_path}"
         )
+        if metrics is not None:
+            metrics_server = _serve_metrics(metrics, store, plan, client)
         known: dict[Path, bytes] = {}
         revoked: dict[str, str] = {}
         refused = RefusedKeys(refused_notes, connection.tls_dir, _echo)
@@ -382,6 +454,10 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
             store.finish_run(plan.run_id, "failed", "coordinator stopped on an error")
         raise
     finally:
+        if metrics_server is not None:
+            metrics_server.close()
+        elif metrics is not None:
+            metrics[1].close()
         if client is not None:
             client.close()
         if proc is not None:

@@ -31,6 +31,7 @@ def build_app() -> typer.Typer:
     from fedweave.certs_cli import certs_app, sites_app
     from fedweave.client.cli import client
     from fedweave.coordinator.cli import coordinator, evaluate
+    from fedweave.dashboard.cli import dashboard_app
     from fedweave.gossip.cli import keys_app, peer, task_app
     from fedweave.history.cli import history_app, predict_command
     from fedweave.simulations.cli import data_app, simulate
@@ -45,6 +46,7 @@ def build_app() -> typer.Typer:
     app.command()(simulate)
     app.add_typer(data_app, name="data")
     app.add_typer(history_app, name="history")
+    app.add_typer(dashboard_app, name="dashboard")
     app.command("predict")(predict_command)
     app.command()(coordinator)
     app.command()(evaluate)

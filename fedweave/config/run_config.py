@@ -19,6 +19,7 @@ from fedweave.config.sections import (
     FederationSection,
     GossipSection,
     HistoryConfigSection,
+    MonitoringSection,
     OutputSection,
     PeerSection,
     PrivacySection,
@@ -49,6 +50,7 @@ class RunConfig:
     deployment: DeploymentSection = field(default_factory=DeploymentSection)
     site: SiteSection = field(default_factory=SiteSection)
     peer: PeerSection = field(default_factory=PeerSection)
+    monitoring: MonitoringSection = field(default_factory=MonitoringSection)
     output: OutputSection = field(default_factory=OutputSection)
 
     def value(self, name: str) -> Any:

@@ -475,6 +475,34 @@ class PeerSection:
 
 
 @dataclass(frozen=True)
+class MonitoringSection:
+    """What an operator can watch live: Prometheus metrics, stall warnings, a site's view."""
+
+    metrics_address: str | None = setting(
+        None, "Coordinator: serve this run's Prometheus /metrics at HOST:PORT (loopback; any "
+        "other address needs --tls-dir and --auth-file).", identity=False, stored=False,
+    )
+    auth_file: Path | None = setting(
+        None, "Credentials (`fedweave dashboard add-credential`) a web endpoint on a "
+        "non-loopback address asks for (HTTP basic auth or a bearer token).",
+        identity=False, stored=False,
+    )
+    stall_after: int = setting(
+        3, "Warn when a site is recorded late this many rounds in a row (0: never).",
+        minimum=0, identity=False, stored=False,
+    )
+    stall_grace: float = setting(
+        60.0, "Warn when a round has run this many seconds past its training and evaluation "
+        "deadlines.", minimum=0, identity=False, stored=False,
+    )
+    status_address: str | None = setting(
+        None, "Site: serve what this site contributed (rounds, examples, its metrics, its "
+        "refused or rejected work) at HOST:PORT, a loopback address.",
+        identity=False, stored=False,
+    )
+
+
+@dataclass(frozen=True)
 class OutputSection:
     """What the command shows."""
 
@@ -498,6 +526,7 @@ SECTIONS: dict[str, type] = {
     "deployment": DeploymentSection,
     "site": SiteSection,
     "peer": PeerSection,
+    "monitoring": MonitoringSection,
     "output": OutputSection,
 }
 """Config-file section name → its dataclass, in the order ``--help`` and TOML show them."""
@@ -534,6 +563,7 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         *_EVALUATION, *_SECAGG, *_PRIVACY,
         "address", "insecure", "tls_dir", "allow_unregistered_sites", "site_timeout",
         "max_clock_skew", "state_dir", "once", "db", "checkpoint_dir", "resume", "track",
+        "metrics_address", "auth_file", "stall_after", "stall_grace",
     ),
     "evaluate": (
         "run", "min_clients", "round_timeout", "batch_size", "device", "address", "insecure",
@@ -543,7 +573,7 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
     "client": (
         "coordinator", "name", "task", "data", "label_column", "eval_data", "eval_fraction",
         "device", "insecure", "ca_cert",
-        "site_key", "connect_timeout", "runtime_port", "log_file", "verbose",
+        "site_key", "connect_timeout", "runtime_port", "log_file", "status_address", "verbose",
     ),
     "peer": (
         "listen", "advertise", "seeds", "task", "data", "label_column", "test_data", *_TRAINING,

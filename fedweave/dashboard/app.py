@@ -1,0 +1,230 @@
+"""The dashboard's web app: pages, their JSON, ``/metrics``, read-only over the history.
+
+Every page is a small HTML shell carrying its first data as JSON, drawn by ``static/app.js``
+(charts by the vendored uPlot) and refreshed by short polls of the same JSON (``?after=N``:
+only the rounds recorded since). Only GET and HEAD exist: nothing here can change a run.
+A database that goes away mid-serve answers 503 with its one-line reason; the page says so
+and keeps polling.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from fedweave.dashboard.prometheus import CONTENT_TYPE, HistoryCollector, exposition
+from fedweave.dashboard.security import REALM, Credentials
+from fedweave.dashboard.views import Views
+from fedweave.history.errors import HistoryError
+
+POLL_MS = 2000
+"""How often an open page asks for news (a run page: its new rounds and round in flight)."""
+SECURITY_HEADERS = [
+    (b"content-security-policy",
+     b"default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
+     b"connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"x-frame-options", b"DENY"),
+]  # fmt: skip
+_NAV = '<nav><a href="/">runs</a> <a href="/compare">compare</a></nav>'
+STATIC = Path(str(resources.files("fedweave.dashboard") / "static"))
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def json_response(value: Any, status: int = 200) -> Response:
+    """``value`` as JSON (non-finite numbers as null), never cached."""
+    body = json.dumps(_finite(value), separators=(",", ":"), allow_nan=False)
+    return Response(body, status, media_type="application/json",
+                    headers={"cache-control": "no-store"})  # fmt: skip
+
+
+def page_response(
+    kind: str, title: str, data: Any, status: int = 200, nav: bool = True
+) -> HTMLResponse:
+    """A page shell: its kind, its first data (JSON, never executed) and the app's script;
+    ``nav``: the links to the runs and compare pages (the dashboard's, not a site's)."""
+    payload = json.dumps(_finite(data), separators=(",", ":"), allow_nan=False)
+    payload = payload.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    return HTMLResponse(
+        f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{html.escape(title)} · fedweave</title>
+<link rel="icon" href="data:,">
+<link rel="stylesheet" href="/static/style.css">
+<link rel="stylesheet" href="/static/vendor/uPlot.min.css">
+</head><body data-page="{kind}" data-poll-ms="{POLL_MS}">
+<header><a class="brand" href="/">fedweave</a>{_NAV if nav else ""}<span id="status"
+role="status"></span></header>
+<main id="main"><h1>{html.escape(title)}</h1><p class="muted">loading…</p></main>
+<script id="initial" type="application/json">{payload}</script>
+<script src="/static/vendor/uPlot.iife.min.js"></script>
+<script src="/static/app.js"></script>
+</body></html>""",
+        status,
+        headers={"cache-control": "no-store"},
+    )
+
+
+def _not_found(what: str) -> HTMLResponse:
+    return page_response("missing", "not found", {"message": what}, 404)
+
+
+class Guard:
+    """Security headers on every answer; with credentials, 401 for a request without a valid
+    one (nothing else is said to it)."""
+
+    def __init__(self, app: ASGIApp, credentials: Credentials | None) -> None:
+        self.app, self.credentials = app, credentials
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *SECURITY_HEADERS]
+            await send(message)
+
+        if self.credentials is not None:
+            headers = dict(scope.get("headers") or [])
+            authorization = headers.get(b"authorization", b"").decode("latin-1") or None
+            if not self.credentials.allows(authorization):
+                response = Response(
+                    "401 unauthorized\n", 401, media_type="text/plain",
+                    headers={"www-authenticate": f'Basic realm="{REALM}", charset="UTF-8"'},
+                )  # fmt: skip
+                await response(scope, receive, with_headers)
+                return
+        await self.app(scope, receive, with_headers)
+
+
+def make_app(
+    views: Views,
+    credentials: Credentials | None = None,
+    *,
+    pages: bool = True,
+    collector: HistoryCollector | None = None,
+) -> ASGIApp:
+    """The dashboard (``pages``) and ``/metrics`` over ``views``; ``collector`` defaults to
+    every running and recent run. ``pages=False`` serves ``/metrics`` only (the coordinator's
+    ``--metrics-address``)."""
+    collector = collector or HistoryCollector(views)
+
+    def after_of(request: Request) -> int:
+        try:
+            return max(0, int(request.query_params.get("after", "0")))
+        except ValueError:
+            return 0
+
+    def runs_page(request: Request) -> Response:
+        return page_response("runs", "runs", {"runs": views.runs()})
+
+    def runs_api(request: Request) -> Response:
+        return json_response({"runs": views.runs()})
+
+    def run_page(request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        try:
+            data = views.run(run_id)
+        except KeyError:
+            return _not_found(f"no run '{run_id}' in this history; the runs list shows them all")
+        return page_response("run", f"run {data['run']['run_id']}", data)
+
+    def run_api(request: Request) -> Response:
+        try:
+            return json_response(views.run(request.path_params["run_id"], after_of(request)))
+        except KeyError:
+            return json_response({"error": "no such run"}, 404)
+
+    def site_page(request: Request) -> Response:
+        run_id, site = request.path_params["run_id"], request.path_params["site"]
+        try:
+            data = views.site(run_id, site)
+        except KeyError:
+            return _not_found(f"no site '{site}' in run '{run_id}' of this history")
+        return page_response("site", f"site {site}", data)
+
+    def site_api(request: Request) -> Response:
+        try:
+            params = request.path_params
+            return json_response(views.site(params["run_id"], params["site"]))
+        except KeyError:
+            return json_response({"error": "no such run or site"}, 404)
+
+    def compare_data(request: Request) -> dict[str, Any]:
+        chosen = [r for r in request.query_params.getlist("run") if r][:8]
+        data = views.compare(chosen) if chosen else {"runs": [], "metric_names": []}
+        data["choices"] = [
+            {k: run[k] for k in ("run_id", "mode", "task", "status", "strategy", "started_at")}
+            for run in views.runs()
+        ]
+        return data
+
+    def compare_page(request: Request) -> Response:
+        try:
+            return page_response("compare", "compare runs", compare_data(request))
+        except KeyError as exc:
+            return _not_found(f"no run '{exc.args[0]}' in this history to compare")
+
+    def compare_api(request: Request) -> Response:
+        try:
+            return json_response(compare_data(request))
+        except KeyError:
+            return json_response({"error": "no such run"}, 404)
+
+    def metrics(request: Request) -> Response:
+        return Response(exposition(collector), media_type=CONTENT_TYPE,
+                        headers={"cache-control": "no-store"})  # fmt: skip
+
+    def unavailable(request: Request, exc: Exception) -> Response:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if request.url.path.startswith("/api/") or request.url.path == "/metrics":
+            return json_response({"error": reason}, 503)
+        return page_response("missing", "history unavailable", {"message": reason}, 503)
+
+    def missing(request: Request, exc: Exception) -> Response:
+        if request.url.path.startswith("/api/"):
+            return json_response({"error": "not found"}, 404)
+        return _not_found(f"nothing at {request.url.path} here; the runs list is at /")
+
+    routes = [Route("/metrics", metrics, methods=["GET"])]
+    if pages:
+        routes += [
+            Route("/", runs_page, methods=["GET"]),
+            Route("/runs/{run_id}", run_page, methods=["GET"]),
+            Route("/runs/{run_id}/sites/{site:path}", site_page, methods=["GET"]),
+            Route("/compare", compare_page, methods=["GET"]),
+            Route("/api/runs", runs_api, methods=["GET"]),
+            Route("/api/runs/{run_id}", run_api, methods=["GET"]),
+            Route("/api/runs/{run_id}/sites/{site:path}", site_api, methods=["GET"]),
+            Route("/api/compare", compare_api, methods=["GET"]),
+            Mount("/static", StaticFiles(directory=STATIC), name="static"),
+        ]
+    app = Starlette(
+        routes=routes,
+        exception_handlers={HistoryError: unavailable, 404: missing},
+    )
+    return Guard(app, credentials)

@@ -1,0 +1,200 @@
+"""Who may see the dashboard and its metrics, and over what.
+
+Loopback by default. Any other address needs TLS (the server certificate and key of
+``fedweave certs init``) and a credential file (``--auth-file``): one ``NAME:scrypt:SALT:HASH``
+line per credential, made by ``fedweave dashboard add-credential``. A request shows its
+credential as HTTP basic auth (a browser asks for it; Prometheus' ``basic_auth``) or as a
+bearer token (the password alone). Passwords are never stored, only their scrypt hashes; a
+request with a wrong credential gets 401 and nothing else.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import ipaddress
+import os
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from fedweave.errors import UserError
+
+SCRYPT = {"n": 2**14, "r": 8, "p": 1, "dklen": 32}
+"""scrypt's cost: about 30 ms a check here, so a verified header is remembered a while."""
+REMEMBER_SECONDS = 300.0
+"""How long a verified Authorization header is accepted without hashing it again."""
+REALM = "fedweave dashboard"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or ``localhost``) only reaches this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _hash(password: str, salt: bytes) -> bytes:
+    return hashlib.scrypt(password.encode(), salt=salt, **SCRYPT)
+
+
+def credential_line(name: str, password: str) -> str:
+    """The ``--auth-file`` line for ``name`` with ``password`` (its scrypt hash, salted)."""
+    salt = secrets.token_bytes(16)
+    return f"{name}:scrypt:{salt.hex()}:{_hash(password, salt).hex()}"
+
+
+@dataclass(frozen=True)
+class _Entry:
+    name: str
+    salt: bytes
+    digest: bytes
+
+
+class Credentials:
+    """The credentials of an ``--auth-file``; ``allows`` checks a request's header."""
+
+    def __init__(self, entries: list[_Entry]) -> None:
+        self._entries = entries
+        self._remembered: dict[bytes, float] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def load(cls, path: Path) -> Credentials:
+        """Read ``path``; a missing, unreadable, empty or malformed file is a one-line error."""
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise UserError(
+                f"--auth-file {path}: cannot read it ({exc.strerror or exc}); make one with "
+                f"`fedweave dashboard add-credential NAME --auth-file {path}`"
+            ) from None
+        entries = []
+        for number, line in enumerate(text.splitlines(), 1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            parts = line.split(":")
+            try:
+                if len(parts) != 4 or parts[1] != "scrypt" or not parts[0]:
+                    raise ValueError
+                entries.append(_Entry(parts[0], bytes.fromhex(parts[2]), bytes.fromhex(parts[3])))
+            except ValueError:
+                raise UserError(
+                    f"--auth-file {path} line {number} is not NAME:scrypt:SALT:HASH; write "
+                    "credentials with `fedweave dashboard add-credential`"
+                ) from None
+        if not entries:
+            raise UserError(
+                f"--auth-file {path} holds no credential; add one with "
+                f"`fedweave dashboard add-credential NAME --auth-file {path}`"
+            )
+        return cls(entries)
+
+    def allows(self, authorization: str | None) -> bool:
+        """Whether an ``Authorization`` header (basic or bearer) carries a valid credential."""
+        if not authorization:
+            return False
+        key = hashlib.sha256(authorization.encode()).digest()
+        now = time.monotonic()
+        with self._lock:
+            if self._remembered.get(key, 0.0) > now:
+                return True
+        scheme, _, value = authorization.partition(" ")
+        name, password = None, None
+        if scheme.lower() == "basic":
+            try:
+                name, _, password = base64.b64decode(value, validate=True).decode().partition(":")
+            except (binascii.Error, UnicodeDecodeError):
+                return False
+        elif scheme.lower() == "bearer":
+            password = value.strip()
+        else:
+            return False
+        ok = any(
+            hmac.compare_digest(_hash(password, entry.salt), entry.digest)
+            for entry in self._entries
+            if name is None or entry.name == name
+        )
+        if ok:
+            with self._lock:
+                if len(self._remembered) > 1000:
+                    self._remembered.clear()
+                self._remembered[key] = now + REMEMBER_SECONDS
+        return ok
+
+
+@dataclass(frozen=True)
+class Exposure:
+    """How a fedweave web endpoint is served.
+
+    Attributes:
+        host / port: where it listens.
+        certfile / keyfile: TLS (the coordinator's ``server.pem`` / ``server.key``), or None.
+        credentials: who may look, or None (loopback only).
+    """
+
+    host: str
+    port: int
+    certfile: Path | None = None
+    keyfile: Path | None = None
+    credentials: Credentials | None = None
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.certfile else "http"
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.scheme}://{host}:{self.port}"
+
+
+def exposure(
+    address: str, flag: str, tls_dir: Path | None, auth_file: Path | None
+) -> Exposure:
+    """Check and build how ``address`` is served: loopback as is (TLS and credentials if
+    given); anything else only with both ``--tls-dir`` and ``--auth-file``."""
+    from fedweave.addresses import parse_host_port
+    from fedweave.certs import TlsFiles
+
+    host, port = parse_host_port(address, flag)
+    if not is_loopback(host) and (tls_dir is None or auth_file is None):
+        missing = " and ".join(
+            name for name, given in (("--tls-dir", tls_dir), ("--auth-file", auth_file))
+            if given is None
+        )  # fmt: skip
+        raise UserError(
+            f"{flag} {address} is reachable from other machines, which needs TLS and a "
+            f"credential: give {missing} (`fedweave certs init`, `fedweave dashboard "
+            "add-credential`), or listen on 127.0.0.1"
+        )
+    certfile = keyfile = None
+    if tls_dir is not None:
+        files = TlsFiles.in_dir(tls_dir.resolve())
+        files.check_readable()
+        certfile, keyfile = files.server_cert, files.server_key
+    credentials = Credentials.load(auth_file) if auth_file is not None else None
+    return Exposure(host, port, certfile, keyfile, credentials)
+
+
+def write_credential(path: Path, name: str) -> str:
+    """Append a new credential for ``name`` to ``path`` (made 0600); return its password."""
+    if not name or ":" in name or any(c.isspace() for c in name):
+        raise UserError(f"credential name {name!r}: use letters, digits, '-' or '_' (no ':')")
+    password = secrets.token_urlsafe(18)
+    existing = path.read_text() if path.exists() else ""
+    if any(line.split(":", 1)[0] == name for line in existing.splitlines()):
+        raise UserError(f"{path} already has a credential named {name}; pick another name")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    with os.fdopen(fd, "a") as handle:
+        handle.write(credential_line(name, password) + "\n")
+    os.chmod(path, 0o600)
+    return password

@@ -1,0 +1,403 @@
+"""The dashboard without a browser: the round in flight in the history, the stall rules, what
+the views read, the web app over real SQLite and PostgreSQL histories (pages, JSON, 404,
+read-only, credentials, /metrics parsed by prometheus-client's own parser), the site's status
+view, and `fedweave dashboard`'s one-line refusals. The browser tests are in
+``tests/test_dashboard_browser.py``."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from starlette.testclient import TestClient
+
+from fedweave.dashboard.app import make_app
+from fedweave.dashboard.security import Credentials, credential_line, exposure, is_loopback
+from fedweave.dashboard.views import Views, shown_config
+from fedweave.errors import UserError
+from fedweave.history import RoundInFlight, RoundRecord, SiteResult, open_store
+from fedweave.history.alerts import AlertRules, LateStreaks, overdue_round
+
+REPO = Path(__file__).resolve().parents[1]
+NOW = datetime.now(timezone.utc)
+
+
+def _history(url: str, rounds: int = 6, late_from: int = 4) -> str:
+    """A federated run: hospital-c late from round ``late_from`` on, an AUC per round, and a
+    round in flight started 10 minutes ago with a 30 s deadline (overdue)."""
+    store = open_store(url)
+    config = {
+        "command": "coordinator",
+        "settings": {"training": {"rounds": rounds + 2}, "federation": {"strategy": "fedavg"},
+                     "history": {"checkpoint_dir": "/srv/secret/checkpoints"},
+                     "data": {"test_data": "/srv/data/test.csv"},
+                     "evaluation": {"select_metric": "auc", "select_mode": "max"}},
+        "protections": {"secure_aggregation": {"on": True, "shares": 3, "threshold": 2},
+                        "tls": True, "site_authentication": True,
+                        "differential_privacy": {"mode": "none"}},
+    }  # fmt: skip
+    run_id = store.start_run("federated", "breast-cancer", config, 0)
+    start = NOW - timedelta(hours=1)
+    for number in range(1, rounds + 1):
+        began = start + timedelta(seconds=10 * number)
+        late = number >= late_from
+        sites = [SiteResult(f"hospital-{c}", "ok", 100, {"train_loss": 1 / number}, 2.0)
+                 for c in "ab"]  # fmt: skip
+        sites.append(
+            SiteResult("hospital-c", "late", reason="no reply within the round deadline (30 s)")
+            if late else SiteResult("hospital-c", "ok", 90, {"train_loss": 1 / number}, 2.0)
+        )  # fmt: skip
+        evaluation = {"central": {}, "federated": {"loss": 1 / number, "auc": 1 - 0.5 / number},
+                      "sites": [{"site": "hospital-a", "status": "ok", "examples": 20,
+                                 "metrics": {"loss": 1 / number, "auc": 1 - 0.5 / number}},
+                                {"site": "hospital-b", "status": "failed", "examples": 0,
+                                 "metrics": {}, "reason": "ValueError: column age missing"}]}
+        store.record_round(run_id, RoundRecord(
+            number, "coordinator", began, began + timedelta(seconds=5), 3, 3 - late, late,
+            {"train_loss": 1 / number}, 1 / number, None,
+            extra={"seconds": 5.0, "deadline_seconds": 30.0, "evaluation": evaluation},
+        ), sites)  # fmt: skip
+    store.note_round_started(run_id, RoundInFlight(rounds + 1, NOW - timedelta(minutes=10),
+                                                   30.0, 3, 2))  # fmt: skip
+    store.close()
+    return run_id
+
+
+def test_the_round_in_flight_is_noted_and_cleared(db_url: str) -> None:
+    run_id = _history(db_url)
+    with open_store(db_url) as store:
+        flight = store.get_run(run_id).round_in_flight
+        assert flight is not None and (flight.round, flight.deadline_seconds) == (7, 30.0)
+        assert (flight.sampled, flight.connected) == (3, 2)
+        assert abs((flight.started_at - (NOW - timedelta(minutes=10))).total_seconds()) < 1
+        store.record_round(run_id, RoundRecord(7, "coordinator", NOW, NOW), [])
+        assert store.get_run(run_id).round_in_flight is None  # recorded: nothing in flight
+        store.note_round_started(run_id, RoundInFlight(8, NOW, None, 3, 3))
+        assert store.get_run(run_id).round_in_flight.deadline_seconds is None
+        store.finish_run(run_id, "completed")
+        assert store.get_run(run_id).round_in_flight is None
+        assert [r["round"] for r in store.rounds(run_id, after=5)] == [6, 7]
+        assert {s["round"] for s in store.site_results(run_id, after=6)} == set()
+
+
+def test_stall_rules() -> None:
+    streaks = LateStreaks()
+    rows = [(1, "a", "ok"), (1, "b", "late"), (2, "b", "late"), (3, "a", "late"),
+            (3, "b", "late"), (4, "a", "ok")]  # fmt: skip
+    streaks.add_rows([{"round": r, "site_id": s, "status": st, "reason": "why"}
+                      for r, s, st in rows])  # fmt: skip
+    flagged = streaks.flagged(AlertRules(late_in_a_row=3))
+    assert [(s.site, s.rounds) for s in flagged] == [("b", (1, 2, 3))]
+    assert flagged[0].line() == "site b late 3 rounds in a row (rounds 1-3): why; is it up?"
+    assert streaks.streak("a") == []  # its round 4 was ok
+    assert streaks.flagged(AlertRules(late_in_a_row=0)) == []  # 0: never
+
+    from fedweave.history.records import RunInfo
+
+    def run(started: datetime, deadline: float | None, status: str = "running") -> RunInfo:
+        return RunInfo("r", "federated", "t", status, {}, 0, "v", NOW, None, None, 3,
+                       round_in_flight=RoundInFlight(4, started, deadline, 3, 3))  # fmt: skip
+
+    rules = AlertRules(grace_seconds=60)
+    assert overdue_round(run(NOW - timedelta(seconds=119), 30.0), NOW, rules) is None
+    late = overdue_round(run(NOW - timedelta(seconds=130), 30.0), NOW, rules)
+    assert late is not None and round(late.overdue_seconds) == 10 and late.round == 4
+    assert overdue_round(run(NOW - timedelta(hours=1), None), NOW, rules) is None
+    assert overdue_round(run(NOW - timedelta(hours=1), 30.0, "completed"), NOW, rules) is None
+
+
+def test_shown_config_hides_paths_urls_and_keys() -> None:
+    shown = shown_config({
+        "history": {"db": "postgresql://u:pw@h/db", "checkpoint_dir": "/srv/ckpt", "track": "x"},
+        "connection": {"tls_dir": "tls", "ca_cert": "ca.pem", "site_key": "k"},
+        "data": {"task": "digits", "test_data": "t.csv", "label_column": "y"},
+        "training": {"lr": 0.1, "note": "see /etc/passwd"},
+        "deployment": {"address": "0.0.0.0:9092"},
+    })  # fmt: skip
+    text = repr(shown)
+    for secret in ("pw@", "/srv", "tls", "ca.pem", "t.csv", "/etc", "0.0.0.0"):
+        assert secret not in text, (secret, shown)
+    assert shown["training"] == {"lr": 0.1} and shown["data"]["task"] == "digits"
+
+
+def test_views_read_incrementally_and_fold_sites(db_url: str) -> None:
+    run_id = _history(db_url)
+    store = open_store(db_url, read_only=True)
+    views = Views(store, AlertRules(late_in_a_row=3, grace_seconds=60))
+    page = views.run(run_id)
+    assert [r["round"] for r in page["rounds"]] == [1, 2, 3, 4, 5, 6]
+    assert page["rounds"][4]["outcomes"]["late"] == 1 and page["rounds"][0]["outcomes"]["ok"] == 3
+    assert {"federated.auc", "federated.loss", "train.loss", "loss"} <= set(page["metric_names"])
+    best = {"round": 6, "metric": "federated.auc", "value": pytest.approx(1 - 0.5 / 6)}
+    assert page["best"] == best
+    sites = {s["site"]: s for s in page["sites"]}
+    assert sites["hospital-c"]["rounds"] == 3 and sites["hospital-c"]["counts"]["late"] == 3
+    assert sites["hospital-b"]["problems"][-1]["reason"] == "ValueError: column age missing"
+    assert sites["hospital-a"]["last_metrics"]["evaluation.auc"] == pytest.approx(1 - 0.5 / 6)
+    assert [s["site"] for s in page["alerts"]["late_sites"]] == ["hospital-c"]
+    assert page["alerts"]["overdue"]["round"] == 7
+    assert page["in_flight"]["round"] == 7
+    assert "/srv" not in repr(page)
+    assert views.run(run_id, after=6)["rounds"] == []
+    with open_store(db_url) as writer:  # a new round arrives: the next poll reads only it
+        writer.record_round(run_id, RoundRecord(7, "coordinator", NOW, NOW, 3, 3, 0), [
+            SiteResult(f"hospital-{c}", "ok", 10) for c in "abc"])  # fmt: skip
+    later = views.run(run_id, after=6)
+    assert [r["round"] for r in later["rounds"]] == [7]
+    assert later["alerts"]["late_sites"] == [] and later["in_flight"] is None
+    with pytest.raises(KeyError):
+        views.run("nope")
+    store.close()
+
+
+def test_the_web_app_serves_pages_json_and_metrics_read_only(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'h.db'}"
+    run_id = _history(url)
+    store = open_store(url, read_only=True)
+    client = TestClient(make_app(Views(store, AlertRules())))
+    home = client.get("/")
+    assert home.status_code == 200 and 'data-page="runs"' in home.text
+    assert "default-src 'self'" in home.headers["content-security-policy"]
+    assert "https://" not in home.text and "http://" not in home.text  # nothing from elsewhere
+    page = client.get(f"/runs/{run_id}")
+    assert page.status_code == 200 and "/srv" not in page.text and "sqlite" not in page.text
+    assert client.get(f"/api/runs/{run_id}?after=5").json()["rounds"][0]["round"] == 6
+    site = client.get(f"/api/runs/{run_id}/sites/hospital-c").json()
+    assert site["late_streak"] == [4, 5, 6] and len(site["history"]) == 6
+    missing = client.get("/runs/abcdef123456")
+    assert missing.status_code == 404 and "no run &#x27;abcdef123456&#x27;" not in missing.text
+    assert "no run 'abcdef123456' in this history" in missing.text.replace("\\u0027", "'")
+    assert client.get("/api/runs/abcdef123456").status_code == 404
+    assert client.get(f"/runs/{run_id}/sites/nobody").status_code == 404
+    assert client.post("/api/runs").status_code == 405  # nothing can change a run
+    assert client.delete(f"/api/runs/{run_id}").status_code == 405
+    compare = client.get(f"/api/compare?run={run_id}").json()
+    assert compare["runs"][0]["run_id"] == run_id and "loss" in compare["metric_names"]
+    static = client.get("/static/vendor/uPlot.iife.min.js")
+    assert static.status_code == 200 and len(static.content) > 10_000
+
+    scrape = client.get("/metrics")
+    assert scrape.headers["content-type"].startswith("text/plain")
+    families = {f.name: f for f in text_string_to_metric_families(scrape.text)}
+    value = {(f.name, tuple(sorted(s.labels.items()))): s.value
+             for f in families.values() for s in f.samples}  # fmt: skip
+    run = (("run_id", run_id),)
+    assert value[("fedweave_rounds_completed", run)] == 6
+    assert value[("fedweave_round_in_flight", run)] == 7
+    assert value[("fedweave_run_stalled", run)] == 1
+    assert value[("fedweave_site_late_in_a_row", (("run_id", run_id), ("site", "hospital-c")))] == 3
+    assert value[("fedweave_round_sites", (("outcome", "late"), ("run_id", run_id)))] == 1
+    assert value[("fedweave_round_metric", (("metric", "federated.auc"), ("run_id", run_id)))] \
+        == pytest.approx(1 - 0.5 / 6)
+    assert value[("fedweave_sites_connected", run)] == 2
+    store.close()
+
+
+def test_credentials_gate_everything(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'h.db'}"
+    run_id = _history(url)
+    auth = tmp_path / "auth"
+    auth.write_text(credential_line("ops", "correct horse") + "\n")
+    store = open_store(url, read_only=True)
+    client = TestClient(make_app(Views(store, AlertRules()), Credentials.load(auth)))
+    for path in ("/", f"/runs/{run_id}", "/api/runs", "/metrics", "/static/app.js", "/nope"):
+        denied = client.get(path)
+        assert denied.status_code == 401, path
+        assert run_id not in denied.text and "hospital" not in denied.text
+        assert denied.headers["www-authenticate"].startswith("Basic")
+    wrong = base64.b64encode(b"ops:wrong").decode()
+    assert client.get("/api/runs", headers={"authorization": f"Basic {wrong}"}).status_code == 401
+    assert client.get("/api/runs", headers={"authorization": "Bearer wrong"}).status_code == 401
+    good = base64.b64encode(b"ops:correct horse").decode()
+    assert client.get("/api/runs", headers={"authorization": f"Basic {good}"}).status_code == 200
+    other = base64.b64encode(b"eve:correct horse").decode()  # the password is ops'
+    assert client.get("/api/runs", headers={"authorization": f"Basic {other}"}).status_code == 401
+    assert client.get("/metrics", headers={"authorization": "Bearer correct horse"}).status_code \
+        == 200
+    store.close()
+
+
+def test_exposure_rules(tmp_path: Path) -> None:
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("10.1.2.3")
+    with pytest.raises(UserError, match="needs TLS and a credential: give --tls-dir and --auth"):
+        exposure("0.0.0.0:8080", "--address", None, None)
+    with pytest.raises(UserError, match="give --auth-file"):
+        exposure("0.0.0.0:8080", "--address", tmp_path, None)
+    with pytest.raises(UserError, match="is not HOST:PORT"):
+        exposure("8080", "--address", None, None)
+    (tmp_path / "bad").write_text("ops:plain-password\n")
+    with pytest.raises(UserError, match="line 1 is not NAME:scrypt:SALT:HASH"):
+        Credentials.load(tmp_path / "bad")
+    with pytest.raises(UserError, match="cannot read it"):
+        Credentials.load(tmp_path / "missing")
+
+
+def _fedweave(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fedweave.cli", *args], cwd=cwd, text=True,
+                          capture_output=True, timeout=timeout)  # fmt: skip
+
+
+def _one_line_error(done: subprocess.CompletedProcess, *needles: str) -> str:
+    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+def test_the_command_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'h.db'}"
+    _history(url)
+    _one_line_error(_fedweave("dashboard", "--db", "postgresql+psycopg://u:secret@127.0.0.1:1/x",
+                              cwd=tmp_path), "127.0.0.1:1", "u:***@")  # fmt: skip
+    _one_line_error(_fedweave("dashboard", "--db", url, "--address", "0.0.0.0:8080",
+                              cwd=tmp_path), "--tls-dir and --auth-file")  # fmt: skip
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        taken_line = _fedweave("dashboard", "--db", url, "--address", f"127.0.0.1:{port}",
+                               cwd=tmp_path)  # fmt: skip
+        _one_line_error(taken_line, f"127.0.0.1:{port}", "pick another port")
+    old = tmp_path / "old.db"  # a history of an older schema: the migrate hint, nothing changed
+    from sqlalchemy import create_engine
+
+    from fedweave.history.migrate import downgrade
+
+    open_store(f"sqlite:///{old}").close()
+    engine = create_engine(f"sqlite:///{old}")
+    downgrade(engine, f"sqlite:///{old}", "0004")
+    engine.dispose()
+    before = hashlib.sha256(old.read_bytes()).hexdigest()
+    _one_line_error(_fedweave("dashboard", "--db", f"sqlite:///{old}", cwd=tmp_path),
+                    "has schema 0004", "fedweave history migrate")  # fmt: skip
+    assert hashlib.sha256(old.read_bytes()).hexdigest() == before
+    _one_line_error(_fedweave("dashboard", "--db", url, "--auth-file", str(tmp_path / "none"),
+                              cwd=tmp_path), "cannot read it")  # fmt: skip
+
+
+def test_served_over_tls_with_a_credential(tmp_path: Path) -> None:
+    """The real command: HTTPS with the coordinator's certificate, basic auth, Ctrl-C."""
+    url = f"sqlite:///{tmp_path / 'h.db'}"
+    run_id = _history(url)
+    assert _fedweave("certs", "init", "--out", "tls", "--host", "localhost",
+                     cwd=tmp_path).returncode == 0  # fmt: skip
+    made = _fedweave("dashboard", "add-credential", "prometheus", "--auth-file", "auth",
+                     cwd=tmp_path)  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    password = made.stdout.strip().splitlines()[-1]
+    assert password not in (tmp_path / "auth").read_text()  # only its hash is kept
+    assert (tmp_path / "auth").stat().st_mode & 0o777 == 0o600
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fedweave.cli", "dashboard", "--db", url, "--address",
+         f"127.0.0.1:{port}", "--tls-dir", "tls", "--auth-file", "auth"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    context = ssl.create_default_context(cafile=str(tmp_path / "tls" / "ca.pem"))
+    context.check_hostname = False  # the certificate names localhost; we dial 127.0.0.1
+
+    def get(path: str, token: str | None) -> tuple[int, str]:
+        request = urllib.request.Request(f"https://127.0.0.1:{port}{path}")
+        if token:
+            request.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(request, context=context, timeout=5) as answer:
+                return answer.status, answer.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                status, _ = get("/api/runs", None)
+                break
+            except (urllib.error.URLError, ConnectionError, ssl.SSLError):
+                assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+                time.sleep(0.3)
+        assert status == 401
+        status, body = get("/api/runs", password)
+        assert status == 200 and run_id in body
+        status, body = get("/metrics", password)
+        assert status == 200 and "fedweave_rounds_completed" in body
+    finally:
+        proc.send_signal(2)  # Ctrl-C
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode in (0, 130), err
+    assert "Traceback" not in err, err
+    assert f"https://127.0.0.1:{port}/" in err
+
+
+def test_the_site_journal_keeps_what_the_site_did() -> None:
+    from fedweave.client.site_status import SiteJournal, status_app
+
+    journal = SiteJournal("hospital-a", "coord:9092")
+    journal.connected("connected", "node 7")
+    journal.add({"kind": "train", "part": "training", "run": 5, "round": "1", "outcome": "ok",
+                 "examples": 120, "metrics": {"train_loss": 0.4}, "masked": True})  # fmt: skip
+    journal.add({"kind": "evaluate", "part": "evaluation", "run": 5, "round": "1",
+                 "outcome": "ok", "examples": 12,
+                 "metrics": {"loss": 0.3, "auc": 0.9}})  # fmt: skip
+    journal.add({"kind": "train", "run": 5, "round": "2", "outcome": "rejected",
+                 "reason": "update norm 1e9 above --max-update-norm 100"})  # fmt: skip
+    journal.add({"kind": "train", "run": "x" * 10, "outcome": "weird", "metrics": "junk",
+                 "reason": "y" * 5000})  # untrusted shapes are bounded, not crashes
+    journal.run_ended(5)
+    view = journal.view()
+    run = view["runs"][0]
+    counts = (run["run"], run["rounds_trained"], run["examples"], run["evaluations"])
+    assert counts == (5, 1, 120, 1)
+    assert run["evaluation_metrics"] == {"loss": 0.3, "auc": 0.9} and run["ended"]
+    assert view["problems"][1]["reason"].startswith("update norm")
+    assert view["problems"][0]["outcome"] == "failed" and len(view["problems"][0]["reason"]) == 300
+    assert view["connection"]["state"] == "connected"
+    client = TestClient(status_app(journal))
+    assert client.get("/api/status").json()["site"] == "hospital-a"
+    assert 'data-page="status"' in client.get("/").text
+    assert client.post("/api/status").status_code == 405
+
+
+def test_vendored_chart_library_is_the_recorded_release() -> None:
+    vendor = REPO / "fedweave" / "dashboard" / "static" / "vendor"
+    for line in (vendor / "VENDOR.sha256").read_text().splitlines():
+        digest, name = line.split()
+        assert hashlib.sha256((vendor / name).read_bytes()).hexdigest() == digest, name
+    assert "MIT License" in (vendor / "uPlot.LICENSE").read_text()
+
+
+def test_a_database_that_goes_away_is_a_503_with_its_reason(pg_url: str) -> None:
+    """A real PostgreSQL history whose tables vanish under the dashboard: every API answer is
+    503 with the one-line reason (the page shows it and keeps polling), never a traceback."""
+    run_id = _history(pg_url)
+    store = open_store(pg_url, read_only=True)
+    client = TestClient(make_app(Views(store, AlertRules())), raise_server_exceptions=False)
+    assert client.get(f"/api/runs/{run_id}").status_code == 200
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(pg_url)
+    with engine.begin() as conn:
+        conn.execute(text("DROP TABLE site_results, checkpoints, rounds, runs, alembic_version"))
+    engine.dispose()
+    for path in ("/api/runs", f"/api/runs/{run_id}", "/metrics"):
+        answer = client.get(path)
+        assert answer.status_code == 503, (path, answer.text)
+        assert "history database" in answer.json()["error"] and "Traceback" not in answer.text
+    page = client.get("/")
+    assert page.status_code == 503 and "history unavailable" in page.text
+    store.close()
