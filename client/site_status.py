@@ -50,7 +50,7 @@ class SiteJournal:
         self.started_at = _now()
         self.connection = {"state": "connecting", "since": self.started_at, "detail": None}
         self.totals: Counter = Counter()
-        self.runs: dict[int, dict[str, Any]] = {}
+        self.runs: dict[str, dict[str, Any]] = {}
         self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT)
         self.problems: deque[dict[str, Any]] = deque(maxlen=RECENT)
         self._lock = threading.Lock()
@@ -63,7 +63,7 @@ class SiteJournal:
 
     def run_ended(self, run: int) -> None:
         with self._lock:
-            self.runs.setdefault(run, self._new_run())["ended"] = True
+            self.runs.setdefault(str(run), self._new_run())["ended"] = True
 
     @staticmethod
     def _new_run() -> dict[str, Any]:
@@ -77,7 +77,7 @@ class SiteJournal:
             "at": _now(),
             "kind": str(raw.get("kind", ""))[:32],
             "part": str(raw.get("part") or raw.get("kind") or "")[:32],
-            "run": _int(raw.get("run")),
+            "run": None if _int(raw.get("run")) is None else str(raw["run"]),  # 64-bit: text
             "round": str(raw.get("round") or "")[:16] or None,
             "outcome": outcome,
             "examples": _int(raw.get("examples")),

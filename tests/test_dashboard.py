@@ -362,7 +362,7 @@ def test_the_site_journal_keeps_what_the_site_did() -> None:
     view = journal.view()
     run = view["runs"][0]
     counts = (run["run"], run["rounds_trained"], run["examples"], run["evaluations"])
-    assert counts == (5, 1, 120, 1)
+    assert counts == ("5", 1, 120, 1)  # Flower's run ids are 64-bit: kept as text
     assert run["evaluation_metrics"] == {"loss": 0.3, "auc": 0.9} and run["ended"]
     assert view["problems"][1]["reason"].startswith("update norm")
     assert view["problems"][0]["outcome"] == "failed" and len(view["problems"][0]["reason"]) == 300
@@ -401,3 +401,31 @@ def test_a_database_that_goes_away_is_a_503_with_its_reason(pg_url: str) -> None
     page = client.get("/")
     assert page.status_code == 503 and "history unavailable" in page.text
     store.close()
+
+
+def test_a_gossip_run_reads_as_peers_exchanges_drops_and_consensus(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'h.db'}"
+    store = open_store(url)
+    run_id = store.start_run("gossip", "digits", {"command": "simulate"}, 0)
+    for number in (1, 2):
+        for peer, accuracy in (("peer-a", 0.5), ("peer-b", 0.7), ("peer-c", 0.9)):
+            missed = 1 if (peer, number) == ("peer-c", 2) else 0
+            store.record_round(run_id, RoundRecord(
+                number, peer, NOW, NOW + timedelta(seconds=2), 2, 2 - missed, missed, {},
+                1 - accuracy, accuracy * number / 2, bytes_in=1000, bytes_out=2000,
+                extra={"drops": {"late": number}, "consensus_estimate": 0.1 / number},
+            ), [SiteResult("peer-x", "failed" if missed else "ok", 10)])  # fmt: skip
+    store.close()
+    views = Views(open_store(url, read_only=True), AlertRules())
+    page = views.run(run_id)
+    second = page["rounds"][1]
+    counts = (second["peers"], second["exchanges"], second["answered"], second["missed"])
+    assert counts == (3, 6, 5, 1)
+    assert second["drops"] == 6 and second["bytes_out"] == 6000
+    assert second["metrics"]["consensus"] == pytest.approx(0.05)
+    assert second["metrics"]["accuracy"] == pytest.approx(0.7)  # the peers' mean
+    peers = {p["peer"]: p for p in page["peers"]}
+    assert peers["peer-c"]["missed"] == 1 and peers["peer-a"]["last_round"] == 2
+    assert page["alerts"]["any"] is False
+    compared = views.compare([run_id])["runs"][0]["rounds"]
+    assert compared[0]["metrics"]["accuracy"] == pytest.approx(0.35)

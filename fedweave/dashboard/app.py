@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.gzip import GZipMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Mount, Route
@@ -146,12 +148,14 @@ def make_app(
         return json_response({"runs": views.runs()})
 
     def run_page(request: Request) -> Response:
+        """The shell only (it paints at once, however long the run); the page then asks
+        ``/api/runs/ID`` for the run, which a first visit reads from the database."""
         run_id = request.path_params["run_id"]
         try:
-            data = views.run(run_id)
+            found = views.run_info(run_id)
         except KeyError:
             return _not_found(f"no run '{run_id}' in this history; the runs list shows them all")
-        return page_response("run", f"run {data['run']['run_id']}", data)
+        return page_response("run", f"run {found.run_id}", {"run_id": found.run_id})
 
     def run_api(request: Request) -> Response:
         try:
@@ -226,5 +230,6 @@ def make_app(
     app = Starlette(
         routes=routes,
         exception_handlers={HistoryError: unavailable, 404: missing},
+        middleware=[Middleware(GZipMiddleware, minimum_size=1024)],
     )
     return Guard(app, credentials)

@@ -37,6 +37,11 @@ PROBLEMS_KEPT = 50
 """Each site's latest non-ok records kept for its page."""
 
 
+def _short(value: float) -> float:
+    """A figure as the page shows it: 6 significant digits (keeps a long run's JSON small)."""
+    return float(f"{value:.6g}")
+
+
 def _iso(value: datetime | None) -> str | None:
     return value.astimezone(timezone.utc).isoformat() if value is not None else None
 
@@ -150,20 +155,20 @@ class RunFold:
         number = int(row["round"])
         extra = row.get("extra") or {}
         counts = Counter(str(site["status"]) for site in site_rows)
-        metrics = round_metrics(row)
+        metrics = {name: _short(value) for name, value in round_metrics(row).items()}
         for name, key in (("accuracy", "eval_accuracy"), ("loss", "eval_loss")):
             if row.get(key) is not None:
-                metrics[name] = float(row[key])
+                metrics[name] = _short(float(row[key]))
         self.raw.append(row)
         self.rounds.append(
             {
                 "round": number,
                 "ended_at": _iso(row["ended_at"]),
-                "seconds": extra.get("seconds", row["seconds"]),
+                "seconds": _short(float(extra.get("seconds", row["seconds"]))),
                 "deadline_seconds": extra.get("deadline_seconds"),
                 "sampled": row["sampled"],
                 "replied": row["replied"],
-                "outcomes": {status: counts.get(status, 0) for status in OUTCOMES},
+                "outcomes": {status: counts[status] for status in OUTCOMES if counts[status]},
                 "metrics": metrics,
                 "failed": extra.get("failed"),
                 "warnings": list(extra.get("warnings") or []),
@@ -438,6 +443,11 @@ class Views:
             )  # fmt: skip
         names = sorted({n for run in runs for r in run["rounds"] for n in r["metrics"]})
         return {"runs": runs, "metric_names": names}
+
+    def run_info(self, run_id: str) -> RunInfo:
+        """The run ``run_id`` names (an id, a unique prefix or ``latest``); ``KeyError`` when
+        none."""
+        return self._get(run_id)
 
     def _get(self, run_id: str) -> RunInfo:
         from fedweave.errors import UserError

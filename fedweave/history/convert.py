@@ -113,12 +113,12 @@ def round_dict(row: Round, checkpoint: Checkpoint | None) -> dict[str, Any]:
     }
 
 
-def site_dict(site: SiteRow, parent: Round) -> dict[str, Any]:
-    """One site result as a plain dict, with the actor and round it belongs to."""
+def site_dict(site: SiteRow, run_id: str, actor: str, round_number: int) -> dict[str, Any]:
+    """One site result as a plain dict, with the run, actor and round it belongs to."""
     return {
-        "run_id": parent.run_id,
-        "actor": parent.actor,
-        "round": parent.round,
+        "run_id": run_id,
+        "actor": actor,
+        "round": round_number,
         "site_id": site.site_id,
         "status": site.status,
         "num_examples": site.num_examples,

@@ -528,15 +528,21 @@ class HistoryStore:
     ) -> list[dict[str, Any]]:
         """Site rows of a run (or of one round; or of the rounds above ``after``), ordered by
         actor, round, site id."""
-        query = select(SiteRow, Round).join(Round).where(Round.run_id == run_id)
+        # the round's own columns are not loaded: its JSON (every site's evaluation) would be
+        # decoded once per site row
+        query = (
+            select(SiteRow, Round.run_id, Round.actor, Round.round)
+            .join(Round)
+            .where(Round.run_id == run_id)
+        )
         if round is not None:
             query = query.where(Round.round == round)
         if after is not None:
             query = query.where(Round.round > after)
         with self._reading() as session:
             return [
-                site_dict(site, row)
-                for site, row in session.execute(
+                site_dict(site, rid, actor, number)
+                for site, rid, actor, number in session.execute(
                     query.order_by(Round.actor, Round.round, SiteRow.site_id)
                 )
             ]

@@ -172,6 +172,7 @@
       put(holder, d.runs.length ? table(
         ["", "run", "mode", "task", "status", "strategy", "protections", "progress", "started", "ended / last heard"],
         rows, { id: "runs" }) : el("p", { text: "no runs recorded in this history yet" }));
+      performance.mark("fedweave-drawn");
     }
     draw(data);
     poll("/api/runs", draw, pollMs * 2);
@@ -186,7 +187,17 @@
   }
 
   // --- one run ------------------------------------------------------------------------
-  function runPage(data) {
+  async function runPage(shell) {
+    const url = `/api/runs/${encodeURIComponent(shell.run_id)}`;
+    let data;
+    while (!data) {
+      try {
+        data = await getJson(url);
+      } catch (error) {
+        setStatus(`not loaded: ${error.message}; trying again`, true);
+        await new Promise((resolve) => setTimeout(resolve, pollMs));
+      }
+    }
     const run = data.run;
     const rounds = new Map();
     const head = el("div");
@@ -202,7 +213,6 @@
     const gossip = run.mode === "gossip";
     let chartSet = null;
     let known = [];
-    let latest = data;
 
     function drawHead(d) {
       const r = d.run;
@@ -266,7 +276,7 @@
         const outcomes = ["ok", "late", "rejected", "failed", "refused", "lost"];
         made.push({ chart: new Chart(charts, "sites per round",
           outcomes.map((o) => ({ label: o, color: OUTCOME_COLORS[o], step: true })), { height: 180 }),
-          values: (r) => outcomes.map((o) => r.outcomes[o]) });
+          values: (r) => outcomes.map((o) => r.outcomes[o] || 0) });
       }
       return made;
     }
@@ -338,12 +348,11 @@
             el("td", { text: headline(r) }), el("td", { text: num(r.metrics.consensus) }))
           : el("tr", {}, el("td", { text: r.round }), el("td", { class: "small", text: when(r.ended_at) }),
             el("td", { text: num(r.seconds, 3) }), el("td", { text: `${r.replied}/${r.sampled}` }),
-            el("td", { text: r.outcomes.late }), el("td", { text: `${r.outcomes.failed} / ${r.outcomes.rejected}` }),
+            el("td", { text: r.outcomes.late || 0 }), el("td", { text: `${r.outcomes.failed || 0} / ${r.outcomes.rejected || 0}` }),
             el("td", { text: headline(r) }),
             el("td", { class: "small reason", text: [r.failed, ...(r.warnings || [])].filter(Boolean).join("; ") || "" })))));
     }
     function apply(d) {
-      latest = d;
       for (const r of d.rounds) rounds.set(r.round, r);
       const names = d.metric_names || [];
       if (!chartSet || names.join() !== known.join()) { known = names; chartSet = buildCharts(names); }
@@ -354,9 +363,9 @@
       performance.mark("fedweave-drawn");
     }
     apply(data);
+    setStatus(`live · updated ${new Date().toLocaleTimeString()}`, false);
     const lastRound = () => Math.max(0, ...rounds.keys());
     poll(() => `/api/runs/${encodeURIComponent(run.run_id)}?after=${lastRound()}`, apply);
-    return latest;
   }
 
   // --- one site -----------------------------------------------------------------------
@@ -439,12 +448,12 @@
           : el("p", { class: "muted", text: "not asked to take part yet" }),
         el("h2", { text: "refused, rejected or failed here" }),
         d.problems.length ? table(["when", "run", "round", "part", "outcome", "reason"], d.problems.map((p) => el("tr", {},
-          el("td", { class: "small", text: when(p.at) }), el("td", { text: num(p.run) }), el("td", { text: p.round || "–" }),
+          el("td", { class: "small", text: when(p.at) }), el("td", { text: p.run || "–" }), el("td", { text: p.round || "–" }),
           el("td", { text: p.part }), el("td", { text: p.outcome }), el("td", { class: "reason", text: p.reason || "no reason given" }))), { id: "site-problems" })
           : el("p", { class: "muted", text: "none" }),
         el("h2", { text: "latest messages" }),
         table(["when", "run", "round", "part", "outcome", "examples", "metrics", "sent"], d.recent.map((r) => el("tr", {},
-          el("td", { class: "small", text: when(r.at) }), el("td", { text: num(r.run) }), el("td", { text: r.round || "–" }),
+          el("td", { class: "small", text: when(r.at) }), el("td", { text: r.run || "–" }), el("td", { text: r.round || "–" }),
           el("td", { text: r.part }), el("td", { text: r.outcome }), el("td", { text: num(r.examples) }),
           el("td", { class: "small", text: metricsText(r.metrics) }), el("td", { text: r.outcome === "ok" ? (r.masked ? "masked (SecAgg+)" : "in the clear") : "" })))));
       performance.mark("fedweave-drawn");
