@@ -151,6 +151,7 @@ def test_a_site_refuses_statistics_or_a_schema_it_cannot_use(tmp_path):
         SECAGG_MAX_WEIGHT_KEY,
         STATISTICS_KEY,
         STATISTICS_STAGE_KEY,
+        SiteRefusal,
     )
     from fedweave.learning.statistics import encode_known
     from fedweave.learning.training import TrainConfig
@@ -159,17 +160,18 @@ def test_a_site_refuses_statistics_or_a_schema_it_cannot_use(tmp_path):
     table = TASK.read_site_data(write(tmp_path, GOOD))
     client = TaskClient(TASK, table, TrainConfig.for_task(TASK, device="cpu"), 0)
     weights = get_weights(client.model)
-    with pytest.raises(ValueError, match="standardises with federated statistics but the run"):
+    # each is the site refusing the run's message, with its reason (a coded outcome reply)
+    with pytest.raises(SiteRefusal, match="standardises with federated statistics but the run"):
         client.fit(weights, {})
     other = {**local_only_statistics(TASK, table), "schema": "000000000000"}
-    with pytest.raises(ValueError, match=r"schema \(\w+\) differs from the run's"):
+    with pytest.raises(SiteRefusal, match=r"schema \(\w+\) differs from the run's"):
         client.fit(weights, {STATISTICS_KEY: encode_known(other)})
     good = local_only_statistics(TASK, table)
     _, n, metrics = client.fit(weights, {STATISTICS_KEY: encode_known(good)})
     assert n == 3 and np.isfinite(metrics["train_loss"])
     # a statistics vector SecAgg+ would clip is refused, not sent clipped
     stage = {STATISTICS_STAGE_KEY: "scale", SECAGG_CLIP_KEY: 1e-6, SECAGG_MAX_WEIGHT_KEY: 10.0}
-    with pytest.raises(ValueError, match="would be clipped"):
+    with pytest.raises(SiteRefusal, match="would be clipped"):
         client.fit([np.zeros(2, dtype=np.float32)], stage)
 
 
