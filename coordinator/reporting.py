@@ -127,8 +127,8 @@ class ReportingStrategy(Strategy):
     listeners : Sequence[RoundListener] (default: ())
         Told about every completed round (history, progress, report), in order.
     round_starts : Sequence[RoundStartListener] (default: ())
-        Told when each round's sites have been asked (the history's round in flight, which a
-        live view counts down).
+        Told when each round starts, before its sites are sampled (the history's round in
+        flight, which a live view counts down).
     round_offset : int (default: 0)
         Added to Flower's round number, so a resumed run keeps counting.
     secure_agg : bool (default: False)
@@ -220,17 +220,21 @@ class ReportingStrategy(Strategy):
         self._aggregated, self._failed, self._pending = False, None, None
         self._asked_to_evaluate = []
         self._replies_mark = self.site_replies.mark()  # what sites say in this round's fit
-        instructions = self.strategy.configure_fit(server_round, parameters, client_manager)
-        self._sampled = [proxy.node_id for proxy, _ in instructions]
+        # noted before sampling: sampling itself waits while too few sites are connected, and
+        # a live view should see that round as under way (and overdue), not as nothing
+        connected = client_manager.num_available()
+        sizing = getattr(self.strategy, "num_fit_clients", None)
         started = RoundInFlight(
             round=server_round + self.round_offset,
             started_at=self._round_started[1],
             deadline_seconds=self.deadline.seconds if self.deadline is not None else None,
-            sampled=len(instructions),
-            connected=client_manager.num_available(),
+            sampled=sizing(connected)[0] if callable(sizing) else connected,
+            connected=connected,
         )
         for listener in self.round_starts:
             listener.on_round_start(started)
+        instructions = self.strategy.configure_fit(server_round, parameters, client_manager)
+        self._sampled = [proxy.node_id for proxy, _ in instructions]
         return instructions
 
     def _note_clipping(self, proxy: ClientProxy, res: FitRes) -> None:

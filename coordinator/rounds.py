@@ -82,6 +82,7 @@ class RoundListener(Protocol):
 
 
 class RoundStartListener(Protocol):
-    """Told when a round's sites have been asked, on the coordinator's thread."""
+    """Told when a round starts (before its sites are sampled), on the coordinator's
+    thread."""
 
     def on_round_start(self, started: RoundInFlight) -> None: ...

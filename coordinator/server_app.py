@@ -280,7 +280,7 @@ def make_server_app(
     """A ServerApp that runs ``settings.rounds`` rounds from ``start_weights``; a task that
     needs federated statistics gathers them first, unless ``statistics`` (a resumed run's
     recorded ones) are given. ``listeners`` hear of every finished round, ``round_starts`` of
-    every round whose sites were just asked."""
+    every round as it starts."""
     settings.check()
     config = settings.config
     check_scoring(config, test_data)

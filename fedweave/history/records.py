@@ -79,7 +79,7 @@ class RoundInFlight:
         round: its 1-based number.
         started_at: when its sites were asked (UTC).
         deadline_seconds: how long its training waits for the sites (``None``: no deadline).
-        sampled: sites asked to train in it.
+        sampled: sites it asks to train (the strategy's sample size for the sites connected).
         connected: sites connected to the coordinator when it started.
     """
 
