@@ -73,7 +73,7 @@ def main() -> None:
         port = free_port()
         coordinator = subprocess.Popen(
             fedweave("coordinator", "--address", f"127.0.0.1:{port}", "--rounds", "1",
-                     "--min-clients", "2", "--db", f"sqlite:///{work / 'h.db'}", "--tls-dir",
+                     "--min-clients", "3", "--db", f"sqlite:///{work / 'h.db'}", "--tls-dir",
                      "tls", "--state-dir", "state", "--once"),
             cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
@@ -81,6 +81,8 @@ def main() -> None:
         for line in coordinator.stderr:
             if "sites connected" in line:
                 break
+        else:
+            raise SystemExit(f"the coordinator did not start (exit {coordinator.wait()})")
         base = ("--coordinator", f"127.0.0.1:{port}", "--task", "digits", "--data",
                 "split/site-0.npz")  # fmt: skip
         try:
