@@ -37,6 +37,19 @@ def cpu_seconds(pid: int) -> float:
     return sum(int(fields[i]) for i in (11, 12, 13, 14)) / TICKS
 
 
+def browser_cpu_seconds() -> float:
+    """CPU seconds of every chromium process alive now (the page's renderer included)."""
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if "chrom" in (entry / "comm").read_text():
+                    total += cpu_seconds(int(entry.name))
+            except (OSError, ValueError, IndexError):
+                continue
+    return total
+
+
 def free_port() -> int:
     from fedweave.addresses import free_port as free
 
@@ -149,7 +162,7 @@ def simulate(work: Path, db: str, clients: int, rounds: int, browser=None, port:
             "--no-secure-agg", "--db", db, "--out", str(work / "report.json")]  # fmt: skip
     sim = subprocess.Popen(args, cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                            text=True)  # fmt: skip
-    page, dash_cpu = None, 0.0
+    page, dash_cpu, browser_cpu = None, 0.0, 0.0
     if browser is not None:
         run_id = None
         while run_id is None and sim.poll() is None:
@@ -163,18 +176,21 @@ def simulate(work: Path, db: str, clients: int, rounds: int, browser=None, port:
         page = browser.new_page()
         page.goto(f"http://127.0.0.1:{port}/runs/{run_id}")
         before = cpu_seconds(dashboard.pid)
+        browser_before = browser_cpu_seconds()
         started = time.monotonic()
     _, err = sim.communicate()
     if sim.returncode != 0:
         raise SystemExit(f"simulation failed: {err[-2000:]}")
     if page is not None:
-        dash_cpu = (cpu_seconds(dashboard.pid) - before) / (time.monotonic() - started)
+        elapsed = time.monotonic() - started
+        dash_cpu = (cpu_seconds(dashboard.pid) - before) / elapsed
+        browser_cpu = (browser_cpu_seconds() - browser_before) / elapsed
         page.close()
     with open_store(db) as store:
         run = store.list_runs()[0]
         seconds = [r["extra"]["seconds"] for r in store.rounds(run.run_id)][1:]
     return {"median_s": statistics.median(seconds), "mean_s": statistics.mean(seconds),
-            "dashboard_cpu": dash_cpu}  # fmt: skip
+            "dashboard_cpu": dash_cpu, "browser_cpu": browser_cpu}  # fmt: skip
 
 
 def main() -> None:
@@ -184,6 +200,7 @@ def main() -> None:
     parser.add_argument("--idle-seconds", type=float, default=30.0)
     parser.add_argument("--clients", type=int, default=100, help="sites of the simulation")
     parser.add_argument("--sim-rounds", type=int, default=12)
+    parser.add_argument("--repeats", type=int, default=3, help="simulations per condition")
     parser.add_argument("--skip-simulation", action="store_true")
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
@@ -225,21 +242,36 @@ def main() -> None:
                          sim_db], capture_output=True, text=True)  # fmt: skip
                     assert open_store_first.returncode == 0, open_store_first.stderr
                     sim_dash = start_dashboard(sim_db, sim_dash_port)
-                    try:
-                        without = simulate(work, sim_db, args.clients, args.sim_rounds)
-                        with_page = simulate(work, sim_db, args.clients, args.sim_rounds,
-                                             browser, sim_dash_port, sim_dash)  # fmt: skip
+                    try:  # alternated, so neither condition gets the warm caches
+                        runs: dict[bool, list[dict[str, float]]] = {False: [], True: []}
+                        for _ in range(args.repeats):
+                            for page_open in (False, True):
+                                runs[page_open].append(simulate(
+                                    work, sim_db, args.clients, args.sim_rounds,
+                                    *((browser, sim_dash_port, sim_dash) if page_open else ()),
+                                ))  # fmt: skip
+                        without = {k: statistics.median(r[k] for r in runs[False])
+                                   for k in runs[False][0]}  # fmt: skip
+                        with_page = {k: statistics.median(r[k] for r in runs[True])
+                                     for k in runs[True][0]}  # fmt: skip
+                        print("  seconds a round, each run: without "
+                              + ", ".join(f"{r['median_s']:.2f}" for r in runs[False])
+                              + "; with " + ", ".join(f"{r['median_s']:.2f}" for r in runs[True]))
                     finally:
                         sim_dash.terminate()
                         sim_dash.wait(10)
                     ratio = with_page["median_s"] / without["median_s"]
-                    print(f"{args.clients}-site simulation, {args.sim_rounds} rounds: "
+                    print(f"{args.clients}-site simulation, {args.sim_rounds} rounds, median of "
+                          f"{args.repeats} runs each: "
                           f"{without['median_s']:.2f} s a round without the page, "
                           f"{with_page['median_s']:.2f} s with it open (x{ratio:.3f}; goal: "
-                          f"no slower); dashboard CPU meanwhile "
-                          f"{100 * with_page['dashboard_cpu']:.2f}% of a core")  # fmt: skip
+                          f"no slower); meanwhile the dashboard used "
+                          f"{100 * with_page['dashboard_cpu']:.2f}% of a core and the browser "
+                          f"(here on the same 2 cores) "
+                          f"{100 * with_page['browser_cpu']:.1f}%")  # fmt: skip
                     results.update(sim_without=without["median_s"], sim_with=with_page["median_s"],
-                                   sim_ratio=ratio, sim_dashboard_cpu=with_page["dashboard_cpu"])
+                                   sim_ratio=ratio, sim_dashboard_cpu=with_page["dashboard_cpu"],
+                                   sim_browser_cpu=with_page["browser_cpu"])
                 browser.close()
         finally:
             dashboard.terminate()

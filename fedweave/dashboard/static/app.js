@@ -352,13 +352,23 @@
             el("td", { text: headline(r) }),
             el("td", { class: "small reason", text: [r.failed, ...(r.warnings || [])].filter(Boolean).join("; ") || "" })))));
     }
+    // Redraw only what a poll changed: a page left open on a live run costs its browser
+    // little (and the sites' machine nothing, where the browser runs beside them).
+    let shown = { state: "", matrix: "" };
     function apply(d) {
-      for (const r of d.rounds) rounds.set(r.round, r);
+      const fresh = d.rounds.filter((r) => JSON.stringify(rounds.get(r.round)) !== JSON.stringify(r));
+      for (const r of fresh) rounds.set(r.round, r);
       const names = d.metric_names || [];
-      if (!chartSet || names.join() !== known.join()) { known = names; chartSet = buildCharts(names); }
-      drawHead(d); drawAlerts(d); drawFlight(d); drawCharts(); drawSites(d); drawRecent();
-      best.textContent = d.best ? `best round ${d.best.round} by ${d.best.metric}: ${num(d.best.value)}` : "";
-      if (!gossip) drawMatrix(d);
+      if (!chartSet || names.join() !== known.join()) { known = names; chartSet = buildCharts(names); fresh.push(null); }
+      const state = JSON.stringify([d.run, d.alerts, d.in_flight, d.sites, d.peers, d.best]);
+      if (state !== shown.state) {
+        drawHead(d); drawAlerts(d); drawFlight(d); drawSites(d);
+        best.textContent = d.best ? `best round ${d.best.round} by ${d.best.metric}: ${num(d.best.value)}` : "";
+        shown.state = state;
+      }
+      if (fresh.length) { drawCharts(); drawRecent(); }
+      const matrixKey = JSON.stringify(d.cross_site || null);
+      if (!gossip && matrixKey !== shown.matrix) { drawMatrix(d); shown.matrix = matrixKey; }
       main.dataset.rounds = String(rounds.size);
       performance.mark("fedweave-drawn");
     }
