@@ -149,6 +149,7 @@ def test_a_live_run_in_a_browser(tmp_path: Path) -> None:
 
             page.goto(base + "/")
             expect(page.locator(f'tr[data-run="{deployed_id}"] .badge.alert')).to_be_visible()
+            page.screenshot(path=ARTEFACTS / "dashboard-runs-alert.png", full_page=True)
 
             signal_tree(hung, signal.SIGCONT)
             hung = None
