@@ -287,6 +287,16 @@ def test_the_command_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
     assert hashlib.sha256(old.read_bytes()).hexdigest() == before
     _one_line_error(_fedweave("dashboard", "--db", url, "--auth-file", str(tmp_path / "none"),
                               cwd=tmp_path), "cannot read it")  # fmt: skip
+    # the coordinator's and the site's endpoints hold to the same rules
+    assert _fedweave("certs", "init", "--out", "tls", "--host", "localhost",
+                     cwd=tmp_path).returncode == 0  # fmt: skip
+    _one_line_error(_fedweave("coordinator", "--tls-dir", "tls", "--metrics-address",
+                              "0.0.0.0:9100", "--db", url, "--allow-unregistered-sites",
+                              cwd=tmp_path),
+                    "--metrics-address 0.0.0.0:9100", "give --auth-file")  # fmt: skip
+    _one_line_error(_fedweave("client", "--coordinator", "127.0.0.1:9", "--data", "x.npz",
+                              "--insecure", "--status-address", "0.0.0.0:8081", cwd=tmp_path),
+                    "--status-address 0.0.0.0:8081", "loopback")  # fmt: skip
 
 
 def test_served_over_tls_with_a_credential(tmp_path: Path) -> None:

@@ -83,16 +83,18 @@ def _serve(
         store.close()
 
 
-@dashboard_app.command("add-credential")
+@dashboard_app.command(
+    "add-credential",
+    help="Add a credential to an --auth-file and print its password once (only its scrypt "
+    "hash is kept): NAME and the password for HTTP basic auth, or the password alone as a "
+    "bearer token.",
+)
 def add_credential(
     name: Annotated[str, typer.Argument(help="Who the credential is for (e.g. prometheus).")],
     auth_file: Annotated[
         Path, typer.Option(help="The credential file to add it to (made 0600 if new).")
     ],
 ) -> None:
-    """Add a credential to an --auth-file and print its password once (only its scrypt hash
-    is kept): NAME and the password for HTTP basic auth, or the password alone as a bearer
-    token."""
     from fedweave.dashboard.security import write_credential
 
     with user_errors_as_one_line():
