@@ -294,6 +294,9 @@ def test_the_command_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
                               "0.0.0.0:9100", "--db", url, "--allow-unregistered-sites",
                               cwd=tmp_path),
                     "--metrics-address 0.0.0.0:9100", "give --auth-file")  # fmt: skip
+    import numpy as np
+
+    np.savez(tmp_path / "x.npz", x=np.zeros((20, 64), np.float32), y=np.arange(20) % 10)
     _one_line_error(_fedweave("client", "--coordinator", "127.0.0.1:9", "--data", "x.npz",
                               "--insecure", "--status-address", "0.0.0.0:8081", cwd=tmp_path),
                     "--status-address 0.0.0.0:8081", "loopback")  # fmt: skip
