@@ -34,7 +34,10 @@ from fedweave.contract import (
     SECAGG_CLIP_KEY,
     SECAGG_MAX_WEIGHT_KEY,
     SEED_KEY,
+    SIMULATED_DEADLINE_KEY,
+    SIMULATED_SECONDS_METRIC,
     SITE_NAME_METRIC,
+    SITE_SPEEDS_KEY,
     STATISTICS_KEY,
     STATISTICS_STAGE_KEY,
     WEIGHT_DECAY_KEY,
@@ -161,6 +164,9 @@ class TaskClient(NumPyClient):
 
     def fit(self, parameters: list[np.ndarray], config: dict) -> tuple[list[np.ndarray], int, dict]:
         work = float(config.get(WORK_FRACTION_KEY, 1.0))
+        simulated = None
+        if SITE_SPEEDS_KEY in config and not config.get(STATISTICS_STAGE_KEY):
+            work, simulated = self._simulated_job(parameters, config)
         if work < 1.0 and bool(config.get(DROPS_PARTIAL_WORK_KEY, False)):
             raise LateWork(
                 f"simulated straggler: {100 * work:.0f}% of its local work done by the "
@@ -193,7 +199,35 @@ class TaskClient(NumPyClient):
         metrics = dict(self.task.train(self.model, data, train_config))
         if self.site_name:
             metrics[SITE_NAME_METRIC] = self.site_name
+        if simulated is not None:
+            metrics[SIMULATED_SECONDS_METRIC] = simulated
         return get_weights(self.model), len(data), metrics
+
+    def _simulated_job(self, parameters: list[np.ndarray], config: dict) -> tuple[float, float]:
+        """(share of its local work this site does, simulated seconds its job takes) on the
+        run's simulated clock (``--site-speeds``): a site too slow for the simulated deadline
+        does the part that fits (FedProx) or answers ``late`` (a strategy that drops partial
+        work)."""
+        from fedweave.learning.site_speeds import MIN_WORK_FRACTION, SiteSpeeds, share_done_by
+
+        speeds = SiteSpeeds.parse(str(config[SITE_SPEEDS_KEY]), int(config.get(SEED_KEY, 0)))
+        epochs = int(config.get(LOCAL_EPOCHS_KEY, self.config.epochs))
+        training, transfer = speeds.compute_and_link(
+            self.site_name or str(self.site_index), len(self.data), epochs,
+            sum(int(np.asarray(p).nbytes) for p in parameters),
+        )  # fmt: skip
+        deadline = config.get(SIMULATED_DEADLINE_KEY)
+        if deadline is None:
+            return 1.0, training + transfer
+        share = share_done_by(float(deadline), training, transfer)
+        if share >= 1.0:
+            return 1.0, training + transfer
+        if bool(config.get(DROPS_PARTIAL_WORK_KEY, False)) or share <= 0.0:
+            raise LateWork(
+                f"simulated: its job takes {training + transfer:.1f} s of the simulated "
+                f"deadline's {float(deadline):g} s, and the strategy drops partial work"
+            )
+        return max(share, MIN_WORK_FRACTION), float(deadline)
 
     def _prepared(self, config: dict, data: Any) -> Any:
         """``data`` (the site's training or evaluation part) as the task reads it, with the

@@ -128,6 +128,12 @@ class HistoryRecorder:
             extra={
                 "seconds": summary.seconds,
                 "deadline_seconds": summary.deadline_seconds,
+                **(
+                    {"simulated_seconds": summary.simulated_seconds,
+                     "simulated_clock": summary.simulated_clock}
+                    if summary.simulated_clock is not None
+                    else {}
+                ),  # fmt: skip
                 "warnings": summary.warnings,
                 **({"failed": summary.failed} if summary.failed else {}),
                 **({"statistics": summary.statistics} if summary.statistics else {}),

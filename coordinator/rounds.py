@@ -41,6 +41,8 @@ class RoundSummary:
             the model (``"global"`` or its owner site) in ``metrics["model"]``.
         deadline_seconds: how long the round's training waited for its sites (``None``: no
             deadline).
+        simulated_seconds / simulated_clock: with ``--site-speeds``, the round's length and
+            the run's time at its end on the simulated clock (``None`` without one).
     """
 
     round: int
@@ -60,6 +62,8 @@ class RoundSummary:
     evaluations: list[SiteResult] = field(default_factory=list)
     cross_site: list[SiteResult] = field(default_factory=list)
     deadline_seconds: float | None = None
+    simulated_seconds: float | None = None
+    simulated_clock: float | None = None
 
     @property
     def sampled(self) -> int:

@@ -71,7 +71,28 @@ def protections(
             "fraction_evaluate": config.evaluation.fraction_evaluate,
             "private": config.evaluation.private_evaluation,
         },
+        **_schedule(config, cohort),
     }
+
+
+def _schedule(config: RunConfig, cohort: int) -> dict[str, Any]:
+    """An asynchronous schedule and a simulated clock, when the run has them."""
+    federation, simulation = config.federation, config.simulation
+    found: dict[str, Any] = {}
+    if federation.schedule == "async":
+        from fedweave.coordinator.server_app import ServerSettings
+
+        found["schedule"] = {
+            "kind": "async",
+            "buffer": ServerSettings(config, cohort, config.training.rounds).buffer,
+            "max_staleness": federation.max_staleness,
+        }
+    if simulation.site_speeds is not None:
+        found["simulated_clock"] = {
+            "site_speeds": simulation.site_speeds,
+            "deadline": simulation.simulated_deadline,
+        }
+    return found
 
 
 def _on_off(value: bool | None, on: str, off: str) -> str:
@@ -123,11 +144,31 @@ def header_line(facts: dict[str, Any]) -> str:
         if stragglers
         else ""
     )
+    schedule = facts.get("schedule")
+    if schedule:
+        stale = schedule.get("max_staleness")
+        return (
+            f"SecAgg+ {secure}; strategy {facts['strategy']}; asynchronous (FedBuff): the model "
+            f"moves every {schedule['buffer']} site updates, each weighted by its staleness"
+            + (f", discarded beyond {stale} steps" if stale is not None else "")
+            + "; evaluation central, every step" + _clock_text(facts)
+        )
     return (
         f"SecAgg+ {secure}; TLS {_on_off(facts['tls'], 'on', 'OFF')}; site authentication "
         f"{_on_off(facts['site_authentication'], 'required', 'OFF (any CA holder joins)')}; "
         f"DP {dp_text}; strategy "
         f"{facts['strategy']}; {facts['sites_per_round']} sites a round; round deadline "
         f"{deadline}, min replies {facts['min_replies']}{straggling}; evaluation "
-        f"{' + '.join(scored) or 'none'}"
+        f"{' + '.join(scored) or 'none'}" + _clock_text(facts)
+    )
+
+
+def _clock_text(facts: dict[str, Any]) -> str:
+    clock = facts.get("simulated_clock")
+    if not clock:
+        return ""
+    deadline = clock.get("deadline")
+    return (
+        f"; simulated clock: sites {clock['site_speeds']}"
+        + (f", rounds close {deadline:g} simulated s after they start" if deadline else "")
     )

@@ -21,6 +21,7 @@ from fedweave.contract import (
     BATCH_SIZE_KEY,
     CLIP_GRAD_NORM_KEY,
     DELIVERY_ALLOWANCE_KEY,
+    DROPS_PARTIAL_WORK_KEY,
     LOCAL_EPOCHS_KEY,
     LR_KEY,
     MAX_CLOCK_SKEW_KEY,
@@ -30,6 +31,8 @@ from fedweave.contract import (
     SECAGG_CLIP_KEY,
     SECAGG_MAX_WEIGHT_KEY,
     SEED_KEY,
+    SIMULATED_DEADLINE_KEY,
+    SITE_SPEEDS_KEY,
     WEIGHT_DECAY_KEY,
 )
 from fedweave.coordinator.deadlines import (
@@ -49,6 +52,7 @@ from fedweave.coordinator.secure_agg import (
     derive_shares,
     make_secagg_workflow,
 )
+from fedweave.coordinator.simulated_clock import SimulatedClock
 from fedweave.coordinator.site_names import SiteNames
 from fedweave.coordinator.site_outcomes import OutcomeGrid, SiteReplies
 from fedweave.coordinator.statistics import StatisticsFirst, StatisticsSink, WithStatistics
@@ -104,11 +108,73 @@ class ServerSettings:
                 f"{self.min_clients} sites, fewer than the {MIN_SECAGG_COHORT} a private "
                 "evaluation sums over; raise --fraction-evaluate (or --min-clients)"
             )
+        self._check_schedule()
         min_replies = self.config.federation.min_replies
         if min_replies is not None and min_replies > self.cohort:
             raise UserError(
                 f"--min-replies {min_replies} is more than the {self.cohort} sites sampled "
                 "per round; lower it or sample more sites (--clients-per-round, --min-clients)"
+            )
+
+    @property
+    def site_speeds(self):
+        """The run's ``SiteSpeeds`` (``--site-speeds``), or None: no simulated clock."""
+        from fedweave.learning.site_speeds import SiteSpeeds
+
+        spec = self.config.simulation.site_speeds
+        return None if spec is None else SiteSpeeds.parse(spec, self.config.training.seed)
+
+    @property
+    def buffer(self) -> int:
+        """Async: site updates per model step (``--buffer``; default a third of the sites,
+        at least 2, at most all)."""
+        given = self.config.federation.buffer
+        return given if given is not None else min(self.min_clients, max(2, self.min_clients // 3))
+
+    def _check_schedule(self) -> None:
+        """Refuse what the simulated clock and the asynchronous schedule cannot do."""
+        federation, simulation = self.config.federation, self.config.simulation
+        speeds = self.site_speeds  # a spec that does not parse: its one line
+        if simulation.simulated_deadline is not None and speeds is None:
+            raise UserError(
+                "--simulated-deadline needs a simulated clock: give --site-speeds too"
+            )
+        if speeds is not None and simulation.stragglers > 0:
+            raise UserError(
+                "--stragglers and --site-speeds both make slow sites; pick one"
+            )
+        if federation.schedule != "async":
+            for flag, value in (("--buffer", federation.buffer),
+                                ("--max-staleness", federation.max_staleness)):  # fmt: skip
+                if value is not None:
+                    raise UserError(f"{flag} is for --schedule async; drop it or add that")
+            return
+        if self.secure_agg:
+            raise UserError(
+                "--schedule async under SecAgg+ is not built yet (each buffer would need its "
+                "own SecAgg+ cohort); add --no-secure-agg"
+            )
+        if federation.strategy not in ("fedavg", "fedprox"):
+            raise UserError(
+                f"--strategy {federation.strategy} works on a round's whole cohort, which an "
+                "asynchronous schedule never gathers; use fedavg or fedprox with --schedule async"
+            )
+        if self.config.privacy.dp == "central":
+            raise UserError("central DP clips a round's cohort; --schedule async cannot use it")
+        if self.buffer > self.min_clients:
+            raise UserError(
+                f"--buffer {self.buffer} is more than the {self.min_clients} sites; a model "
+                "step could never gather it: lower --buffer"
+            )
+        if simulation.simulated_deadline is not None:
+            raise UserError(
+                "--simulated-deadline closes synchronous rounds; an asynchronous schedule has "
+                "none (bound old updates with --max-staleness)"
+            )
+        if federation.clients_per_round is not None:
+            raise UserError(
+                "--clients-per-round samples synchronous rounds; with --schedule async every "
+                "site trains all the time"
             )
 
     def _check_stragglers_fit_secagg(self, shares: int, threshold: int) -> None:
@@ -186,6 +252,13 @@ class ServerSettings:
         if self.secure_agg:
             config[SECAGG_CLIP_KEY] = self.secagg.clipping_range
             config[SECAGG_MAX_WEIGHT_KEY] = self.secagg.max_weight
+        speeds = self.site_speeds
+        if speeds is not None:
+            config[SITE_SPEEDS_KEY] = speeds.spec
+            deadline = self.config.simulation.simulated_deadline
+            if deadline is not None:
+                config[SIMULATED_DEADLINE_KEY] = deadline
+                config[DROPS_PARTIAL_WORK_KEY] = self.config.federation.strategy != "fedprox"
         config.update(local_dp_config(self.config.privacy))
         return config
 
@@ -276,23 +349,29 @@ def make_server_app(
     listeners: Sequence[RoundListener] = (),
     statistics: dict[str, Any] | None = None,
     round_starts: Sequence[RoundStartListener] = (),
+    clock_start: float = 0.0,
 ) -> ServerApp:
     """A ServerApp that runs ``settings.rounds`` rounds from ``start_weights``; a task that
     needs federated statistics gathers them first, unless ``statistics`` (a resumed run's
     recorded ones) are given. ``listeners`` hear of every finished round, ``round_starts`` of
-    every round as it starts."""
+    every round as it starts; ``clock_start``: a resumed run's simulated clock
+    (``--site-speeds``). ``--schedule async`` runs ``fedbuff.py``'s app instead."""
     settings.check()
     config = settings.config
     check_scoring(config, test_data)
     deadline = settings.deadline(test_data)
     task = load_task(config.data.task)
     sink = StatisticsSink(statistics)
-    listeners = [
-        deadline,
-        WithStatistics(
-            [SiteNames([ModelHealth(listeners, int(getattr(task, "num_classes", 0)))])], sink
-        ),
-    ]
+    if config.federation.schedule == "async":
+        from fedweave.coordinator.fedbuff import make_fedbuff_server_app
+
+        return make_fedbuff_server_app(
+            settings, test_data, start_weights, listeners, round_starts, clock_start
+        )
+    named = [SiteNames([ModelHealth(listeners, int(getattr(task, "num_classes", 0)))])]
+    if settings.site_speeds is not None:
+        named = [SimulatedClock(named, config.simulation.simulated_deadline, clock_start)]
+    listeners = [deadline, WithStatistics(named, sink)]
     app = ServerApp()
 
     @app.main()

@@ -16,9 +16,7 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
 from fedweave.contract import DROPS_PARTIAL_WORK_KEY, WORK_FRACTION_KEY
-
-MIN_WORK_FRACTION = 0.01
-"""A straggler still finishes at least this share of its work (and at least one step)."""
+from fedweave.learning.site_speeds import MIN_WORK_FRACTION
 
 
 def pick_stragglers(

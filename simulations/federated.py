@@ -54,6 +54,11 @@ class _Collector:
                 "seconds": summary.seconds,
                 "replied": summary.replied,
                 "failed": summary.sampled - summary.replied,
+                **(
+                    {"simulated_clock": summary.simulated_clock}
+                    if summary.simulated_clock is not None
+                    else {}
+                ),
             }
         )
 
@@ -94,6 +99,7 @@ def run_federated_simulation(
     statistics: dict | None = None,
     test_data: Any = None,
     round_starts: Sequence[RoundStartListener] = (),
+    clock_start: float = 0.0,
 ) -> list[dict]:
     """Split the data, run ``rounds - round_offset`` rounds, return the report rows.
 
@@ -107,6 +113,8 @@ def run_federated_simulation(
         test_data: the held-out data, when the caller has read it and checked the site
             files already (``--data-dir``); default: read here.
         round_starts: told as each round's sites are asked (the history's round in flight).
+        clock_start: the simulated clock a resumed run's rounds continue from
+            (``--site-speeds``).
     """
     from flwr.simulation import run_simulation
 
@@ -145,7 +153,8 @@ def run_federated_simulation(
             else initial_weights(data.task, config.training.seed)
         )
         server_app = make_server_app(
-            settings, test_data, weights, [collector, *listeners], statistics, round_starts
+            settings, test_data, weights, [collector, *listeners], statistics, round_starts,
+            clock_start,
         )
         client_app = make_client_app(
             ClientSettings(

@@ -11,7 +11,7 @@ from fedweave.config import Resolved, RunConfig
 from fedweave.coordinator.history_recorder import evaluation_extra
 from fedweave.coordinator.rounds import RoundSummary, shown
 from fedweave.coordinator.run_header import header_line, protections
-from fedweave.history.metrics import recorded_statistics
+from fedweave.history.metrics import recorded_clock, recorded_statistics
 from fedweave.learning.data import load_site_data
 from fedweave.learning.statistics import pinned_schema
 from fedweave.learning.task import load_task
@@ -107,6 +107,7 @@ def run_and_report(config: RunConfig, resolved: Resolved) -> dict:
                 statistics=recorded_statistics(store.rounds(run_id)) if offset else None,
                 test_data=test if config.data.data_dir is not None else None,
                 round_starts=[recorder],
+                clock_start=recorded_clock(store.rounds(run_id)) if offset else 0.0,
             )
         recorder.flush()
     except KeyboardInterrupt:

@@ -135,6 +135,22 @@ class FederationSection:
         "reconstruction threshold).",
         minimum=1,
     )
+    schedule: str = setting(
+        "sync",
+        "sync: rounds wait for their sampled sites (or their deadline); async: buffered "
+        "asynchronous aggregation (FedBuff): every site trains on the newest model it has "
+        "and the model moves every --buffer arrivals, each weighted down by its staleness "
+        "(simulation only; fedavg or fedprox, --no-secure-agg).",
+        choices=("sync", "async"),
+    )
+    buffer: int | None = setting(
+        None, "Async: site updates per model step (default: a third of the sites, at least 2).",
+        minimum=1,
+    )
+    max_staleness: int | None = setting(
+        None, "Async: discard (and record) an update trained on a model more than this many "
+        "steps old (default: none is discarded).", minimum=0,
+    )
 
 
 @dataclass(frozen=True)
@@ -332,6 +348,16 @@ class SimulationSection:
     )
     gpus_per_peer: float = setting(
         0.0, "Gossip: GPU share per peer (0.5 = two per GPU).", minimum=0, identity=False
+    )
+    site_speeds: str | None = setting(
+        None, "Federated: sites of unequal speed on a simulated clock: equal, lognormal:SIGMA or "
+        "pareto:ALPHA (each site's compute and link factor, fixed by --seed and its name); "
+        "each round records its simulated seconds. Default: no simulated clock.",
+    )
+    simulated_deadline: float | None = setting(
+        None, "Federated, with --site-speeds: a synchronous round closes this many simulated "
+        "seconds after it starts; slower sites are late (fedprox counts the part they did). "
+        "Default: rounds wait for their slowest site.", above=0,
     )
     stragglers: float = setting(
         0.0, "Federated: share of each round's sampled sites that are stragglers and finish only "
@@ -542,6 +568,7 @@ _FEDERATION = (
     "clients_per_round", "strategy", "proximal_mu", "max_update_norm", "round_timeout",
     "min_replies",
 )  # fmt: skip
+_SCHEDULE = ("schedule", "buffer", "max_staleness", "site_speeds", "simulated_deadline")
 _SECAGG = ("secure_agg", "secagg_timeout")
 _EVALUATION = (
     "fraction_evaluate", "evaluate_every", "cross_site", "private_evaluation", "select_metric",
@@ -551,8 +578,8 @@ _PRIVACY = ("dp", "noise_multiplier", "clipping_norm", "dp_epsilon", "dp_delta")
 
 COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
     "simulate": (
-        "mode", *_SPLIT, "data_dir", "test_data", *_TRAINING, *_FEDERATION, *_EVALUATION,
-        "eval_fraction", *_SECAGG, *_PRIVACY,
+        "mode", *_SPLIT, "data_dir", "test_data", *_TRAINING, *_FEDERATION, *_SCHEDULE,
+        *_EVALUATION, "eval_fraction", *_SECAGG, *_PRIVACY,
         "stragglers", "fanout", "mix", "group_exchange", "round_interval", "exchange_timeout",
         "kill", "insecure",
         "gpus_per_client", "gpus_per_peer", "ray_address", "split_dir", "out", "db",

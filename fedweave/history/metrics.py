@@ -161,6 +161,15 @@ def recorded_statistics(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     return None
 
 
+def recorded_clock(rows: list[dict[str, Any]]) -> float:
+    """The simulated clock at the run's last recorded round (``--site-speeds``; 0 without)."""
+    for row in reversed(rows):
+        clock = (row.get("extra") or {}).get("simulated_clock")
+        if isinstance(clock, (int, float)):
+            return float(clock)
+    return 0.0
+
+
 def cross_site_matrix(
     rows: list[dict[str, Any]], metric: str
 ) -> tuple[list[str], list[str], dict[tuple[str, str], str]] | None:
