@@ -24,7 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-METHODS = ("fedbuff", "fedavg", "fedprox")
+METHODS = ("fedbuff", "fedavg", "fedavg-wait", "fedprox")
+"""fedavg and fedprox close rounds at --deadline; fedavg-wait waits for every site."""
 
 
 def run(method: str, args: argparse.Namespace, seed: int, work: Path) -> dict:
@@ -39,7 +40,10 @@ def run(method: str, args: argparse.Namespace, seed: int, work: Path) -> dict:
     ]  # fmt: skip
     if method == "fedbuff":
         extra = ["--schedule", "async", "--buffer", str(args.buffer), "--max-staleness",
-                 str(args.max_staleness), "--rounds", str(args.async_rounds)]  # fmt: skip
+                 str(args.max_staleness), "--server-lr", str(args.server_lr),
+                 "--rounds", str(args.async_rounds)]  # fmt: skip
+    elif method == "fedavg-wait":
+        extra = ["--strategy", "fedavg", "--rounds", str(args.sync_rounds)]
     else:
         extra = ["--strategy", method, "--simulated-deadline", str(args.deadline),
                  "--rounds", str(args.sync_rounds)]  # fmt: skip
@@ -72,6 +76,7 @@ def main() -> None:
     parser.add_argument("--local-epochs", type=int, default=1)
     parser.add_argument("--buffer", type=int, default=10)
     parser.add_argument("--max-staleness", type=int, default=20)
+    parser.add_argument("--server-lr", type=float, default=1.0, help="FedBuff's --server-lr")
     parser.add_argument("--deadline", type=float, default=2.0,
                         help="synchronous runs' --simulated-deadline (s)")  # fmt: skip
     parser.add_argument("--sync-rounds", type=int, default=30)
@@ -86,14 +91,14 @@ def main() -> None:
                 results[method][seed] = found
                 reached = found["reached_s"]
                 print(
-                    f"{args.task} seed {seed} {method:8s}: target {args.target:g} at "
+                    f"{args.task} seed {seed} {method:11s}: target {args.target:g} at "
                     + (f"{reached:8.1f} s" if reached is not None else "   never  ")
                     + f" simulated; final accuracy {found['final']:.4f} after "
                     f"{found['rounds']} steps, {found['clock_end']:.1f} s simulated "
                     f"({found['wall_s']:.0f} s of wall clock)",
                     flush=True,
                 )
-    for method in ("fedavg", "fedprox"):
+    for method in ("fedavg", "fedavg-wait", "fedprox"):
         ratios = [
             results["fedbuff"][s]["reached_s"] / results[method][s]["reached_s"]
             for s in args.seeds

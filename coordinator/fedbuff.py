@@ -6,9 +6,10 @@ step ``v`` that arrives at step ``v'`` is ``v' - v`` steps stale; it is weighted
 ``staleness_weight`` (the paper's ``1 / sqrt(1 + staleness)``) and discarded beyond
 ``--max-staleness``. A step applies, with the buffer's examples as FedAvg weights ``p``::
 
-    w <- w + sum_j p_j * staleness_weight(staleness_j) * (w_j - w_at_its_start_j)
+    w <- w + server_lr * sum_j p_j * staleness_weight(staleness_j) * (w_j - w_at_its_start_j)
 
-so a buffer of fresh updates is a FedAvg step, and stale ones move the model less. Each
+so a buffer of fresh updates is a FedAvg step (``--server-lr`` 1, the default), and stale
+ones move the model less. Each
 applied buffer is a round of the history: its members with their staleness (site metric
 ``staleness``), the discarded ones recorded ``late`` with the reason, the central evaluation
 of the new model, and the simulated clock.
@@ -139,6 +140,7 @@ def make_fedbuff_server_app(
     evaluate = make_central_evaluator(config.data.task, test_data, config.training.device)
     told = [ModelHealth(listeners, int(getattr(task, "num_classes", 0)))]
     buffer_size, max_staleness = settings.buffer, config.federation.max_staleness
+    server_lr = config.federation.server_lr or 1.0
     epochs = config.training.local_epochs
     extra_config = (
         {"proximal_mu": config.federation.proximal_mu}
@@ -232,7 +234,9 @@ def make_fedbuff_server_app(
                 raise UserError("every site of the asynchronous run failed; see their reasons")
             update, train_metrics, member_results = _apply(models, version, members, sites)
             version += 1
-            models[version] = [w + u for w, u in zip(models[version - 1], update)]
+            models[version] = [
+                w + (server_lr * u).astype(w.dtype) for w, u in zip(models[version - 1], update)
+            ]
             referenced = {job.version for job in pending} | {version}
             for old in [v for v in models if v not in referenced]:
                 del models[old]

@@ -145,7 +145,8 @@ class ServerSettings:
             )
         if federation.schedule != "async":
             for flag, value in (("--buffer", federation.buffer),
-                                ("--max-staleness", federation.max_staleness)):  # fmt: skip
+                                ("--max-staleness", federation.max_staleness),
+                                ("--server-lr", federation.server_lr)):  # fmt: skip
                 if value is not None:
                     raise UserError(f"{flag} is for --schedule async; drop it or add that")
             return

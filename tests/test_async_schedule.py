@@ -63,6 +63,7 @@ def test_stale_updates_count_less():
         ({"schedule": "async", "clients_per_round": 3}, "--clients-per-round samples"),
         ({"buffer": 3}, "--buffer is for --schedule async"),
         ({"max_staleness": 2}, "--max-staleness is for --schedule async"),
+        ({"server_lr": 0.5}, "--server-lr is for --schedule async"),
         ({"simulated_deadline": 5.0}, "--simulated-deadline needs a simulated clock"),
         ({"site_speeds": "lognormal:1", "stragglers": 0.2}, "pick one"),
         ({"site_speeds": "warp:9"}, "unknown spread 'warp'"),

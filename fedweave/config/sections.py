@@ -151,6 +151,10 @@ class FederationSection:
         None, "Async: discard (and record) an update trained on a model more than this many "
         "steps old (default: none is discarded).", minimum=0,
     )
+    server_lr: float | None = setting(
+        None, "Async: how far each step moves the model, times the buffer's staleness-weighted "
+        "mean update (FedBuff's server learning rate; default 1).", above=0,
+    )
 
 
 @dataclass(frozen=True)
@@ -568,7 +572,9 @@ _FEDERATION = (
     "clients_per_round", "strategy", "proximal_mu", "max_update_norm", "round_timeout",
     "min_replies",
 )  # fmt: skip
-_SCHEDULE = ("schedule", "buffer", "max_staleness", "site_speeds", "simulated_deadline")
+_SCHEDULE = (
+    "schedule", "buffer", "max_staleness", "server_lr", "site_speeds", "simulated_deadline",
+)  # fmt: skip
 _SECAGG = ("secure_agg", "secagg_timeout")
 _EVALUATION = (
     "fraction_evaluate", "evaluate_every", "cross_site", "private_evaluation", "select_metric",
