@@ -57,9 +57,10 @@ def test_a_site_whose_clock_is_behind_is_refused_recorded_and_the_run_goes_on(tm
     finally:
         procs.close()
     for failed in refused_every_round(db, rounds=2, sites=4):
-        # 120 s less the instruction's delivery time, rounded
+        # 120 s less the instruction's delivery time, rounded (2 s of delivery was seen on
+        # a loaded CI machine: 118 s)
         assert re.match(
-            r"this site's clock is 1(19|20) s behind the coordinator's \(at most 60 s",
+            r"this site's clock is 1(1[0-9]|20) s behind the coordinator's \(at most 60 s",
             failed["reason"],
         ), failed
     assert "s behind the coordinator's" in out
