@@ -30,8 +30,10 @@ from flwr.clientapp.typing import ClientAppCallable, Mod
 from flwr.common import parameters_to_ndarrays
 from flwr.compat.common import recorddict_compat as compat
 
+from fedweave.client.compression_mod import compression_when_asked
 from fedweave.contract import (
     CLIPPED_FRACTION_METRIC,
+    COMPRESSION_METRIC,
     DELIVERY_ALLOWANCE_KEY,
     LOCAL_DP_KEYS,
     MAX_CLOCK_SKEW_KEY,
@@ -218,6 +220,8 @@ def site_console_mod(msg: Message, context: Context, call_next: ClientAppCallabl
     num_examples = int(counts.get("num_examples", 0))
     metrics = dict(reply.content.config_records.get("fitres.metrics") or {})
     sent = "masked (SecAgg+)" if SECAGG_CLIP_KEY in config else "in the clear"
+    if metrics.get(COMPRESSION_METRIC):
+        sent = f"in the clear, {metrics[COMPRESSION_METRIC]}-compressed ({_sent_bytes(reply)})"
     stage = config.get(STATISTICS_STAGE_KEY)
     masked = SECAGG_CLIP_KEY in config
     if stage:
@@ -242,6 +246,12 @@ def site_console_mod(msg: Message, context: Context, call_next: ClientAppCallabl
     site_record(msg, outcome="ok", part="training", examples=num_examples,
                 metrics=_numbers(metrics), masked=masked)  # fmt: skip
     return reply
+
+
+def _sent_bytes(reply: Message) -> str:
+    record = reply.content.array_records.get("fitres.parameters")
+    size = sum(len(array.data) for array in record.values()) if record is not None else 0
+    return f"{size / 1024:.1f} KiB" if size < 1 << 20 else f"{size / (1 << 20):.1f} MiB"
 
 
 def _evaluation_line(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
@@ -354,13 +364,16 @@ def local_dp_when_asked(msg: Message, context: Context, call_next: ClientAppCall
 def site_mods(site_name_of: SiteNameOf = node_site_name) -> list[Mod]:
     """Every site mod, outermost first: every outcome becomes a reply with its code and the
     site's name (``site_name_of``); late rounds and a wrong clock are refused before anything
-    else; SecAgg+ masks what the update check has passed, after DP has clipped or noised it."""
+    else; SecAgg+ masks what the update check has passed, after DP has clipped or noised it;
+    ``--compress`` compresses the same (never under SecAgg+: the coordinator refuses both)."""
+
     return [
         answering_outcomes(site_name_of),
         stale_round_guard,
         clock_guard,
         secagg_when_asked,
         site_console_mod,
+        compression_when_asked,
         update_check_mod,
         central_dp_clipping_when_asked,
         local_dp_when_asked,

@@ -125,6 +125,8 @@ class HistoryRecorder:
             eval_loss=summary.loss,
             eval_accuracy=summary.accuracy,
             model_sha256=weights_sha256(summary.weights),
+            bytes_in=summary.bytes_in,
+            bytes_out=summary.bytes_out,
             extra={
                 "seconds": summary.seconds,
                 "deadline_seconds": summary.deadline_seconds,

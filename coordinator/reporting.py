@@ -32,7 +32,9 @@ from flwr.server.strategy import Strategy
 
 from fedweave.contract import (
     CLIPPED_FRACTION_METRIC,
+    COMPRESSION_METRIC,
     CROSS_SITE_MODEL_KEY,
+    UPLINK_BYTES_METRIC,
     bounded_site_metrics,
     one_line,
 )
@@ -46,8 +48,10 @@ from fedweave.coordinator.federated_evaluation import (
 )
 from fedweave.coordinator.rounds import RoundListener, RoundStartListener, RoundSummary
 from fedweave.coordinator.site_outcomes import SiteReplies, failure_said
+from fedweave.coordinator.traffic import Traffic
 from fedweave.flower_patches.secagg_masks import unflatten
 from fedweave.history.records import RoundInFlight, SiteResult
+from fedweave.learning.compression import Compression, CompressionMismatch
 from fedweave.learning.validation import update_problem
 
 log = logging.getLogger("fedweave.coordinator")
@@ -153,6 +157,13 @@ class ReportingStrategy(Strategy):
         After ``last_round``'s training, every connected site scores the final global model
         and, under plain aggregation, each site's own last model (under SecAgg+ the
         coordinator never holds one); the matrix goes with the round's summary.
+    compression : Compression | None (default: None)
+        The run's ``--compress``: each site sends its update in this format, which is decoded
+        against the round's global model before any check; an update in another format is
+        recorded ``rejected`` with what differs. ``None``: sites send their models.
+    traffic : Traffic | None (default: None)
+        The bytes the run's grid counted (``traffic.py``): each site's result gets its
+        uplink bytes and the round its bytes in and out. ``None``: not recorded.
     """
 
     def __init__(
@@ -171,8 +182,12 @@ class ReportingStrategy(Strategy):
         last_round: int = 0,
         cross_site: bool = False,
         site_replies: SiteReplies | None = None,
+        compression: Compression | None = None,
+        traffic: Traffic | None = None,
     ) -> None:
         super().__init__()
+        self.compression = compression if compression is not None and compression.active else None
+        self.traffic = traffic
         self.site_replies = site_replies if site_replies is not None else SiteReplies()
         self._replies_mark = 0
         self.strategy = strategy
@@ -279,9 +294,11 @@ class ReportingStrategy(Strategy):
     ) -> list[tuple[ClientProxy, FitRes]]:
         accepted = []
         for proxy, res in results:
-            problem = update_problem(
-                parameters_to_ndarrays(res.parameters), self._global, self.max_update_norm
-            )
+            res, problem = self._decoded(res)
+            if problem is None:
+                problem = update_problem(
+                    parameters_to_ndarrays(res.parameters), self._global, self.max_update_norm
+                )
             if problem is None:
                 accepted.append((proxy, res))
                 self._sites.append(_site_ok(proxy, res))
@@ -293,6 +310,28 @@ class ReportingStrategy(Strategy):
                     )
                 )
         return accepted
+
+    def _decoded(self, res: FitRes) -> tuple[FitRes, str | None]:
+        """``res`` with the site's model in place of its compressed update (``compression``),
+        or why the update is not in the run's agreed format."""
+        if self.compression is None:
+            return res, None
+        agreed = self.compression.spec
+        said = res.metrics.get(COMPRESSION_METRIC)
+        if said != agreed:
+            return res, (
+                f"update sent {f'compressed as {said}' if said else 'uncompressed'}, but the "
+                f"run agreed --compress {agreed}"
+            )
+        try:
+            weights = self.compression.decode(parameters_to_ndarrays(res.parameters), self._global)
+        except CompressionMismatch as exc:
+            return res, f"update not in the run's --compress {agreed} format: {exc}"
+        decoded = FitRes(
+            status=res.status, parameters=ndarrays_to_parameters(weights),
+            num_examples=res.num_examples, metrics=res.metrics,
+        )  # fmt: skip
+        return decoded, None
 
     def _record_failures(self, server_round: int, failures: list) -> None:
         """Record each sampled site that did not reply with an update: what it said, bound to
@@ -456,12 +495,25 @@ class ReportingStrategy(Strategy):
         if not summary.central and summary.federated:
             summary.loss = summary.federated.get("loss")
             summary.accuracy = summary.federated.get("accuracy")
+        if self.traffic is not None:
+            self._note_traffic(summary)
         summary.seconds = time.perf_counter() - self._round_clock
         summary.ended_at = datetime.now(timezone.utc)
         for listener in self.listeners:
             listener.on_round(summary)
         self._pending = None
         self._round_started = None
+
+    def _note_traffic(self, summary: RoundSummary) -> None:
+        """The round's bytes in and out, and each training site's uplink bytes, as the grid
+        counted them (the round's Flower number is the summary's less the offset)."""
+        counted = self.traffic.of_round(summary.round - self.round_offset)
+        summary.bytes_in = sum(site.train_in + site.other_in for site in counted.values())
+        summary.bytes_out = sum(site.train_out + site.other_out for site in counted.values())
+        for result in summary.sites:
+            site = counted.get(int(result.site_id)) if result.site_id.isdigit() else None
+            if site is not None and site.train_in:
+                result.metrics = {**result.metrics, UPLINK_BYTES_METRIC: site.train_in}
 
     def evaluate(
         self, server_round: int, parameters: Parameters

@@ -43,6 +43,9 @@ class RoundSummary:
             deadline).
         simulated_seconds / simulated_clock: with ``--site-speeds``, the round's length and
             the run's time at its end on the simulated clock (``None`` without one).
+        bytes_in / bytes_out: data bytes the coordinator received from / sent to the sites
+            in this round, training and evaluation (``coordinator/traffic.py``; ``None``: not
+            counted).
     """
 
     round: int
@@ -64,6 +67,8 @@ class RoundSummary:
     deadline_seconds: float | None = None
     simulated_seconds: float | None = None
     simulated_clock: float | None = None
+    bytes_in: int | None = None
+    bytes_out: int | None = None
 
     @property
     def sampled(self) -> int:

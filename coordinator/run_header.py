@@ -76,7 +76,8 @@ def protections(
 
 
 def _schedule(config: RunConfig, cohort: int) -> dict[str, Any]:
-    """An asynchronous schedule and a simulated clock, when the run has them."""
+    """An asynchronous schedule, compressed updates and a simulated clock, when the run has
+    them."""
     federation, simulation = config.federation, config.simulation
     found: dict[str, Any] = {}
     if federation.schedule == "async":
@@ -87,6 +88,8 @@ def _schedule(config: RunConfig, cohort: int) -> dict[str, Any]:
             "buffer": ServerSettings(config, cohort, config.training.rounds).buffer,
             "max_staleness": federation.max_staleness,
         }
+    if federation.compress != "none":
+        found["compress"] = federation.compress
     if simulation.site_speeds is not None:
         found["simulated_clock"] = {
             "site_speeds": simulation.site_speeds,
@@ -159,8 +162,13 @@ def header_line(facts: dict[str, Any]) -> str:
         f"DP {dp_text}; strategy "
         f"{facts['strategy']}; {facts['sites_per_round']} sites a round; round deadline "
         f"{deadline}, min replies {facts['min_replies']}{straggling}; evaluation "
-        f"{' + '.join(scored) or 'none'}" + _clock_text(facts)
+        f"{' + '.join(scored) or 'none'}" + _compress_text(facts) + _clock_text(facts)
     )
+
+
+def _compress_text(facts: dict[str, Any]) -> str:
+    kind = facts.get("compress")
+    return f"; updates sent {kind}-compressed, with error feedback" if kind else ""
 
 
 def _clock_text(facts: dict[str, Any]) -> str:

@@ -20,6 +20,7 @@ from fedweave.config import RunConfig
 from fedweave.contract import (
     BATCH_SIZE_KEY,
     CLIP_GRAD_NORM_KEY,
+    COMPRESS_KEY,
     DELIVERY_ALLOWANCE_KEY,
     DROPS_PARTIAL_WORK_KEY,
     LOCAL_EPOCHS_KEY,
@@ -57,7 +58,9 @@ from fedweave.coordinator.site_names import SiteNames
 from fedweave.coordinator.site_outcomes import OutcomeGrid, SiteReplies
 from fedweave.coordinator.statistics import StatisticsFirst, StatisticsSink, WithStatistics
 from fedweave.coordinator.strategies import check_strategy_choice, make_strategy
+from fedweave.coordinator.traffic import Traffic
 from fedweave.errors import UserError
+from fedweave.learning.compression import Compression
 from fedweave.learning.statistics import digest, needs_statistics, prepared
 from fedweave.learning.task import load_task
 from fedweave.learning.training import TrainConfig, seed_everything, task_metrics
@@ -109,6 +112,7 @@ class ServerSettings:
                 "evaluation sums over; raise --fraction-evaluate (or --min-clients)"
             )
         self._check_schedule()
+        self._check_compression()
         min_replies = self.config.federation.min_replies
         if min_replies is not None and min_replies > self.cohort:
             raise UserError(
@@ -176,6 +180,33 @@ class ServerSettings:
             raise UserError(
                 "--clients-per-round samples synchronous rounds; with --schedule async every "
                 "site trains all the time"
+            )
+
+    @property
+    def compression(self) -> Compression:
+        """The run's ``--compress`` (a spec that does not parse: its one line)."""
+        return Compression.parse(self.config.federation.compress)
+
+    def _check_compression(self) -> None:
+        """Refuse compression where the coordinator never sees single updates to decode."""
+        compression = self.compression
+        if not compression.active:
+            return
+        if self.secure_agg:
+            raise UserError(
+                f"--compress {compression.spec}: under SecAgg+ sites send masked integers, "
+                "not updates the coordinator could decode (docs/compression.md says how many "
+                "bits SecAgg+ already sends); add --no-secure-agg or drop --compress"
+            )
+        if self.config.privacy.dp == "central":
+            raise UserError(
+                f"--compress {compression.spec}: central DP clips each site's full update at "
+                "the coordinator before it is decoded; use --dp local, or drop --compress"
+            )
+        if self.config.federation.schedule == "async":
+            raise UserError(
+                f"--compress {compression.spec} with --schedule async is not built yet; drop "
+                "one of them"
             )
 
     def _check_stragglers_fit_secagg(self, shares: int, threshold: int) -> None:
@@ -260,6 +291,8 @@ class ServerSettings:
             if deadline is not None:
                 config[SIMULATED_DEADLINE_KEY] = deadline
                 config[DROPS_PARTIAL_WORK_KEY] = self.config.federation.strategy != "fedprox"
+        if self.compression.active:
+            config[COMPRESS_KEY] = self.compression.spec
         config.update(local_dp_config(self.config.privacy))
         return config
 
@@ -377,8 +410,9 @@ def make_server_app(
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        site_replies = SiteReplies()
-        grid = OutcomeGrid(grid, site_replies)  # every workflow's replies, bound to their site
+        site_replies, traffic = SiteReplies(), Traffic()
+        # every workflow's replies, bound to their site, and their bytes counted
+        grid = OutcomeGrid(grid, site_replies, traffic)
         strategy = make_strategy(
             config.federation.strategy,
             settings.secure_agg,
@@ -400,6 +434,8 @@ def make_server_app(
             last_round=settings.rounds,
             cross_site=config.evaluation.cross_site,
             site_replies=site_replies,
+            compression=settings.compression,
+            traffic=traffic,
             fraction_evaluate=config.evaluation.fraction_evaluate,
             min_evaluate_clients=1,
             initial_parameters=ndarrays_to_parameters(start_weights),

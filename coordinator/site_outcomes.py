@@ -145,19 +145,29 @@ class OutcomeGrid:
         The grid the ServerApp was given (or another wrapper around it).
     replies : SiteReplies
         Where the outcomes go; the reporting strategy reads them.
+    traffic : Traffic | None (default: None)
+        Where the bytes sent to and received from each site are counted
+        (``fedweave/coordinator/traffic.py``); ``None``: not counted.
     """
 
-    def __init__(self, grid: Any, replies: SiteReplies) -> None:
-        self._grid, self.replies = grid, replies
+    def __init__(self, grid: Any, replies: SiteReplies, traffic: Any | None = None) -> None:
+        self._grid, self.replies, self.traffic = grid, replies, traffic
 
     def send_and_receive(self, messages, *, timeout: float | None = None):  # type: ignore[no-untyped-def]
         messages = list(messages)
+        if self.traffic is not None:
+            for message in messages:
+                self.traffic.sent(message)
         received = self._grid.send_and_receive(messages, timeout=timeout)
         # pushing gave each message its id: a reply names the one it answers
         sent = {message.metadata.message_id: message for message in messages}
-        return [
-            self._noted(reply, sent.get(reply.metadata.reply_to_message_id)) for reply in received
-        ]
+        replies = []
+        for reply in received:
+            asked = sent.get(reply.metadata.reply_to_message_id)
+            if self.traffic is not None and asked is not None:
+                self.traffic.received(reply, asked)
+            replies.append(self._noted(reply, asked))
+        return replies
 
     def _noted(self, reply: Any, asked: Any):  # type: ignore[no-untyped-def]
         from flwr.app import Error, Message

@@ -106,6 +106,13 @@ SIMULATED_SECONDS_METRIC = "sim_seconds"
 """Fit metric (simulation): the simulated seconds this site's job took (at most the
 simulated deadline)."""
 MAX_NORM_KEY = "fw-max-update-norm"
+COMPRESS_KEY = "fw-compress"
+"""Fit config: the run's ``--compress`` spec (``fedweave/learning/compression.py``); the site
+sends its compressed update instead of its model. Absent: the model, uncompressed."""
+COMPRESSION_METRIC = "compression"
+"""Fit metric: the compression the site's update is in (the coordinator refuses any other)."""
+UPLINK_BYTES_METRIC = "uplink_bytes"
+"""Site result metric, measured by the coordinator: data bytes of the site's reply."""
 MAX_CLOCK_SKEW_KEY = "fw-max-clock-skew"
 """Fit config: seconds a site's clock may differ from the coordinator's (``--max-clock-skew``)."""
 DELIVERY_ALLOWANCE_KEY = "fw-delivery-allowance"

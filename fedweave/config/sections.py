@@ -120,6 +120,12 @@ class FederationSection:
     max_update_norm: float | None = setting(
         None, "Reject site updates farther than this (L2) from the global model.", minimum=0
     )
+    compress: str = setting(
+        "none",
+        "How sites send their updates: none (the model), fp16, int8 or topk:F (the largest "
+        "F of the update's values, F in (0, 1]); the lossy kinds keep what they dropped and "
+        "send it later (error feedback). Plain rounds only (SecAgg+ quantizes on its own).",
+    )
     round_timeout: float | None = setting(
         None,
         "Seconds a round waits for its sites, training included (SecAgg+ too); sites that "
@@ -569,8 +575,8 @@ _TRAINING = (
 (``fedweave/config/task_defaults.py``)."""
 _SPLIT = ("task", "clients", "partition", "alpha", "shards_per_client")
 _FEDERATION = (
-    "clients_per_round", "strategy", "proximal_mu", "max_update_norm", "round_timeout",
-    "min_replies",
+    "clients_per_round", "strategy", "proximal_mu", "max_update_norm", "compress",
+    "round_timeout", "min_replies",
 )  # fmt: skip
 _SCHEDULE = (
     "schedule", "buffer", "max_staleness", "server_lr", "site_speeds", "simulated_deadline",

@@ -1,0 +1,115 @@
+"""Bytes per round and final accuracy of each ``--compress`` kind against none (issue 24),
+federated, with SecAgg+'s own bytes per parameter beside them.
+
+    python bench/bench_compression.py --task digits --clients 10 --rounds 20
+    python bench/bench_compression.py --task mnist5k --clients 10 --rounds 20
+
+Each run is a real ``fedweave simulate`` (the simulation engine; every site trains for real)
+with the same seed; the history's counts are what the coordinator's grid saw
+(``coordinator/traffic.py``): each training site's uplink bytes, and the round's bytes in and
+out. Prints per kind: mean uplink bytes per site per round, its ratio to ``none``, the final
+central test accuracy and its difference to ``none`` in points. The goal: at least one kind
+at <= 0.25x the bytes with <= 0.5 point accuracy lost. Then SecAgg+ (no compression): its
+uplink bytes per site per round and the bits per model parameter that makes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+KINDS = ("none", "fp16", "int8", "topk:0.1", "topk:0.05")
+
+
+def run(kind: str, secure: bool, args: argparse.Namespace, seed: int, work: Path) -> dict:
+    """One recorded simulation: its uplink bytes per site and round, and final accuracy."""
+    name = f"{kind.replace(':', '-')}-{'secagg' if secure else 'plain'}-{seed}"
+    db = work / f"{name}.db"
+    command = [
+        sys.executable, "-m", "fedweave.cli", "simulate", "--task", args.task,
+        "--clients", str(args.clients), "--rounds", str(args.rounds), "--seed", str(seed),
+        "--partition", args.partition, "--evaluate-every", "0", "--eval-fraction", "0",
+        "--db", f"sqlite:///{db}", "--out", str(work / f"{name}.json"),
+        "--checkpoint-dir", str(work / "ck"),
+    ]  # fmt: skip
+    command += [] if secure else ["--no-secure-agg", "--compress", kind]
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, cwd=work)
+    if done.returncode != 0:
+        raise SystemExit(f"{name} failed: {done.stderr[-2000:]}")
+    from fedweave.history import open_store
+    from fedweave.learning.task import load_task
+
+    with open_store(f"sqlite:///{db}") as store:
+        run_id = store.list_runs()[0].run_id
+        rows = store.rounds(run_id)
+        sites = store.site_results(run_id)
+    uplinks = [s["metrics"]["uplink_bytes"] for s in sites if s["status"] == "ok"]
+    parameters = sum(p.numel() for p in load_task(args.task).build_model().parameters())
+    return {
+        "uplink": statistics.mean(uplinks),
+        "bytes_in": sum(r["bytes_in"] for r in rows),
+        "bytes_out": sum(r["bytes_out"] for r in rows),
+        "final": rows[-1]["eval_accuracy"],
+        "parameters": parameters,
+        "wall_s": time.perf_counter() - started,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--task", default="digits")
+    parser.add_argument("--partition", default="auto")
+    parser.add_argument("--clients", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--kinds", nargs="+", default=list(KINDS))
+    parser.add_argument("--no-secagg", action="store_true", help="skip the SecAgg+ run")
+    parser.add_argument("--json", type=Path, help="also write every result here")
+    args = parser.parse_args()
+    results: dict[str, dict[int, dict]] = {}
+    with tempfile.TemporaryDirectory(prefix="fedweave-bench-compress-") as tmp:
+        for seed in args.seeds:
+            for kind in args.kinds:
+                found = run(kind, False, args, seed, Path(tmp))
+                results.setdefault(kind, {})[seed] = found
+                print(
+                    f"{args.task} seed {seed} {kind:10s}: uplink {found['uplink']:10.0f} B a "
+                    f"site a round; final accuracy {found['final']:.4f} "
+                    f"({found['wall_s']:.0f} s)", flush=True,
+                )  # fmt: skip
+            if not args.no_secagg:
+                found = run("none", True, args, seed, Path(tmp))
+                results.setdefault("secagg+", {})[seed] = found
+                print(
+                    f"{args.task} seed {seed} SecAgg+   : uplink {found['uplink']:10.0f} B a "
+                    f"site a round ({8 * found['uplink'] / found['parameters']:.1f} bits a "
+                    f"parameter); final accuracy {found['final']:.4f}", flush=True,
+                )  # fmt: skip
+    base = results["none"]
+    print(f"\n{args.task}, {args.clients} sites, {args.rounds} rounds, seeds {args.seeds}:")
+    for kind, by_seed in results.items():
+        ratio = statistics.mean(by_seed[s]["uplink"] / base[s]["uplink"] for s in args.seeds)
+        gap = statistics.mean(100 * (by_seed[s]["final"] - base[s]["final"]) for s in args.seeds)
+        bits = statistics.mean(
+            8 * by_seed[s]["uplink"] / by_seed[s]["parameters"] for s in args.seeds
+        )
+        print(
+            f"  {kind:10s} uplink {ratio:6.3f}x none ({bits:5.2f} bits a parameter), final "
+            f"accuracy {statistics.mean(by_seed[s]['final'] for s in args.seeds):.4f} "
+            f"({gap:+.2f} points)"
+            + ("  <- goal met (<= 0.25x, >= -0.5 points)" if ratio <= 0.25 and gap >= -0.5
+               else "")
+        )  # fmt: skip
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
