@@ -103,6 +103,9 @@ def test_three_sites_tls_auth_secagg_with_a_site_killed_in_round_2(tmp_path):
     ), by_round[2]
     assert len({s["site_id"] for s in site_rows if s["status"] == "ok"}) == SITES
     assert rounds[-1]["eval_accuracy"] > 0.5, rounds[-1]  # chance is 0.1 on ten digits
+    # SecAgg+'s bytes, as the coordinator's grid counted them: every ok site sent some
+    assert all(r["bytes_in"] and r["bytes_out"] for r in rounds), rounds
+    assert all(s["metrics"]["uplink_bytes"] > 0 for s in site_rows if s["status"] == "ok")
     for n in (1, 2, 3):
         assert f"round {n}/{ROUNDS}: accuracy" in out
     (missed,) = [s for s in by_round[2] if s["status"] != "ok"]
