@@ -11,12 +11,20 @@ out. Prints per kind: mean uplink bytes per site per round, its ratio to ``none`
 central test accuracy and its difference to ``none`` in points. The goal: at least one kind
 at <= 0.25x the bytes with <= 0.5 point accuracy lost. Then SecAgg+ (no compression): its
 uplink bytes per site per round and the bits per model parameter that makes.
+
+Last, whether SecAgg+ could send fewer bits: the final model of the uncompressed run (seed
+``--seeds[0]``) is put through SecAgg+'s quantization as each of that run's sites would (its
+weight scaled by examples / max weight, clipped to the clipping range, stochastically rounded
+to 2**b levels: Flower's own ``quantize``), the sites' integers summed and dequantized, and
+the resulting model scored on the central test set, for several b. The sum of the sites'
+integers must also fit the mask modulus: b + log2(sites) bits per value on the wire.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -58,8 +66,46 @@ def run(kind: str, secure: bool, args: argparse.Namespace, seed: int, work: Path
         "bytes_out": sum(r["bytes_out"] for r in rows),
         "final": rows[-1]["eval_accuracy"],
         "parameters": parameters,
+        "checkpoint": rows[-1]["checkpoint_path"],
+        "examples": [s["num_examples"] for s in sites if s["round"] == rows[-1]["round"]],
         "wall_s": time.perf_counter() - started,
     }
+
+
+def fewer_secagg_bits(task_name: str, found: dict, bits: list[int]) -> list[tuple[int, float]]:
+    """(b, central accuracy) of ``found``'s final model after SecAgg+'s quantization at 2**b
+    levels by each of its sites, summed and dequantized (see the module docstring)."""
+    import numpy as np
+    import torch
+    from flwr.common.secure_aggregation.quantization import dequantize, quantize
+
+    from fedweave.coordinator.secure_agg import SecAggSettings
+    from fedweave.learning.data import central_test_data
+    from fedweave.learning.task import load_task
+    from fedweave.learning.training import TrainConfig
+    from fedweave.learning.weights import load_weights_npz, set_weights
+
+    task = load_task(task_name)
+    test = central_test_data(task, None)
+    weights = [w.astype(np.float64) for w in load_weights_npz(found["checkpoint"])]
+    settings = SecAggSettings()
+    scales = [n / settings.max_weight for n in found["examples"]]
+    out = []
+    for b in bits:
+        total = None
+        for scale in scales:
+            levels = quantize([w * scale for w in weights], settings.clipping_range, 2**b)
+            total = levels if total is None else [t + q for t, q in zip(total, levels)]
+        # the sum of k sites' levels, each offset by the clipping range: dequantize's inverse
+        summed = dequantize(total, settings.clipping_range, 2**b)
+        offset = (len(scales) - 1) * settings.clipping_range
+        model = [(s - offset) / sum(scales) for s in summed]
+        net = task.build_model()
+        set_weights(net, [m.astype(np.float32) for m in model])
+        torch.manual_seed(0)
+        scored = task.evaluate(net, test, TrainConfig.for_task(task, device="cpu"))
+        out.append((b, float(scored["accuracy"])))
+    return out
 
 
 def main() -> None:
@@ -71,6 +117,13 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--kinds", nargs="+", default=list(KINDS))
     parser.add_argument("--no-secagg", action="store_true", help="skip the SecAgg+ run")
+    parser.add_argument(
+        "--bits",
+        type=int,
+        nargs="+",
+        default=[22, 18, 16, 14, 12, 10, 8],
+        help="SecAgg+ quantization levels 2**b to try (Flower's default 22)",
+    )
     parser.add_argument("--json", type=Path, help="also write every result here")
     args = parser.parse_args()
     results: dict[str, dict[int, dict]] = {}
@@ -92,6 +145,8 @@ def main() -> None:
                     f"site a round ({8 * found['uplink'] / found['parameters']:.1f} bits a "
                     f"parameter); final accuracy {found['final']:.4f}", flush=True,
                 )  # fmt: skip
+            if seed == args.seeds[0] and "none" in results:
+                quantized = fewer_secagg_bits(args.task, results["none"][seed], args.bits)
     base = results["none"]
     print(f"\n{args.task}, {args.clients} sites, {args.rounds} rounds, seeds {args.seeds}:")
     for kind, by_seed in results.items():
@@ -107,6 +162,16 @@ def main() -> None:
             + ("  <- goal met (<= 0.25x, >= -0.5 points)" if ratio <= 0.25 and gap >= -0.5
                else "")
         )  # fmt: skip
+    sites = len(results["none"][args.seeds[0]]["examples"])
+    print(
+        f"SecAgg+ quantization of seed {args.seeds[0]}'s final uncompressed model "
+        f"(accuracy {base[args.seeds[0]]['final']:.4f}) by its {sites} sites:"
+    )
+    for b, accuracy in quantized:
+        wire = b + math.ceil(math.log2(sites))
+        print(f"  2**{b:<2d} levels: accuracy {accuracy:.4f} "
+              f"({100 * (accuracy - base[args.seeds[0]]['final']):+.2f} points); the sum needs "
+              f"{wire} bits a value (fedweave sends 32)")  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
 
