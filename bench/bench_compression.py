@@ -3,6 +3,11 @@ federated, with SecAgg+'s own bytes per parameter beside them.
 
     python bench/bench_compression.py --task digits --clients 10 --rounds 20
     python bench/bench_compression.py --task mnist5k --clients 10 --rounds 20
+    python bench/bench_compression.py --mode gossip --task digits --clients 10 --rounds 20
+
+With ``--mode gossip`` the kinds are none, fp16 and int8 (gossip sends whole models), the
+bytes are what each peer sent in a round (its transport's count: every frame of every message,
+offers, replies and membership), and the accuracy is the peers' mean after the last round.
 
 Each run is a real ``fedweave simulate`` (the simulation engine; every site trains for real)
 with the same seed; the history's counts are what the coordinator's grid saw
@@ -33,6 +38,36 @@ import time
 from pathlib import Path
 
 KINDS = ("none", "fp16", "int8", "topk:0.1", "topk:0.05")
+
+
+def run_gossip(kind: str, args: argparse.Namespace, seed: int, work: Path) -> dict:
+    """One recorded gossip simulation: bytes a peer sent a round, the peers' mean final
+    accuracy."""
+    name = f"gossip-{kind}-{seed}"
+    db = work / f"{name}.db"
+    out = work / f"{name}.json"
+    command = [
+        sys.executable, "-m", "fedweave.cli", "simulate", "--mode", "gossip",
+        "--task", args.task, "--clients", str(args.clients), "--rounds", str(args.rounds),
+        "--seed", str(seed), "--partition", args.partition, "--compress", kind,
+        "--db", f"sqlite:///{db}", "--out", str(out), "--checkpoint-dir", str(work / "ck"),
+    ]  # fmt: skip
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, cwd=work)
+    if done.returncode != 0:
+        raise SystemExit(f"{name} failed: {done.stderr[-2000:]}")
+    from fedweave.history import open_store
+    from fedweave.learning.task import load_task
+
+    with open_store(f"sqlite:///{db}") as store:
+        rows = [row for run in store.list_runs() for row in store.rounds(run.run_id)]
+    parameters = sum(p.numel() for p in load_task(args.task).build_model().parameters())
+    return {
+        "uplink": statistics.mean(row["bytes_out"] for row in rows),
+        "final": json.loads(out.read_text())["final_accuracy"],
+        "parameters": parameters,
+        "wall_s": time.perf_counter() - started,
+    }
 
 
 def run(kind: str, secure: bool, args: argparse.Namespace, seed: int, work: Path) -> dict:
@@ -110,12 +145,14 @@ def fewer_secagg_bits(task_name: str, found: dict, bits: list[int]) -> list[tupl
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mode", choices=("federated", "gossip"), default="federated")
     parser.add_argument("--task", default="digits")
     parser.add_argument("--partition", default="auto")
     parser.add_argument("--clients", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--kinds", nargs="+", default=list(KINDS))
+    parser.add_argument("--kinds", nargs="+", help=f"default: {' '.join(KINDS)} (federated), "
+                        "none fp16 int8 (gossip)")  # fmt: skip
     parser.add_argument("--no-secagg", action="store_true", help="skip the SecAgg+ run")
     parser.add_argument(
         "--bits",
@@ -126,6 +163,10 @@ def main() -> None:
     )
     parser.add_argument("--json", type=Path, help="also write every result here")
     args = parser.parse_args()
+    if args.mode == "gossip":
+        gossip(args)
+        return
+    args.kinds = args.kinds or list(KINDS)
     results: dict[str, dict[int, dict]] = {}
     with tempfile.TemporaryDirectory(prefix="fedweave-bench-compress-") as tmp:
         for seed in args.seeds:
@@ -172,6 +213,33 @@ def main() -> None:
         print(f"  2**{b:<2d} levels: accuracy {accuracy:.4f} "
               f"({100 * (accuracy - base[args.seeds[0]]['final']):+.2f} points); the sum needs "
               f"{wire} bits a value (fedweave sends 32)")  # fmt: skip
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+
+
+def gossip(args: argparse.Namespace) -> None:
+    """``--mode gossip``: each kind's bytes a peer sends a round and final accuracy."""
+    kinds = args.kinds or ["none", "fp16", "int8"]
+    results: dict[str, dict[int, dict]] = {}
+    with tempfile.TemporaryDirectory(prefix="fedweave-bench-compress-") as tmp:
+        for seed in args.seeds:
+            for kind in kinds:
+                found = run_gossip(kind, args, seed, Path(tmp))
+                results.setdefault(kind, {})[seed] = found
+                print(
+                    f"gossip {args.task} seed {seed} {kind:5s}: {found['uplink']:10.0f} B a peer "
+                    f"a round; mean final accuracy {found['final']:.4f} ({found['wall_s']:.0f} s)",
+                    flush=True,
+                )  # fmt: skip
+    base = results["none"]
+    print(f"\ngossip {args.task}, {args.clients} peers, {args.rounds} rounds, seeds {args.seeds}:")
+    for kind, by_seed in results.items():
+        ratio = statistics.mean(by_seed[s]["uplink"] / base[s]["uplink"] for s in args.seeds)
+        gap = statistics.mean(100 * (by_seed[s]["final"] - base[s]["final"]) for s in args.seeds)
+        print(
+            f"  {kind:5s} bytes sent {ratio:6.3f}x none, mean final accuracy "
+            f"{statistics.mean(by_seed[s]['final'] for s in args.seeds):.4f} ({gap:+.2f} points)"
+        )
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
 

@@ -2,15 +2,17 @@
 
 ``pairwise`` (push-pull): an offer carries our model; the neighbour answers with its current
 model and both apply ``averaging.pairwise_update`` as a delta against what was sent, so the
-weighted sum ``sum_i n_i x_i`` is exact. With a ``group_total`` the offer is one of several sent
-at once and carries a ``share`` (PROTOCOL.md §5). While our own offers are out (``awaiting``)
-nothing else is mixed in between: an offer with a larger exchange id than ours is held and
-answered as soon as our exchange is done (``answer_held``), one with a smaller id hears
-``busy`` at once, so waits only run from larger to smaller exchange ids and never form a
-cycle. The robust rules (``clipped``, ``trimmed``)
-answer every offer, collect the models of a round and mix them once (``mix_collected``). A
-pull offer (a late joiner's catch-up) asks for a model and mixes nothing. Every wait takes an
-explicit ``timeout`` and ends early when the peer stops.
+weighted sum ``sum_i n_i x_i`` is exact. Under ``--compress fp16|int8`` both ends take that
+delta between the two models as decoded (``wire.as_received``), so the sum stays exact; only
+the difference of the two roundings enters each model. With a ``group_total`` the offer is
+one of several sent at once and carries a ``share`` (PROTOCOL.md §5). While our own offers
+are out (``awaiting``) nothing else is mixed in between: an offer with a larger exchange id
+than ours is held and answered as soon as our exchange is done (``answer_held``), one with a
+smaller id hears ``busy`` at once, so waits only run from larger to smaller exchange ids and
+never form a cycle. The robust rules (``clipped``, ``trimmed``) answer every offer, collect
+the models of a round and mix them once (``mix_collected``). A pull offer (a late joiner's
+catch-up) asks for a model and mixes nothing. Every wait takes an explicit ``timeout`` and
+ends early when the peer stops.
 
 A neighbour's word is bounded, not trusted (``guard.py``): its example count and ``share``
 are capped relative to ours, a model too far from ours is refused (an offer is answered
@@ -40,6 +42,7 @@ from fedweave.gossip.keys import DEFAULT_KEYS_DIR
 from fedweave.gossip.membership import Membership
 from fedweave.gossip.state import PeerState
 from fedweave.gossip.transport import Transport, wait_until
+from fedweave.learning.compression import Compression
 
 log = logging.getLogger("fedweave.gossip")
 
@@ -50,6 +53,21 @@ MAX_HOLD_FRACTION = 0.25
 """A held offer waits at most this fraction of ``--exchange-timeout``, then hears ``busy``:
 a peer stuck waiting on a slow or dead neighbour never makes its own offerers miss their
 deadlines, so one bad peer costs only its direct partners."""
+
+
+def gossip_encoding(compress: str) -> str:
+    """The wire encoding (``wire.ENCODINGS``) of ``--compress`` for gossip: ``none`` is
+    ``raw``; ``fp16`` and ``int8`` are themselves; ``topk`` is refused (peers send whole
+    models, and most of a model's values are not small)."""
+    kind = Compression.parse(compress).kind  # a spec that does not parse: its one line
+    if kind == "none":
+        return "raw"
+    if kind in ("fp16", "int8"):
+        return kind
+    raise UserError(
+        f"--compress {compress}: gossip peers send whole models, which fp16 or int8 compress; "
+        "top-k is for federated updates. Use --compress fp16 or int8"
+    )
 
 
 @dataclass
@@ -88,6 +106,7 @@ class Exchange:
         stopping: Callable[[], bool],
     ) -> None:
         self.config = config
+        self.encoding = gossip_encoding(config.federation.compress)
         self.state = state
         self.members = members
         self.transport = transport
@@ -214,11 +233,14 @@ class Exchange:
             pull=pull,
             tensors=OrderedDict() if pull else snapshot,
             share=None if group_total is None else state.num_examples / group_total,
+            encoding=self.encoding,
         )
         if not self.transport.send(peer_id, wire.encode(msg)):
             return 0
         expires = time.monotonic() + 3 * self.config.gossip.exchange_timeout
-        self.pending[xid] = _Pending(peer_id, snapshot, expires, pull, group_total)
+        # mixing is a delta against what the neighbour decoded (exact sum under compression)
+        sent = snapshot if pull else wire.as_received(snapshot, self.encoding)
+        self.pending[xid] = _Pending(peer_id, sent, expires, pull, group_total)
         return xid
 
     def wait_for(self, xids: Iterable[int], timeout: float) -> bool:
@@ -341,6 +363,7 @@ class Exchange:
             num_examples=state.num_examples,
             schema=state.schema,
             tensors=mine,
+            encoding=self.encoding,
         )
         if not self.transport.reply(route, wire.encode(reply)) or msg.pull:
             return  # no reply went out: do not mix either, so the sum stays exact
@@ -348,8 +371,9 @@ class Exchange:
         n_other = self._counted(msg.num_examples)
         if self.config.gossip.mix == "pairwise":
             share = capped_share(msg.share, n_other, state.num_examples)
+            sent = wire.as_received(mine, self.encoding)  # what the offerer decoded
             state.weights = averaging.pairwise_update(
-                mine, mine, msg.tensors, state.num_examples, n_other, share=share
+                mine, sent, msg.tensors, state.num_examples, n_other, share=share
             )
         else:
             self.buffered[msg.sender] = (msg.tensors, n_other)

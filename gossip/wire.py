@@ -4,7 +4,8 @@ A message is a list of ZeroMQ frames: one header frame (magic, version, UTF-8 JS
 one raw little-endian C-order frame per tensor. Decoding never unpickles and never trusts a
 length it has not checked; every problem raises ``WireError`` with a short ``reason`` the
 receiver counts, so a malformed message costs the receiver one exception, not its life.
-Received tensors are ``np.frombuffer`` views on the ZeroMQ frames (zero-copy, read-only).
+Received tensors are ``np.frombuffer`` views on the ZeroMQ frames (zero-copy, read-only),
+except under a lossy ``encoding`` (``fp16``, ``int8``), which is decoded into new arrays.
 """
 
 from __future__ import annotations
@@ -59,6 +60,13 @@ DTYPES = {
 }
 """Allowed tensor dtypes, by NumPy's ``dtype.str`` (always little-endian on the wire)."""
 
+ENCODINGS = ("raw", "fp16", "int8")
+"""How a model message's floating tensors travel (header ``encoding``, absent: ``raw``):
+``raw`` as they are; ``fp16`` as float16; ``int8`` as a float32 scale (``max |x| / 127``)
+then one int8 level a value. Other tensors always travel raw. ``tensors`` and ``schema``
+describe the model, not the frames: the receiver decodes to the model's dtypes."""
+INT8_LEVELS = 127
+
 _ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _REASON_RE = re.compile(r"^[ -~]*$")  # printable ASCII: safe to log
 _ADDR_RE = re.compile(r"^tcp://[A-Za-z0-9._\-\[\]:*]{1,250}:[0-9]{1,5}$")
@@ -106,6 +114,7 @@ class Message:
     slot: tuple[int, float, float] | None = None
     reason: str = ""
     done: bool = False
+    encoding: str = "raw"
     tensors: OrderedDict[str, np.ndarray] = field(default_factory=OrderedDict)
 
 
@@ -130,6 +139,59 @@ def _wire_dtype(array: np.ndarray) -> np.dtype:
     if dtype.str not in DTYPES:
         raise WireError("bad-dtype", f"dtype {array.dtype} cannot go on the wire")
     return dtype
+
+
+def _encoded(array: np.ndarray, encoding: str) -> np.ndarray | bytes:
+    """One tensor's frame under ``encoding`` (PROTOCOL.md §3.3)."""
+    wire = np.ascontiguousarray(array, dtype=_wire_dtype(array))
+    if not _lossy(wire.dtype, encoding):
+        return wire
+    if encoding == "fp16":
+        return wire.astype("<f2")
+    peak = float(np.abs(wire).max(initial=0.0))
+    scale = np.float32(peak / INT8_LEVELS if peak > 0 else 1.0)
+    levels = np.clip(np.rint(wire / scale), -INT8_LEVELS, INT8_LEVELS).astype("|i1")
+    return np.asarray(scale, "<f4").tobytes() + levels.tobytes()
+
+
+def _frame_size(dtype: np.dtype, shape: tuple[int, ...], encoding: str) -> int:
+    count = math.prod(shape)
+    if not _lossy(dtype, encoding):
+        return count * dtype.itemsize
+    return 2 * count if encoding == "fp16" else 4 + count
+
+
+def _lossy(dtype: np.dtype, encoding: str) -> bool:
+    """Whether a tensor of ``dtype`` travels encoded (a floating one wider than the code)."""
+    return (
+        encoding != "raw" and dtype.kind == "f" and not (encoding == "fp16" and dtype.itemsize <= 2)
+    )
+
+
+def _decoded(data: memoryview, dtype: np.dtype, shape: tuple[int, ...], encoding: str):
+    """A tensor of ``dtype`` and ``shape`` from its frame (length already checked)."""
+    if not _lossy(dtype, encoding):
+        return np.frombuffer(data, dtype=dtype).reshape(shape)  # zero-copy, read-only
+    if encoding == "fp16":
+        return np.frombuffer(data, dtype="<f2").astype(dtype).reshape(shape)
+    scale = np.frombuffer(data[:4], dtype="<f4")[0]
+    if not (math.isfinite(float(scale)) and scale > 0):
+        raise WireError("malformed", "an int8 tensor's scale must be finite and positive")
+    levels = np.frombuffer(data[4:], dtype="|i1")
+    return (levels.astype(np.float32) * scale).astype(dtype).reshape(shape)
+
+
+def as_received(tensors: Mapping[str, np.ndarray], encoding: str) -> OrderedDict[str, np.ndarray]:
+    """The model a receiver decodes from ``tensors`` sent under ``encoding``, bit for bit:
+    both ends of an exchange mix with what was decoded, so the pairwise sum stays exact."""
+    if encoding == "raw":
+        return OrderedDict(tensors)
+    out: OrderedDict[str, np.ndarray] = OrderedDict()
+    for name, array in tensors.items():
+        frame = _encoded(array, encoding)
+        raw = frame if isinstance(frame, bytes) else memoryview(frame.reshape(-1)).cast("B")
+        out[name] = _decoded(memoryview(raw), _wire_dtype(array), array.shape, encoding)
+    return out
 
 
 def encode(message: Message) -> list[Any]:
@@ -165,9 +227,16 @@ def encode(message: Message) -> list[Any]:
         specs = tensor_specs(message.tensors)
         header["tensors"] = specs
         header["schema"] = message.schema or schema_hash(specs)
+        if message.encoding not in ENCODINGS:
+            raise WireError("bad-header", f"encoding {message.encoding}")
+        if message.encoding != "raw" and message.tensors:
+            header["encoding"] = message.encoding
         for array in message.tensors.values():
-            wire = np.ascontiguousarray(array, dtype=_wire_dtype(array))
-            buffers.append(memoryview(wire.reshape(-1)).cast("B") if wire.size else b"")
+            frame = _encoded(array, message.encoding)
+            if isinstance(frame, bytes):
+                buffers.append(frame)
+            else:
+                buffers.append(memoryview(frame.reshape(-1)).cast("B") if frame.size else b"")
     body = json.dumps(header, separators=(",", ":"), ensure_ascii=True).encode("ascii")
     head = _PREFIX.pack(MAGIC, PROTOCOL_VERSION) + body
     if len(head) > MAX_HEADER_BYTES:
@@ -332,6 +401,10 @@ def decode(
         if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
             raise WireError("bad-header", "share must be a number in (0, 1]")
         message.share = float(share)
+    encoding = header.get("encoding", "raw")
+    if encoding not in ENCODINGS:
+        raise WireError("bad-header", f"encoding must be one of {', '.join(ENCODINGS)}")
+    message.encoding = encoding
     specs = _specs(header.get("tensors", []))
     schema = _str(header, "schema", None, 64)
     message.schema = schema
@@ -349,7 +422,7 @@ def decode(
     total = 0
     for frame, (name, dtype, shape) in zip(frames[1:], specs, strict=False):
         data = _frame_bytes(frame)
-        expected = math.prod(shape) * dtype.itemsize
+        expected = _frame_size(dtype, shape, encoding)
         if len(data) != expected:
             raise WireError("truncated", f"{name}: {len(data)} bytes, expected {expected}")
         total += expected
@@ -357,7 +430,7 @@ def decode(
             raise WireError("too-large", f"over {max_message_bytes} bytes")
         if name in message.tensors:
             raise WireError("bad-header", f"duplicate tensor {name}")
-        array = np.frombuffer(data, dtype=dtype).reshape(shape)
+        array = _decoded(data, dtype, shape, encoding)
         if check_finite and dtype.kind == "f" and not np.isfinite(array).all():
             raise WireError("non-finite", name)
         message.tensors[name] = array

@@ -176,9 +176,11 @@ def _make_keys(work: Path, clients: int, allow: tuple[Path, ...] = ()) -> list[P
 def _launch_plan(
     sim: GossipSimulation, work: Path, run_id: str | None, on_time: int
 ) -> list[_PeerProc]:
+    from fedweave.gossip.exchange import gossip_encoding
     from fedweave.learning.task import load_task
     from fedweave.simulations.split import test_file, write_split
 
+    compress = gossip_encoding(sim.config.federation.compress)  # refused before any peer
     data, training, gossip = sim.config.data, sim.config.training, sim.config.gossip
     gpus_per_peer = sim.config.simulation.gpus_per_peer
     task = load_task(data.task)
@@ -256,6 +258,8 @@ def _launch_plan(
         ]
         if gossip.group_exchange:
             argv.append("--group-exchange")
+        if compress != "raw":
+            argv += ["--compress", compress]
         if gossip.round_interval is not None:  # default: the peers agree on their slots
             argv += ["--round-interval", str(gossip.round_interval)]
         if i > 0:

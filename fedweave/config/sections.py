@@ -124,7 +124,8 @@ class FederationSection:
         "none",
         "How sites send their updates: none (the model), fp16, int8 or topk:F (the largest "
         "F of the update's values, F in (0, 1]); the lossy kinds keep what they dropped and "
-        "send it later (error feedback). Plain rounds only (SecAgg+ quantizes on its own).",
+        "send it later (error feedback). Plain rounds only (SecAgg+ quantizes on its own). "
+        "Gossip: fp16 or int8, each peer's whole model.",
     )
     round_timeout: float | None = setting(
         None,
@@ -618,7 +619,7 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         "listen", "advertise", "seeds", "task", "data", "label_column", "test_data", *_TRAINING,
         "fanout", "mix", "clip_tau", "trim_fraction", "group_exchange", "example_ratio",
         "distance_factor", "round_interval", "exchange_timeout", "drop_after", "max_message_mb",
-        "wait_for_peers", "seed_timeout", "linger", "max_alone", "checkpoint_every",
+        "compress", "wait_for_peers", "seed_timeout", "linger", "max_alone", "checkpoint_every",
         "connect_timeout", "keys", "insecure", "threads", "log_level", "db", "checkpoint_dir",
         "resume",
         "run_id", "results", "dump_models",
