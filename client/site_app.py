@@ -23,6 +23,7 @@ from fedweave.contract import (
     BATCH_SIZE_KEY,
     CLIP_GRAD_NORM_KEY,
     DROPS_PARTIAL_WORK_KEY,
+    JOB_KEY,
     LOCAL_EPOCHS_KEY,
     LR_KEY,
     NODE_DATA_PATH_KEY,
@@ -179,7 +180,10 @@ class TaskClient(NumPyClient):
             return self._private_evaluation(parameters, config)
         data = self._prepared(config, self.data)
         self._load_global(parameters)
-        round_seed = int(config.get(SEED_KEY, 0)) * 1_000_003 + int(config.get(ROUND_KEY, 0)) * 1009
+        round_seed = (
+            int(config.get(SEED_KEY, 0)) * 1_000_003 + int(config.get(ROUND_KEY, 0)) * 1009
+            + int(config.get(JOB_KEY, 0)) * 7919
+        )
         train_config = replace(
             self.config,
             epochs=int(config.get(LOCAL_EPOCHS_KEY, self.config.epochs)),

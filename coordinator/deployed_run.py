@@ -74,7 +74,7 @@ PLAN_SETTINGS = (
     "task", "test_data", "label_column", "rounds", "local_epochs", "optimizer", "lr",
     "weight_decay", "clip_grad_norm", "batch_size", "seed", "device",
     "min_clients", "clients_per_round", "strategy", "proximal_mu", "max_update_norm", "compress",
-    "round_timeout", "min_replies",
+    "round_timeout", "min_replies", "schedule", "buffer", "max_staleness", "server_lr",
     "fraction_evaluate", "evaluate_every", "cross_site", "private_evaluation", "select_metric",
     "select_mode", "run",
     "secure_agg", "secagg_timeout", "dp", "noise_multiplier", "clipping_norm", "dp_epsilon",

@@ -14,13 +14,22 @@ applied buffer is a round of the history: its members with their staleness (site
 ``staleness``), the discarded ones recorded ``late`` with the reason, the central evaluation
 of the new model, and the simulated clock.
 
-Time is the simulated clock of ``fedweave.learning.site_speeds``: a site's job takes its
-simulated seconds, so arrivals are ordered by when they would happen at sites of unequal
-speed, not by when this machine happened to compute them. The coordinator learns each site's
-name and examples from its first reply (every site's first job starts at time 0 together);
-from then on it knows when each job it sends will finish, sends jobs as soon as a site is
-free, and waits on this machine only for the replies of the arrivals it applies. Deployed
-asynchronous rounds (real time, real links) and asynchrony under SecAgg+ are not built.
+Two clocks order the arrivals:
+
+- **Real time** (a deployed coordinator, or a simulation without ``--site-speeds``): updates
+  are taken in the order they reach the coordinator. A job unanswered within the round
+  deadline (``--round-timeout``) is recorded ``late`` and the site gets a new one, if it is
+  still connected; a site that joins mid-run gets its first job at once.
+- **The simulated clock** of ``fedweave.learning.site_speeds`` (``--site-speeds``): a site's
+  job takes its simulated seconds, so arrivals are ordered by when they would happen at sites
+  of unequal speed, not by when this machine happened to compute them. The coordinator learns
+  each site's name and examples from its first reply (every site's first job starts at time 0
+  together); from then on it knows when each job it sends will finish, sends jobs as soon as
+  a site is free, and waits on this machine only for the replies of the arrivals it applies.
+
+Under ``--compress`` a site's update is decoded against the model step it trained on; one in
+another format is recorded ``rejected`` with what differs. Each step records the bytes its
+arrivals carried in and the models it sent out. Asynchrony under SecAgg+ is not built.
 """
 
 from __future__ import annotations
@@ -39,10 +48,20 @@ from flwr.common import Code, Context, FitIns, ndarrays_to_parameters, parameter
 from flwr.compat.common import recorddict_compat as compat
 from flwr.server import Grid, ServerApp
 
-from fedweave.contract import SIMULATED_SECONDS_METRIC, SITE_NAME_METRIC, bounded_site_metrics
+from fedweave.contract import (
+    COMPRESSION_METRIC,
+    JOB_KEY,
+    SIMULATED_SECONDS_METRIC,
+    SITE_NAME_METRIC,
+    UPLINK_BYTES_METRIC,
+    bounded_site_metrics,
+    outcome_of,
+    read_outcome,
+)
 from fedweave.coordinator.rounds import RoundSummary
 from fedweave.errors import UserError
 from fedweave.history.records import RoundInFlight, SiteResult
+from fedweave.learning.compression import Compression, CompressionMismatch
 
 log = logging.getLogger("fedweave.coordinator")
 
@@ -50,6 +69,8 @@ REPLY_WAIT_SECONDS = 600.0
 """Wall-clock seconds the coordinator waits for one job's reply before it drops that site
 (a simulated site that never answers: its worker died)."""
 POLL_SECONDS = 0.05
+NODE_CHECK_SECONDS = 1.0
+"""Real time: how often the coordinator looks for sites that connected mid-run."""
 
 
 def staleness_weight(staleness: int) -> float:
@@ -81,6 +102,15 @@ class _Arrivals:
         self.grid = grid
         self.replies: dict[str, Message] = {}
 
+    def first(self, message_ids: list[str]) -> str | None:
+        """The id of a reply among ``message_ids`` already here (pulled now), in the order
+        they came, or None."""
+        missing = [m for m in message_ids if m not in self.replies]
+        if missing:
+            for reply in self.grid.pull_messages(missing):
+                self.replies[reply.metadata.reply_to_message_id] = reply
+        return next((m for m in self.replies if m in set(message_ids)), None)
+
     def wait(self, message_ids: list[str], timeout: float) -> dict[str, Message]:
         """The replies to ``message_ids`` that arrive by ``timeout`` seconds from now."""
         deadline = time.monotonic() + timeout
@@ -94,17 +124,54 @@ class _Arrivals:
         return {m: self.replies.pop(m) for m in message_ids if m in self.replies}
 
 
-def _fit_result(reply: Message) -> tuple[Any, str | None]:
-    """(FitRes, None) of a good reply, or (None, why not)."""
+@dataclass(frozen=True)
+class _Outcome:
+    """A job's result (``res``), or the status and reason it has none."""
+
+    res: Any = None
+    status: str = "failed"
+    reason: str | None = None
+
+
+def _fit_result(reply: Message | None, silent: str = "no reply") -> _Outcome:
+    """What ``reply`` brought: its FitRes, or what the site said (refused, rejected, late,
+    failed, bound to it by the reply), or ``silent``'s reason when there is none."""
+    if reply is None:
+        return _Outcome(status="late", reason=silent)
     if reply.has_error():
-        return None, f"error reply (code {reply.error.code}): {reply.error.reason}"
+        status, reason = outcome_of(int(reply.error.code), reply.error.reason)
+        return _Outcome(status=status, reason=reason)
+    said = read_outcome(reply.content)
+    if said is not None:
+        status, reason = outcome_of(said[0], said[1])
+        return _Outcome(status=status, reason=reason)
     try:
         res = compat.recorddict_to_fitres(reply.content, keep_input=False)
     except Exception as exc:  # noqa: BLE001 - a site's malformed reply is its failure
-        return None, f"malformed reply: {type(exc).__name__}"
+        return _Outcome(reason=f"malformed reply: {type(exc).__name__}")
     if res.status.code != Code.OK:
-        return None, res.status.message or "the site did not train"
-    return res, None
+        return _Outcome(reason=res.status.message or "the site did not train")
+    return _Outcome(res)
+
+
+def _decoded(outcome: _Outcome, compression: Compression, reference: list[np.ndarray]) -> _Outcome:
+    """``outcome`` with the site's model in place of its compressed update (trained on
+    ``reference``), or ``rejected`` with what differs from the run's ``--compress``."""
+    res = outcome.res
+    if res is None or not compression.active:
+        return outcome
+    said = res.metrics.get(COMPRESSION_METRIC)
+    if said != compression.spec:
+        sent = f"compressed as {said}" if said else "uncompressed"
+        return _Outcome(status="rejected", reason=f"update sent {sent}, but the run agreed "
+                        f"--compress {compression.spec}")  # fmt: skip
+    try:
+        weights = compression.decode(parameters_to_ndarrays(res.parameters), reference)
+    except CompressionMismatch as exc:
+        return _Outcome(status="rejected", reason=f"update not in the run's --compress "
+                        f"{compression.spec} format: {exc}")  # fmt: skip
+    res.parameters = ndarrays_to_parameters(weights)
+    return outcome
 
 
 def make_fedbuff_server_app(
@@ -114,13 +181,13 @@ def make_fedbuff_server_app(
     listeners,
     round_starts=(),
     clock_start: float = 0.0,
+    deadline=None,
 ) -> ServerApp:
     """A ServerApp that applies ``settings.rounds`` buffers of ``settings.buffer`` updates
     from ``start_weights`` (``--schedule async``); every buffer is told to ``listeners`` as a
     round (``RoundSummary``), and ``round_starts`` hear when each model step begins."""
     from fedweave.coordinator.model_health import ModelHealth
     from fedweave.coordinator.server_app import make_central_evaluator
-    from fedweave.learning.site_speeds import SiteSpeeds
     from fedweave.learning.statistics import needs_statistics
     from fedweave.learning.task import load_task
 
@@ -136,12 +203,14 @@ def make_fedbuff_server_app(
             f"task '{config.data.task}' needs federated statistics before round 1, which "
             "--schedule async does not gather yet; use --schedule sync"
         )
-    speeds = settings.site_speeds or SiteSpeeds.parse("equal", config.training.seed)
+    speeds = settings.site_speeds  # None: real time
     evaluate = make_central_evaluator(config.data.task, test_data, config.training.device)
     told = [ModelHealth(listeners, int(getattr(task, "num_classes", 0)))]
     buffer_size, max_staleness = settings.buffer, config.federation.max_staleness
     server_lr = config.federation.server_lr or 1.0
+    compression = settings.compression
     epochs = config.training.local_epochs
+    job_deadline = (deadline or settings.deadline(test_data)).seconds
     extra_config = (
         {"proximal_mu": config.federation.proximal_mu}
         if config.federation.strategy == "fedprox"
@@ -157,87 +226,158 @@ def make_fedbuff_server_app(
         model_bytes = sum(int(w.nbytes) for w in start_weights)
         version, clock = 0, clock_start
         sites: dict[int, _Site] = {}
-        pending: list[_Job] = []
-        waiting: dict[int, str] = {}  # node -> its first job, whose length its reply tells
+        pending: list[_Job] = []  # simulated clock: a heap by finishing time
+        running: dict[str, _Job] = {}  # real time: jobs out, by message id, in sending order
+        results: dict[str, _Outcome] = {}
+        traffic = {"in": 0, "out": 0}
+        checked = [time.monotonic()]  # real time: when connected sites were last looked up
+        jobs = [0]  # jobs sent so far
 
         def send(node: int, step: int) -> str:
             """Ask ``node`` to train on model step ``step`` (its round label: the step it
             will make, so a site sees them rise)."""
+            jobs[0] += 1
             ins = FitIns(
                 ndarrays_to_parameters(models[step]),
-                {**settings.fit_config(step + 1, REPLY_WAIT_SECONDS), **extra_config},
-            )
+                {**settings.fit_config(step + 1, job_deadline), **extra_config,
+                 JOB_KEY: jobs[0]},
+            )  # fmt: skip
+            traffic["out"] += sum(len(tensor) for tensor in ins.parameters.tensors)
             message = Message(
                 content=compat.fitins_to_recorddict(ins, True), dst_node_id=node,
                 message_type=MessageType.TRAIN,
                 group_id=str(step + 1 + settings.round_offset),
             )  # fmt: skip
             (message_id,) = grid.push_messages([message])
+            if speeds is None:
+                running[message_id] = _Job(time.monotonic(), node, step, message_id, clock)
             return message_id
 
-        for node in nodes:  # every site's first job starts at the same time
-            waiting[node] = send(node, version)
-        first = arrivals.wait(list(waiting.values()), REPLY_WAIT_SECONDS)
-        results: dict[str, tuple[Any, str | None]] = {}
-        for node, message_id in waiting.items():
-            reply = first.get(message_id)
-            res, why = _fit_result(reply) if reply is not None else (None, "no reply")
-            if res is None:
-                log.warning("site (node %s) left the asynchronous run: %s", node, why)
-                continue
-            name = str(res.metrics.get(SITE_NAME_METRIC) or node)
-            sites[node] = _Site(name, int(res.num_examples))
-            finishes = clock + speeds.job_seconds(name, int(res.num_examples), epochs, model_bytes)
-            heapq.heappush(pending, _Job(finishes, node, version, message_id, clock))
-            results[message_id] = (res, None)
-        if len(sites) < buffer_size:
-            raise UserError(
-                f"only {len(sites)} sites answered their first job, fewer than --buffer "
-                f"{buffer_size}; check the sites' failures above"
-            )
+        def received(outcome: _Outcome, job: _Job) -> _Outcome:
+            if outcome.res is not None:
+                uplink = sum(len(tensor) for tensor in outcome.res.parameters.tensors)
+                traffic["in"] += uplink
+                outcome.res.metrics[UPLINK_BYTES_METRIC] = uplink
+            return _decoded(outcome, compression, models[job.version])
+
+        def learn(node: int, outcome: _Outcome) -> None:
+            """A site's name and examples, from its first result."""
+            if node not in sites and outcome.res is not None:
+                name = str(outcome.res.metrics.get(SITE_NAME_METRIC) or node)
+                sites[node] = _Site(name, int(outcome.res.num_examples))
+
+        if speeds is None:
+            for node in nodes:
+                send(node, version)
+        else:  # every site's first job starts at the same time; its reply tells its length
+            waiting = {node: send(node, version) for node in nodes}
+            first = arrivals.wait(list(waiting.values()), REPLY_WAIT_SECONDS)
+            for node, message_id in waiting.items():
+                job = _Job(clock, node, version, message_id, clock)
+                outcome = received(_fit_result(first.get(message_id)), job)
+                if outcome.res is None:
+                    log.warning("site (node %s) left the asynchronous run: %s", node,
+                                outcome.reason)  # fmt: skip
+                    continue
+                learn(node, outcome)
+                site = sites[node]
+                job.finishes_at = clock + speeds.job_seconds(site.name, site.examples, epochs,
+                                                             model_bytes)  # fmt: skip
+                heapq.heappush(pending, job)
+                results[message_id] = outcome
+            if len(sites) < buffer_size:
+                raise UserError(
+                    f"only {len(sites)} sites answered their first job, fewer than --buffer "
+                    f"{buffer_size}; check the sites' failures above"
+                )
+
+        def next_simulated() -> tuple[_Job, _Outcome]:
+            nonlocal clock
+            if not pending:
+                raise UserError("every site of the asynchronous run failed; see their reasons")
+            job = heapq.heappop(pending)
+            clock = max(clock, job.finishes_at)
+            if job.message_id not in results:
+                got = arrivals.wait([job.message_id], REPLY_WAIT_SECONDS)
+                results[job.message_id] = received(_fit_result(got.get(job.message_id)), job)
+            return job, results.pop(job.message_id)
+
+        def next_real() -> tuple[_Job, _Outcome]:
+            """The next update to reach the coordinator, or the oldest job past its
+            deadline; a site that connected since gets its first job meanwhile."""
+            while True:
+                if time.monotonic() - checked[0] >= NODE_CHECK_SECONDS:
+                    checked[0] = time.monotonic()
+                    known = {job.node for job in running.values()} | set(sites)
+                    for node in sorted(set(grid.get_node_ids()) - known):
+                        log.info("site (node %s) joined the asynchronous run", node)
+                        send(node, version)
+                if not running:
+                    raise UserError(
+                        "every site of the asynchronous run left or failed; see their reasons"
+                    )
+                message_id = arrivals.first(list(running))
+                if message_id is not None:
+                    job = running.pop(message_id)
+                    reply = arrivals.replies.pop(message_id)
+                    return job, received(_fit_result(reply), job)
+                oldest = next(iter(running.values()))
+                if time.monotonic() - oldest.finishes_at > job_deadline:
+                    running.pop(oldest.message_id)
+                    silent = f"no update within the round deadline ({job_deadline:g} s)"
+                    return oldest, _fit_result(None, silent)
+                time.sleep(POLL_SECONDS)
+
         step_began = clock
         for step in range(1, settings.rounds + 1):
             wall_start, started_at = time.perf_counter(), datetime.now(timezone.utc)
             for listener in round_starts:
                 listener.on_round_start(RoundInFlight(
-                    step + settings.round_offset, started_at, None, buffer_size, len(sites)))
+                    step + settings.round_offset, started_at,
+                    job_deadline if speeds is None else None, buffer_size,
+                    len(sites) or len(running),
+                ))  # fmt: skip
             members: list[tuple[_Job, Any]] = []
             dropped: list[SiteResult] = []
-            while len(members) < buffer_size and pending:
-                job = heapq.heappop(pending)
-                clock = max(clock, job.finishes_at)
-                if job.message_id not in results:
-                    got = arrivals.wait([job.message_id], REPLY_WAIT_SECONDS)
-                    reply = got.get(job.message_id)
-                    results[job.message_id] = (
-                        _fit_result(reply) if reply is not None else (None, "no reply")
-                    )
-                res, why = results.pop(job.message_id)
-                site = sites[job.node]
+            while len(members) < buffer_size:
+                job, outcome = next_real() if speeds is None else next_simulated()
+                learn(job.node, outcome)
+                name = sites[job.node].name if job.node in sites else str(job.node)
                 staleness = version - job.version
+                res = outcome.res
                 if res is None:
-                    dropped.append(SiteResult(site.name, "failed", reason=why))
+                    dropped.append(SiteResult(name, outcome.status, reason=outcome.reason,
+                                              metrics={"node_id": str(job.node)}))  # fmt: skip
                 elif max_staleness is not None and staleness > max_staleness:
                     dropped.append(SiteResult(
-                        site.name, "late", int(res.num_examples), {"staleness": staleness},
+                        name, "late", int(res.num_examples),
+                        {"staleness": staleness, "node_id": str(job.node)},
                         reason=f"stale: trained on model step {job.version}, arrived at step "
                         f"{version}, more than --max-staleness {max_staleness} behind",
                     ))  # fmt: skip
                 else:
                     members.append((job, res))
+                if speeds is None:
+                    if job.node in set(grid.get_node_ids()):
+                        send(job.node, version)  # its next job, on the newest model
+                    else:
+                        log.warning("site %s left the asynchronous run", name)
+                    continue
+                if job.node not in sites:
+                    continue  # never answered: no speed to schedule it by
                 # the site starts its next job now, on the newest model
+                site = sites[job.node]
                 message_id = send(job.node, version)
                 finishes = clock + speeds.job_seconds(site.name, site.examples, epochs,
                                                       model_bytes)  # fmt: skip
                 heapq.heappush(pending, _Job(finishes, job.node, version, message_id, clock))
-            if not members:
-                raise UserError("every site of the asynchronous run failed; see their reasons")
             update, train_metrics, member_results = _apply(models, version, members, sites)
             version += 1
             models[version] = [
                 w + (server_lr * u).astype(w.dtype) for w, u in zip(models[version - 1], update)
             ]
-            referenced = {job.version for job in pending} | {version}
+            out = pending if speeds is not None else list(running.values())
+            referenced = {job.version for job in out} | {version}
             for old in [v for v in models if v not in referenced]:
                 del models[old]
             kept = {site.site_id for site in member_results}
@@ -262,10 +402,14 @@ def make_fedbuff_server_app(
                 train_metrics=train_metrics,
                 warnings=notes,
                 central=central,
-                simulated_seconds=clock - step_began,
-                simulated_clock=clock,
+                deadline_seconds=job_deadline if speeds is None else None,
+                simulated_seconds=None if speeds is None else clock - step_began,
+                simulated_clock=None if speeds is None else clock,
+                bytes_in=traffic["in"],
+                bytes_out=traffic["out"],
             )
             step_began = clock
+            traffic["in"] = traffic["out"] = 0  # step 1 holds the first jobs, too
             for listener in told:
                 listener.on_round(summary)
 

@@ -154,7 +154,7 @@ def header_line(facts: dict[str, Any]) -> str:
             f"SecAgg+ {secure}; strategy {facts['strategy']}; asynchronous (FedBuff): the model "
             f"moves every {schedule['buffer']} site updates, each weighted by its staleness"
             + (f", discarded beyond {stale} steps" if stale is not None else "")
-            + "; evaluation central, every step" + _clock_text(facts)
+            + "; evaluation central, every step" + _compress_text(facts) + _clock_text(facts)
         )
     return (
         f"SecAgg+ {secure}; TLS {_on_off(facts['tls'], 'on', 'OFF')}; site authentication "

@@ -203,11 +203,6 @@ class ServerSettings:
                 f"--compress {compression.spec}: central DP clips each site's full update at "
                 "the coordinator before it is decoded; use --dp local, or drop --compress"
             )
-        if self.config.federation.schedule == "async":
-            raise UserError(
-                f"--compress {compression.spec} with --schedule async is not built yet; drop "
-                "one of them"
-            )
 
     def _check_stragglers_fit_secagg(self, shares: int, threshold: int) -> None:
         """Stragglers that the strategy drops leave SecAgg+ after sharing keys; more of them
@@ -400,7 +395,7 @@ def make_server_app(
         from fedweave.coordinator.fedbuff import make_fedbuff_server_app
 
         return make_fedbuff_server_app(
-            settings, test_data, start_weights, listeners, round_starts, clock_start
+            settings, test_data, start_weights, listeners, round_starts, clock_start, deadline
         )
     named = [SiteNames([ModelHealth(listeners, int(getattr(task, "num_classes", 0)))])]
     if settings.site_speeds is not None:

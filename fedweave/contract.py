@@ -106,6 +106,9 @@ SIMULATED_SECONDS_METRIC = "sim_seconds"
 """Fit metric (simulation): the simulated seconds this site's job took (at most the
 simulated deadline)."""
 MAX_NORM_KEY = "fw-max-update-norm"
+JOB_KEY = "fw-job"
+"""Fit config (``--schedule async``): the job's number in the run, so that a site's successive
+jobs on one model step train on differently shuffled data instead of repeating themselves."""
 COMPRESS_KEY = "fw-compress"
 """Fit config: the run's ``--compress`` spec (``fedweave/learning/compression.py``); the site
 sends its compressed update instead of its model. Absent: the model, uncompressed."""

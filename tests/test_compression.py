@@ -239,8 +239,6 @@ def test_the_coordinator_decodes_agreed_updates_and_rejects_others_with_the_reas
         (["--compress", "topk:2"], "the top-k fraction must be in (0, 1]"),
         (["--compress", "int8"], "under SecAgg+ sites send masked integers"),
         (["--compress", "int8", "--no-secure-agg", "--dp", "central"], "central DP clips"),
-        (["--compress", "fp16", "--no-secure-agg", "--schedule", "async"],
-         "with --schedule async is not built yet"),
     ],
 )  # fmt: skip
 def test_impossible_compression_is_one_line_and_exit_2_before_anything_starts(

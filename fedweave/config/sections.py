@@ -147,7 +147,8 @@ class FederationSection:
         "sync: rounds wait for their sampled sites (or their deadline); async: buffered "
         "asynchronous aggregation (FedBuff): every site trains on the newest model it has "
         "and the model moves every --buffer arrivals, each weighted down by its staleness "
-        "(simulation only; fedavg or fedprox, --no-secure-agg).",
+        "(fedavg or fedprox, --no-secure-agg, central test data; in arrival order, or on the "
+        "simulated clock with --site-speeds).",
         choices=("sync", "async"),
     )
     buffer: int | None = setting(
@@ -579,9 +580,8 @@ _FEDERATION = (
     "clients_per_round", "strategy", "proximal_mu", "max_update_norm", "compress",
     "round_timeout", "min_replies",
 )  # fmt: skip
-_SCHEDULE = (
-    "schedule", "buffer", "max_staleness", "server_lr", "site_speeds", "simulated_deadline",
-)  # fmt: skip
+_ASYNC = ("schedule", "buffer", "max_staleness", "server_lr")
+_SCHEDULE = (*_ASYNC, "site_speeds", "simulated_deadline")
 _SECAGG = ("secure_agg", "secagg_timeout")
 _EVALUATION = (
     "fraction_evaluate", "evaluate_every", "cross_site", "private_evaluation", "select_metric",
@@ -599,7 +599,7 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         "checkpoint_dir", "resume", "track", "verbose",
     ),
     "coordinator": (
-        "task", "test_data", "label_column", *_TRAINING, "min_clients", *_FEDERATION,
+        "task", "test_data", "label_column", *_TRAINING, "min_clients", *_FEDERATION, *_ASYNC,
         *_EVALUATION, *_SECAGG, *_PRIVACY,
         "address", "insecure", "tls_dir", "allow_unregistered_sites", "site_timeout",
         "max_clock_skew", "state_dir", "once", "db", "checkpoint_dir", "resume", "track",

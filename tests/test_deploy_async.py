@@ -1,0 +1,137 @@
+"""Buffered asynchronous rounds (FedBuff, ``--schedule async``) on Flower's deployment engine:
+a coordinator and three sites as real processes on loopback, with TLS and site keys, one site
+held to 15% of a CPU by a cgroup CPU quota (a shared, slow server). The model moves every two
+arrivals in the order they come, so the fast sites are not held back: they make most steps,
+the slow site's updates arrive stale and count less, and every step is a round of the history
+with its members, their staleness and its bytes.
+
+Needs root and a writable cgroup CPU controller (v1 ``cpu`` or v2 ``cpu.max``); skipped
+otherwise, with the reason."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from test_deploy_support import (
+    Processes,
+    coordinator_args,
+    free_port,
+    make_deployment,
+    recorded,
+    site_args,
+    wait_for,
+    wait_for_success,
+)
+
+STEPS = 6
+SITES = 3
+SLOW = 2
+QUOTA = 0.15
+
+
+class CpuQuota:
+    """A cgroup that holds the processes started through ``command`` to ``share`` of one
+    CPU (cgroup v2 ``cpu.max``, or v1 ``cpu.cfs_quota_us``); ``remove()`` deletes it once its
+    processes are gone."""
+
+    def __init__(self, name: str, share: float) -> None:
+        period = 100_000
+        v2 = Path("/sys/fs/cgroup")
+        if (
+            "cpu" in (v2 / "cgroup.controllers").read_text().split()
+            if (v2 / "cgroup.controllers").exists()
+            else False
+        ):
+            self.path = v2 / name
+            self.path.mkdir()
+            (self.path / "cpu.max").write_text(f"{int(share * period)} {period}")
+        else:
+            self.path = Path("/sys/fs/cgroup/cpu") / name
+            self.path.mkdir()
+            (self.path / "cpu.cfs_period_us").write_text(str(period))
+            (self.path / "cpu.cfs_quota_us").write_text(str(int(share * period)))
+
+    def command(self, argv: list[str]) -> list[str]:
+        """``argv`` run inside the cgroup, from its first instruction (children inherit)."""
+        procs = self.path / "cgroup.procs"
+        return ["sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh", *argv]
+
+    def remove(self) -> None:
+        """Kill what is left in the cgroup (the site's SuperNode and worker outlive its
+        process group for a moment) and delete it."""
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            for pid in (self.path / "cgroup.procs").read_text().split():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)
+            try:
+                self.path.rmdir()
+                return
+            except OSError:
+                time.sleep(0.2)  # its processes are still exiting
+
+
+def cpu_quota(name: str, share: float) -> CpuQuota:
+    if os.geteuid() != 0:
+        pytest.skip("a CPU quota needs root (cgroups)")
+    try:
+        return CpuQuota(name, share)
+    except OSError as exc:
+        pytest.skip(f"no writable cgroup CPU controller here: {exc}")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_deployed_async_run_is_not_held_back_by_a_throttled_site(tmp_path):
+    if shutil.which("sh") is None:
+        pytest.skip("needs sh")
+    quota = cpu_quota(f"fedweave-test-{os.getpid()}", QUOTA)
+    make_deployment(tmp_path, SITES)
+    db = f"sqlite:///{tmp_path / 'history.db'}"
+    port = free_port()
+    procs = Processes(tmp_path)
+    try:
+        coord = procs.start(
+            "coordinator",
+            *coordinator_args(port, db, STEPS, SITES, "--once", "--no-secure-agg",
+                              "--schedule", "async", "--buffer", "2", "--round-timeout", "120",
+                              "--compress", "int8"),
+        )  # fmt: skip
+        wait_for(
+            lambda: "sites connected" in procs.output("coordinator"), 60,
+            "the coordinator to listen", coord, lambda: procs.output("coordinator"),
+        )  # fmt: skip
+        for i in range(SITES):
+            procs.start(f"site{i}", *site_args(port, i, None, "--name", f"site{i}"),
+                        host=quota if i == SLOW else None)  # fmt: skip
+        out = wait_for_success(procs, coord, "the asynchronous run to complete")
+    finally:
+        procs.close()
+        quota.remove()
+
+    assert "asynchronous (FedBuff): the model moves every 2 site updates" in out, out
+    rounds, site_rows, run = recorded(db)
+    assert run.status == "completed" and [r["round"] for r in rounds] == list(range(1, STEPS + 1))
+    ok = [s for s in site_rows if s["status"] == "ok"]
+    by_site: dict[str, list[dict]] = {}
+    for row in ok:
+        by_site.setdefault(row["site_id"], []).append(row)
+    slow = f"site{SLOW}"
+    slow_rows = by_site.get(slow, [])
+    fast_counts = [len(rows) for name, rows in by_site.items() if name != slow]
+    # every step applied two arrivals (a site arriving twice is one row with updates 2)
+    assert all(sum(int(s["metrics"].get("updates", 1)) for s in ok if s["round"] == r["round"])
+               == 2 for r in rounds), ok  # fmt: skip
+    # the throttled site does not hold the others back: they make the steps
+    assert len(fast_counts) == SITES - 1 and min(fast_counts) > len(slow_rows), (slow, by_site)
+    for row in slow_rows:  # what it sent was trained on an older model, and counts less
+        assert row["metrics"]["staleness"] >= 1, slow_rows
+    assert all(r["bytes_in"] and r["bytes_out"] for r in rounds), rounds
+    assert {s["metrics"]["uplink_bytes"] for s in ok} == {ok[0]["metrics"]["uplink_bytes"]}
+    assert rounds[-1]["eval_accuracy"] > 0.5, rounds[-1]  # chance is 0.1 on ten digits
