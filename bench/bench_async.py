@@ -81,12 +81,14 @@ def main() -> None:
                         help="synchronous runs' --simulated-deadline (s)")  # fmt: skip
     parser.add_argument("--sync-rounds", type=int, default=30)
     parser.add_argument("--async-rounds", type=int, default=90)
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS),
+                        help="run only these (the ratios need fedbuff and the other one)")
     parser.add_argument("--json", type=Path, help="also write every result here")
     args = parser.parse_args()
     results: dict[str, dict[int, dict]] = {m: {} for m in METHODS}
     with tempfile.TemporaryDirectory(prefix="fedweave-bench-async-") as tmp:
         for seed in args.seeds:
-            for method in METHODS:
+            for method in args.methods:
                 found = run(method, args, seed, Path(tmp))
                 results[method][seed] = found
                 reached = found["reached_s"]
@@ -99,6 +101,8 @@ def main() -> None:
                     flush=True,
                 )
     for method in ("fedavg", "fedavg-wait", "fedprox"):
+        if "fedbuff" not in args.methods or method not in args.methods:
+            continue
         ratios = [
             results["fedbuff"][s]["reached_s"] / results[method][s]["reached_s"]
             for s in args.seeds

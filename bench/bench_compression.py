@@ -5,9 +5,12 @@ federated, with SecAgg+'s own bytes per parameter beside them.
     python bench/bench_compression.py --task mnist5k --clients 10 --rounds 20
     python bench/bench_compression.py --mode gossip --task digits --clients 10 --rounds 20
 
-With ``--mode gossip`` the kinds are none, fp16 and int8 (gossip sends whole models), the
-bytes are what each peer sent in a round (its transport's count: every frame of every message,
-offers, replies and membership), and the accuracy is the peers' mean after the last round.
+With ``--mode gossip`` the kinds are none, fp16 and int8 (gossip sends whole models). Bytes:
+the size of one model message (exact, from ``gossip/wire.py``), and what the peers sent (their
+transports' counts: every frame of every message, offers, replies and membership) a round and
+a mix. How many exchanges a round makes depends on timing (``busy`` answers, a loaded
+machine), so the per-round and per-mix figures vary between runs; the message size does not.
+Accuracy is the peers' mean after the last round.
 
 Each run is a real ``fedweave simulate`` (the simulation engine; every site trains for real)
 with the same seed; the history's counts are what the coordinator's grid saw
@@ -56,16 +59,24 @@ def run_gossip(kind: str, args: argparse.Namespace, seed: int, work: Path) -> di
     done = subprocess.run(command, capture_output=True, text=True, cwd=work)
     if done.returncode != 0:
         raise SystemExit(f"{name} failed: {done.stderr[-2000:]}")
+    from fedweave.gossip import wire
     from fedweave.history import open_store
     from fedweave.learning.task import load_task
+    from fedweave.learning.weights import get_named_weights
 
     with open_store(f"sqlite:///{db}") as store:
-        rows = [row for run in store.list_runs() for row in store.rounds(run.run_id)]
-    parameters = sum(p.numel() for p in load_task(args.task).build_model().parameters())
+        runs = [store.rounds(run.run_id) for run in store.list_runs()]
+    rows = [row for rounds in runs for row in rounds]
+    mixes = sum(rounds[-1]["extra"]["mixes"] for rounds in runs if rounds)
+    model = load_task(args.task).build_model()
+    offer = wire.Message(wire.OFFER, "bench", tensors=get_named_weights(model),
+                         encoding="raw" if kind == "none" else kind)  # fmt: skip
     return {
         "uplink": statistics.mean(row["bytes_out"] for row in rows),
+        "per_mix": sum(row["bytes_out"] for row in rows) / max(mixes, 1),
+        "message": sum(len(memoryview(f).cast("B")) for f in wire.encode(offer)),
         "final": json.loads(out.read_text())["final_accuracy"],
-        "parameters": parameters,
+        "parameters": sum(p.numel() for p in model.parameters()),
         "wall_s": time.perf_counter() - started,
     }
 
@@ -227,17 +238,21 @@ def gossip(args: argparse.Namespace) -> None:
                 found = run_gossip(kind, args, seed, Path(tmp))
                 results.setdefault(kind, {})[seed] = found
                 print(
-                    f"gossip {args.task} seed {seed} {kind:5s}: {found['uplink']:10.0f} B a peer "
-                    f"a round; mean final accuracy {found['final']:.4f} ({found['wall_s']:.0f} s)",
-                    flush=True,
+                    f"gossip {args.task} seed {seed} {kind:5s}: model message "
+                    f"{found['message']} B; {found['uplink']:10.0f} B a peer a round, "
+                    f"{found['per_mix']:9.0f} B a mix; mean final accuracy {found['final']:.4f} "
+                    f"({found['wall_s']:.0f} s)", flush=True,
                 )  # fmt: skip
     base = results["none"]
     print(f"\ngossip {args.task}, {args.clients} peers, {args.rounds} rounds, seeds {args.seeds}:")
     for kind, by_seed in results.items():
         ratio = statistics.mean(by_seed[s]["uplink"] / base[s]["uplink"] for s in args.seeds)
         gap = statistics.mean(100 * (by_seed[s]["final"] - base[s]["final"]) for s in args.seeds)
+        per_mix = statistics.mean(by_seed[s]["per_mix"] / base[s]["per_mix"] for s in args.seeds)
+        message = by_seed[args.seeds[0]]["message"] / base[args.seeds[0]]["message"]
         print(
-            f"  {kind:5s} bytes sent {ratio:6.3f}x none, mean final accuracy "
+            f"  {kind:5s} model message {message:6.3f}x none; bytes sent a round {ratio:6.3f}x, "
+            f"a mix {per_mix:6.3f}x; mean final accuracy "
             f"{statistics.mean(by_seed[s]['final'] for s in args.seeds):.4f} ({gap:+.2f} points)"
         )
     if args.json:
