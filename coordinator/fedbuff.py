@@ -1,4 +1,4 @@
-"""Buffered asynchronous aggregation (FedBuff: Nguyen et al., AISTATS 2022), simulated.
+"""Buffered asynchronous aggregation (FedBuff: Nguyen et al., AISTATS 2022).
 
 Every site trains all the time, each job on the newest global model there is when it starts;
 the coordinator moves the model every ``--buffer`` (K) arrivals. An update trained on model
@@ -185,7 +185,9 @@ def make_fedbuff_server_app(
 ) -> ServerApp:
     """A ServerApp that applies ``settings.rounds`` buffers of ``settings.buffer`` updates
     from ``start_weights`` (``--schedule async``); every buffer is told to ``listeners`` as a
-    round (``RoundSummary``), and ``round_starts`` hear when each model step begins."""
+    round (``RoundSummary``), and ``round_starts`` hear when each model step begins.
+    ``clock_start``: a resumed run's simulated clock; ``deadline``: the run's
+    ``RoundDeadline`` (in arrival order, how long one job may take; default: sized here)."""
     from fedweave.coordinator.model_health import ModelHealth
     from fedweave.coordinator.server_app import make_central_evaluator
     from fedweave.learning.statistics import needs_statistics
