@@ -67,7 +67,10 @@ def run_gossip(kind: str, args: argparse.Namespace, seed: int, work: Path) -> di
     with open_store(f"sqlite:///{db}") as store:
         runs = [store.rounds(run.run_id) for run in store.list_runs()]
     rows = [row for rounds in runs for row in rounds]
-    mixes = sum(rounds[-1]["extra"]["mixes"] for rounds in runs if rounds)
+    last: dict[str, int] = {}  # each peer's running count of mixes, at its last round
+    for row in rows:
+        last[row["actor"]] = max(last.get(row["actor"], 0), int(row["extra"]["mixes"]))
+    mixes = sum(last.values())
     model = load_task(args.task).build_model()
     offer = wire.Message(wire.OFFER, "bench", tensors=get_named_weights(model),
                          encoding="raw" if kind == "none" else kind)  # fmt: skip
