@@ -22,6 +22,7 @@ from fedweave.client.mods import site_mods
 from fedweave.contract import (
     BATCH_SIZE_KEY,
     CLIP_GRAD_NORM_KEY,
+    COMPRESS_KEY,
     DROPS_PARTIAL_WORK_KEY,
     JOB_KEY,
     LOCAL_EPOCHS_KEY,
@@ -46,6 +47,7 @@ from fedweave.contract import (
     LateWork,
     SiteRefusal,
 )
+from fedweave.learning.compression import Compression
 from fedweave.learning.data import load_site_data
 from fedweave.learning.evaluation_split import hold_out
 from fedweave.learning.statistics import bound_problem, decode_known, digest, needs_statistics
@@ -216,9 +218,13 @@ class TaskClient(NumPyClient):
 
         speeds = SiteSpeeds.parse(str(config[SITE_SPEEDS_KEY]), int(config.get(SEED_KEY, 0)))
         epochs = int(config.get(LOCAL_EPOCHS_KEY, self.config.epochs))
+        model_bytes = sum(int(np.asarray(p).nbytes) for p in parameters)
+        update_bytes = Compression.parse(str(config.get(COMPRESS_KEY) or "none")).sent_bytes(
+            parameters
+        )
         training, transfer = speeds.compute_and_link(
-            self.site_name or str(self.site_index), len(self.data), epochs,
-            sum(int(np.asarray(p).nbytes) for p in parameters),
+            self.site_name or str(self.site_index), len(self.data), epochs, model_bytes,
+            update_bytes,
         )  # fmt: skip
         deadline = config.get(SIMULATED_DEADLINE_KEY)
         if deadline is None:

@@ -226,6 +226,7 @@ def make_fedbuff_server_app(
         arrivals = _Arrivals(grid)
         models: dict[int, list[np.ndarray]] = {0: [w.copy() for w in start_weights]}
         model_bytes = sum(int(w.nbytes) for w in start_weights)
+        update_bytes = compression.sent_bytes(start_weights)  # what a site's job sends up
         version, clock = 0, clock_start
         sites: dict[int, _Site] = {}
         pending: list[_Job] = []  # simulated clock: a heap by finishing time
@@ -283,8 +284,9 @@ def make_fedbuff_server_app(
                     continue
                 learn(node, outcome)
                 site = sites[node]
-                job.finishes_at = clock + speeds.job_seconds(site.name, site.examples, epochs,
-                                                             model_bytes)  # fmt: skip
+                job.finishes_at = clock + speeds.job_seconds(
+                    site.name, site.examples, epochs, model_bytes, update_bytes
+                )
                 heapq.heappush(pending, job)
                 results[message_id] = outcome
             if len(sites) < buffer_size:
@@ -370,8 +372,9 @@ def make_fedbuff_server_app(
                 # the site starts its next job now, on the newest model
                 site = sites[job.node]
                 message_id = send(job.node, version)
-                finishes = clock + speeds.job_seconds(site.name, site.examples, epochs,
-                                                      model_bytes)  # fmt: skip
+                finishes = clock + speeds.job_seconds(
+                    site.name, site.examples, epochs, model_bytes, update_bytes
+                )
                 heapq.heappush(pending, _Job(finishes, job.node, version, message_id, clock))
             update, train_metrics, member_results = _apply(models, version, members, sites)
             version += 1

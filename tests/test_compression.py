@@ -310,3 +310,23 @@ def test_secure_aggregation_rounds_record_the_bytes_each_site_sent(tmp_path):
     uplinks = [s["metrics"][UPLINK_BYTES_METRIC] for s in sites if s["status"] == "ok"]
     assert uplinks and all(model_bytes < u < 2 * model_bytes for u in uplinks)
     assert all(r["bytes_in"] >= sum(uplinks) / len(rounds) * 0.9 for r in rounds)
+
+
+@pytest.mark.parametrize("spec", ["none", *LOSSY])
+def test_the_simulated_clock_prices_a_sites_uplink_at_what_it_sends(spec):
+    """``sent_bytes`` is the encoded update's size without encoding it, so the simulated
+    clock (``--site-speeds``) charges a compressed site's link only for what it sends."""
+    from fedweave.learning.site_speeds import SiteSpeeds
+
+    compression = Compression.parse(spec)
+    reference = _model()
+    if compression.active:
+        sent, _ = compression.encode(_trained(reference), reference, None)
+        assert compression.sent_bytes(reference) == sum(a.nbytes for a in sent)
+    model_bytes = sum(a.nbytes for a in reference)
+    assert Compression().sent_bytes(reference) == model_bytes
+    speeds = SiteSpeeds.parse("equal", 0)
+    full = speeds.job_seconds("a", 0, 1, model_bytes)
+    priced = speeds.job_seconds("a", 0, 1, model_bytes, compression.sent_bytes(reference))
+    assert priced == pytest.approx(full * (model_bytes + compression.sent_bytes(reference))
+                                   / (2 * model_bytes))  # fmt: skip

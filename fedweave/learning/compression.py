@@ -79,6 +79,20 @@ class Compression:
     def active(self) -> bool:
         return self.kind != "none"
 
+    def sent_bytes(self, reference: list[np.ndarray]) -> int:
+        """Data bytes of what a site sends for a model shaped like ``reference`` (the
+        model's own bytes for ``none``), without encoding anything."""
+        floating = [np.asarray(r) for r in reference if _is_float(r)]
+        exact = sum(int(np.asarray(r).nbytes) for r in reference if not _is_float(r))
+        values = sum(int(r.size) for r in floating)
+        if self.kind == "fp16":
+            return 2 * values + exact
+        if self.kind == "int8":
+            return values + 4 * len(floating) + exact
+        if self.kind == "topk":
+            return 8 * top_k_count(self.fraction, values) + exact
+        return sum(int(r.nbytes) for r in floating) + exact
+
     def encode(
         self, local: list[np.ndarray], reference: list[np.ndarray], residual: np.ndarray | None
     ) -> tuple[list[np.ndarray], np.ndarray]:

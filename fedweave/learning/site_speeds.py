@@ -7,7 +7,9 @@ round's local training plus sending its update and receiving the model) then tak
 simulated seconds::
 
     compute factor x SECONDS_PER_EXAMPLE x examples x epochs
-    + link factor x 2 x model bytes / BYTES_PER_SECOND
+    + link factor x (model bytes + update bytes) / BYTES_PER_SECOND
+
+(the update's bytes are the model's, or fewer under ``--compress``)
 
 Both the coordinator and the site can compute it (the site knows its examples, the
 coordinator learns them from the site's first reply), so a synchronous round's stragglers
@@ -88,23 +90,25 @@ class SiteSpeeds:
             draws = 1.0 + rng.pareto(self.shape, size=2)
         return float(draws[0]), float(draws[1])
 
-    def job_seconds(self, site: str, examples: int, epochs: int, model_bytes: int) -> float:
+    def job_seconds(
+        self, site: str, examples: int, epochs: int, model_bytes: int,
+        update_bytes: int | None = None,
+    ) -> float:  # fmt: skip
         """Simulated seconds of one round's job at ``site``: its local training on
-        ``examples`` for ``epochs``, and the model down and its update up."""
-        compute, link = self.factors(site)
-        return (
-            compute * SECONDS_PER_EXAMPLE * examples * epochs
-            + link * 2.0 * model_bytes / BYTES_PER_SECOND
-        )
+        ``examples`` for ``epochs``, the model down (``model_bytes``) and its update up
+        (``update_bytes``: what ``--compress`` sends; default the model's bytes)."""
+        return sum(self.compute_and_link(site, examples, epochs, model_bytes, update_bytes))
 
     def compute_and_link(
-        self, site: str, examples: int, epochs: int, model_bytes: int
-    ) -> tuple[float, float]:
+        self, site: str, examples: int, epochs: int, model_bytes: int,
+        update_bytes: int | None = None,
+    ) -> tuple[float, float]:  # fmt: skip
         """The two parts of ``job_seconds``: (training, transfer)."""
         compute, link = self.factors(site)
+        up = model_bytes if update_bytes is None else update_bytes
         return (
             compute * SECONDS_PER_EXAMPLE * examples * epochs,
-            link * 2.0 * model_bytes / BYTES_PER_SECOND,
+            link * (model_bytes + up) / BYTES_PER_SECOND,
         )
 
 
