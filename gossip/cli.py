@@ -35,6 +35,9 @@ def _setup_logging(level: str) -> None:
 
 
 def _peer(config: RunConfig, _resolved: Resolved) -> None:
+    from fedweave.gossip.exchange import gossip_encoding
+
+    gossip_encoding(config.federation.compress)  # refused before anything starts
     _setup_logging(config.peer.log_level)
     from fedweave.gossip.peer import run_peer
 

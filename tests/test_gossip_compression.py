@@ -102,6 +102,21 @@ def test_gossip_takes_fp16_and_int8_and_refuses_top_k_in_one_line():
         gossip_encoding("int4")
 
 
+def test_a_peer_refuses_top_k_in_one_line_before_it_starts(tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "fedweave.cli", "peer", "--listen", "tcp://127.0.0.1:1",
+         "--task", "digits", "--insecure", "--data", "site.npz", "--compress", "topk:0.1",
+         "--db", "none"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert "gossip peers send whole models" in lines[0]
+
+
 def _gossip_bytes(tmp_path, compress: str) -> tuple[float, int]:
     from fedweave.config import RunConfig
     from fedweave.history import open_store
