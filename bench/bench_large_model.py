@@ -82,12 +82,16 @@ def main() -> None:
     parser.add_argument("--sites", type=int, default=3)
     parser.add_argument("--modes", nargs="+", choices=("plain", "secagg"),
                         default=["plain", "secagg"])  # fmt: skip
+    parser.add_argument("--keep", type=Path, metavar="DIR",
+                        help="work in DIR and keep its logs and histories (default: a "
+                             "temporary folder, removed at the end)")  # fmt: skip
     args = parser.parse_args()
     path = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
            "PYTHONPATH": path}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="fedweave-bench-large-") as tmp:
-        work = Path(tmp)
+        work = args.keep or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
         prepare(work, args.sites, env)
         for mode in args.modes:
             started = time.perf_counter()
