@@ -5,6 +5,7 @@ the seed), several seeds.
 
     python bench/bench_async.py --task synthetic-1-1 --clients 30 --seeds 0 1 2
     python bench/bench_async.py --task mnist5k --clients 30 --seeds 0 1 2 --target 0.85
+    python bench/bench_async.py ... --secure   # every method under SecAgg+
 
 Prints, per seed and method, the simulated seconds until the central test accuracy first
 reached ``--target`` and the final accuracy, then the ratio the issue states its goal in:
@@ -33,7 +34,8 @@ def run(method: str, args: argparse.Namespace, seed: int, work: Path) -> dict:
     db = work / f"{method}-{seed}.db"
     common = [
         "--task", args.task, "--clients", str(args.clients), "--partition", args.partition,
-        "--seed", str(seed), "--site-speeds", args.speeds, "--no-secure-agg",
+        "--seed", str(seed), "--site-speeds", args.speeds,
+        *([] if args.secure else ["--no-secure-agg"]),
         "--local-epochs", str(args.local_epochs), "--evaluate-every", "0",
         "--eval-fraction", "0", "--db", f"sqlite:///{db}", "--out", str(work / "r.json"),
         "--checkpoint-dir", str(work / "ck"),
@@ -83,6 +85,9 @@ def main() -> None:
     parser.add_argument("--async-rounds", type=int, default=90)
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS),
                         help="run only these (the ratios need fedbuff and the other one)")
+    parser.add_argument("--secure", action="store_true",
+                        help="every method under SecAgg+ (FedBuff: secure buffers, "
+                             "docs/schedules.md); default: all with --no-secure-agg")  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write every result here")
     args = parser.parse_args()
     results: dict[str, dict[int, dict]] = {m: {} for m in METHODS}
@@ -93,7 +98,8 @@ def main() -> None:
                 results[method][seed] = found
                 reached = found["reached_s"]
                 print(
-                    f"{args.task} seed {seed} {method:11s}: target {args.target:g} at "
+                    ("secure " if args.secure else "")
+                    + f"{args.task} seed {seed} {method:11s}: target {args.target:g} at "
                     + (f"{reached:8.1f} s" if reached is not None else "   never  ")
                     + f" simulated; final accuracy {found['final']:.4f} after "
                     f"{found['rounds']} steps, {found['clock_end']:.1f} s simulated "

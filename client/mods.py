@@ -31,10 +31,13 @@ from flwr.common import parameters_to_ndarrays
 from flwr.compat.common import recorddict_compat as compat
 
 from fedweave.client.compression_mod import compression_when_asked
+from fedweave.client.held_updates import holding_updates_when_asked
 from fedweave.contract import (
     CLIPPED_FRACTION_METRIC,
     COMPRESSION_METRIC,
+    DELIVER_KEY,
     DELIVERY_ALLOWANCE_KEY,
+    HELD_METRIC,
     LOCAL_DP_KEYS,
     MAX_CLOCK_SKEW_KEY,
     MAX_NORM_KEY,
@@ -224,6 +227,16 @@ def site_console_mod(msg: Message, context: Context, call_next: ClientAppCallabl
         sent = f"in the clear, {metrics[COMPRESSION_METRIC]}-compressed ({_sent_bytes(reply)})"
     stage = config.get(STATISTICS_STAGE_KEY)
     masked = SECAGG_CLIP_KEY in config
+    if DELIVER_KEY in config:
+        SITE_CONSOLE.info(
+            "round %s: the held update of job %s (%d examples) sent masked (SecAgg+) for "
+            "its buffer's sum", round_label, config[DELIVER_KEY], num_examples,
+        )  # fmt: skip
+        site_record(msg, outcome="ok", part="held update", examples=num_examples, masked=True)
+        return reply
+    fate = f"sent {sent}"
+    if HELD_METRIC in metrics:
+        fate = f"held for a SecAgg+ buffer (job {metrics[HELD_METRIC]})"
     if stage:
         SITE_CONSOLE.info(
             "statistics (%s) of %d examples sent %s", stage, num_examples, sent
@@ -240,8 +253,8 @@ def site_console_mod(msg: Message, context: Context, call_next: ClientAppCallabl
         )  # fmt: skip
         return reply
     SITE_CONSOLE.info(
-        "round %s: trained on %d examples (%s); update sent %s", round_label,
-        num_examples, _metrics_line(metrics) or "no metrics", sent,
+        "round %s: trained on %d examples (%s); update %s", round_label,
+        num_examples, _metrics_line(metrics) or "no metrics", fate,
     )  # fmt: skip
     site_record(msg, outcome="ok", part="training", examples=num_examples,
                 metrics=_numbers(metrics), masked=masked)  # fmt: skip
@@ -373,6 +386,7 @@ def site_mods(site_name_of: SiteNameOf = node_site_name) -> list[Mod]:
         clock_guard,
         secagg_when_asked,
         site_console_mod,
+        holding_updates_when_asked,
         compression_when_asked,
         update_check_mod,
         central_dp_clipping_when_asked,

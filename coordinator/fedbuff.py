@@ -29,7 +29,13 @@ Two clocks order the arrivals:
 
 Under ``--compress`` a site's update is decoded against the model step it trained on; one in
 another format is recorded ``rejected`` with what differs. Each step records the bytes its
-arrivals carried in and the models it sent out. Asynchrony under SecAgg+ is not built.
+arrivals carried in and the models it sent out.
+
+Under SecAgg+ the coordinator never sees one update (``coordinator/secure_buffer.py``): a
+job only trains, and its site holds the update (``client/held_updates.py``) and gets no new
+job meanwhile; the first ``--buffer`` sites holding one form the buffer's SecAgg+ cohort,
+and the unmasked sum is the step above. A site dropped from that round is recorded with
+why; then every site of the buffer starts its next job on the new model.
 """
 
 from __future__ import annotations
@@ -50,6 +56,8 @@ from flwr.server import Grid, ServerApp
 
 from fedweave.contract import (
     COMPRESSION_METRIC,
+    HELD_METRIC,
+    HOLD_KEY,
     JOB_KEY,
     SIMULATED_SECONDS_METRIC,
     SITE_NAME_METRIC,
@@ -59,7 +67,11 @@ from fedweave.contract import (
     read_outcome,
 )
 from fedweave.coordinator.rounds import RoundSummary
+from fedweave.coordinator.secure_agg import make_secagg_workflow
+from fedweave.coordinator.secure_buffer import BufferSum, secure_buffer_sum
+from fedweave.coordinator.traffic import Traffic
 from fedweave.errors import UserError
+from fedweave.flower_patches.secagg_masks import unflatten
 from fedweave.history.records import RoundInFlight, SiteResult
 from fedweave.learning.compression import Compression, CompressionMismatch
 
@@ -87,6 +99,7 @@ class _Job:
     version: int = field(compare=False)
     message_id: str = field(compare=False)
     started_at: float = field(compare=False)
+    number: int = field(default=0, compare=False)
 
 
 @dataclass
@@ -154,6 +167,19 @@ def _fit_result(reply: Message | None, silent: str = "no reply") -> _Outcome:
     return _Outcome(res)
 
 
+def _held(outcome: _Outcome, job: int) -> _Outcome:
+    """``outcome`` of a job whose site was to hold its update for a secure buffer, or
+    ``rejected`` when the site sent weights instead (they are dropped unread)."""
+    res = outcome.res
+    if res.parameters.tensors or res.metrics.get(HELD_METRIC) != job:
+        return _Outcome(
+            status="rejected",
+            reason=f"sent its update in the clear instead of holding job {job}'s for a "
+            "SecAgg+ buffer (a fedweave too old?)",
+        )
+    return outcome
+
+
 def _decoded(outcome: _Outcome, compression: Compression, reference: list[np.ndarray]) -> _Outcome:
     """``outcome`` with the site's model in place of its compressed update (trained on
     ``reference``), or ``rejected`` with what differs from the run's ``--compress``."""
@@ -212,7 +238,9 @@ def make_fedbuff_server_app(
     server_lr = config.federation.server_lr or 1.0
     compression = settings.compression
     epochs = config.training.local_epochs
-    job_deadline = (deadline or settings.deadline(test_data)).seconds
+    deadline = deadline or settings.deadline(test_data)
+    job_deadline = deadline.seconds
+    secure = settings.secure_agg
     extra_config = (
         {"proximal_mu": config.federation.proximal_mu}
         if config.federation.strategy == "fedprox"
@@ -235,6 +263,8 @@ def make_fedbuff_server_app(
         traffic = {"in": 0, "out": 0}
         checked = [time.monotonic()]  # real time: when connected sites were last looked up
         jobs = [0]  # jobs sent so far
+        numbers: dict[str, int] = {}  # message id -> its job's number
+        workflow = make_secagg_workflow(settings.secagg, buffer_size, deadline) if secure else None
 
         def send(node: int, step: int) -> str:
             """Ask ``node`` to train on model step ``step`` (its round label: the step it
@@ -243,7 +273,7 @@ def make_fedbuff_server_app(
             ins = FitIns(
                 ndarrays_to_parameters(models[step]),
                 {**settings.fit_config(step + 1, job_deadline), **extra_config,
-                 JOB_KEY: jobs[0]},
+                 JOB_KEY: jobs[0], **({HOLD_KEY: True} if secure else {})},
             )  # fmt: skip
             traffic["out"] += sum(len(tensor) for tensor in ins.parameters.tensors)
             message = Message(
@@ -252,15 +282,20 @@ def make_fedbuff_server_app(
                 group_id=str(step + 1 + settings.round_offset),
             )  # fmt: skip
             (message_id,) = grid.push_messages([message])
+            numbers[message_id] = jobs[0]
             if speeds is None:
-                running[message_id] = _Job(time.monotonic(), node, step, message_id, clock)
+                running[message_id] = _Job(time.monotonic(), node, step, message_id, clock,
+                                           jobs[0])  # fmt: skip
             return message_id
 
         def received(outcome: _Outcome, job: _Job) -> _Outcome:
+            job.number = numbers.pop(job.message_id, job.number)
             if outcome.res is not None:
                 uplink = sum(len(tensor) for tensor in outcome.res.parameters.tensors)
                 traffic["in"] += uplink
                 outcome.res.metrics[UPLINK_BYTES_METRIC] = uplink
+                if secure:
+                    return _held(outcome, job.number)
             return _decoded(outcome, compression, models[job.version])
 
         def learn(node: int, outcome: _Outcome) -> None:
@@ -332,6 +367,37 @@ def make_fedbuff_server_app(
                     return oldest, _fit_result(None, silent)
                 time.sleep(POLL_SECONDS)
 
+        def next_job(node: int, name: str) -> None:
+            """The site's next job, on the newest model, starting now."""
+            if speeds is None:
+                if node in set(grid.get_node_ids()):
+                    send(node, version)
+                else:
+                    log.warning("site %s left the asynchronous run", name)
+                return
+            if node not in sites:
+                return  # never answered: no speed to schedule it by
+            site = sites[node]
+            message_id = send(node, version)
+            finishes = clock + speeds.job_seconds(
+                site.name, site.examples, epochs, model_bytes, update_bytes
+            )
+            heapq.heappush(pending, _Job(finishes, node, version, message_id, clock))
+
+        def secure_sum(step: int, members: list[tuple[_Job, Any]]) -> BufferSum:
+            """The buffer's SecAgg+ round among the sites holding ``members``' updates."""
+            counted = Traffic()
+            result = secure_buffer_sum(
+                grid, context, workflow, step,
+                {job.node: (job.number, staleness_weight(version - job.version))
+                 for job, _res in members},
+                settings.fit_config(step, job_deadline), counted,
+            )  # fmt: skip
+            for site in counted.of_round(step).values():
+                traffic["in"] += site.train_in
+                traffic["out"] += site.train_out
+            return result
+
         step_began = clock
         for step in range(1, settings.rounds + 1):
             wall_start, started_at = time.perf_counter(), datetime.now(timezone.utc)
@@ -361,22 +427,30 @@ def make_fedbuff_server_app(
                     ))  # fmt: skip
                 else:
                     members.append((job, res))
-                if speeds is None:
-                    if job.node in set(grid.get_node_ids()):
-                        send(job.node, version)  # its next job, on the newest model
-                    else:
-                        log.warning("site %s left the asynchronous run", name)
-                    continue
-                if job.node not in sites:
-                    continue  # never answered: no speed to schedule it by
-                # the site starts its next job now, on the newest model
-                site = sites[job.node]
-                message_id = send(job.node, version)
-                finishes = clock + speeds.job_seconds(
-                    site.name, site.examples, epochs, model_bytes, update_bytes
-                )
-                heapq.heappush(pending, _Job(finishes, job.node, version, message_id, clock))
+                    if secure:
+                        continue  # it holds its update until the buffer's SecAgg+ round
+                next_job(job.node, name)
+            notes: list[str] = []
+            secured = secure_sum(step + settings.round_offset, members) if secure else None
+            if secured is not None:
+                holders = members
+                members = [(job, res) for job, res in holders if job.node in secured.delivered]
+                for job, res in holders:
+                    if job.node in secured.dropped:
+                        status, reason = secured.dropped[job.node]
+                        dropped.append(SiteResult(
+                            sites[job.node].name, status, int(res.num_examples),
+                            {"staleness": version - job.version, "node_id": str(job.node)},
+                            reason=reason,
+                        ))  # fmt: skip
+                if secured.update is None:
+                    notes.append("the buffer's SecAgg+ round failed: the model did not move")
             update, train_metrics, member_results = _apply(models, version, members, sites)
+            if secured is not None:  # the flat SecAgg+ sum, in the model's shapes
+                update = (
+                    unflatten(secured.update, models[version]) if secured.update is not None
+                    else [np.zeros_like(w) for w in models[version]]
+                )  # fmt: skip
             version += 1
             models[version] = [
                 w + (server_lr * u).astype(w.dtype) for w, u in zip(models[version - 1], update)
@@ -385,8 +459,10 @@ def make_fedbuff_server_app(
             referenced = {job.version for job in out} | {version}
             for old in [v for v in models if v not in referenced]:
                 del models[old]
+            if secured is not None:  # the buffer's sites start their next jobs on it
+                for job, _res in holders:
+                    next_job(job.node, sites[job.node].name)
             kept = {site.site_id for site in member_results}
-            notes = []
             for site in dropped:  # one row a site a round: a second one becomes a note
                 if site.site_id in kept:
                     notes.append(f"site {site.site_id}: another update {site.status}: "

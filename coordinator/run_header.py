@@ -42,7 +42,9 @@ def protections(
     secure = config.secure_aggregation.secure_agg
     secagg: dict[str, Any] = {"on": secure}
     if secure:
-        shares, threshold = derive_shares(cohort)
+        schedule = _schedule(config, cohort).get("schedule")
+        # an asynchronous run's SecAgg+ cohort is each buffer
+        shares, threshold = derive_shares(schedule["buffer"] if schedule else cohort)
         secagg.update(shares=shares, threshold=threshold)
     privacy = config.privacy
     dp: dict[str, Any] = {"mode": privacy.dp}
@@ -153,6 +155,7 @@ def header_line(facts: dict[str, Any]) -> str:
         return (
             f"SecAgg+ {secure}; strategy {facts['strategy']}; asynchronous (FedBuff): the model "
             f"moves every {schedule['buffer']} site updates, each weighted by its staleness"
+            + (", each buffer summed by its own SecAgg+ round" if secagg["on"] else "")
             + (f", discarded beyond {stale} steps" if stale is not None else "")
             + "; evaluation central, every step" + _compress_text(facts) + _clock_text(facts)
         )

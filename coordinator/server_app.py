@@ -131,9 +131,12 @@ class ServerSettings:
     @property
     def buffer(self) -> int:
         """Async: site updates per model step (``--buffer``; default a third of the sites,
-        at least 2, at most all)."""
+        at least 2, under SecAgg+ at least 3, at most all)."""
         given = self.config.federation.buffer
-        return given if given is not None else min(self.min_clients, max(2, self.min_clients // 3))
+        floor = MIN_SECAGG_COHORT if self.secure_agg else 2
+        if given is not None:
+            return given
+        return min(self.min_clients, max(floor, self.min_clients // 3))
 
     def _check_schedule(self) -> None:
         """Refuse what the simulated clock and the asynchronous schedule cannot do."""
@@ -154,10 +157,11 @@ class ServerSettings:
                 if value is not None:
                     raise UserError(f"{flag} is for --schedule async; drop it or add that")
             return
-        if self.secure_agg:
+        if self.secure_agg and self.buffer < MIN_SECAGG_COHORT:
             raise UserError(
-                "--schedule async under SecAgg+ is not built yet (each buffer would need its "
-                "own SecAgg+ cohort); add --no-secure-agg"
+                f"--buffer {self.buffer}: under SecAgg+ each buffer is a SecAgg+ cohort, which "
+                f"needs at least {MIN_SECAGG_COHORT} sites (with fewer, the sum reveals each "
+                f"site's update); raise --buffer to {MIN_SECAGG_COHORT} or add --no-secure-agg"
             )
         if federation.strategy not in ("fedavg", "fedprox"):
             raise UserError(

@@ -109,6 +109,17 @@ MAX_NORM_KEY = "fw-max-update-norm"
 JOB_KEY = "fw-job"
 """Fit config (``--schedule async``): the job's number in the run, so that a site's successive
 jobs on one model step train on differently shuffled data instead of repeating themselves."""
+HOLD_KEY = "fw-hold"
+"""Fit config (``--schedule async`` under SecAgg+): keep this job's update at the site, under
+the job's number (``JOB_KEY``), until the coordinator asks for it in a SecAgg+ round; the reply
+carries the job's metrics and examples but no weights (``fedweave/client/held_updates.py``)."""
+DELIVER_KEY = "fw-deliver"
+"""Fit config (a secure buffer's SecAgg+ round): the number of the held job whose update this
+site sends, masked, scaled by ``STALENESS_WEIGHT_KEY``; the instruction carries no model."""
+STALENESS_WEIGHT_KEY = "fw-staleness-weight"
+"""Fit config (with ``DELIVER_KEY``): the held update's FedBuff staleness weight."""
+HELD_METRIC = "held_job"
+"""Fit metric: the number of the job whose update this site holds for a secure buffer."""
 COMPRESS_KEY = "fw-compress"
 """Fit config: the run's ``--compress`` spec (``fedweave/learning/compression.py``); the site
 sends its compressed update instead of its model. Absent: the model, uncompressed."""

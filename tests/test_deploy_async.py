@@ -135,3 +135,49 @@ def test_a_deployed_async_run_is_not_held_back_by_a_throttled_site(tmp_path):
     assert all(r["bytes_in"] and r["bytes_out"] for r in rounds), rounds
     assert {s["metrics"]["uplink_bytes"] for s in ok} == {ok[0]["metrics"]["uplink_bytes"]}
     assert rounds[-1]["eval_accuracy"] > 0.5, rounds[-1]  # chance is 0.1 on ten digits
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_deployed_async_run_under_secagg_sums_each_buffer_securely(tmp_path):
+    """Four sites, one throttled, under SecAgg+: each step is one buffer of three sites that
+    held their updates and sent them only masked, in that buffer's SecAgg+ round."""
+    if shutil.which("sh") is None:
+        pytest.skip("needs sh")
+    sites, steps = 4, 4
+    quota = cpu_quota(f"fedweave-test-{os.getpid()}", QUOTA)
+    make_deployment(tmp_path, sites)
+    db = f"sqlite:///{tmp_path / 'history.db'}"
+    port = free_port()
+    procs = Processes(tmp_path)
+    try:
+        coord = procs.start(
+            "coordinator",
+            *coordinator_args(port, db, steps, sites, "--once", "--schedule", "async",
+                              "--buffer", "3", "--round-timeout", "120"),
+        )  # fmt: skip
+        wait_for(
+            lambda: "sites connected" in procs.output("coordinator"), 60,
+            "the coordinator to listen", coord, lambda: procs.output("coordinator"),
+        )  # fmt: skip
+        for i in range(sites):
+            procs.start(f"site{i}", *site_args(port, i, None, "--name", f"site{i}"),
+                        host=quota if i == SLOW else None)  # fmt: skip
+        out = wait_for_success(procs, coord, "the asynchronous run under SecAgg+ to complete")
+        fast_site = procs.output("site0")
+    finally:
+        procs.close()
+        quota.remove()
+
+    assert "SecAgg+ on" in out and "the model moves every 3 site updates" in out, out
+    assert "held for a SecAgg+ buffer" in fast_site and "sent masked (SecAgg+)" in fast_site
+    assert "in the clear" not in fast_site, fast_site
+    rounds, site_rows, run = recorded(db)
+    assert run.status == "completed" and [r["round"] for r in rounds] == list(range(1, steps + 1))
+    ok = [s for s in site_rows if s["status"] == "ok"]
+    for r in rounds:  # three distinct sites a buffer, each with the job it held
+        members = [s for s in ok if s["round"] == r["round"]]
+        assert len({s["site_id"] for s in members}) == 3, members
+        assert all("held_job" in s["metrics"] and "staleness" in s["metrics"] for s in members)
+    assert all(r["bytes_in"] and r["bytes_out"] for r in rounds), rounds
+    assert rounds[-1]["eval_accuracy"] > 0.5, rounds[-1]

@@ -147,12 +147,14 @@ class FederationSection:
         "sync: rounds wait for their sampled sites (or their deadline); async: buffered "
         "asynchronous aggregation (FedBuff): every site trains on the newest model it has "
         "and the model moves every --buffer arrivals, each weighted down by its staleness "
-        "(fedavg or fedprox, --no-secure-agg, central test data; in arrival order, or on the "
-        "simulated clock with --site-speeds).",
+        "(fedavg or fedprox, central test data; in arrival order, or on the simulated clock "
+        "with --site-speeds). Under SecAgg+ sites hold their updates and each buffer is "
+        "summed by its own SecAgg+ round.",
         choices=("sync", "async"),
     )
     buffer: int | None = setting(
-        None, "Async: site updates per model step (default: a third of the sites, at least 2).",
+        None, "Async: site updates per model step (default: a third of the sites, at least 2; "
+        "under SecAgg+ at least 3, a SecAgg+ cohort's smallest).",
         minimum=1,
     )
     max_staleness: int | None = setting(
