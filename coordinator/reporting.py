@@ -34,6 +34,7 @@ from fedweave.contract import (
     CLIPPED_FRACTION_METRIC,
     COMPRESSION_METRIC,
     CROSS_SITE_MODEL_KEY,
+    SITE_NAME_METRIC,
     UPLINK_BYTES_METRIC,
     bounded_site_metrics,
     one_line,
@@ -83,11 +84,16 @@ def weighted_train_metrics(results: Sequence[tuple[ClientProxy, FitRes]]) -> dic
 def arrival_independent_order(
     results: list[tuple[ClientProxy, FitRes]],
 ) -> list[tuple[ClientProxy, FitRes]]:
-    """The results sorted by a digest of their weights, not by which site answered first.
+    """The results sorted by the name each site gave, or, when names are missing or repeat,
+    by a digest of their weights: not by which site answered first.
 
     Floating-point sums depend on their order, and a seeded run only repeats when the
-    strategy adds the same updates in the same order every time.
+    strategy adds the same updates in the same order every time. The names spare hashing
+    every update (0.1 s a site for a 68 MB model).
     """
+    names = [res.metrics.get(SITE_NAME_METRIC) for _proxy, res in results]
+    if all(isinstance(name, str) for name in names) and len(set(names)) == len(names):
+        return [item for _name, item in sorted(zip(names, results), key=lambda p: p[0])]
 
     def digest(item: tuple[ClientProxy, FitRes]) -> bytes:
         hasher = hashlib.blake2b(digest_size=16)

@@ -6,23 +6,30 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+import pytest
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 from flwr.server.strategy.aggregate import aggregate_inplace
 
+from fedweave.contract import SITE_NAME_METRIC
 from fedweave.coordinator.reporting import arrival_independent_order
 from fedweave.flower_patches.secagg_masks import quantize_flat
 
 
-def fit_result(weights: list[np.ndarray], examples: int) -> tuple[None, FitRes]:
+def fit_result(weights: list[np.ndarray], examples: int, name: str | None) -> tuple[None, FitRes]:
     status = Status(code=Code.OK, message="")
-    return None, FitRes(status, ndarrays_to_parameters(weights), examples, {})
+    metrics = {} if name is None else {SITE_NAME_METRIC: name}
+    return None, FitRes(status, ndarrays_to_parameters(weights), examples, metrics)
 
 
-def test_fedavg_of_reordered_results_is_bit_identical_after_sorting():
+@pytest.mark.parametrize(
+    "names", [("a", "b", "c", "d"), (None,) * 4, ("a", "a", "c", "d")],
+    ids=["by-name", "by-digest", "names-repeat"],
+)
+def test_fedavg_of_reordered_results_is_bit_identical_after_sorting(names):
     rng = np.random.default_rng(0)
     results = [
-        fit_result([rng.normal(size=(64, 32)).astype(np.float32)], examples)
-        for examples in (97, 131, 180, 55)
+        fit_result([rng.normal(size=(64, 32)).astype(np.float32)], examples, name)
+        for examples, name in zip((97, 131, 180, 55), names)
     ]
     raw, sorted_ = set(), set()
     for order in itertools.permutations(results):
