@@ -372,3 +372,34 @@ def test_guard_takes_orphans_down_with_it(tmp_path):
         )
     finally:
         os.killpg(guard.pid, signal.SIGKILL) if guard.poll() is None else None
+
+
+def test_guard_reaps_orphans_that_exit():
+    """An orphan that exits under the guard is reaped (no zombie is left behind it), while the
+    guarded command itself is left to the guard's own wait."""
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from test_deploy_support import wait_for
+
+    from fedweave.procguard import _proc_table
+
+    guard = subprocess.Popen(
+        [sys.executable, "-m", "fedweave.procguard", "--", "sh", "-c",
+         "for i in 1 2 3; do (sleep 0.2 &) ; done; sleep 300"],
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        children = lambda: [  # noqa: E731
+            (pid, state) for pid, (ppid, state) in _proc_table().items() if ppid == guard.pid
+        ]
+        wait_for(lambda: len(children()) == 1, 10, "the orphans to be reaped",
+                 log=lambda: str(children()))  # fmt: skip
+        (pid, state), = children()  # only the guarded sh is left, alive
+        assert state != "Z" and "sh" in Path(f"/proc/{pid}/cmdline").read_text()
+        guard.send_signal(signal.SIGTERM)
+        assert guard.wait(15) == 128 + signal.SIGTERM
+    finally:
+        os.killpg(guard.pid, signal.SIGKILL) if guard.poll() is None else None
