@@ -18,7 +18,8 @@ from fedweave.contract import SIMULATED_SECONDS_METRIC
 
 def round_seconds(sites: Sequence[Any], deadline: float | None) -> float:
     """Simulated seconds of a synchronous round: its slowest replying site's job, or the
-    deadline when a site was late (a round with no deadline waits for every site)."""
+    deadline when a site was late or none replied (a SecAgg+ round that halted still waited
+    for its sites; a round with no deadline waits for every site)."""
     reported = [
         float(value)
         for site in sites
@@ -26,7 +27,7 @@ def round_seconds(sites: Sequence[Any], deadline: float | None) -> float:
         and isinstance(value := site.metrics.get(SIMULATED_SECONDS_METRIC), (int, float))
     ]
     late = any(site.status == "late" for site in sites)
-    if deadline is not None and late:
+    if deadline is not None and (late or not reported):
         return float(deadline)
     return max(reported, default=0.0)
 

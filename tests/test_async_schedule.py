@@ -43,6 +43,7 @@ def test_a_round_lasts_as_long_as_its_slowest_site_or_its_deadline():
     assert round_seconds([site("ok", 3.0), site("ok", 7.5)], None) == 7.5
     assert round_seconds([site("ok", 3.0), site("late")], 10.0) == 10.0
     assert round_seconds([site("ok", 3.0), site("ok", 10.0)], 10.0) == 10.0  # partial work
+    assert round_seconds([site("failed"), site("lost")], 10.0) == 10.0  # a halted round
     assert share_done_by(10.0, 4.0, 1.0) == 1.0
     assert share_done_by(10.0, 18.0, 1.0) == pytest.approx(0.5)
     assert share_done_by(10.0, 5.0, 12.0) == 0.0
