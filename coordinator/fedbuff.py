@@ -262,18 +262,18 @@ def make_fedbuff_server_app(
         results: dict[str, _Outcome] = {}
         traffic = {"in": 0, "out": 0}
         checked = [time.monotonic()]  # real time: when connected sites were last looked up
-        jobs = [0]  # jobs sent so far
+        jobs: dict[int, int] = {}  # node -> jobs sent to it so far (its jobs' numbers)
         numbers: dict[str, int] = {}  # message id -> its job's number
         workflow = make_secagg_workflow(settings.secagg, buffer_size, deadline) if secure else None
 
         def send(node: int, step: int) -> str:
             """Ask ``node`` to train on model step ``step`` (its round label: the step it
             will make, so a site sees them rise)."""
-            jobs[0] += 1
+            jobs[node] = number = jobs.get(node, 0) + 1
             ins = FitIns(
                 ndarrays_to_parameters(models[step]),
                 {**settings.fit_config(step + 1, job_deadline), **extra_config,
-                 JOB_KEY: jobs[0], **({HOLD_KEY: True} if secure else {})},
+                 JOB_KEY: number, **({HOLD_KEY: True} if secure else {})},
             )  # fmt: skip
             traffic["out"] += sum(len(tensor) for tensor in ins.parameters.tensors)
             message = Message(
@@ -282,10 +282,10 @@ def make_fedbuff_server_app(
                 group_id=str(step + 1 + settings.round_offset),
             )  # fmt: skip
             (message_id,) = grid.push_messages([message])
-            numbers[message_id] = jobs[0]
+            numbers[message_id] = number
             if speeds is None:
                 running[message_id] = _Job(time.monotonic(), node, step, message_id, clock,
-                                           jobs[0])  # fmt: skip
+                                           number)  # fmt: skip
             return message_id
 
         def received(outcome: _Outcome, job: _Job) -> _Outcome:

@@ -107,8 +107,9 @@ SIMULATED_SECONDS_METRIC = "sim_seconds"
 simulated deadline)."""
 MAX_NORM_KEY = "fw-max-update-norm"
 JOB_KEY = "fw-job"
-"""Fit config (``--schedule async``): the job's number in the run, so that a site's successive
-jobs on one model step train on differently shuffled data instead of repeating themselves."""
+"""Fit config (``--schedule async``): the job's number among this site's jobs, so that its
+successive jobs on one model step train on differently shuffled data instead of repeating
+themselves (and a seeded run on the simulated clock repeats exactly)."""
 HOLD_KEY = "fw-hold"
 """Fit config (``--schedule async`` under SecAgg+): keep this job's update at the site, under
 the job's number (``JOB_KEY``), until the coordinator asks for it in a SecAgg+ round; the reply

@@ -118,6 +118,17 @@ def test_fedbuff_records_each_buffer_with_its_members_staleness_and_clock(tmp_pa
 
 
 @pytest.mark.slow
+def test_a_seeded_fedbuff_run_on_the_simulated_clock_repeats_exactly(tmp_path):
+    sim = RunConfig.of(
+        task="digits", clients=4, rounds=4, partition="iid", secure_agg=False,
+        schedule="async", buffer=2, site_speeds="lognormal:1", seed=5,
+    )  # fmt: skip
+    first = run_recorded(sim, tmp_path, "first")[1]
+    again = run_recorded(sim, tmp_path, "again")[1]
+    assert [r["model_sha256"] for r in first] == [r["model_sha256"] for r in again]
+
+
+@pytest.mark.slow
 def test_a_synchronous_round_waits_for_its_slowest_site_or_drops_it_at_the_deadline(tmp_path):
     """FedAvg under a simulated deadline: exactly the sites whose job (from the speed model,
     their examples and the model's size) does not fit are late, each round, with the reason;
