@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from bench_deployment import fedweave, prepare
@@ -32,17 +33,29 @@ TASK = "large_model_task:TASK"
 HERE = Path(__file__).resolve().parent
 
 
-def run(work: Path, sites: int, rounds: int, secure: bool, env: dict[str, str]) -> list[dict]:
-    """The recorded rounds of one deployed run, with each site's training seconds."""
+def run(
+    work: Path,
+    sites: int,
+    rounds: int,
+    secure: bool,
+    env: dict[str, str],
+    task: str = TASK,
+    coordinator_extra: Sequence[str] = (),
+    site_command: Callable[[int, list[str]], list[str]] | None = None,
+) -> list[dict]:
+    """The recorded rounds of one deployed run, with each site's training seconds, its
+    central accuracy and when it ended (seconds since the first round started).
+    ``coordinator_extra``: more ``fedweave coordinator`` flags; ``site_command(i, argv)``: how
+    site ``i``'s command runs (default: as it is)."""
     from fedweave.history import open_store
 
     port, db = free_port(), f"sqlite:///{work / f'run-{free_port()}.db'}"
     coordinator = [
-        "coordinator", "--address", f"127.0.0.1:{port}", "--task", TASK,
+        "coordinator", "--address", f"127.0.0.1:{port}", "--task", task,
         "--rounds", str(rounds), "--min-clients", str(sites), "--db", db, "--tls-dir", "tls",
         "--test-data", "split/test.npz", "--once", "--evaluate-every", "0",
         "--round-timeout", "600", "--state-dir", f"state-{port}",
-        *([] if secure else ["--no-secure-agg"]),
+        *([] if secure else ["--no-secure-agg"]), *coordinator_extra,
     ]  # fmt: skip
     procs = []
     try:
@@ -51,12 +64,13 @@ def run(work: Path, sites: int, rounds: int, secure: bool, env: dict[str, str]) 
                                           stderr=log, **tied_to_us()))  # fmt: skip
         for i in range(sites):
             site = [
-                "client", "--coordinator", f"127.0.0.1:{port}", "--task", TASK,
+                "client", "--coordinator", f"127.0.0.1:{port}", "--task", task,
                 "--data", f"split/site-{i}.npz", "--ca-cert", "tls/ca.pem",
                 "--site-key", f"site{i}.key", "--log-file", f"site{i}-{port}.log",
             ]  # fmt: skip
+            command = fedweave(*site) if site_command is None else site_command(i, fedweave(*site))
             with (work / f"site{i}-{port}.out").open("wb") as log:
-                procs.append(subprocess.Popen(fedweave(*site), cwd=work, env=env, stdout=log,
+                procs.append(subprocess.Popen(command, cwd=work, env=env, stdout=log,
                                               stderr=log, **tied_to_us()))  # fmt: skip
         code = procs[0].wait(timeout=120 + rounds * 600)
         if code != 0:
@@ -68,11 +82,14 @@ def run(work: Path, sites: int, rounds: int, secure: bool, env: dict[str, str]) 
         run_id = store.list_runs()[0].run_id
         rows, sites_rows = store.rounds(run_id), store.site_results(run_id)
     out = []
+    began = rows[0]["started_at"] if rows else None
     for row in rows:
         trained = [s["seconds"] for s in sites_rows if s["round"] == row["round"] and s["seconds"]]
         out.append({"round": row["round"], "seconds": float(row["extra"]["seconds"]),
                     "training": max(trained) if trained else 0.0,
-                    "bytes_in": row["bytes_in"], "bytes_out": row["bytes_out"]})  # fmt: skip
+                    "bytes_in": row["bytes_in"], "bytes_out": row["bytes_out"],
+                    "accuracy": row["eval_accuracy"],
+                    "ended_s": (row["ended_at"] - began).total_seconds()})  # fmt: skip
     return out
 
 
