@@ -49,11 +49,12 @@ def fedweave(*args: str) -> list[str]:
     return [sys.executable, "-m", "fedweave.cli", *args]
 
 
-def prepare(work: Path, sites: int, env: dict[str, str]) -> None:
-    """Certificates, registered site keys and a split, with the commands a user runs."""
+def prepare(work: Path, sites: int, env: dict[str, str], task: str = "digits") -> None:
+    """Certificates, registered site keys and a split of ``task``, with the commands a user
+    runs."""
     steps = [
         ("certs", "init", "--out", "tls", "--host", "localhost"),
-        ("data", "split", "--task", "digits", "--clients", str(sites), "--partition", "iid",
+        ("data", "split", "--task", task, "--clients", str(sites), "--partition", "iid",
          "--seed", "0", "--out", "split"),
     ]  # fmt: skip
     for i in range(sites):

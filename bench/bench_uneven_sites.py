@@ -1,7 +1,8 @@
 """Gossip against FedBuff at sites of unequal speed, in real time (issue 24).
 
-The same sites for both: the same digits split and local training, and each site held to its
-own share of the machine's CPU by a cgroup CPU quota, drawn from a heavy-tailed spread
+The same sites for both: the same split (``--task``, iid, seed 0) and local training, and
+each site held to its own share of the machine's CPU by a cgroup CPU quota, drawn from a
+heavy-tailed spread
 (``--speeds``, as ``--site-speeds`` draws a site's compute factor: a site ``f`` times slower
 gets ``--share / f`` of a CPU). Both run as real processes:
 
@@ -12,10 +13,11 @@ gets ``--share / f`` of a CPU). Both run as real processes:
 - **Gossip**: ``fedweave simulate --mode gossip``'s peers, each in a network namespace of its
   own on a bridge (as one machine a site; ``simulations/netns.py``), CURVE on. Its accuracy
   after a round is the mean test accuracy of the peers' own models, and ``network`` that of
-  the peers' mean model; a round's time is the mean of the peers' round seconds.
+  the peers' mean model; a round's time is when its last peer finished it, from when the
+  first peer began round 1.
 
-Prints each one's wall seconds (from its first step or round) to ``--target`` and its final
-accuracy. Needs root (cgroups, namespaces).
+Prints each one's wall seconds (from its first step or round: neither counts start-up) to
+``--target`` and its final accuracy. Needs root (cgroups, namespaces).
 
     python bench/bench_uneven_sites.py [--clients 4] [--speeds pareto:1.5] [--target 0.9]
         [--steps 30] [--buffer 2] [--gossip-rounds 30] [--secure]
@@ -24,6 +26,7 @@ accuracy. Needs root (cgroups, namespaces).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -68,9 +71,11 @@ def line(name: str, curve: list[tuple[float, float | None]], target: float) -> s
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--task", default="digits", help="digits or mnist5k (default digits)")
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--speeds", default="pareto:1.5", help="the spread of site speeds")
-    parser.add_argument("--seed", type=int, default=0, help="the split's and the speeds' seed")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="the speeds' seed (the split is seed 0 in both)")  # fmt: skip
     parser.add_argument("--share", type=float, default=0.45,
                         help="CPU share of the fastest possible site (default 0.45)")  # fmt: skip
     parser.add_argument("--target", type=float, default=0.9)
@@ -78,6 +83,7 @@ def main() -> None:
     parser.add_argument("--buffer", type=int, default=2)
     parser.add_argument("--gossip-rounds", type=int, default=30)
     parser.add_argument("--secure", action="store_true", help="FedBuff under SecAgg+ too")
+    parser.add_argument("--json", type=Path, help="also write the curves and gossip's rows here")
     args = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("needs root: cgroup CPU quotas and network namespaces")
@@ -97,10 +103,10 @@ def main() -> None:
         quotas = [CpuQuota(f"fedweave-bench-{tag}-{i}", s) for i, s in enumerate(shares)]
         for quota in quotas:
             stack.callback(quota.remove)
-        prepare(work, args.clients, env)
+        prepare(work, args.clients, env, args.task)
         for secure in (False, True) if args.secure else (False,):
             rows = deployed_run(
-                work, args.clients, args.steps, secure, env, task="digits",
+                work, args.clients, args.steps, secure, env, task=args.task,
                 coordinator_extra=["--schedule", "async", "--buffer", str(args.buffer)],
                 site_command=lambda i, argv: quotas[i].command(argv),
             )  # fmt: skip
@@ -110,18 +116,20 @@ def main() -> None:
         from fedweave.simulations.gossip_simulation import GossipSimulation, run_gossip_simulation
 
         config = RunConfig.of(
-            task="digits", clients=args.clients, partition="iid", seed=args.seed,
+            task=args.task, clients=args.clients, partition="iid", seed=0,
             rounds=args.gossip_rounds, db="none", device="cpu",
         )  # fmt: skip
         with bridged_hosts(args.clients) as hosts:
             throttled = [ThrottledHost(h.namespace, h.address, q) for h, q in zip(hosts, quotas)]
             report = run_gossip_simulation(GossipSimulation(config, hosts=throttled), work / "g")
-        elapsed, own, network = 0.0, [], []
-        for row in report["rounds"]:
-            elapsed += row["seconds"]
-            own.append((elapsed, row["accuracy"]))
-            network.append((elapsed, row.get("network_accuracy")))
+        own, network = [], []
+        began = min(row["began_at"] for row in report["rounds"])
+        for row in report["rounds"]:  # a round's time: when its last peer finished it
+            own.append((row["finished_at"] - began, row["accuracy"]))
+            network.append((row["finished_at"] - began, row.get("network_accuracy")))
         curves["gossip"], curves["gossip (network)"] = own, network
+        if args.json:
+            args.json.write_text(json.dumps({"curves": curves, "gossip": report}, default=str))
         print(line("gossip", own, args.target), flush=True)
         print(line("gossip (network)", network, args.target), flush=True)
     fedbuff = reached(curves["FedBuff"], args.target)

@@ -87,6 +87,9 @@ def round_rows(
             "accuracy": float(np.mean(accs)) if accs else None,
             "loss": float(np.mean(losses)) if losses else None,
             "seconds": float(np.mean([e["seconds"] for e in round_events])),
+            # when the first peer began it and the last finished it (Unix time)
+            "began_at": min(float(e["t"]) - float(e["seconds"]) for e in round_events),
+            "finished_at": max(float(e["t"]) for e in round_events),
             "consensus_distance": consensus_distance(vectors) if len(vectors) > 1 else 0.0,
             "peers": len(round_events),
             "min_accuracy": float(np.min(accs)) if accs else None,
