@@ -79,6 +79,12 @@ def holding_updates_when_asked(
 def _deliver(msg: Message, context: Context, job: int, weight: float) -> Message:
     """The held update of ``job``, scaled by ``weight``, as this site's result (SecAgg+ masks
     it); the site holds nothing afterwards."""
+    # FedBuff's weight, 1 / sqrt(1 + staleness), is in (0, 1]: anything else (NaN included)
+    # would weigh this site's update out of the rule the run agreed
+    if not 0.0 < weight <= 1.0:
+        raise UpdateRejected(
+            f"asked to send job {job}'s update at staleness weight {weight:g}, outside (0, 1]"
+        )
     held = context.state.config_records.get(HELD_JOB_RECORD)
     if held is None or int(held["job"]) != job:
         holding = f"it holds job {int(held['job'])}'s" if held is not None else "it holds none"

@@ -29,12 +29,12 @@ from flwr.server.client_manager import SimpleClientManager
 from flwr.server.compat import LegacyContext
 from flwr.server.compat.grid_client_proxy import GridClientProxy
 from flwr.server.server_config import ServerConfig
-from flwr.server.strategy import Strategy
 from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD
 from flwr.server.workflow.constant import Key as WorkflowKey
 
 from fedweave.contract import DELIVER_KEY, STALENESS_WEIGHT_KEY
 from fedweave.coordinator.site_outcomes import OutcomeGrid, SiteReplies
+from fedweave.coordinator.vector_exchange import VectorExchangeStrategy
 
 NO_MODEL = Parameters(tensors=[], tensor_type="numpy.ndarray")
 """What a delivery instruction carries instead of a model: nothing to train on."""
@@ -56,7 +56,7 @@ class BufferSum:
     dropped: dict[int, tuple[str, str]] = field(default_factory=dict)
 
 
-class _Delivery(Strategy):
+class _Delivery(VectorExchangeStrategy):
     """The strategy Flower's SecAgg+ workflow asks: who is in the round and what each is
     told (``configure_fit``), and where the unmasked sum goes (``aggregate_fit``)."""
 
@@ -67,9 +67,6 @@ class _Delivery(Strategy):
         self.results: list[tuple[Any, Any]] = []
         self.total: list[np.ndarray] | None = None
 
-    def initialize_parameters(self, client_manager):  # type: ignore[no-untyped-def]
-        return None
-
     def configure_fit(self, server_round, parameters, client_manager):  # type: ignore[no-untyped-def]
         return [(self.proxies[node], ins) for node, ins in self.instructions.items()]
 
@@ -78,15 +75,6 @@ class _Delivery(Strategy):
         if results:  # SecAgg+ hands every member the same unmasked mean
             self.total = parameters_to_ndarrays(results[0][1].parameters)
         return None, {}
-
-    def configure_evaluate(self, server_round, parameters, client_manager):  # type: ignore[no-untyped-def]
-        return []
-
-    def aggregate_evaluate(self, server_round, results, failures):  # type: ignore[no-untyped-def]
-        return None, {}
-
-    def evaluate(self, server_round, parameters):  # type: ignore[no-untyped-def]
-        return None
 
 
 def secure_buffer_sum(

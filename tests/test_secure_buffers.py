@@ -65,6 +65,12 @@ def test_a_site_holds_its_update_and_sends_it_scaled_only_when_its_buffer_asks()
     def must_not_train(msg, context):
         raise AssertionError("a delivery trains nothing")
 
+    for weight in (0.0, -1.0, 2.0, float("nan")):  # not a staleness weight: nothing is sent
+        with pytest.raises(UpdateRejected, match="outside"):
+            holding_updates_when_asked(
+                _train_message([], {DELIVER_KEY: 12, STALENESS_WEIGHT_KEY: weight}),
+                context, must_not_train,
+            )  # fmt: skip
     asked = {DELIVER_KEY: 12, STALENESS_WEIGHT_KEY: 0.5}
     sent = holding_updates_when_asked(_train_message([], asked), context, must_not_train)
     res = compat.recorddict_to_fitres(sent.content, keep_input=True)
