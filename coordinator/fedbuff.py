@@ -99,7 +99,7 @@ class _Job:
     version: int = field(compare=False)
     message_id: str = field(compare=False)
     started_at: float = field(compare=False)
-    number: int = field(default=0, compare=False)
+    number: int = field(compare=False)
 
 
 @dataclass
@@ -263,7 +263,6 @@ def make_fedbuff_server_app(
         traffic = {"in": 0, "out": 0}
         checked = [time.monotonic()]  # real time: when connected sites were last looked up
         jobs: dict[int, int] = {}  # node -> jobs sent to it so far (its jobs' numbers)
-        numbers: dict[str, int] = {}  # message id -> its job's number
         workflow = make_secagg_workflow(settings.secagg, buffer_size, deadline) if secure else None
 
         def send(node: int, step: int) -> str:
@@ -282,14 +281,12 @@ def make_fedbuff_server_app(
                 group_id=str(step + 1 + settings.round_offset),
             )  # fmt: skip
             (message_id,) = grid.push_messages([message])
-            numbers[message_id] = number
             if speeds is None:
                 running[message_id] = _Job(time.monotonic(), node, step, message_id, clock,
                                            number)  # fmt: skip
             return message_id
 
         def received(outcome: _Outcome, job: _Job) -> _Outcome:
-            job.number = numbers.pop(job.message_id, job.number)
             if outcome.res is not None:
                 uplink = sum(len(tensor) for tensor in outcome.res.parameters.tensors)
                 traffic["in"] += uplink
@@ -311,7 +308,7 @@ def make_fedbuff_server_app(
             waiting = {node: send(node, version) for node in nodes}
             first = arrivals.wait(list(waiting.values()), REPLY_WAIT_SECONDS)
             for node, message_id in waiting.items():
-                job = _Job(clock, node, version, message_id, clock)
+                job = _Job(clock, node, version, message_id, clock, jobs[node])
                 outcome = received(_fit_result(first.get(message_id)), job)
                 if outcome.res is None:
                     log.warning("site (node %s) left the asynchronous run: %s", node,
@@ -382,7 +379,7 @@ def make_fedbuff_server_app(
             finishes = clock + speeds.job_seconds(
                 site.name, site.examples, epochs, model_bytes, update_bytes
             )
-            heapq.heappush(pending, _Job(finishes, node, version, message_id, clock))
+            heapq.heappush(pending, _Job(finishes, node, version, message_id, clock, jobs[node]))
 
         def secure_sum(step: int, members: list[tuple[_Job, Any]]) -> BufferSum:
             """The buffer's SecAgg+ round among the sites holding ``members``' updates."""
