@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 from test_deploy_support import (
@@ -42,35 +43,44 @@ def cpu_quota(name: str, share: float) -> CpuQuota:
         pytest.skip(f"no writable cgroup CPU controller here: {exc}")
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_a_deployed_async_run_is_not_held_back_by_a_throttled_site(tmp_path):
+def run_with_a_throttled_site(
+    tmp_path: Path, sites: int, steps: int, *flags: str
+) -> tuple[str, str, str]:
+    """A deployed ``--schedule async`` run of ``steps`` with ``flags``, site ``SLOW`` held to
+    ``QUOTA`` of a CPU: (the coordinator's output, site 0's output, the history's URL)."""
     if shutil.which("sh") is None:
         pytest.skip("needs sh")
     quota = cpu_quota(f"fedweave-test-{os.getpid()}", QUOTA)
-    make_deployment(tmp_path, SITES)
+    make_deployment(tmp_path, sites)
     db = f"sqlite:///{tmp_path / 'history.db'}"
     port = free_port()
     procs = Processes(tmp_path)
     try:
         coord = procs.start(
             "coordinator",
-            *coordinator_args(port, db, STEPS, SITES, "--once", "--no-secure-agg",
-                              "--schedule", "async", "--buffer", "2", "--round-timeout", "120",
-                              "--compress", "int8"),
+            *coordinator_args(port, db, steps, sites, "--once", "--schedule", "async",
+                              "--round-timeout", "120", *flags),
         )  # fmt: skip
         wait_for(
             lambda: "sites connected" in procs.output("coordinator"), 60,
             "the coordinator to listen", coord, lambda: procs.output("coordinator"),
         )  # fmt: skip
-        for i in range(SITES):
+        for i in range(sites):
             procs.start(f"site{i}", *site_args(port, i, None, "--name", f"site{i}"),
                         host=quota if i == SLOW else None)  # fmt: skip
         out = wait_for_success(procs, coord, "the asynchronous run to complete")
+        return out, procs.output("site0"), db
     finally:
         procs.close()
         quota.remove()
 
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_deployed_async_run_is_not_held_back_by_a_throttled_site(tmp_path):
+    out, _site0, db = run_with_a_throttled_site(
+        tmp_path, SITES, STEPS, "--no-secure-agg", "--buffer", "2", "--compress", "int8"
+    )
     assert "asynchronous (FedBuff): the model moves every 2 site updates" in out, out
     rounds, site_rows, run = recorded(db)
     assert run.status == "completed" and [r["round"] for r in rounds] == list(range(1, STEPS + 1))
@@ -98,33 +108,8 @@ def test_a_deployed_async_run_is_not_held_back_by_a_throttled_site(tmp_path):
 def test_a_deployed_async_run_under_secagg_sums_each_buffer_securely(tmp_path):
     """Four sites, one throttled, under SecAgg+: each step is one buffer of three sites that
     held their updates and sent them only masked, in that buffer's SecAgg+ round."""
-    if shutil.which("sh") is None:
-        pytest.skip("needs sh")
     sites, steps = 4, 4
-    quota = cpu_quota(f"fedweave-test-{os.getpid()}", QUOTA)
-    make_deployment(tmp_path, sites)
-    db = f"sqlite:///{tmp_path / 'history.db'}"
-    port = free_port()
-    procs = Processes(tmp_path)
-    try:
-        coord = procs.start(
-            "coordinator",
-            *coordinator_args(port, db, steps, sites, "--once", "--schedule", "async",
-                              "--buffer", "3", "--round-timeout", "120"),
-        )  # fmt: skip
-        wait_for(
-            lambda: "sites connected" in procs.output("coordinator"), 60,
-            "the coordinator to listen", coord, lambda: procs.output("coordinator"),
-        )  # fmt: skip
-        for i in range(sites):
-            procs.start(f"site{i}", *site_args(port, i, None, "--name", f"site{i}"),
-                        host=quota if i == SLOW else None)  # fmt: skip
-        out = wait_for_success(procs, coord, "the asynchronous run under SecAgg+ to complete")
-        fast_site = procs.output("site0")
-    finally:
-        procs.close()
-        quota.remove()
-
+    out, fast_site, db = run_with_a_throttled_site(tmp_path, sites, steps, "--buffer", "3")
     assert "SecAgg+ on" in out and "the model moves every 3 site updates" in out, out
     assert "held for a SecAgg+ buffer" in fast_site and "sent masked (SecAgg+)" in fast_site
     assert "in the clear" not in fast_site, fast_site
