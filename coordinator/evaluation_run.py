@@ -251,9 +251,9 @@ def score_at_sites(
         site_evaluations,
         weighted_evaluation,
     )
-    from fedweave.coordinator.rounds import RoundSummary
     from fedweave.coordinator.statistics import StatisticsSink
     from fedweave.history.records import SiteResult
+    from fedweave.history.round_summary import RoundSummary
 
     timeout = float(config.federation.round_timeout or 300.0)
     sites = [_Site(node) for node in _connected_nodes(grid, config.federation.min_clients)]

@@ -66,13 +66,13 @@ from fedweave.contract import (
     outcome_of,
     read_outcome,
 )
-from fedweave.coordinator.rounds import RoundSummary
 from fedweave.coordinator.secure_agg import make_secagg_workflow
 from fedweave.coordinator.secure_buffer import BufferSum, secure_buffer_sum
 from fedweave.coordinator.traffic import Traffic
 from fedweave.errors import UserError
 from fedweave.flower_patches.secagg_masks import unflatten
 from fedweave.history.records import RoundInFlight, SiteResult
+from fedweave.history.round_summary import RoundSummary
 from fedweave.learning.compression import Compression, CompressionMismatch
 
 log = logging.getLogger("fedweave.coordinator")

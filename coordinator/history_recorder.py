@@ -6,9 +6,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from fedweave.coordinator.rounds import RoundSummary
 from fedweave.errors import UserError
 from fedweave.history.records import COORDINATOR_ACTOR, CheckpointRef, RoundInFlight, RoundRecord
+from fedweave.history.round_summary import RoundSummary
 from fedweave.learning.weights import load_weights_npz, save_weights_npz, weights_sha256
 
 log = logging.getLogger(__name__)

@@ -47,11 +47,11 @@ from fedweave.coordinator.federated_evaluation import (
     site_evaluations,
     weighted_evaluation,
 )
-from fedweave.coordinator.rounds import RoundListener, RoundStartListener, RoundSummary
 from fedweave.coordinator.site_outcomes import SiteReplies, failure_said
 from fedweave.coordinator.traffic import Traffic
 from fedweave.flower_patches.secagg_masks import unflatten
 from fedweave.history.records import RoundInFlight, SiteResult
+from fedweave.history.round_summary import RoundListener, RoundStartListener, RoundSummary
 from fedweave.learning.compression import Compression, CompressionMismatch
 from fedweave.learning.validation import update_problem
 

@@ -25,7 +25,6 @@ from fedweave.config import Resolved, RunConfig
 from fedweave.config.sections import ConnectionSection
 from fedweave.coordinator.deployed_run import Deployment, DeployPlan, write_deployment_file
 from fedweave.coordinator.refused_keys import RefusedKeys
-from fedweave.coordinator.rounds import shown
 from fedweave.coordinator.superlink import (
     SuperLinkOptions,
     build_fab,
@@ -37,6 +36,7 @@ from fedweave.coordinator.superlink import (
 from fedweave.errors import UserError
 from fedweave.flower_patches.refused_keys import REFUSED_KEYS_FILE_ENV
 from fedweave.history.metrics import evaluation_lines, evaluation_of
+from fedweave.history.round_summary import shown
 from fedweave.processes import raise_interrupt, stop_process_group
 
 POLL_S = 0.5

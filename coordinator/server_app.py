@@ -46,7 +46,6 @@ from fedweave.coordinator.federated_evaluation import federated_evaluate_workflo
 from fedweave.coordinator.model_health import ModelHealth
 from fedweave.coordinator.privacy import check_privacy, local_dp_config, wrap_for_central_dp
 from fedweave.coordinator.private_evaluation import private_evaluate_workflow
-from fedweave.coordinator.rounds import RoundListener, RoundStartListener
 from fedweave.coordinator.secure_agg import (
     MIN_SECAGG_COHORT,
     SecAggSettings,
@@ -60,6 +59,7 @@ from fedweave.coordinator.statistics import StatisticsFirst, StatisticsSink, Wit
 from fedweave.coordinator.strategies import check_strategy_choice, make_strategy
 from fedweave.coordinator.traffic import Traffic
 from fedweave.errors import UserError
+from fedweave.history.round_summary import RoundListener, RoundStartListener
 from fedweave.learning.compression import Compression
 from fedweave.learning.statistics import digest, needs_statistics, prepared
 from fedweave.learning.task import load_task

@@ -14,8 +14,8 @@ from typing import Any
 
 from fedweave.client.site_app import ClientSettings, make_client_app
 from fedweave.config import RunConfig
-from fedweave.coordinator.rounds import RoundListener, RoundStartListener, RoundSummary
 from fedweave.coordinator.server_app import ServerSettings, initial_weights, make_server_app
+from fedweave.history.round_summary import RoundListener, RoundStartListener, RoundSummary
 from fedweave.learning.data import load_site_data
 from fedweave.learning.task import load_task
 from fedweave.simulations.site_files import (

@@ -11,9 +11,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from fedweave.coordinator.rounds import shown
 from fedweave.errors import UserError
 from fedweave.history.metrics import evaluation_lines
+from fedweave.history.round_summary import shown
 
 ROUND_COLUMNS = ("round", "accuracy", "loss", "seconds")
 

@@ -9,9 +9,9 @@ from rich.console import Console
 
 from fedweave.config import Resolved, RunConfig
 from fedweave.coordinator.history_recorder import evaluation_extra
-from fedweave.coordinator.rounds import RoundSummary, shown
 from fedweave.coordinator.run_header import header_line, protections
 from fedweave.history.metrics import recorded_clock, recorded_statistics
+from fedweave.history.round_summary import RoundSummary, shown
 from fedweave.learning.data import load_site_data
 from fedweave.learning.statistics import pinned_schema
 from fedweave.learning.task import load_task

@@ -15,9 +15,9 @@ from fedweave.cli import main
 from fedweave.config import Resolved, RunConfig
 from fedweave.coordinator.evaluation_run import prepare_evaluation
 from fedweave.coordinator.history_recorder import HistoryRecorder
-from fedweave.coordinator.rounds import RoundSummary
 from fedweave.coordinator.server_app import initial_weights
 from fedweave.history import open_store
+from fedweave.history.round_summary import RoundSummary
 
 TASK = "breast-cancer"
 STORED = {

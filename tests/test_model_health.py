@@ -9,9 +9,9 @@ import sys
 from datetime import datetime, timezone
 
 from fedweave.coordinator.model_health import ModelHealth
-from fedweave.coordinator.rounds import RoundSummary
 from fedweave.history import open_store
 from fedweave.history.records import SiteResult
+from fedweave.history.round_summary import RoundSummary
 
 
 def _summary(round: int, accuracy: float, loss: float = 1.0, sites=()) -> RoundSummary:

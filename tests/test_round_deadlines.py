@@ -26,8 +26,8 @@ from fedweave.coordinator.deadlines import (
     NO_DATA_DEADLINE_SECONDS,
     RoundDeadline,
 )
-from fedweave.coordinator.rounds import RoundSummary
 from fedweave.history.records import SiteResult
+from fedweave.history.round_summary import RoundSummary
 
 
 @pytest.mark.parametrize(

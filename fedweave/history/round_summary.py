@@ -1,5 +1,10 @@
-"""What the coordinator tells listeners as each round starts and after it (progress, report,
-history)."""
+"""The federated round as the history stores it: what the coordinator tells listeners as each
+round starts and after it (progress, report, history).
+
+It lives with the history, not in ``coordinator/``: the coordinator's round loop
+(``coordinator/rounds/``) produces it, ``coordinator/rounds/history_listener.py`` records it,
+and ``fedweave simulate`` reports it, none of them needing the others.
+"""
 
 from __future__ import annotations
 
