@@ -48,7 +48,7 @@ def _echo(message: str) -> None:
 
 def _absolute_db_url(url: str | None) -> str:
     """SQLite paths made absolute: Flower's ServerApp process may run in another directory."""
-    from fedweave.history import DEFAULT_DB_URL
+    from fedweave.config.sections import DEFAULT_DB_URL
 
     url = url or DEFAULT_DB_URL
     prefix = "sqlite:///"

@@ -48,7 +48,7 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """This process's environment plus ``DEPLOY_ENV`` (explicit settings win) and ``extra``,
     less the history URL an operator may have set (``FEDWEAVE_DB``): secrets reach Flower's
     processes through a 0600 file only (``deployed_run.write_deployment_file``)."""
-    from fedweave.history import DB_URL_ENVVAR
+    from fedweave.config.sections import DB_URL_ENVVAR
 
     env = dict(os.environ)
     env.pop(DB_URL_ENVVAR, None)

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedweave.config.fields import setting
-from fedweave.history import DB_URL_ENVVAR, DEFAULT_DB_URL
 
 TASKS_HELP = (
     "Task to train: a built-in name (digits, mnist5k, digit-folders (image folders), "
@@ -321,6 +320,15 @@ class GossipSection:
         10, "Gossip: write the peer's model as a checkpoint every this many rounds (and after "
         "the last one); 0: only after the last.", minimum=0, identity=False,
     )
+
+
+DEFAULT_DB_URL = "sqlite:///fedweave.db"
+"""Used when no ``--db`` / ``url`` is given: an embedded SQLite file in the working directory.
+Declared beside its option (not in ``fedweave.history``, which reads the config's names: the
+two packages must not import each other)."""
+
+DB_URL_ENVVAR = "FEDWEAVE_DB"
+"""Environment variable the CLI reads for ``--db`` when the flag is not given."""
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ from typing import Annotated
 import typer
 
 from fedweave.config.commands import option_for
+from fedweave.config.sections import DEFAULT_DB_URL
 from fedweave.errors import user_errors_as_one_line
-from fedweave.history import DEFAULT_DB_URL
 from fedweave.history.cli import DbOption
 
 DEFAULT_ADDRESS = "127.0.0.1:8080"

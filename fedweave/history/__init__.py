@@ -4,8 +4,11 @@ Import cost matters: ``fedweave --help`` imports the CLI, which imports this pac
 SQLAlchemy and Alembic are only loaded when ``open_store`` / ``HistoryStore`` are first used
 (module ``__getattr__`` below).
 
-    from fedweave.history import open_store, DEFAULT_DB_URL
+    from fedweave.history import open_store
     store = open_store()            # sqlite:///fedweave.db, migrated on first use
+
+The default database and its environment variable are declared with the ``--db`` option
+(``fedweave.config.sections``: ``DEFAULT_DB_URL``, ``DB_URL_ENVVAR``).
 """
 
 from __future__ import annotations
@@ -20,12 +23,6 @@ from fedweave.history.records import (
     RunInfo,
     SiteResult,
 )
-
-DEFAULT_DB_URL = "sqlite:///fedweave.db"
-"""Used when no ``--db`` / ``url`` is given: an embedded SQLite file in the working directory."""
-
-DB_URL_ENVVAR = "FEDWEAVE_DB"
-"""Environment variable the CLI reads for ``--db`` when the flag is not given."""
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers only
     from fedweave.history.errors import (
@@ -47,8 +44,6 @@ _LAZY = {
 
 __all__ = [
     "COORDINATOR_ACTOR",
-    "DB_URL_ENVVAR",
-    "DEFAULT_DB_URL",
     "CheckpointRef",
     "DuplicateRoundError",
     "HistoryError",

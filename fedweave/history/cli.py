@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from fedweave.config.run_config import SETTINGS
+from fedweave.config.sections import DB_URL_ENVVAR, DEFAULT_DB_URL
 from fedweave.errors import UserError, user_errors_as_one_line
-from fedweave.history import DB_URL_ENVVAR, DEFAULT_DB_URL
 from fedweave.history.metrics import metric_names, round_metrics, site_evaluations
 
 if TYPE_CHECKING:

@@ -27,8 +27,8 @@ from sqlalchemy.exc import (
 from sqlalchemy.orm import Session
 
 from fedweave import __version__
+from fedweave.config.sections import DEFAULT_DB_URL
 from fedweave.errors import mask_url_password
-from fedweave.history import DEFAULT_DB_URL
 from fedweave.history.convert import jsonable, round_dict, round_row, run_info, site_dict
 from fedweave.history.engine import (
     DEFAULT_BUSY_TIMEOUT_MS,
