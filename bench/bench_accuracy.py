@@ -19,7 +19,8 @@ import numpy as np
 from fedweave.config import SETTINGS, RunConfig
 from fedweave.coordinator.server_app import initial_weights
 from fedweave.learning.data import load_site_data
-from fedweave.learning.task import ArrayData, load_task
+from fedweave.learning.task import ArrayData
+from fedweave.learning.tasks import load_task
 from fedweave.learning.training import TrainConfig
 from fedweave.learning.weights import set_weights
 from fedweave.simulations.federated import run_federated_simulation

@@ -61,7 +61,7 @@ def run_gossip(kind: str, args: argparse.Namespace, seed: int, work: Path) -> di
         raise SystemExit(f"{name} failed: {done.stderr[-2000:]}")
     from fedweave.gossip import wire
     from fedweave.history import open_store
-    from fedweave.learning.task import load_task
+    from fedweave.learning.tasks import load_task
     from fedweave.learning.weights import get_named_weights
 
     with open_store(f"sqlite:///{db}") as store:
@@ -101,7 +101,7 @@ def run(kind: str, secure: bool, args: argparse.Namespace, seed: int, work: Path
     if done.returncode != 0:
         raise SystemExit(f"{name} failed: {done.stderr[-2000:]}")
     from fedweave.history import open_store
-    from fedweave.learning.task import load_task
+    from fedweave.learning.tasks import load_task
 
     with open_store(f"sqlite:///{db}") as store:
         run_id = store.list_runs()[0].run_id
@@ -130,7 +130,7 @@ def fewer_secagg_bits(task_name: str, found: dict, bits: list[int]) -> list[tupl
 
     from fedweave.coordinator.secure_agg import SecAggSettings
     from fedweave.learning.data import central_test_data
-    from fedweave.learning.task import load_task
+    from fedweave.learning.tasks import load_task
     from fedweave.learning.training import TrainConfig
     from fedweave.learning.weights import load_weights_npz, set_weights
 

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from fedweave.learning.objectives import MultiClass
-from fedweave.learning.task import load_task
+from fedweave.learning.tasks import load_task
 from fedweave.learning.training import TrainConfig, make_optimizer, train_epochs
 
 

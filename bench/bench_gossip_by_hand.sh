@@ -91,7 +91,7 @@ import csv
 from pathlib import Path
 from fedweave.config import RunConfig
 from fedweave.learning.data import load_site_data
-from fedweave.learning.task import load_task
+from fedweave.learning.tasks import load_task
 from fedweave.learning.training import TrainConfig
 from fedweave.learning.weights import load_weights_npz, set_weights
 task = load_task("digits")

@@ -26,7 +26,7 @@ import statistics
 
 import numpy as np
 
-from fedweave.learning.task import load_task
+from fedweave.learning.tasks import load_task
 from fedweave.learning.training import TrainConfig
 from fedweave.learning.weights import get_weights, set_weights
 from fedweave.simulations.partition import partition_indices

@@ -43,7 +43,7 @@ import zmq.auth
 from fedweave.config import RunConfig
 from fedweave.gossip import wire
 from fedweave.gossip.keys import load_keyring, new_keys
-from fedweave.learning.task import load_task
+from fedweave.learning.tasks import load_task
 from fedweave.learning.weights import get_named_weights
 from fedweave.simulations.gossip_simulation import GossipSimulation, run_gossip_simulation
 

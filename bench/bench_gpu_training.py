@@ -22,7 +22,8 @@ import time
 import torch
 from torch import nn
 
-from fedweave.learning.task import ArrayData, load_task
+from fedweave.learning.task import ArrayData
+from fedweave.learning.tasks import load_task
 from fedweave.learning.training import TrainConfig, train_epochs
 
 

@@ -135,7 +135,7 @@ def one_trial(kind: str, clients: int, rounds: int) -> tuple[float, float]:
             rows = run_federated_simulation(config, split_dir=split)
             return time.perf_counter() - started, rows[-1]["accuracy"]
         from fedweave.flower_patches import tune_simulation_engine
-        from fedweave.learning.task import load_task
+        from fedweave.learning.tasks import load_task
 
         tune_simulation_engine()
         started = time.perf_counter()

@@ -56,7 +56,7 @@ def _check_inputs(
     """One-line errors for everything checkable before connecting."""
     from fedweave.errors import UserError
     from fedweave.learning.data import load_site_data
-    from fedweave.learning.task import load_task
+    from fedweave.learning.tasks import load_task
 
     parse_host_port(coordinator, "--coordinator", "coord.example.org:9092")
     if "'" in str(data):

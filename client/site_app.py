@@ -51,7 +51,8 @@ from fedweave.learning.compression import Compression
 from fedweave.learning.data import load_site_data
 from fedweave.learning.evaluation_split import hold_out
 from fedweave.learning.statistics import bound_problem, decode_known, digest, needs_statistics
-from fedweave.learning.task import Task, load_task
+from fedweave.learning.task import Task
+from fedweave.learning.tasks import load_task
 from fedweave.learning.training import TrainConfig
 from fedweave.learning.weights import get_weights, set_weights
 

@@ -132,7 +132,7 @@ class DeployPlan:
 def test_data_of(config: RunConfig):
     """The coordinator's held-out data, or ``None`` (``central_test_data``)."""
     from fedweave.learning.data import central_test_data
-    from fedweave.learning.task import load_task
+    from fedweave.learning.tasks import load_task
 
     return central_test_data(
         load_task(config.data.task), config.data.test_data, config.data.label_column

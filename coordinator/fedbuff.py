@@ -217,7 +217,7 @@ def make_fedbuff_server_app(
     from fedweave.coordinator.model_health import ModelHealth
     from fedweave.coordinator.server_app import make_central_evaluator
     from fedweave.learning.statistics import needs_statistics
-    from fedweave.learning.task import load_task
+    from fedweave.learning.tasks import load_task
 
     config = settings.config
     task = load_task(config.data.task)

@@ -87,7 +87,7 @@ def sites_must_register(options: ConnectionSection) -> bool:
 def _check_config(config: RunConfig) -> None:
     from fedweave.coordinator.server_app import ServerSettings, check_scoring
     from fedweave.learning.data import central_test_data
-    from fedweave.learning.task import load_task
+    from fedweave.learning.tasks import load_task
 
     task = load_task(config.data.task)
     test_data = central_test_data(task, config.data.test_data, config.data.label_column)
@@ -130,7 +130,7 @@ def _prepare_run(store, config: RunConfig, resolved: Resolved) -> DeployPlan:
     from fedweave.config.resume import merge_for_resume, stored_run_config
     from fedweave.coordinator.run_header import header_line
     from fedweave.learning.statistics import pinned_schema
-    from fedweave.learning.task import load_task
+    from fedweave.learning.tasks import load_task
 
     config = _absolute_paths(config)  # stored paths are absolute: compare like with like
     run = store.get_run(config.history.resume) if config.history.resume else None

@@ -62,7 +62,7 @@ from fedweave.errors import UserError
 from fedweave.history.round_summary import RoundListener, RoundStartListener
 from fedweave.learning.compression import Compression
 from fedweave.learning.statistics import digest, needs_statistics, prepared
-from fedweave.learning.task import load_task
+from fedweave.learning.tasks import load_task
 from fedweave.learning.training import TrainConfig, seed_everything, task_metrics
 from fedweave.learning.weights import get_weights, set_weights
 

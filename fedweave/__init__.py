@@ -20,7 +20,7 @@ except PackageNotFoundError:  # running from a source tree without install
 _PUBLIC = {
     "ArrayData": "fedweave.learning.task",
     "Task": "fedweave.learning.task",
-    "load_task": "fedweave.learning.task",
+    "load_task": "fedweave.learning.tasks",
     "ClassificationTask": "fedweave.learning.tasks.classification",
     "ImageFolderTask": "fedweave.learning.images",
     "TrainConfig": "fedweave.learning.training",

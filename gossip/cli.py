@@ -113,7 +113,7 @@ def task_describe(
 
     from fedweave.errors import UserError
     from fedweave.gossip import wire
-    from fedweave.learning.task import load_task
+    from fedweave.learning.tasks import load_task
     from fedweave.learning.weights import get_named_weights
 
     if fmt not in ("text", "json"):

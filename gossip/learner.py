@@ -125,7 +125,7 @@ def build_learner(config: Any, peer_id: str) -> Learner:
     """The learner a peer's config asks for: its task on its local data."""
     from fedweave.learning.data import load_site_data
     from fedweave.learning.statistics import local_only_statistics, needs_statistics
-    from fedweave.learning.task import load_task
+    from fedweave.learning.tasks import load_task
     from fedweave.learning.training import TrainConfig
 
     task = load_task(config.data.task)

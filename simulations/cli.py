@@ -28,7 +28,7 @@ def data_split(
     import numpy as np
 
     from fedweave.config.run_config import SETTINGS, check_value
-    from fedweave.learning.task import load_task
+    from fedweave.learning.tasks import load_task
     from fedweave.simulations.partition import label_skew
     from fedweave.simulations.split import test_file, write_split
 

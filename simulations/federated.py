@@ -17,7 +17,7 @@ from fedweave.config import RunConfig
 from fedweave.coordinator.server_app import ServerSettings, initial_weights, make_server_app
 from fedweave.history.round_summary import RoundListener, RoundStartListener, RoundSummary
 from fedweave.learning.data import load_site_data
-from fedweave.learning.task import load_task
+from fedweave.learning.tasks import load_task
 from fedweave.simulations.site_files import (
     check_site_files,
     site_name,

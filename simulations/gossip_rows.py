@@ -28,7 +28,7 @@ class MeanModelScorer:
 
     def __init__(self, task_spec: str, test_path: Path) -> None:
         from fedweave.learning.data import load_site_data
-        from fedweave.learning.task import load_task
+        from fedweave.learning.tasks import load_task
         from fedweave.learning.training import TrainConfig
 
         self.task = load_task(task_spec)

@@ -177,7 +177,7 @@ def _launch_plan(
     sim: GossipSimulation, work: Path, run_id: str | None, on_time: int
 ) -> list[_PeerProc]:
     from fedweave.gossip.exchange import gossip_encoding
-    from fedweave.learning.task import load_task
+    from fedweave.learning.tasks import load_task
     from fedweave.simulations.split import test_file, write_split
 
     compress = gossip_encoding(sim.config.federation.compress)  # refused before any peer

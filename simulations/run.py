@@ -14,7 +14,7 @@ from fedweave.history.metrics import recorded_clock, recorded_statistics
 from fedweave.history.round_summary import RoundSummary, shown
 from fedweave.learning.data import load_site_data
 from fedweave.learning.statistics import pinned_schema
-from fedweave.learning.task import load_task
+from fedweave.learning.tasks import load_task
 from fedweave.simulations.federated import run_federated_simulation, server_settings
 from fedweave.simulations.report import RoundProgress, build_report, rounds_table, write_report
 from fedweave.simulations.site_files import check_site_files

@@ -276,7 +276,7 @@ def test_a_compressed_simulation_learns_and_records_each_sites_uplink_bytes(tmp_
     bytes; with top-k 10% it is what the codec sends (positions and values of 10% of the
     floating values), as Flower serialises arrays (a 128-byte header each); each round
     records its bytes in and out, and the run still learns."""
-    from fedweave.learning.task import load_task
+    from fedweave.learning.tasks import load_task
     from fedweave.learning.weights import get_weights
 
     weights = get_weights(load_task("digits").build_model())
@@ -301,7 +301,7 @@ def test_a_compressed_simulation_learns_and_records_each_sites_uplink_bytes(tmp_
 def test_secure_aggregation_rounds_record_the_bytes_each_site_sent(tmp_path):
     """Under SecAgg+ (the default) a site's uplink is its keys, shares and masked vector,
     counted as they arrived in the four stages: more than the model's own bytes."""
-    from fedweave.learning.task import load_task
+    from fedweave.learning.tasks import load_task
     from fedweave.learning.weights import get_weights
 
     weights = get_weights(load_task("digits").build_model())

@@ -5,7 +5,8 @@ import pytest
 
 from fedweave.errors import UserError
 from fedweave.learning.data import load_site_data, save_site_npz
-from fedweave.learning.task import ArrayData, load_task
+from fedweave.learning.task import ArrayData
+from fedweave.learning.tasks import load_task
 
 
 @pytest.fixture(scope="module")

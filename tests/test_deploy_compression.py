@@ -28,7 +28,7 @@ SITES = 3
 @pytest.mark.timeout(600)
 def test_deployed_sites_send_int8_updates_and_the_history_counts_their_bytes(tmp_path):
     from fedweave.learning.compression import Compression
-    from fedweave.learning.task import load_task
+    from fedweave.learning.tasks import load_task
     from fedweave.learning.weights import get_weights
 
     weights = get_weights(load_task("digits").build_model())

@@ -143,7 +143,7 @@ def _the_model_out_scores_a_held_out_file(tmp_path, db, test, run_id):
     held-out file; ``fedweave predict`` gives the same decisions."""
     from safetensors.torch import load_file
 
-    from fedweave.learning.task import load_task
+    from fedweave.learning.tasks import load_task
     from fedweave.learning.training import TrainConfig
 
     done = run_fedweave("history", "export", run_id, "--db", db, "--to", "out", cwd=tmp_path)

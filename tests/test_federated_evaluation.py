@@ -21,7 +21,8 @@ from fedweave.coordinator.federated_evaluation import (
 from fedweave.history import open_store
 from fedweave.history.metrics import best_round, lower_is_better, qualified, round_metrics
 from fedweave.learning.evaluation_split import hold_out
-from fedweave.learning.task import ArrayData, load_task
+from fedweave.learning.task import ArrayData
+from fedweave.learning.tasks import load_task
 from fedweave.learning.tasks.breast_cancer import write_hospital_files
 from fedweave.learning.training import TrainConfig
 

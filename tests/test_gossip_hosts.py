@@ -52,7 +52,7 @@ def _rounds(path: Path) -> list[dict]:
 def test_peers_on_four_hosts_find_each_other_converge_and_survive_a_killed_host(
     hosts: list[str], tmp_path: Path, security: str
 ) -> None:
-    from fedweave.learning.task import load_task
+    from fedweave.learning.tasks import load_task
     from fedweave.processes import stop_process_group, tied_to_us
     from fedweave.simulations.split import test_file, write_split
 

@@ -55,7 +55,7 @@ def test_a_peers_exported_model_loads_into_build_model_and_scores_its_history(
     from fedweave.config import RunConfig
     from fedweave.history import open_store
     from fedweave.learning.data import load_site_data
-    from fedweave.learning.task import load_task
+    from fedweave.learning.tasks import load_task
     from fedweave.learning.training import TrainConfig
     from fedweave.learning.weights import load_weights_npz, set_weights
 

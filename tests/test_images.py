@@ -18,7 +18,7 @@ from fedweave.learning.images import (
     read_images,
     write_image_folder,
 )
-from fedweave.learning.task import load_task
+from fedweave.learning.tasks import load_task
 from fedweave.learning.tasks.digit_folders import DigitFoldersTask
 
 CLASSES = ("zebra", "ant")  # declared order, not sorted: the task's order gives the labels

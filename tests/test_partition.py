@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from fedweave.errors import UserError
-from fedweave.learning.task import load_task
+from fedweave.learning.tasks import load_task
 from fedweave.simulations.partition import label_skew, partition_indices
 
 

@@ -16,7 +16,7 @@ from fedweave.coordinator.server_app import initial_weights
 from fedweave.errors import UserError
 from fedweave.history import open_store
 from fedweave.learning.data import load_site_data
-from fedweave.learning.task import load_task
+from fedweave.learning.tasks import load_task
 from fedweave.learning.training import TrainConfig
 from fedweave.learning.weights import load_weights_npz
 from fedweave.simulations.federated import run_federated_simulation, server_settings

@@ -5,7 +5,7 @@ import pytest
 from test_simulation_federated import run_cli
 
 from fedweave.errors import UserError
-from fedweave.learning.task import load_task
+from fedweave.learning.tasks import load_task
 from fedweave.learning.tasks.synthetic import NAMED_VARIANTS, SyntheticTask
 
 

@@ -12,7 +12,7 @@ from fedweave.errors import UserError
 from fedweave.learning.objectives import Binary, MultiLabel, Regression
 from fedweave.learning.statistics import local_only_statistics
 from fedweave.learning.tabular import Categorical, Label, Numeric
-from fedweave.learning.task import load_task
+from fedweave.learning.tasks import load_task
 from fedweave.learning.tasks.tabular import TabularTask
 
 TASK = TabularTask(

@@ -6,7 +6,8 @@ import textwrap
 import pytest
 
 from fedweave.errors import UserError
-from fedweave.learning.task import Task, load_task
+from fedweave.learning.task import Task
+from fedweave.learning.tasks import load_task
 
 
 def test_builtin_tasks_have_real_data():

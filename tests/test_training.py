@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from fedweave.errors import UserError
-from fedweave.learning.task import load_task
+from fedweave.learning.tasks import load_task
 from fedweave.learning.training import TrainConfig, pick_device, seed_everything
 from fedweave.learning.weights import (
     get_weights,

@@ -21,7 +21,8 @@ def apply_task_defaults(config: RunConfig, explicit: Set[str], names: Set[str]) 
     wanted = [name for name in TASK_DEFAULTED if name in names and name not in explicit]
     if not wanted or "task" not in names:
         return config
-    from fedweave.learning.task import load_task, training_defaults
+    from fedweave.learning.task import training_defaults
+    from fedweave.learning.tasks import load_task
 
     defaults = training_defaults(load_task(config.data.task))
     return config.replace(**{name: getattr(defaults, name) for name in wanted})

@@ -49,7 +49,7 @@ def checkpoint_weights(row: dict[str, Any]) -> list[np.ndarray]:
 
 def named_weights(task_spec: str, weights: list[np.ndarray]) -> dict[str, np.ndarray]:
     """``weights`` by the task model's ``state_dict`` keys; refused when they do not fit."""
-    from fedweave.learning.task import load_task
+    from fedweave.learning.tasks import load_task
 
     model = load_task(task_spec).build_model()
     state = model.state_dict()

@@ -66,7 +66,7 @@ def predict_run(
 
     from fedweave.learning.prediction import model_outputs, prediction_columns
     from fedweave.learning.statistics import prepared
-    from fedweave.learning.task import load_task
+    from fedweave.learning.tasks import load_task
     from fedweave.learning.training import TrainConfig
 
     info, rows = _model_rows(store, run_ref)

@@ -1,4 +1,5 @@
-"""The Task protocol: what a site trains, and how a task is found by name.
+"""The Task protocol: what a site trains (how a task is found by name: ``load_task`` in
+``fedweave.learning.tasks``, beside the built-in tasks it names).
 
 A task bundles a model, the data it learns from, and how to train and evaluate it. Both
 modes (federated and gossip) and every simulation use the same task object, so a user can
@@ -7,7 +8,6 @@ run one task both ways and compare.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -105,56 +105,3 @@ class Task(Protocol):
     def evaluate(self, model: Any, data: Any, config: Any) -> dict[str, float]:
         """Return at least ``{"loss": ...}`` of ``model`` on ``data`` (and ``accuracy`` for
         classification), plus any metric the task computes."""
-
-
-BUILTIN_TASKS = {
-    "digits": "fedweave.learning.tasks.digits:DigitsTask",
-    "mnist5k": "fedweave.learning.tasks.mnist5k:Mnist5kTask",
-    "digit-folders": "fedweave.learning.tasks.digit_folders:DigitFoldersTask",
-    "breast-cancer": "fedweave.learning.tasks.breast_cancer:task",
-    "breast-cancer-raw": "fedweave.learning.tasks.breast_cancer:raw_task",
-}
-
-
-def load_task(spec: str) -> Task:
-    """Find a task by built-in name (``digits``) or as ``module:attr`` for a user task.
-
-    ``attr`` may be a Task instance, a Task class, or a zero-argument factory.
-    """
-    if spec.startswith("synthetic-"):
-        from fedweave.learning.tasks.synthetic import SyntheticTask
-
-        return SyntheticTask.from_name(spec)
-    target = BUILTIN_TASKS.get(spec, spec)
-    if ":" not in target:
-        known = ", ".join(sorted(BUILTIN_TASKS))
-        raise UserError(
-            f"unknown task '{spec}': use one of {known}, synthetic-A-B (e.g. synthetic-1-1), "
-            "synthetic-iid, or 'my_module:my_task'"
-        )
-    module_name, _, attr = target.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise UserError(
-            f"task '{spec}': cannot import module '{module_name}' ({exc}); "
-            "check the name and that it is on PYTHONPATH"
-        ) from exc
-    try:
-        obj = getattr(module, attr)
-    except AttributeError as exc:
-        raise UserError(f"task '{spec}': module '{module_name}' has no attribute '{attr}'") from exc
-    not_a_task = UserError(
-        f"task '{spec}' is not a Task: it needs name, input_shape, num_classes, "
-        "build_model(), load_data(), train() and evaluate()"
-    )
-    if isinstance(obj, type) and not isinstance(obj, Task):
-        raise not_a_task
-    if isinstance(obj, type) or (callable(obj) and not isinstance(obj, Task)):
-        try:
-            obj = obj()
-        except TypeError as exc:
-            raise UserError(f"task '{spec}' cannot be created without arguments ({exc})") from exc
-    if not isinstance(obj, Task):
-        raise not_a_task
-    return obj
