@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from fedweave.config import SETTINGS, RunConfig
-from fedweave.coordinator.server_app import initial_weights
+from fedweave.coordinator.rounds.round_app import initial_weights
 from fedweave.learning.data import load_site_data
 from fedweave.learning.task import ArrayData
 from fedweave.learning.tasks import load_task

@@ -14,7 +14,7 @@ Accuracy is the peers' mean after the last round.
 
 Each run is a real ``fedweave simulate`` (the simulation engine; every site trains for real)
 with the same seed; the history's counts are what the coordinator's grid saw
-(``coordinator/traffic.py``): each training site's uplink bytes, and the round's bytes in and
+(``coordinator/rounds/traffic.py``): each training site's uplink bytes, and the round's bytes in and
 out. Prints per kind: mean uplink bytes per site per round, its ratio to ``none``, the final
 central test accuracy and its difference to ``none`` in points. The goal: at least one kind
 at <= 0.25x the bytes with <= 0.5 point accuracy lost. Then SecAgg+ (no compression): its
@@ -128,7 +128,7 @@ def fewer_secagg_bits(task_name: str, found: dict, bits: list[int]) -> list[tupl
     import torch
     from flwr.common.secure_aggregation.quantization import dequantize, quantize
 
-    from fedweave.coordinator.secure_agg import SecAggSettings
+    from fedweave.coordinator.rounds.secure_agg import SecAggSettings
     from fedweave.learning.data import central_test_data
     from fedweave.learning.tasks import load_task
     from fedweave.learning.training import TrainConfig

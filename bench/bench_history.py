@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from fedweave.config import RunConfig
-from fedweave.coordinator.history_recorder import BackgroundRecorder, HistoryRecorder
+from fedweave.coordinator.rounds.history_listener import BackgroundRecorder, HistoryRecorder
 from fedweave.history import open_store
 from fedweave.history.round_summary import RoundSummary
 from fedweave.simulations.federated import run_federated_simulation

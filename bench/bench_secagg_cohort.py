@@ -46,7 +46,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     args = parser.parse_args()
 
-    from fedweave.coordinator.deadlines import STAGES
+    from fedweave.coordinator.rounds.deadlines import STAGES
 
     stages = _StageRecords()
     secagg_log = logging.getLogger("fedweave.secagg")

@@ -439,9 +439,9 @@ def run_site(
     ``connect_timeout``.
 
     A SuperNode that exits after it had connected is started again: a restarted coordinator
-    keeps no Flower state (``fedweave.coordinator.superlink``), so it refuses this site's old
-    node id and Flower's SuperNode exits; the site then joins as a new node. Waits between
-    such restarts grow from 2 s to 30 s while they keep coming within a minute.
+    keeps no Flower state (``fedweave.coordinator.command.superlink``), so it refuses this
+    site's old node id and Flower's SuperNode exits; the site then joins as a new node. Waits
+    between such restarts grow from 2 s to 30 s while they keep coming within a minute.
     """
     from fedweave.errors import UserError
     from fedweave.flower_patches.supernode_state import SUPERNODE_STATE_FILE_ENV

@@ -14,7 +14,7 @@ weighs by those examples: the coordinator learns only
 
     sum_i n_i * s_i * update_i / sum_i n_i
 
-FedBuff's step (``fedweave/coordinator/fedbuff.py``). One update is held at a time: a new job
+FedBuff's step (``fedweave/coordinator/rounds/fedbuff.py``). One update is held at a time: a new job
 replaces it. A site restarted in between has lost it and says so; the SecAgg+ round then
 goes on without that site.
 """

@@ -1,20 +1,19 @@
-"""``fedweave.coordinator``: the federated coordinator, simulated and deployed.
+"""``fedweave.coordinator``: the federated coordinator, laid out by the process each part runs
+in (``docs/architecture.md`` maps every process of a deployment to its files and logs).
 
-Where a federated round happens: ``server_app.py`` (``make_server_app``): each round samples
-sites, trains (plain or through SecAgg+) and evaluates, through Flower's workflows around the
-``ReportingStrategy`` of ``reporting.py``, which checks and records every site's part.
+- ``command/``: the ``fedweave coordinator`` and ``fedweave evaluate`` process: checks, the
+  SuperLink it starts and talks to (Control API, site keys, the Flower App Bundle), the
+  history run it creates or resumes, the console.
+- ``serverapp/``: inside Flower's ``flwr-serverapp`` (started by the SuperLink for each run):
+  the ServerApp the bundle names (``deployed_app.py``, as ``client/deployed_app.py`` is the
+  site's), the evaluation-only run, the history run they record into.
+- ``rounds/``: the round loop's strategy wrappers, workflows and listeners, run wherever the
+  round loop runs: inside ``flwr-serverapp`` in a deployment, in ``fedweave simulate``'s
+  process in a simulation.
+- ``plan.py``: what ``command/`` hands ``serverapp/`` through Flower's run config (and a
+  0600 file): the only module both processes load for the same run.
 
-Around a round, one concern per file:
-
-- the round's parts: ``strategies.py`` (which Flower strategy), ``reporting.py`` (checks, per
-  site records, the round summary of ``rounds.py``), ``site_outcomes.py`` (what each site said,
-  bound to its node), ``deadlines.py`` (when a round closes), ``secure_agg.py`` and
-  ``privacy.py`` (SecAgg+ and DP settings), ``federated_evaluation.py`` and
-  ``private_evaluation.py`` (sites scoring the global model), ``statistics.py`` (federated
-  statistics before round 1, on ``vector_exchange.py``), ``stragglers.py`` (simulated);
-- what listens to a round: ``history_recorder.py``, ``site_names.py``, ``model_health.py``;
-- a deployment: ``cli.py`` → ``serve.py`` (``fedweave coordinator``: checks, the SuperLink of
-  ``superlink.py``, progress, shutdown; ``run_header.py``, ``refused_keys.py``) and
-  ``deployed_run.py`` (the ServerApp Flower starts for the run, recording into the history);
-  ``evaluation_run.py`` is ``fedweave evaluate``.
+Arrows: ``command → plan ← serverapp → rounds``; ``command`` reads ``rounds/round_settings.py``
+and ``rounds/deadlines.py`` to check a run and size its deadline before it starts.
+``tests/test_layout.py`` keeps the import graph free of cycles.
 """

@@ -13,7 +13,7 @@ import zipfile
 from fedweave.contract import CLIENT_APP_REF, SERVER_APP_REF
 
 ALLOWED_FILES = frozenset({"pyproject.toml", "README.md", ".info/CONTENT"})
-"""The files ``fedweave.coordinator.superlink.build_fab`` writes; anything else could be
+"""The files ``fedweave.coordinator.command.superlink.build_fab`` writes; anything else could be
 imported by Flower's loader (a ``.py`` beside the app shadows an installed module)."""
 MAX_BUNDLE_BYTES = 1 << 20
 """fedweave's bundles are a few KiB of settings; Flower itself allows 100 MB."""

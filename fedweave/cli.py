@@ -30,7 +30,7 @@ def build_app() -> typer.Typer:
     """Every subcommand, mounted once."""
     from fedweave.certs_cli import certs_app, sites_app
     from fedweave.client.cli import client
-    from fedweave.coordinator.cli import coordinator, evaluate
+    from fedweave.coordinator.command.cli import coordinator, evaluate
     from fedweave.dashboard.cli import dashboard_app
     from fedweave.gossip.cli import keys_app, peer, task_app
     from fedweave.history.cli import history_app, predict_command

@@ -14,7 +14,8 @@ from typing import Any
 
 from fedweave.client.site_app import ClientSettings, make_client_app
 from fedweave.config import RunConfig
-from fedweave.coordinator.server_app import ServerSettings, initial_weights, make_server_app
+from fedweave.coordinator.rounds.round_app import initial_weights, make_server_app
+from fedweave.coordinator.rounds.round_settings import ServerSettings
 from fedweave.history.round_summary import RoundListener, RoundStartListener, RoundSummary
 from fedweave.learning.data import load_site_data
 from fedweave.learning.tasks import load_task

@@ -8,8 +8,8 @@ import uuid
 from rich.console import Console
 
 from fedweave.config import Resolved, RunConfig
-from fedweave.coordinator.history_recorder import evaluation_extra
-from fedweave.coordinator.run_header import header_line, protections
+from fedweave.coordinator.command.run_header import header_line, protections
+from fedweave.coordinator.rounds.history_listener import evaluation_extra
 from fedweave.history.metrics import recorded_clock, recorded_statistics
 from fedweave.history.round_summary import RoundSummary, shown
 from fedweave.learning.data import load_site_data
@@ -52,7 +52,7 @@ def run_and_report(config: RunConfig, resolved: Resolved) -> dict:
     """Run a federated simulation (or resume a recorded one) with progress; record each
     round; write the report to ``--out``."""
     from fedweave.config.resume import merge_for_resume, stored_run_config
-    from fedweave.coordinator.history_recorder import (
+    from fedweave.coordinator.rounds.history_listener import (
         BackgroundRecorder,
         HistoryRecorder,
         resume_point,

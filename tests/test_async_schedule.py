@@ -11,9 +11,9 @@ import pytest
 from test_secure_agg import run_recorded
 
 from fedweave.config import RunConfig
-from fedweave.coordinator.fedbuff import staleness_weight
-from fedweave.coordinator.server_app import ServerSettings
-from fedweave.coordinator.simulated_clock import round_seconds
+from fedweave.coordinator.rounds.fedbuff import staleness_weight
+from fedweave.coordinator.rounds.round_settings import ServerSettings
+from fedweave.coordinator.rounds.simulated_clock import round_seconds
 from fedweave.errors import UserError
 from fedweave.history.records import SiteResult
 from fedweave.learning.site_speeds import SiteSpeeds, share_done_by

@@ -31,7 +31,7 @@ from flwr.server.strategy import FedAvg
 
 from fedweave.client.compression_mod import RESIDUAL_RECORD, compression_when_asked
 from fedweave.contract import COMPRESS_KEY, COMPRESSION_METRIC, UPLINK_BYTES_METRIC
-from fedweave.coordinator.reporting import ReportingStrategy
+from fedweave.coordinator.rounds.reporting import ReportingStrategy
 from fedweave.errors import UserError
 from fedweave.learning.compression import Compression, CompressionMismatch, top_k_count
 

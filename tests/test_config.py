@@ -120,7 +120,7 @@ def test_the_task_declares_training_defaults_and_flags_and_files_override_them(t
 
 
 def test_the_deployed_server_app_gets_every_training_setting():
-    from fedweave.coordinator.deployed_run import PLAN_SETTINGS
+    from fedweave.coordinator.plan import PLAN_SETTINGS
 
     local_only = {"num_workers"}  # each site's own choice
     training = set(SETTINGS) & {f.name for f in dataclasses.fields(TrainingSection)}
@@ -243,7 +243,7 @@ def test_resume_reads_configs_recorded_before_the_redesign():
 
 def test_declared_choices_are_the_ones_the_modes_implement():
     """The core declares the choices (it imports no mode); this keeps them from drifting."""
-    from fedweave.coordinator.strategies import STRATEGIES
+    from fedweave.coordinator.rounds.strategies import STRATEGIES
     from fedweave.gossip.averaging import MIX_RULES
     from fedweave.history.tracking import TRACKERS
     from fedweave.simulations.partition import PARTITION_SCHEMES

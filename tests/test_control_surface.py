@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from fedweave.app_bundle import bundle_problem
-from fedweave.coordinator.superlink import build_fab
+from fedweave.coordinator.command.superlink import build_fab
 from fedweave.flower_patches import fingerprints, security_patch_problem
 from fedweave.flower_patches.admin_apis import LocalAdminOnly, is_local_caller
 
@@ -220,7 +220,7 @@ def test_a_key_refused_before_registration_is_named_again_once_revoked(tmp_path)
     from flwr.supercore.primitives.asymmetric import public_key_to_bytes
 
     from fedweave.certs import remove_site_key
-    from fedweave.coordinator.refused_keys import RefusedKeys
+    from fedweave.coordinator.command.refused_key_notices import RefusedKeys
     from fedweave.flower_patches import refused_keys
 
     private = ec.generate_private_key(ec.SECP384R1())

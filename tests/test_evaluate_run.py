@@ -13,9 +13,9 @@ from test_deploy_support import free_port
 
 from fedweave.cli import main
 from fedweave.config import Resolved, RunConfig
-from fedweave.coordinator.evaluation_run import prepare_evaluation
-from fedweave.coordinator.history_recorder import HistoryRecorder
-from fedweave.coordinator.server_app import initial_weights
+from fedweave.coordinator.command.evaluation_setup import prepare_evaluation
+from fedweave.coordinator.rounds.history_listener import HistoryRecorder
+from fedweave.coordinator.rounds.round_app import initial_weights
 from fedweave.history import open_store
 from fedweave.history.round_summary import RoundSummary
 

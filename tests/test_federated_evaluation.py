@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedweave.coordinator.federated_evaluation import (
+from fedweave.coordinator.rounds.federated_evaluation import (
     MAX_EVALUATION_WEIGHT,
     is_evaluation_round,
     weighted_evaluation,
@@ -319,7 +319,7 @@ def test_cross_site_evaluation_under_secagg_scores_the_global_model_at_every_sit
 
 def test_a_sites_reported_metrics_are_bounded_and_cannot_pose_as_the_coordinators_tag():
     from fedweave.contract import CROSS_SITE_MODEL_KEY, MAX_SITE_METRICS, bounded_site_metrics
-    from fedweave.coordinator.reporting import weighted_train_metrics
+    from fedweave.coordinator.rounds.reporting import weighted_train_metrics
 
     sent = {
         CROSS_SITE_MODEL_KEY: "123",  # a forged cross-site entry

@@ -206,7 +206,7 @@ def test_secagg_stages_wait_what_the_policy_says_and_forget_silent_sites(monkeyp
     from flwr.server.workflow import SecAggPlusWorkflow
     from flwr.server.workflow.secure_aggregation.secaggplus_workflow import WorkflowState
 
-    from fedweave.coordinator.deadlines import DeadlineSecAggPlusWorkflow, RoundDeadline
+    from fedweave.coordinator.rounds.deadlines import DeadlineSecAggPlusWorkflow, RoundDeadline
     from fedweave.flower_patches.secagg_stages import STAGES
 
     sent = []

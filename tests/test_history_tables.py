@@ -44,7 +44,7 @@ def _fed_accuracy(n: int) -> float:
 
 
 def _evaluation(n: int) -> dict:
-    """A federated round's recorded evaluation, as ``coordinator/history_recorder.py`` writes
+    """A federated round's recorded evaluation, as ``coordinator/rounds/history_listener.py`` writes
     it: central and federated metrics, each site's, and (last round) the cross-site matrix."""
     evaluation = {
         "central": {"loss": _fed_loss(n), "accuracy": _fed_accuracy(n), "auc": 0.98765 - n / 999},

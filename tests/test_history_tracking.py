@@ -128,7 +128,7 @@ def test_tensorboard_writes_every_metric_to_event_files(tmp_path: Path) -> None:
 def test_deployed_plan_carries_track_to_the_server_app() -> None:
     from fedweave.config import RunConfig
     from fedweave.contract import RUN_ID_KEY
-    from fedweave.coordinator.deployed_run import DeployPlan
+    from fedweave.coordinator.plan import DeployPlan
 
     plan = DeployPlan("r1", RunConfig().replace(track="tensorboard"))
     back = DeployPlan.from_run_config(plan.to_run_config())

@@ -114,8 +114,8 @@ def test_the_site_and_coordinator_stacks_import_without_the_extra(tmp_path):
     file without pyarrow is one line naming the parquet extra."""
     code = (
         "import fedweave.client.site_app, fedweave.client.deployed_app\n"
-        "import fedweave.coordinator.server_app, fedweave.coordinator.serve\n"
-        "import fedweave.coordinator.deployed_run, fedweave.gossip.peer\n"
+        "import fedweave.coordinator.rounds.round_app, fedweave.coordinator.command.supervisor\n"
+        "import fedweave.coordinator.serverapp.deployed_app, fedweave.gossip.peer\n"
         "from pathlib import Path\n"
         "from fedweave.errors import UserError\n"
         "from fedweave.learning.tabular import read_frame\n"

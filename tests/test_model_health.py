@@ -8,7 +8,7 @@ import subprocess
 import sys
 from datetime import datetime, timezone
 
-from fedweave.coordinator.model_health import ModelHealth
+from fedweave.coordinator.rounds.model_health import ModelHealth
 from fedweave.history import open_store
 from fedweave.history.records import SiteResult
 from fedweave.history.round_summary import RoundSummary
@@ -66,7 +66,7 @@ def test_a_diverging_run_says_so_on_the_progress_line_and_in_the_history(tmp_pat
 
 def test_sites_are_recorded_by_a_valid_name_only():
     from fedweave.contract import SITE_NAME_METRIC
-    from fedweave.coordinator.site_names import SiteNames
+    from fedweave.coordinator.rounds.site_names import SiteNames
 
     kept = _Keep()
     names = SiteNames([kept])

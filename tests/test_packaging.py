@@ -38,7 +38,7 @@ def test_the_wheel_provides_only_the_fedweave_import_name(tmp_path):
         assert not [r for r in base if r.startswith(heavy)], (heavy, base)
     simulation = [r.split(";")[0] for r in requires if "extra == \"simulation\"" in r]
     assert sorted(simulation) == ["flwr-datasets<0.7,>=0.6.1", "flwr[simulation]==1.41.0"]
-    for module in ("fedweave/client/site_app.py", "fedweave/coordinator/serve.py",
+    for module in ("fedweave/client/site_app.py", "fedweave/coordinator/command/supervisor.py",
                    "fedweave/gossip/peer.py", "fedweave/gossip/PROTOCOL.md",
                    "fedweave/simulations/partition.py", "fedweave/learning/training.py",
                    "fedweave/history/migrations/versions/0001_initial_schema.py"):

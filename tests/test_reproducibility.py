@@ -11,7 +11,7 @@ from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 from flwr.server.strategy.aggregate import aggregate_inplace
 
 from fedweave.contract import SITE_NAME_METRIC
-from fedweave.coordinator.reporting import arrival_independent_order
+from fedweave.coordinator.rounds.reporting import arrival_independent_order
 from fedweave.flower_patches.secagg_masks import quantize_flat
 
 

@@ -20,7 +20,7 @@ from fault_tasks import SLOW_ONCE_ENV, SLOW_SECONDS
 from test_secure_agg import run_recorded
 
 from fedweave.config import RunConfig
-from fedweave.coordinator.deadlines import (
+from fedweave.coordinator.rounds.deadlines import (
     DEADLINE_FLOOR_SECONDS,
     MEASURED_FACTOR,
     NO_DATA_DEADLINE_SECONDS,

@@ -10,9 +10,9 @@ from fault_tasks import bad_site_index
 
 from fedweave.client.site_app import TaskClient
 from fedweave.config import RunConfig
-from fedweave.coordinator.history_recorder import HistoryRecorder
-from fedweave.coordinator.secure_agg import SecAggSettings, derive_shares
-from fedweave.coordinator.server_app import initial_weights
+from fedweave.coordinator.rounds.history_listener import HistoryRecorder
+from fedweave.coordinator.rounds.round_app import initial_weights
+from fedweave.coordinator.rounds.secure_agg import SecAggSettings, derive_shares
 from fedweave.errors import UserError
 from fedweave.history import open_store
 from fedweave.learning.data import load_site_data

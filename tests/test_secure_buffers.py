@@ -24,8 +24,8 @@ from fedweave.contract import (
     STALENESS_WEIGHT_KEY,
     UpdateRejected,
 )
-from fedweave.coordinator.secure_agg import SecAggSettings
-from fedweave.coordinator.server_app import ServerSettings
+from fedweave.coordinator.rounds.round_settings import ServerSettings
+from fedweave.coordinator.rounds.secure_agg import SecAggSettings
 from fedweave.errors import UserError
 
 
@@ -115,10 +115,10 @@ def test_a_secure_buffer_unmasks_exactly_fedbuffs_weighted_step():
     from flwr.simulation import run_simulation
 
     from fedweave.client.mods import secagg_when_asked
-    from fedweave.coordinator.deadlines import RoundDeadline
-    from fedweave.coordinator.secure_agg import make_secagg_workflow
-    from fedweave.coordinator.secure_buffer import secure_buffer_sum
-    from fedweave.coordinator.traffic import Traffic
+    from fedweave.coordinator.rounds.deadlines import RoundDeadline
+    from fedweave.coordinator.rounds.secure_agg import make_secagg_workflow
+    from fedweave.coordinator.rounds.secure_buffer import secure_buffer_sum
+    from fedweave.coordinator.rounds.traffic import Traffic
     from fedweave.flower_patches.secagg_masks import unflatten
 
     shapes = [(3, 4), (5,)]
@@ -140,7 +140,7 @@ def test_a_secure_buffer_unmasks_exactly_fedbuffs_weighted_step():
 
     @server_app.main()
     def main(grid, context) -> None:
-        from fedweave.coordinator.fedbuff import _wait_for_nodes
+        from fedweave.coordinator.rounds.fedbuff import _wait_for_nodes
 
         nodes = _wait_for_nodes(grid, 3, timeout=60)
         base = [np.ones(shape, np.float32) for shape in shapes]

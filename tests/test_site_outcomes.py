@@ -1,7 +1,7 @@
 """A site's outcome travels as data bound to its node: the site's outermost mod turns what its
 code raised into an outcome reply with a code, a reason and the site's name
 (``fedweave.contract``), the run's grid notes each outcome under its round and node
-(``coordinator/site_outcomes.py``), and the reporting strategy records what each sampled site
+(``coordinator/rounds/site_outcomes.py``), and the reporting strategy records what each sampled site
 said, or ``late`` for a silent one.
 
 Flower's real ``Message``, ``Error`` and legacy record layout throughout; the grid under
@@ -32,8 +32,13 @@ from fedweave.contract import (
     outcome_of,
     read_outcome,
 )
-from fedweave.coordinator.reporting import ReportingStrategy
-from fedweave.coordinator.site_outcomes import OutcomeGrid, SiteReplies, SiteSaid, failure_said
+from fedweave.coordinator.rounds.reporting import ReportingStrategy
+from fedweave.coordinator.rounds.site_outcomes import (
+    OutcomeGrid,
+    SiteReplies,
+    SiteSaid,
+    failure_said,
+)
 from fedweave.history.records import SiteResult
 
 ROUND = "3"

@@ -8,7 +8,7 @@ import pytest
 import torch
 from test_simulation_federated import run_cli
 
-from fedweave.coordinator.stragglers import MIN_WORK_FRACTION, pick_stragglers
+from fedweave.coordinator.rounds.stragglers import MIN_WORK_FRACTION, pick_stragglers
 from fedweave.learning.task import ArrayData
 from fedweave.learning.training import TrainConfig, train_epochs
 

@@ -180,7 +180,7 @@ def test_the_coordinator_checks_each_sites_statistics():
     and left out of the mean, instead of breaking or poisoning every site's scaling."""
     from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 
-    from fedweave.coordinator.statistics import StatisticsStrategy
+    from fedweave.coordinator.rounds.federated_statistics import StatisticsStrategy
 
     class Proxy:
         def __init__(self, node_id: int) -> None:

@@ -55,7 +55,7 @@ The patches, and why each exists:
     with torch, the task and the data already loaded. Its pull sets Flower's ``TaskIdentity``
     and the message id in ``Metadata.__dict__`` as ``flwr-clientapp`` does.
 ``secagg_stages`` (not a patch: Flower's SecAgg+ workflow run stage by stage; refuses)
-    ``coordinator/deadlines.py`` holds SecAgg+ rounds to their deadline by choosing each
+    ``coordinator/rounds/deadlines.py`` holds SecAgg+ rounds to their deadline by choosing each
     stage's wait; ``StagedSecAggPlusWorkflow`` overrides the workflow's four stage methods,
     sets its ``timeout`` before each, and takes the sites that sent no keys out of its
     internal ``WorkflowState`` (Flower's unmasking stage otherwise halts the round).

@@ -112,12 +112,12 @@ WRAPPED: dict[str, dict[str, str]] = {
 Besides the patches, three entries fingerprint Flower code fedweave relies on without replacing
 it: ``clientapp_worker`` (the site's worker runs Flower's per-message functions and sets what
 they set), ``secagg_stages`` (fedweave runs SecAgg+'s workflow stage by stage and edits its
-state) and ``default_workflow``: ``coordinator/deadlines.py`` hands Flower's default fit
+state) and ``default_workflow``: ``coordinator/rounds/deadlines.py`` hands Flower's default fit
 workflow a grid that bounds its wait, and the coordinator's own fit and evaluate workflows
-(``statistics.py``, ``federated_evaluation.py``, ``private_evaluation.py``) read and write the
-records ``DefaultWorkflow`` keeps in the context (``flwr.server.workflow.constant``: the round
-number, the global parameters) as Flower's default workflows do. No private names there, but
-modules Flower does not export and behaviour it does not document, so checked by
+(``federated_statistics.py``, ``federated_evaluation.py``, ``private_evaluation.py``) read and write
+the records ``DefaultWorkflow`` keeps in the context (``flwr.server.workflow.constant``: the round
+number, the global parameters) as Flower's default workflows do. No private names there, but modules
+Flower does not export and behaviour it does not document, so checked by
 ``tests/test_flower_patches.py`` only: an upgrade is told to look at them again."""
 
 

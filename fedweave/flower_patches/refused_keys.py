@@ -7,7 +7,8 @@ nothing. This wraps Flower's handler: the first refusal of a key that names no n
 it last activated a node, so a key refused, then registered, then revoked is noted twice) appends
 one JSON line, ``{"time": ..., "fingerprint": "SHA256:..."}``, to the file named by
 ``FEDWEAVE_REFUSED_KEYS_FILE`` (set by ``fedweave coordinator``), which the coordinator reads
-(``coordinator.refused_keys``). Structured data in a file fedweave owns, not Flower's log.
+(``coordinator/command/refused_key_notices.py``). Structured data in a file fedweave owns, not
+Flower's log.
 """
 
 from __future__ import annotations

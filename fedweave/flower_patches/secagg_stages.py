@@ -8,7 +8,7 @@ reading ``self.timeout`` when it sends (its only wait), and on the fields of
 ``WorkflowState``, a dataclass Flower does not export. That is private coupling, so it lives
 here, fingerprinted (``fingerprints``, entry ``secagg_stages``): a workflow refuses to be built
 on Flower code that differs. What the waits are is fedweave's own policy
-(``fedweave.coordinator.deadlines.DeadlineSecAggPlusWorkflow``: one round deadline shared by
+(``fedweave.coordinator.rounds.deadlines.DeadlineSecAggPlusWorkflow``: one round deadline shared by
 the four stages); this module knows nothing of deadlines.
 """
 

@@ -1,7 +1,7 @@
 """Every metric of a recorded round, read back in one way (show, CSV, plot, tracking, export).
 
 A federated round keeps its evaluations in ``Round.extra["evaluation"]`` (written by
-``coordinator/history_recorder.py``)::
+``coordinator/rounds/history_listener.py``)::
 
     {"central": {"loss": .., "accuracy": .., ...},      # the coordinator's test data
      "federated": {"loss": .., "auc": .., ...},         # example-weighted over the sites

@@ -15,6 +15,7 @@ is pickled.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,34 @@ def chosen_rounds(
     number, name, value = best
     best_row = next(row for row in with_model if row["round"] == number)
     return final, best_row, {**chosen, "qualified": name, "round": number, "value": value}
+
+
+GLOBAL_MODEL = "global"
+"""The name ``fedweave evaluate`` gives a run's final global model (``evaluated_models``)."""
+
+def best_model_name(round_number: int) -> str:
+    return f"best-round-{round_number}"
+
+
+@dataclass(frozen=True)
+class EvaluatedModel:
+    """One model of the evaluated run that every site scores."""
+
+    name: str
+    round: int
+    row: dict[str, Any]
+
+
+def evaluated_models(info: Any, rows: list[dict[str, Any]]) -> list[EvaluatedModel]:
+    """The run's final model (``global``) and, when its best round by ``--select-metric`` is
+    another one, that round's (``best-round-N``); empty without a recorded checkpoint."""
+    final, best, _ = chosen_rounds(info, rows)
+    if final is None:
+        return []
+    models = [EvaluatedModel(GLOBAL_MODEL, int(final["round"]), final)]
+    if best is not None and best["round"] != final["round"]:
+        models.append(EvaluatedModel(best_model_name(int(best["round"])), int(best["round"]), best))
+    return models
 
 
 def export_models(

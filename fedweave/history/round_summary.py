@@ -49,7 +49,7 @@ class RoundSummary:
         simulated_seconds / simulated_clock: with ``--site-speeds``, the round's length and
             the run's time at its end on the simulated clock (``None`` without one).
         bytes_in / bytes_out: data bytes the coordinator received from / sent to the sites
-            in this round, training and evaluation (``coordinator/traffic.py``; ``None``: not
+            in this round, training and evaluation (``coordinator/rounds/traffic.py``; ``None``: not
             counted).
     """
 

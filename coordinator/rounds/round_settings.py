@@ -1,20 +1,16 @@
-"""The Flower ServerApp: the chosen strategy over the sampled sites, SecAgg+ by default,
-central evaluation, round reports.
+"""What a run's rounds run with (``ServerSettings``: cohort, deadline, what each site is told)
+and the checks that refuse an impossible run before anything starts.
 
-Built on Flower's legacy strategy API (``LegacyContext`` + ``DefaultWorkflow``) because
-SecAgg+ (``SecAggPlusWorkflow``) only plugs into that API.
+Three processes read it: ``fedweave coordinator`` and ``fedweave simulate`` check a run and
+size its deadline before it starts (``command/supervisor.py``, ``command/run_header.py``,
+``simulations/``), and the round loop runs with it (``round_app.py``, ``fedbuff.py``). It
+only computes from the config and the task: no round runs here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
-
-import numpy as np
-from flwr.common import Context, ndarrays_to_parameters
-from flwr.server import Grid, LegacyContext, ServerApp, ServerConfig
-from flwr.server.workflow import DefaultWorkflow
 
 from fedweave.config import RunConfig
 from fedweave.contract import (
@@ -36,35 +32,23 @@ from fedweave.contract import (
     SITE_SPEEDS_KEY,
     WEIGHT_DECAY_KEY,
 )
-from fedweave.coordinator.deadlines import (
+from fedweave.coordinator.rounds.deadlines import (
     NO_DATA_DEADLINE_SECONDS,
     RoundDeadline,
-    deadline_fit_workflow,
     default_round_timeout,
 )
-from fedweave.coordinator.federated_evaluation import federated_evaluate_workflow
-from fedweave.coordinator.model_health import ModelHealth
-from fedweave.coordinator.privacy import check_privacy, local_dp_config, wrap_for_central_dp
-from fedweave.coordinator.private_evaluation import private_evaluate_workflow
-from fedweave.coordinator.secure_agg import (
+from fedweave.coordinator.rounds.privacy import check_privacy, local_dp_config
+from fedweave.coordinator.rounds.secure_agg import (
     MIN_SECAGG_COHORT,
     SecAggSettings,
     derive_shares,
-    make_secagg_workflow,
 )
-from fedweave.coordinator.simulated_clock import SimulatedClock
-from fedweave.coordinator.site_names import SiteNames
-from fedweave.coordinator.site_outcomes import OutcomeGrid, SiteReplies
-from fedweave.coordinator.statistics import StatisticsFirst, StatisticsSink, WithStatistics
-from fedweave.coordinator.strategies import check_strategy_choice, make_strategy
-from fedweave.coordinator.traffic import Traffic
+from fedweave.coordinator.rounds.strategies import check_strategy_choice
 from fedweave.errors import UserError
-from fedweave.history.round_summary import RoundListener, RoundStartListener
 from fedweave.learning.compression import Compression
-from fedweave.learning.statistics import digest, needs_statistics, prepared
+from fedweave.learning.statistics import prepared
 from fedweave.learning.tasks import load_task
-from fedweave.learning.training import TrainConfig, seed_everything, task_metrics
-from fedweave.learning.weights import get_weights, set_weights
+from fedweave.learning.training import TrainConfig, task_metrics
 
 
 @dataclass(frozen=True)
@@ -345,145 +329,10 @@ def private_metric_names(task: Any) -> tuple[str, ...]:
     return ("loss", *(name for name in declared if name != "loss"))
 
 
-def initial_weights(task_spec: str, seed: int) -> list[np.ndarray]:
-    """The global model before round 1: the task's model built under ``seed``."""
-    seed_everything(seed)
-    return get_weights(load_task(task_spec).build_model())
+def test_data_of(config: RunConfig):
+    """The coordinator's held-out data, or ``None`` (``central_test_data``)."""
+    from fedweave.learning.data import central_test_data
 
-
-def make_central_evaluator(
-    task_spec: str, test_data: Any, device: str | None, sink: StatisticsSink | None = None
-):
-    """Score weights on the held-out test set with the task's own evaluate() (prepared with
-    the run's federated statistics once ``sink`` holds them); ``None`` without test data."""
-    if test_data is None:
-        return None
-    task = load_task(task_spec)
-    model = task.build_model()
-    config = TrainConfig(device=device)
-    cache: dict[str, Any] = {}
-
-    def evaluate(weights: list[np.ndarray]) -> dict[str, float]:
-        set_weights(model, weights)
-        statistics = sink.statistics if sink is not None else None
-        key = digest(statistics) if statistics else ""
-        if key not in cache:
-            cache.clear()
-            cache[key] = prepared(task, test_data, statistics)
-        return task.evaluate(model, cache[key], config)
-
-    return evaluate
-
-
-def make_server_app(
-    settings: ServerSettings,
-    test_data: Any,
-    start_weights: list[np.ndarray],
-    listeners: Sequence[RoundListener] = (),
-    statistics: dict[str, Any] | None = None,
-    round_starts: Sequence[RoundStartListener] = (),
-    clock_start: float = 0.0,
-) -> ServerApp:
-    """A ServerApp that runs ``settings.rounds`` rounds from ``start_weights``; a task that
-    needs federated statistics gathers them first, unless ``statistics`` (a resumed run's
-    recorded ones) are given. ``listeners`` hear of every finished round, ``round_starts`` of
-    every round as it starts; ``clock_start``: a resumed run's simulated clock
-    (``--site-speeds``). ``--schedule async`` runs ``fedbuff.py``'s app instead."""
-    settings.check()
-    config = settings.config
-    check_scoring(config, test_data)
-    deadline = settings.deadline(test_data)
-    task = load_task(config.data.task)
-    sink = StatisticsSink(statistics)
-    if config.federation.schedule == "async":
-        from fedweave.coordinator.fedbuff import make_fedbuff_server_app
-
-        return make_fedbuff_server_app(
-            settings, test_data, start_weights, listeners, round_starts, clock_start, deadline
-        )
-    named = [SiteNames([ModelHealth(listeners, int(getattr(task, "num_classes", 0)))])]
-    if settings.site_speeds is not None:
-        named = [SimulatedClock(named, config.simulation.simulated_deadline, clock_start)]
-    listeners = [deadline, WithStatistics(named, sink)]
-    app = ServerApp()
-
-    @app.main()
-    def main(grid: Grid, context: Context) -> None:
-        site_replies, traffic = SiteReplies(), Traffic()
-        # every workflow's replies, bound to their site, and their bytes counted
-        grid = OutcomeGrid(grid, site_replies, traffic)
-        strategy = make_strategy(
-            config.federation.strategy,
-            settings.secure_agg,
-            stragglers=config.simulation.stragglers,
-            seed=config.training.seed,
-            evaluator=make_central_evaluator(
-                config.data.task, test_data, config.training.device, sink
-            ),
-            listeners=listeners,
-            round_starts=round_starts,
-            round_offset=settings.round_offset,
-            max_update_norm=config.federation.max_update_norm,
-            deadline=deadline,
-            min_replies=config.federation.min_replies or 1,
-            fraction_fit=settings.cohort / settings.min_clients,
-            min_fit_clients=settings.cohort,
-            min_available_clients=settings.min_clients,
-            evaluate_every=config.evaluation.evaluate_every,
-            last_round=settings.rounds,
-            cross_site=config.evaluation.cross_site,
-            site_replies=site_replies,
-            compression=settings.compression,
-            traffic=traffic,
-            fraction_evaluate=config.evaluation.fraction_evaluate,
-            min_evaluate_clients=1,
-            initial_parameters=ndarrays_to_parameters(start_weights),
-            on_fit_config_fn=lambda server_round: {
-                **settings.fit_config(server_round, deadline.seconds), **sink.config(),
-            },
-            on_evaluate_config_fn=lambda server_round: {
-                **settings.evaluate_config(server_round), **sink.config(),
-            },
-            **settings.strategy_options(),
-        )
-        reporting = strategy
-        strategy = wrap_for_central_dp(
-            strategy, config.privacy, settings.secure_agg, settings.cohort
-        )
-        legacy = LegacyContext(
-            context=context,
-            config=ServerConfig(num_rounds=settings.rounds),
-            strategy=strategy,
-        )
-
-        def make_fit_workflow(cohort: int):
-            if settings.secure_agg:
-                return make_secagg_workflow(settings.secagg, cohort, deadline)
-            return deadline_fit_workflow(deadline)
-
-        fit_workflow = make_fit_workflow(settings.cohort)
-        if needs_statistics(task):
-            fit_workflow = StatisticsFirst(
-                fit_workflow,
-                lambda: make_fit_workflow(settings.min_clients),
-                task,
-                settings.min_clients,
-                settings.fit_config(-settings.round_offset, deadline.seconds),  # round 0
-                sink,
-            )
-        evaluate_workflow = (
-            private_evaluate_workflow(
-                reporting,
-                lambda cohort: make_secagg_workflow(settings.secagg, cohort, deadline),
-                private_metric_names(task),
-                settings.secagg,
-                deadline,
-            )
-            if config.evaluation.private_evaluation
-            else federated_evaluate_workflow(deadline, site_replies)
-        )
-        DefaultWorkflow(fit_workflow=fit_workflow, evaluate_workflow=evaluate_workflow)(
-            grid, legacy
-        )
-
-    return app
+    return central_test_data(
+        load_task(config.data.task), config.data.test_data, config.data.label_column
+    )

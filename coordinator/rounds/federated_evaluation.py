@@ -25,9 +25,9 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, Key
 
 from fedweave.contract import CROSS_SITE_MODEL_KEY, bounded_site_metrics, one_line
-from fedweave.coordinator.deadlines import RoundDeadline
-from fedweave.coordinator.secure_agg import SecAggSettings
-from fedweave.coordinator.site_outcomes import SiteReplies
+from fedweave.coordinator.rounds.deadlines import RoundDeadline
+from fedweave.coordinator.rounds.secure_agg import SecAggSettings
+from fedweave.coordinator.rounds.site_outcomes import SiteReplies
 from fedweave.history.records import SiteResult
 
 log = logging.getLogger("fedweave.coordinator")

@@ -3,10 +3,11 @@ register site keys, submit our app as a Flower App Bundle (FAB), watch the run.
 
 Path chosen (Flower 1.41): the SuperLink in its default ``--isolation subprocess`` mode starts
 Flower's own SuperExec, which starts ``flwr-serverapp`` for each submitted run; that process
-loads ``fedweave.coordinator.deployed_run:server_app`` from the installed package. We submit the run
-the way ``flwr run`` does (``StartRun`` on the Control API) with a FAB built in memory whose
-``pyproject.toml`` names our ServerApp/ClientApp and carries the run's settings as its run
-config; no project directory, no ``~/.flwr`` config, no ``flwr`` CLI in between.
+loads ``fedweave.coordinator.serverapp.deployed_app:server_app`` from the installed package.
+We submit the run the way ``flwr run`` does (``StartRun`` on the Control API) with a FAB built in
+memory whose ``pyproject.toml`` names our ServerApp/ClientApp and carries the run's settings as its
+run config (the plan: ``coordinator/plan.py``); no project directory, no ``~/.flwr`` config, no
+``flwr`` CLI in between.
 
 In 1.41 the Fleet, Control and Runtime APIs are one HTTPS (protobuf-over-HTTP) server on
 ``--host/--port``; SuperNodes only speak that (the gRPC Fleet API is a hidden legacy switch).
@@ -47,7 +48,7 @@ DEPLOY_ENV = {
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """This process's environment plus ``DEPLOY_ENV`` (explicit settings win) and ``extra``,
     less the history URL an operator may have set (``FEDWEAVE_DB``): secrets reach Flower's
-    processes through a 0600 file only (``deployed_run.write_deployment_file``)."""
+    processes through a 0600 file only (``coordinator/plan.py``: ``write_deployment_file``)."""
     from fedweave.config.sections import DB_URL_ENVVAR
 
     env = dict(os.environ)

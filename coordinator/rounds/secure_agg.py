@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from fedweave.errors import UserError
 
 if TYPE_CHECKING:
-    from fedweave.coordinator.deadlines import RoundDeadline
+    from fedweave.coordinator.rounds.deadlines import RoundDeadline
 
 MIN_SECAGG_COHORT = 3
 
@@ -72,8 +72,8 @@ def derive_shares(cohort: int) -> tuple[int, int]:
 
 def make_secagg_workflow(settings: SecAggSettings, cohort: int, deadline: RoundDeadline):
     """Flower's SecAgg+ fit workflow for ``cohort`` sites per round, every round closing
-    ``deadline.seconds`` after it starts (``coordinator/deadlines.py``)."""
-    from fedweave.coordinator.deadlines import DeadlineSecAggPlusWorkflow
+    ``deadline.seconds`` after it starts (``coordinator/rounds/deadlines.py``)."""
+    from fedweave.coordinator.rounds.deadlines import DeadlineSecAggPlusWorkflow
     from fedweave.flower_patches import use_fedweave_secagg
 
     use_fedweave_secagg()

@@ -147,7 +147,7 @@ class OutcomeGrid:
         Where the outcomes go; the reporting strategy reads them.
     traffic : Traffic | None (default: None)
         Where the bytes sent to and received from each site are counted
-        (``fedweave/coordinator/traffic.py``); ``None``: not counted.
+        (``fedweave/coordinator/rounds/traffic.py``); ``None``: not counted.
     """
 
     def __init__(self, grid: Any, replies: SiteReplies, traffic: Any | None = None) -> None:

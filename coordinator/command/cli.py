@@ -14,7 +14,7 @@ from fedweave.config import Resolved, RunConfig, config_command
 
 
 def _coordinator(config: RunConfig, resolved: Resolved) -> None:
-    from fedweave.coordinator.serve import serve
+    from fedweave.coordinator.command.supervisor import serve
 
     raise typer.Exit(serve(config, resolved))
 
@@ -32,7 +32,7 @@ coordinator = config_command(
 
 
 def _evaluate(config: RunConfig, resolved: Resolved) -> None:
-    from fedweave.coordinator.serve import serve
+    from fedweave.coordinator.command.supervisor import serve
 
     raise typer.Exit(serve(config.replace(once=True), resolved))
 

@@ -31,7 +31,7 @@ Under ``--compress`` a site's update is decoded against the model step it traine
 another format is recorded ``rejected`` with what differs. Each step records the bytes its
 arrivals carried in and the models it sent out.
 
-Under SecAgg+ the coordinator never sees one update (``coordinator/secure_buffer.py``): a
+Under SecAgg+ the coordinator never sees one update (``coordinator/rounds/secure_buffer.py``): a
 job only trains, and its site holds the update (``client/held_updates.py``) and gets no new
 job meanwhile; the first ``--buffer`` sites holding one form the buffer's SecAgg+ cohort,
 and the unmasked sum is the step above. A site dropped from that round is recorded with
@@ -66,9 +66,9 @@ from fedweave.contract import (
     outcome_of,
     read_outcome,
 )
-from fedweave.coordinator.secure_agg import make_secagg_workflow
-from fedweave.coordinator.secure_buffer import BufferSum, secure_buffer_sum
-from fedweave.coordinator.traffic import Traffic
+from fedweave.coordinator.rounds.secure_agg import make_secagg_workflow
+from fedweave.coordinator.rounds.secure_buffer import BufferSum, secure_buffer_sum
+from fedweave.coordinator.rounds.traffic import Traffic
 from fedweave.errors import UserError
 from fedweave.flower_patches.secagg_masks import unflatten
 from fedweave.history.records import RoundInFlight, SiteResult
@@ -214,8 +214,8 @@ def make_fedbuff_server_app(
     round (``RoundSummary``), and ``round_starts`` hear when each model step begins.
     ``clock_start``: a resumed run's simulated clock; ``deadline``: the run's
     ``RoundDeadline`` (in arrival order, how long one job may take; default: sized here)."""
-    from fedweave.coordinator.model_health import ModelHealth
-    from fedweave.coordinator.server_app import make_central_evaluator
+    from fedweave.coordinator.rounds.central_evaluation import make_central_evaluator
+    from fedweave.coordinator.rounds.model_health import ModelHealth
     from fedweave.learning.statistics import needs_statistics
     from fedweave.learning.tasks import load_task
 

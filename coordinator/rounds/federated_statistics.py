@@ -27,7 +27,7 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
 from fedweave.contract import STATISTICS_KEY, STATISTICS_STAGE_KEY
-from fedweave.coordinator.vector_exchange import VectorExchangeStrategy, failure_text
+from fedweave.coordinator.rounds.vector_exchange import VectorExchangeStrategy, failure_text
 from fedweave.errors import UserError
 from fedweave.learning.statistics import encode_known
 

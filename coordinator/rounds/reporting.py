@@ -39,16 +39,16 @@ from fedweave.contract import (
     bounded_site_metrics,
     one_line,
 )
-from fedweave.coordinator.deadlines import RoundDeadline
-from fedweave.coordinator.federated_evaluation import (
+from fedweave.coordinator.rounds.deadlines import RoundDeadline
+from fedweave.coordinator.rounds.federated_evaluation import (
     UnknownSite,
     failed_outcome,
     is_evaluation_round,
     site_evaluations,
     weighted_evaluation,
 )
-from fedweave.coordinator.site_outcomes import SiteReplies, failure_said
-from fedweave.coordinator.traffic import Traffic
+from fedweave.coordinator.rounds.site_outcomes import SiteReplies, failure_said
+from fedweave.coordinator.rounds.traffic import Traffic
 from fedweave.flower_patches.secagg_masks import unflatten
 from fedweave.history.records import RoundInFlight, SiteResult
 from fedweave.history.round_summary import RoundListener, RoundStartListener, RoundSummary

@@ -32,9 +32,9 @@ from fedweave.contract import (
     SECAGG_MAX_WEIGHT_KEY,
     SITE_NAME_METRIC,
 )
-from fedweave.coordinator.deadlines import RoundDeadline
-from fedweave.coordinator.secure_agg import MIN_SECAGG_COHORT, SecAggSettings
-from fedweave.coordinator.vector_exchange import VectorExchangeStrategy, failure_text
+from fedweave.coordinator.rounds.deadlines import RoundDeadline
+from fedweave.coordinator.rounds.secure_agg import MIN_SECAGG_COHORT, SecAggSettings
+from fedweave.coordinator.rounds.vector_exchange import VectorExchangeStrategy, failure_text
 from fedweave.history.records import SiteResult
 
 log = logging.getLogger("fedweave.coordinator")

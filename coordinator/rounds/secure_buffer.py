@@ -1,11 +1,11 @@
 """One secure buffer of an asynchronous run under SecAgg+: a SecAgg+ round among the sites
 whose held updates fill the buffer, so the coordinator learns only their weighted sum.
 
-FedBuff (``fedweave/coordinator/fedbuff.py``) moves the model every ``--buffer`` (K) updates.
+FedBuff (``fedweave/coordinator/rounds/fedbuff.py``) moves the model every ``--buffer`` (K) updates.
 Under SecAgg+ a site's job only trains and the site holds its update
 (``fedweave/client/held_updates.py``); the first K sites with an update ready form the
 buffer's cohort, and this runs Flower's SecAgg+ workflow (fedweave's staged one, with the
-round deadline and its dropout tolerance: ``coordinator/secure_agg.py``) among exactly
+round deadline and its dropout tolerance: ``coordinator/rounds/secure_agg.py``) among exactly
 them. Each site's instruction names its held job and the update's staleness weight, and
 carries no model; each answers ``staleness_weight * update`` weighted by its examples, so
 the unmasked result is FedBuff's step before ``--server-lr``::
@@ -33,8 +33,8 @@ from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECOR
 from flwr.server.workflow.constant import Key as WorkflowKey
 
 from fedweave.contract import DELIVER_KEY, STALENESS_WEIGHT_KEY
-from fedweave.coordinator.site_outcomes import OutcomeGrid, SiteReplies
-from fedweave.coordinator.vector_exchange import VectorExchangeStrategy
+from fedweave.coordinator.rounds.site_outcomes import OutcomeGrid, SiteReplies
+from fedweave.coordinator.rounds.vector_exchange import VectorExchangeStrategy
 
 NO_MODEL = Parameters(tensors=[], tensor_type="numpy.ndarray")
 """What a delivery instruction carries instead of a model: nothing to train on."""

@@ -11,10 +11,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from fedweave.config import RunConfig
-from fedweave.coordinator.deadlines import MEASURED_FACTOR
+from fedweave.coordinator.rounds.deadlines import MEASURED_FACTOR
 
 if TYPE_CHECKING:
-    from fedweave.coordinator.deadlines import RoundDeadline
+    from fedweave.coordinator.rounds.deadlines import RoundDeadline
 
 
 def protections(
@@ -37,7 +37,7 @@ def protections(
         central_data: whether the coordinator holds test data (central evaluation, and the
             default deadline sized on it).
     """
-    from fedweave.coordinator.secure_agg import derive_shares
+    from fedweave.coordinator.rounds.secure_agg import derive_shares
 
     secure = config.secure_aggregation.secure_agg
     secagg: dict[str, Any] = {"on": secure}
@@ -83,7 +83,7 @@ def _schedule(config: RunConfig, cohort: int) -> dict[str, Any]:
     federation, simulation = config.federation, config.simulation
     found: dict[str, Any] = {}
     if federation.schedule == "async":
-        from fedweave.coordinator.server_app import ServerSettings
+        from fedweave.coordinator.rounds.round_settings import ServerSettings
 
         found["schedule"] = {
             "kind": "async",

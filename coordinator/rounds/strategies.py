@@ -6,8 +6,8 @@ from typing import Any
 
 from flwr.server import strategy as flwr_strategies
 
-from fedweave.coordinator.reporting import ReportingStrategy
-from fedweave.coordinator.stragglers import StragglerStrategy
+from fedweave.coordinator.rounds.reporting import ReportingStrategy
+from fedweave.coordinator.rounds.stragglers import StragglerStrategy
 from fedweave.errors import UserError
 
 STRATEGIES: dict[str, tuple[type, dict[str, Any]]] = {

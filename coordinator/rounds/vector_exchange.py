@@ -1,9 +1,10 @@
 """The base of a strategy for one exchange that is not a training round.
 
-Federated statistics (``statistics.py``) and private evaluation (``private_evaluation.py``)
-each run one fit exchange, plain or through SecAgg+, in which every site answers with a
-small vector instead of a model update. Such a strategy starts from no parameters, never
-evaluates, and keeps its sites' failures as readable lines; this class says so once.
+Federated statistics (``federated_statistics.py``) and private evaluation
+(``private_evaluation.py``) each run one fit exchange, plain or through SecAgg+, in which
+every site answers with a small vector instead of a model update. Such a strategy starts
+from no parameters, never evaluates, and keeps its sites' failures as readable lines; this
+class says so once.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.strategy import Strategy
 
 from fedweave.contract import one_line
-from fedweave.coordinator.site_outcomes import failure_said
+from fedweave.coordinator.rounds.site_outcomes import failure_said
 
 
 def failure_text(failure: Any) -> str:

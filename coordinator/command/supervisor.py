@@ -23,15 +23,19 @@ import typer
 from fedweave.certs import TlsFiles, registered_site_keys
 from fedweave.config import Resolved, RunConfig
 from fedweave.config.sections import ConnectionSection
-from fedweave.coordinator.deployed_run import Deployment, DeployPlan, write_deployment_file
-from fedweave.coordinator.refused_keys import RefusedKeys
-from fedweave.coordinator.superlink import (
+from fedweave.coordinator.command.refused_key_notices import RefusedKeys
+from fedweave.coordinator.command.superlink import (
     SuperLinkOptions,
     build_fab,
     check_port_free,
     child_env,
     parse_address,
     start_superlink,
+)
+from fedweave.coordinator.plan import (
+    Deployment,
+    DeployPlan,
+    write_deployment_file,
 )
 from fedweave.errors import UserError
 from fedweave.flower_patches.refused_keys import REFUSED_KEYS_FILE_ENV
@@ -85,7 +89,7 @@ def sites_must_register(options: ConnectionSection) -> bool:
 
 
 def _check_config(config: RunConfig) -> None:
-    from fedweave.coordinator.server_app import ServerSettings, check_scoring
+    from fedweave.coordinator.rounds.round_settings import ServerSettings, check_scoring
     from fedweave.learning.data import central_test_data
     from fedweave.learning.tasks import load_task
 
@@ -100,9 +104,8 @@ def _check_config(config: RunConfig) -> None:
 def _with_protections(config: RunConfig) -> tuple[RunConfig, dict]:
     """The config with its round deadline resolved (``--round-timeout`` or sized from the
     task), and the run's protections for the header and the history."""
-    from fedweave.coordinator.deployed_run import test_data_of
-    from fedweave.coordinator.run_header import protections
-    from fedweave.coordinator.server_app import ServerSettings
+    from fedweave.coordinator.command.run_header import protections
+    from fedweave.coordinator.rounds.round_settings import ServerSettings, test_data_of
 
     settings = ServerSettings(config, config.federation.min_clients, config.training.rounds)
     test_data = test_data_of(config)
@@ -128,7 +131,7 @@ def _prepare_run(store, config: RunConfig, resolved: Resolved) -> DeployPlan:
     """Create the history run, or resume one (same settings, after its last round); print
     what protects it."""
     from fedweave.config.resume import merge_for_resume, stored_run_config
-    from fedweave.coordinator.run_header import header_line
+    from fedweave.coordinator.command.run_header import header_line
     from fedweave.learning.statistics import pinned_schema
     from fedweave.learning.tasks import load_task
 
@@ -320,8 +323,8 @@ def _wait_for_sites(client, proc, needed: int, timeout: float | None, keys) -> N
 
 def serve(config: RunConfig, resolved: Resolved) -> int:
     """Run the coordinator, or ``fedweave evaluate``'s evaluation-only run
-    (``evaluation_run.py``); returns the exit code (0: run completed)."""
-    from fedweave.coordinator import evaluation_run
+    (``evaluation_setup.py``); returns the exit code (0: run completed)."""
+    from fedweave.coordinator.command import evaluation_setup
     from fedweave.flower_patches import correctness_problem, security_patch_problem
     from fedweave.history import open_store
     from fedweave.history.tracking import check_tracker
@@ -342,7 +345,7 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
     store = open_store(db_url)  # unreachable or wrong DB: one line, before anything starts
     if evaluating:
         authenticated = sites_must_register(connection)
-        plan = evaluation_run.prepare_evaluation(
+        plan = evaluation_setup.prepare_evaluation(
             store, config, resolved, tls=tls is not None, site_authentication=authenticated
         )
     else:
@@ -402,7 +405,7 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
             )
         )
         if evaluating:
-            started = evaluation_run.started_line(plan, flower_run, store)
+            started = evaluation_setup.started_line(plan, flower_run, store)
         _echo(started)
         watcher = _Watcher(store, plan, revoked)
         while True:
@@ -432,7 +435,7 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
         final = rows[-1]["eval_accuracy"] if rows else None
         _echo(f"run {plan.run_id} completed: {len(rows)} rounds, final accuracy {shown(final)}")
         if evaluating:
-            for line in evaluation_run.matrix_lines(store, plan.run_id):
+            for line in evaluation_setup.matrix_lines(store, plan.run_id):
                 _echo(line)
             return 0
         if deployment.once:

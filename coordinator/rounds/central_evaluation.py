@@ -1,0 +1,42 @@
+"""Central evaluation: the coordinator scores each new global model on its own held-out data
+(``--test-data`` or the task's own test split), when it has any. Both round loops use it
+(``round_app.py``'s synchronous rounds, ``fedbuff.py``'s model steps).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from fedweave.coordinator.rounds.federated_statistics import (
+    StatisticsSink,
+)
+from fedweave.learning.statistics import digest, prepared
+from fedweave.learning.tasks import load_task
+from fedweave.learning.training import TrainConfig
+from fedweave.learning.weights import set_weights
+
+
+def make_central_evaluator(
+    task_spec: str, test_data: Any, device: str | None, sink: StatisticsSink | None = None
+):
+    """Score weights on the held-out test set with the task's own evaluate() (prepared with
+    the run's federated statistics once ``sink`` holds them); ``None`` without test data."""
+    if test_data is None:
+        return None
+    task = load_task(task_spec)
+    model = task.build_model()
+    config = TrainConfig(device=device)
+    cache: dict[str, Any] = {}
+
+    def evaluate(weights: list[np.ndarray]) -> dict[str, float]:
+        set_weights(model, weights)
+        statistics = sink.statistics if sink is not None else None
+        key = digest(statistics) if statistics else ""
+        if key not in cache:
+            cache.clear()
+            cache[key] = prepared(task, test_data, statistics)
+        return task.evaluate(model, cache[key], config)
+
+    return evaluate

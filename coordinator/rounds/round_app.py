@@ -1,0 +1,172 @@
+"""The ServerApp of a run's synchronous rounds (``make_server_app``): the chosen strategy over
+the sampled sites, SecAgg+ by default, central evaluation, round reports; ``--schedule async``
+gets ``fedbuff.py``'s instead. It runs wherever the round loop runs: inside Flower's
+``flwr-serverapp`` in a deployment (``coordinator/serverapp/deployed_app.py``), in the
+``fedweave simulate`` process in a simulation. What the rounds run with, and the checks
+every command runs on it before anything starts: ``round_settings.py``.
+
+Built on Flower's legacy strategy API (``LegacyContext`` + ``DefaultWorkflow``) because
+SecAgg+ (``SecAggPlusWorkflow``) only plugs into that API.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from flwr.common import Context, ndarrays_to_parameters
+from flwr.server import Grid, LegacyContext, ServerApp, ServerConfig
+from flwr.server.workflow import DefaultWorkflow
+
+from fedweave.coordinator.rounds.central_evaluation import make_central_evaluator
+from fedweave.coordinator.rounds.deadlines import (
+    deadline_fit_workflow,
+)
+from fedweave.coordinator.rounds.federated_evaluation import federated_evaluate_workflow
+from fedweave.coordinator.rounds.federated_statistics import (
+    StatisticsFirst,
+    StatisticsSink,
+    WithStatistics,
+)
+from fedweave.coordinator.rounds.model_health import ModelHealth
+from fedweave.coordinator.rounds.privacy import wrap_for_central_dp
+from fedweave.coordinator.rounds.private_evaluation import private_evaluate_workflow
+from fedweave.coordinator.rounds.round_settings import (
+    ServerSettings,
+    check_scoring,
+    private_metric_names,
+)
+from fedweave.coordinator.rounds.secure_agg import (
+    make_secagg_workflow,
+)
+from fedweave.coordinator.rounds.simulated_clock import SimulatedClock
+from fedweave.coordinator.rounds.site_names import SiteNames
+from fedweave.coordinator.rounds.site_outcomes import OutcomeGrid, SiteReplies
+from fedweave.coordinator.rounds.strategies import make_strategy
+from fedweave.coordinator.rounds.traffic import Traffic
+from fedweave.history.round_summary import RoundListener, RoundStartListener
+from fedweave.learning.statistics import needs_statistics
+from fedweave.learning.tasks import load_task
+from fedweave.learning.training import seed_everything
+from fedweave.learning.weights import get_weights
+
+
+def initial_weights(task_spec: str, seed: int) -> list[np.ndarray]:
+    """The global model before round 1: the task's model built under ``seed``."""
+    seed_everything(seed)
+    return get_weights(load_task(task_spec).build_model())
+
+
+def make_server_app(
+    settings: ServerSettings,
+    test_data: Any,
+    start_weights: list[np.ndarray],
+    listeners: Sequence[RoundListener] = (),
+    statistics: dict[str, Any] | None = None,
+    round_starts: Sequence[RoundStartListener] = (),
+    clock_start: float = 0.0,
+) -> ServerApp:
+    """A ServerApp that runs ``settings.rounds`` rounds from ``start_weights``; a task that
+    needs federated statistics gathers them first, unless ``statistics`` (a resumed run's
+    recorded ones) are given. ``listeners`` hear of every finished round, ``round_starts`` of
+    every round as it starts; ``clock_start``: a resumed run's simulated clock
+    (``--site-speeds``). ``--schedule async`` runs ``fedbuff.py``'s app instead."""
+    settings.check()
+    config = settings.config
+    check_scoring(config, test_data)
+    deadline = settings.deadline(test_data)
+    task = load_task(config.data.task)
+    sink = StatisticsSink(statistics)
+    if config.federation.schedule == "async":
+        from fedweave.coordinator.rounds.fedbuff import make_fedbuff_server_app
+
+        return make_fedbuff_server_app(
+            settings, test_data, start_weights, listeners, round_starts, clock_start, deadline
+        )
+    named = [SiteNames([ModelHealth(listeners, int(getattr(task, "num_classes", 0)))])]
+    if settings.site_speeds is not None:
+        named = [SimulatedClock(named, config.simulation.simulated_deadline, clock_start)]
+    listeners = [deadline, WithStatistics(named, sink)]
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        site_replies, traffic = SiteReplies(), Traffic()
+        # every workflow's replies, bound to their site, and their bytes counted
+        grid = OutcomeGrid(grid, site_replies, traffic)
+        strategy = make_strategy(
+            config.federation.strategy,
+            settings.secure_agg,
+            stragglers=config.simulation.stragglers,
+            seed=config.training.seed,
+            evaluator=make_central_evaluator(
+                config.data.task, test_data, config.training.device, sink
+            ),
+            listeners=listeners,
+            round_starts=round_starts,
+            round_offset=settings.round_offset,
+            max_update_norm=config.federation.max_update_norm,
+            deadline=deadline,
+            min_replies=config.federation.min_replies or 1,
+            fraction_fit=settings.cohort / settings.min_clients,
+            min_fit_clients=settings.cohort,
+            min_available_clients=settings.min_clients,
+            evaluate_every=config.evaluation.evaluate_every,
+            last_round=settings.rounds,
+            cross_site=config.evaluation.cross_site,
+            site_replies=site_replies,
+            compression=settings.compression,
+            traffic=traffic,
+            fraction_evaluate=config.evaluation.fraction_evaluate,
+            min_evaluate_clients=1,
+            initial_parameters=ndarrays_to_parameters(start_weights),
+            on_fit_config_fn=lambda server_round: {
+                **settings.fit_config(server_round, deadline.seconds), **sink.config(),
+            },
+            on_evaluate_config_fn=lambda server_round: {
+                **settings.evaluate_config(server_round), **sink.config(),
+            },
+            **settings.strategy_options(),
+        )
+        reporting = strategy
+        strategy = wrap_for_central_dp(
+            strategy, config.privacy, settings.secure_agg, settings.cohort
+        )
+        legacy = LegacyContext(
+            context=context,
+            config=ServerConfig(num_rounds=settings.rounds),
+            strategy=strategy,
+        )
+
+        def make_fit_workflow(cohort: int):
+            if settings.secure_agg:
+                return make_secagg_workflow(settings.secagg, cohort, deadline)
+            return deadline_fit_workflow(deadline)
+
+        fit_workflow = make_fit_workflow(settings.cohort)
+        if needs_statistics(task):
+            fit_workflow = StatisticsFirst(
+                fit_workflow,
+                lambda: make_fit_workflow(settings.min_clients),
+                task,
+                settings.min_clients,
+                settings.fit_config(-settings.round_offset, deadline.seconds),  # round 0
+                sink,
+            )
+        evaluate_workflow = (
+            private_evaluate_workflow(
+                reporting,
+                lambda cohort: make_secagg_workflow(settings.secagg, cohort, deadline),
+                private_metric_names(task),
+                settings.secagg,
+                deadline,
+            )
+            if config.evaluation.private_evaluation
+            else federated_evaluate_workflow(deadline, site_replies)
+        )
+        DefaultWorkflow(fit_workflow=fit_workflow, evaluate_workflow=evaluate_workflow)(
+            grid, legacy
+        )
+
+    return app

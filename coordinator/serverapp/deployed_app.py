@@ -1,0 +1,89 @@
+"""The ServerApp a deployment runs: ``fedweave.coordinator.serverapp.deployed_app:server_app``
+(named in the coordinator's Flower App Bundle; Flower's ``flwr-serverapp`` process, started
+by the SuperLink, imports it from the installed package), as ``client/deployed_app.py`` is
+the site's ClientApp.
+
+It reads the plan ``fedweave coordinator`` wrote into the run config (``coordinator/plan.py``),
+continues the history run after its last recorded round and records the rest through the
+round loop of ``coordinator/rounds/``; an evaluation-only run (``fedweave evaluate``) goes to
+``evaluation_app.py`` instead. Only this process runs this module.
+"""
+
+from __future__ import annotations
+
+from flwr.common import Context
+from flwr.server import Grid, ServerApp
+
+from fedweave.coordinator.plan import DeployPlan
+from fedweave.coordinator.serverapp.history_run import recording_run
+
+
+def run_plan(plan: DeployPlan, grid, context) -> None:
+    """The ServerApp body: continue ``plan.run_id`` after its last recorded round.
+
+    Rounds are recorded (checkpoint first, then the round's rows) by the same recorder the
+    simulation uses, and mirrored to MLflow or TensorBoard with ``--track``; the CLI watches
+    the history to print progress. A failure marks the run failed with its reason;
+    completion marks it completed (``recording_run``).
+    """
+    from fedweave.coordinator.rounds.history_listener import (
+        BackgroundRecorder,
+        HistoryRecorder,
+        resume_point,  # torch: only once a run starts
+    )
+    from fedweave.coordinator.rounds.round_app import initial_weights, make_server_app
+    from fedweave.coordinator.rounds.round_settings import ServerSettings, test_data_of
+    from fedweave.history.metrics import recorded_statistics
+    from fedweave.history.tracking import make_tracker
+
+    if plan.config.evaluation.run:  # `fedweave evaluate`: an evaluation-only run
+        from fedweave.coordinator.serverapp.evaluation_app import run_evaluation
+
+        run_evaluation(plan, grid, context)
+        return
+    with recording_run(plan) as store:
+        config = plan.config
+        weights, offset = resume_point(store, plan.run_id)
+        remaining = config.training.rounds - offset
+        if remaining <= 0:
+            return
+        settings = ServerSettings(
+            config=config,
+            min_clients=config.federation.min_clients,
+            rounds=remaining,
+            round_offset=offset,
+        )
+        start = (
+            weights
+            if weights is not None
+            else initial_weights(config.data.task, config.training.seed)
+        )
+        # `fedweave coordinator` checked the package is there (check_tracker); files land
+        # relative to its directory, which Flower's processes inherit
+        tracker = make_tracker(config.history.track, plan.run_id, store.get_run(plan.run_id).config)
+        recorder = BackgroundRecorder(
+            HistoryRecorder(store, plan.run_id, config.history.checkpoint_dir, tracker=tracker)
+        )
+        try:
+            statistics = recorded_statistics(store.rounds(plan.run_id)) if offset else None
+            app = make_server_app(
+                settings, test_data_of(config), start, [recorder], statistics, [recorder]
+            )
+            app(grid=grid, context=context)
+            recorder.flush()
+        finally:
+            recorder.close()  # writes what is pending, to the tracker too
+            if tracker is not None:
+                tracker.close()
+
+
+server_app = ServerApp()
+
+
+@server_app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Run (or continue) the planned run against the SuperLink's connected sites."""
+    from fedweave.flower_patches import tune_deployed_polling
+
+    tune_deployed_polling()
+    run_plan(DeployPlan.from_run_config(dict(context.run_config)), grid, context)

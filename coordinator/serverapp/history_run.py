@@ -1,0 +1,65 @@
+"""The history run a ServerApp records into, in Flower's ``flwr-serverapp`` process: opened
+from the coordinator's deployment file, finished as completed or failed with the body, and
+never outliving the ``fedweave coordinator`` process that planned it. Both ServerApp bodies
+(``deployed_app.py``'s training run and ``evaluation_app.py``'s evaluation-only one) record
+through it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from fedweave.coordinator.plan import DeployPlan, read_deployment_file
+
+
+def exit_with_coordinator(pid: int, poll_s: float = 0.2) -> None:
+    """Leave at once when the coordinator process is gone (even by kill -9).
+
+    Flower's own chain (SuperLink → SuperExec → flwr-serverapp) takes several seconds to
+    notice and then retries a dead SuperLink; meanwhile a restarted coordinator may already
+    be resuming the run. Every recorded round is on disk and in the database (atomically),
+    so a hard exit loses at most the round in flight, which the resume redoes. ``pid`` is
+    the coordinator's (0: none to watch).
+    """
+    import threading
+
+    from fedweave.history.liveness import pid_alive
+
+    if pid <= 0:
+        return
+
+    def watch() -> None:
+        while pid_alive(pid):
+            time.sleep(poll_s)
+        os._exit(70)
+
+    threading.Thread(target=watch, name="coordinator-watch", daemon=True).start()
+
+
+@contextmanager
+def recording_run(plan: DeployPlan) -> Iterator[Any]:
+    """The history store this ServerApp records ``plan``'s run into (the process leaves with
+    the coordinator's: ``exit_with_coordinator``). The run is marked completed when the body
+    ends, failed with the first line of its error when it raises (a stop signal is the CLI's
+    to record, as interrupted); the store is closed either way. Without a deployment file (a
+    run config written by hand) the history is the default one."""
+    from fedweave.history import open_store
+
+    deployment = (
+        read_deployment_file(plan.deployment_file) if plan.deployment_file is not None else None
+    )
+    exit_with_coordinator(deployment.coordinator_pid if deployment else 0)
+    store = open_store(deployment.db_url if deployment else None)
+    try:
+        yield store
+        store.finish_run(plan.run_id, "completed")
+    except Exception as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        store.finish_run(plan.run_id, "failed", reason)
+        raise
+    finally:
+        store.close()
