@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from fedweave.learning.statistics import local_only_statistics
-from fedweave.learning.tabular import Table
+from fedweave.learning.tables import Table
 from fedweave.learning.tasks import load_task
 from fedweave.learning.tasks.breast_cancer import write_hospital_files
 from fedweave.learning.training import TrainConfig, seed_everything

@@ -5,7 +5,7 @@ in (``docs/architecture.md`` maps every process of a deployment to its files and
   SuperLink it starts and talks to (Control API, site keys, the Flower App Bundle), the
   history run it creates or resumes, the console.
 - ``serverapp/``: inside Flower's ``flwr-serverapp`` (started by the SuperLink for each run):
-  the ServerApp the bundle names (``deployed_app.py``, as ``client/deployed_app.py`` is the
+  the ServerApp the bundle names (``deployed_server_app.py``, as ``client/deployed_app.py`` is the
   site's), the evaluation-only run, the history run they record into.
 - ``rounds/``: the round loop's strategy wrappers, workflows and listeners, run wherever the
   round loop runs: inside ``flwr-serverapp`` in a deployment, in ``fedweave simulate``'s

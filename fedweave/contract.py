@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-SERVER_APP_REF = "fedweave.coordinator.serverapp.deployed_app:server_app"
+SERVER_APP_REF = "fedweave.coordinator.serverapp.deployed_server_app:server_app"
 CLIENT_APP_REF = "fedweave.client.deployed_app:app"
 
 RUN_ID_KEY = "fw-run-id"

@@ -13,7 +13,7 @@ import logging
 import math
 import time
 
-from fedweave.gossip.recording import RoundReport
+from fedweave.gossip.peer_recorder import RoundReport
 
 log = logging.getLogger("fedweave.gossip")
 

@@ -10,7 +10,8 @@ passed in (no part inherits from another):
 - ``Exchange`` (``exchange.py``): offers, replies, held offers, ``busy``, and the mixing.
 - ``Fanout`` (``fanout.py``): one round's waves of exchanges, spares, missed deadlines.
 - ``Joining`` (``joining.py``): seeds and a late joiner's catch-up.
-- ``SlotSchedule`` (``schedule.py``: agreed slots), ``Recorder`` (``recording.py``), ``Learner``.
+- ``SlotSchedule`` (``schedule.py``: agreed slots), ``Recorder`` (``peer_recorder.py``),
+  ``Learner``.
 
 Single-threaded on purpose: one thread owns the sockets and the model, so there are no locks
 and an exchange is atomic with respect to the model. While waiting for a reply the peer keeps
@@ -48,7 +49,7 @@ from fedweave.gossip.joining import Joining
 from fedweave.gossip.keys import KeyRing, anonymous_peer_id, open_keyring
 from fedweave.gossip.learner import Learner, build_learner
 from fedweave.gossip.membership import Membership
-from fedweave.gossip.recording import Recorder, RoundReport
+from fedweave.gossip.peer_recorder import Recorder, RoundReport
 from fedweave.gossip.schedule import schedule_for
 from fedweave.gossip.state import PeerState
 from fedweave.gossip.transport import Incoming, Transport, wait_until

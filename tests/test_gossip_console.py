@@ -7,7 +7,7 @@ import logging
 from datetime import datetime, timezone
 
 from fedweave.gossip.console import REMIND_EVERY, PeerConsole
-from fedweave.gossip.recording import RoundReport
+from fedweave.gossip.peer_recorder import RoundReport
 
 
 def _report(round_: int, mixes: int, live: int = 2) -> RoundReport:

@@ -115,10 +115,10 @@ def test_the_site_and_coordinator_stacks_import_without_the_extra(tmp_path):
     code = (
         "import fedweave.client.site_app, fedweave.client.deployed_app\n"
         "import fedweave.coordinator.rounds.round_app, fedweave.coordinator.command.supervisor\n"
-        "import fedweave.coordinator.serverapp.deployed_app, fedweave.gossip.peer\n"
+        "import fedweave.coordinator.serverapp.deployed_server_app, fedweave.gossip.peer\n"
         "from pathlib import Path\n"
         "from fedweave.errors import UserError\n"
-        "from fedweave.learning.tabular import read_frame\n"
+        "from fedweave.learning.tables import read_frame\n"
         "try:\n"
         f"    read_frame(Path({str(tmp_path / 'site.parquet')!r}))\n"
         "except UserError as exc:\n"

@@ -120,7 +120,7 @@ def test_a_regression_table_trains_and_reports_without_accuracy(hospitals, tmp_p
     run completes, its loss falls, and the console and history show no accuracy."""
     root, _, test = hospitals
     (tmp_path / "area_task.py").write_text(
-        "from fedweave.learning.tabular import Label, Numeric\n"
+        "from fedweave.learning.tables import Label, Numeric\n"
         "from fedweave.learning.tasks.breast_cancer import feature_names\n"
         "from fedweave.learning.tasks.tabular import TabularTask\n"
         "task = TabularTask('area', [Numeric(n) for n in feature_names() if n != 'mean area'],\n"

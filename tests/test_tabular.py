@@ -11,7 +11,7 @@ import torch
 from fedweave.errors import UserError
 from fedweave.learning.objectives import Binary, MultiLabel, Regression
 from fedweave.learning.statistics import local_only_statistics
-from fedweave.learning.tabular import Categorical, Label, Numeric
+from fedweave.learning.tables import Categorical, Label, Numeric
 from fedweave.learning.tasks import load_task
 from fedweave.learning.tasks.tabular import TabularTask
 

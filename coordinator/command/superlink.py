@@ -2,9 +2,9 @@
 register site keys, submit our app as a Flower App Bundle (FAB), watch the run.
 
 Path chosen (Flower 1.41): the SuperLink in its default ``--isolation subprocess`` mode starts
-Flower's own SuperExec, which starts ``flwr-serverapp`` for each submitted run; that process
-loads ``fedweave.coordinator.serverapp.deployed_app:server_app`` from the installed package.
-We submit the run the way ``flwr run`` does (``StartRun`` on the Control API) with a FAB built in
+Flower's own SuperExec, which starts ``flwr-serverapp`` for each submitted run; that process loads
+``fedweave.coordinator.serverapp.deployed_server_app:server_app`` from the installed package. We
+submit the run the way ``flwr run`` does (``StartRun`` on the Control API) with a FAB built in
 memory whose ``pyproject.toml`` names our ServerApp/ClientApp and carries the run's settings as its
 run config (the plan: ``coordinator/plan.py``); no project directory, no ``~/.flwr`` config, no
 ``flwr`` CLI in between.

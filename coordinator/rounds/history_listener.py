@@ -103,7 +103,7 @@ class HistoryRecorder:
     def on_round_start(self, started: RoundInFlight) -> None:
         """Note the round under way (for a live view); a database hiccup costs only the note,
         never the run: the round itself is recorded, with its retries, when it ends."""
-        from fedweave.history.errors import HistoryError
+        from fedweave.history.store_errors import HistoryError
 
         try:
             self.store.note_round_started(self.run_id, started)

@@ -1,7 +1,7 @@
 """The ServerApp of a run's synchronous rounds (``make_server_app``): the chosen strategy over
 the sampled sites, SecAgg+ by default, central evaluation, round reports; ``--schedule async``
 gets ``fedbuff.py``'s instead. It runs wherever the round loop runs: inside Flower's
-``flwr-serverapp`` in a deployment (``coordinator/serverapp/deployed_app.py``), in the
+``flwr-serverapp`` in a deployment (``coordinator/serverapp/deployed_server_app.py``), in the
 ``fedweave simulate`` process in a simulation. What the rounds run with, and the checks
 every command runs on it before anything starts: ``round_settings.py``.
 

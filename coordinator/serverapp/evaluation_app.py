@@ -1,7 +1,7 @@
 """The ServerApp body of ``fedweave evaluate --run RUN``, in Flower's ``flwr-serverapp``
 process: every connected site scores the evaluated run's models (``global``, and
 ``best-round-N`` when its ``--select-metric`` picked another round) in one round trip, and
-the result is recorded as the new run's one round (``deployed_app.py`` hands an
+the result is recorded as the new run's one round (``deployed_server_app.py`` hands an
 evaluation-only plan here). The ``fedweave evaluate`` process checked the evaluated run and
 recorded the new one before (``coordinator/command/evaluation_setup.py``); the plan
 (``coordinator/plan.py``) is all the two share.

@@ -1,7 +1,7 @@
 """The history run a ServerApp records into, in Flower's ``flwr-serverapp`` process: opened
 from the coordinator's deployment file, finished as completed or failed with the body, and
 never outliving the ``fedweave coordinator`` process that planned it. Both ServerApp bodies
-(``deployed_app.py``'s training run and ``evaluation_app.py``'s evaluation-only one) record
+(``deployed_server_app.py``'s training run and ``evaluation_app.py``'s evaluation-only one) record
 through it.
 """
 

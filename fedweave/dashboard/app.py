@@ -28,7 +28,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from fedweave.dashboard.prometheus import CONTENT_TYPE, HistoryCollector, exposition
 from fedweave.dashboard.security import REALM, Credentials
 from fedweave.dashboard.views import Views
-from fedweave.history.errors import HistoryError
+from fedweave.history.store_errors import HistoryError
 
 POLL_MS = 2000
 """How often an open page asks for news (a run page: its new rounds and round in flight)."""

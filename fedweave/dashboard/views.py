@@ -451,7 +451,7 @@ class Views:
 
     def _get(self, run_id: str) -> RunInfo:
         from fedweave.errors import UserError
-        from fedweave.history.errors import HistoryUnavailableError
+        from fedweave.history.store_errors import HistoryUnavailableError
 
         try:
             return self.store.get_run(run_id)

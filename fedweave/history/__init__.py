@@ -25,21 +25,21 @@ from fedweave.history.records import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers only
-    from fedweave.history.errors import (
+    from fedweave.history.store import HistoryStore, open_store
+    from fedweave.history.store_errors import (
         DuplicateRoundError,
         HistoryError,
         HistoryUnavailableError,
         SchemaMismatchError,
     )
-    from fedweave.history.store import HistoryStore, open_store
 
 _LAZY = {
     "open_store": "fedweave.history.store",
     "HistoryStore": "fedweave.history.store",
-    "HistoryError": "fedweave.history.errors",
-    "DuplicateRoundError": "fedweave.history.errors",
-    "HistoryUnavailableError": "fedweave.history.errors",
-    "SchemaMismatchError": "fedweave.history.errors",
+    "HistoryError": "fedweave.history.store_errors",
+    "DuplicateRoundError": "fedweave.history.store_errors",
+    "HistoryUnavailableError": "fedweave.history.store_errors",
+    "SchemaMismatchError": "fedweave.history.store_errors",
 }
 
 __all__ = [

@@ -756,8 +756,8 @@ def migrate_command(db: DbOption = DEFAULT_DB_URL) -> None:
     from sqlalchemy.exc import DBAPIError
 
     from fedweave.history.engine import describe_connect_error, make_engine
-    from fedweave.history.errors import HistoryUnavailableError
     from fedweave.history.migrate import upgrade
+    from fedweave.history.store_errors import HistoryUnavailableError
 
     with user_errors_as_one_line():
         engine = make_engine(db)

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from fedweave.errors import UserError
-from fedweave.history.errors import HistoryError
 from fedweave.history.metrics import metric_names, round_metrics, site_evaluations
 from fedweave.history.records import RunInfo
 from fedweave.history.store import HistoryStore
+from fedweave.history.store_errors import HistoryError
 
 ROUND_COLUMNS = [
     "actor",

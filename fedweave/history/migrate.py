@@ -26,8 +26,8 @@ from sqlalchemy import Connection, Engine, inspect, text
 from fedweave import __version__
 from fedweave.errors import mask_url_password
 from fedweave.history.engine import WRITE_OPTION
-from fedweave.history.errors import SchemaMismatchError
 from fedweave.history.models import SCHEMA_REVISION
+from fedweave.history.store_errors import SchemaMismatchError
 
 if TYPE_CHECKING:
     from alembic.config import Config

@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from fedweave.history.errors import HistoryError
 from fedweave.history.metrics import best_round
 from fedweave.history.records import RunInfo
+from fedweave.history.store_errors import HistoryError
 
 FINAL_FILE = "model.safetensors"
 BEST_FILE = "best.safetensors"

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedweave.history.errors import HistoryError
 from fedweave.history.metrics import metric_names, qualified, round_metrics
+from fedweave.history.store_errors import HistoryError
 
 
 @dataclass

@@ -12,9 +12,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from fedweave.history.errors import HistoryError
 from fedweave.history.metrics import recorded_statistics
 from fedweave.history.model_export import checkpoint_weights, chosen_rounds, named_weights
+from fedweave.history.store_errors import HistoryError
 
 
 def _model_rows(store: Any, run_ref: str) -> tuple[Any, list[dict[str, Any]]]:

@@ -36,7 +36,6 @@ from fedweave.history.engine import (
     describe_connect_error,
     make_engine,
 )
-from fedweave.history.errors import DuplicateRoundError, HistoryError, HistoryUnavailableError
 from fedweave.history.liveness import STALE_AFTER_S, run_is_dead, this_host
 from fedweave.history.migrate import ensure_schema
 from fedweave.history.models import RUN_MODES, SITE_STATUSES, Checkpoint, Round, Run, SiteRow
@@ -47,6 +46,7 @@ from fedweave.history.records import (
     RunInfo,
     SiteResult,
 )
+from fedweave.history.store_errors import DuplicateRoundError, HistoryError, HistoryUnavailableError
 
 T = TypeVar("T")
 FINISHED_STATUSES = ("completed", "completed-alone", "failed", "interrupted")

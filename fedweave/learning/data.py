@@ -66,8 +66,8 @@ def read_npz(path: Path) -> ArrayData:
 def read_csv(path: Path, label_column: str) -> ArrayData:
     """Read a CSV with a header row: ``label_column`` holds labels, the other columns are the
     features in file order (a task without a schema); every value checked, refused with its
-    1-based line and column name (``tabular.py`` reads tables by schema instead)."""
-    from fedweave.learning.tabular import Numeric, numeric_column, read_frame
+    1-based line and column name (``tables.py`` reads tables by schema instead)."""
+    from fedweave.learning.tables import Numeric, numeric_column, read_frame
 
     frame = read_frame(path)
     header = list(frame.columns)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedweave.learning.tabular import Label, Numeric
+from fedweave.learning.tables import Label, Numeric
 from fedweave.learning.tasks.tabular import TabularTask
 
 CLASSES = ("malignant", "benign")

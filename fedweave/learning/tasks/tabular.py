@@ -2,7 +2,7 @@
 
 A user task is a few lines::
 
-    from fedweave.learning.tabular import Categorical, Label, Numeric
+    from fedweave.learning.tables import Categorical, Label, Numeric
     from fedweave.learning.tasks.tabular import TabularTask
 
     task = TabularTask(
@@ -25,7 +25,7 @@ import numpy as np
 from torch import nn
 
 from fedweave.learning.objectives import Binary, MultiClass, Objective, Regression
-from fedweave.learning.tabular import (
+from fedweave.learning.tables import (
     TABULAR_DEFAULTS,
     Categorical,
     Label,

@@ -1,7 +1,7 @@
-"""The ServerApp a deployment runs: ``fedweave.coordinator.serverapp.deployed_app:server_app``
-(named in the coordinator's Flower App Bundle; Flower's ``flwr-serverapp`` process, started
-by the SuperLink, imports it from the installed package), as ``client/deployed_app.py`` is
-the site's ClientApp.
+"""The ServerApp a deployment runs, ``server_app`` (``contract.SERVER_APP_REF`` names it in the
+coordinator's Flower App Bundle; Flower's ``flwr-serverapp`` process, started by the
+SuperLink, imports it from the installed package), as ``client/deployed_app.py`` is the
+site's ClientApp.
 
 It reads the plan ``fedweave coordinator`` wrote into the run config (``coordinator/plan.py``),
 continues the history run after its last recorded round and records the rest through the

@@ -1,5 +1,5 @@
 """A peer's ``Recorder``: after each round it writes what the peer leaves behind through the
-two writers of ``history_writer.py``: the ``ready`` / ``round`` / ``done`` / ``final`` events
+two writers of ``peer_outputs.py``: the ``ready`` / ``round`` / ``done`` / ``final`` events
 and model dumps a simulation reads (``ResultsLog``), and one row per round in the SQL history
 run (``HistoryWriter``). Only the peer's own thread calls it, between network waits."""
 
@@ -17,7 +17,7 @@ import numpy as np
 from fedweave.config import RunConfig
 from fedweave.config.resume import stored_run_config
 from fedweave.gossip import averaging
-from fedweave.gossip.history_writer import (
+from fedweave.gossip.peer_outputs import (
     HistoryWriter,
     ResultsLog,
     ResumePoint,
