@@ -1,8 +1,8 @@
 """The history run a ServerApp records into, in Flower's ``flwr-serverapp`` process: opened
 from the coordinator's deployment file, finished as completed or failed with the body, and
 never outliving the ``fedweave coordinator`` process that planned it. Both ServerApp bodies
-(``deployed_server_app.py``'s training run and ``evaluation_app.py``'s evaluation-only one) record
-through it.
+(the training run of ``deployed_server_app.py``, the evaluation-only run of
+``evaluation_app.py``) record through it.
 """
 
 from __future__ import annotations
