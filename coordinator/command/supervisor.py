@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-import uuid
 from dataclasses import replace
 from pathlib import Path
 
@@ -86,76 +85,6 @@ def sites_must_register(options: ConnectionSection) -> bool:
     """Site authentication: on with TLS unless the operator says --allow-unregistered-sites
     (Flower cannot authenticate sites without TLS)."""
     return not options.insecure and not options.allow_unregistered_sites
-
-
-def _check_config(config: RunConfig) -> None:
-    from fedweave.coordinator.rounds.round_settings import ServerSettings, check_scoring
-    from fedweave.learning.data import central_test_data
-    from fedweave.learning.tasks import load_task
-
-    task = load_task(config.data.task)
-    test_data = central_test_data(task, config.data.test_data, config.data.label_column)
-    check_scoring(config, test_data)
-    if config.training.rounds < 1:
-        raise UserError(f"--rounds must be at least 1, got {config.training.rounds}")
-    ServerSettings(config, config.federation.min_clients, config.training.rounds).check()
-
-
-def _with_protections(config: RunConfig) -> tuple[RunConfig, dict]:
-    """The config with its round deadline resolved (``--round-timeout`` or sized from the
-    task), and the run's protections for the header and the history."""
-    from fedweave.coordinator.command.run_header import protections
-    from fedweave.coordinator.rounds.round_settings import ServerSettings, test_data_of
-
-    settings = ServerSettings(config, config.federation.min_clients, config.training.rounds)
-    test_data = test_data_of(config)
-    deadline = settings.deadline(test_data)
-    facts = protections(
-        config, settings.cohort, deadline, central_data=test_data is not None,
-        tls=not config.connection.insecure,
-        site_authentication=sites_must_register(config.connection),
-    )  # fmt: skip
-    return settings.resolved(deadline), facts
-
-
-def _absolute_paths(config: RunConfig) -> RunConfig:
-    """Paths the ServerApp reads, made absolute: Flower may run it in another directory."""
-    test_data = config.data.test_data
-    return config.replace(
-        checkpoint_dir=config.history.checkpoint_dir.resolve(),
-        test_data=test_data.resolve() if test_data else None,
-    )
-
-
-def _prepare_run(store, config: RunConfig, resolved: Resolved) -> DeployPlan:
-    """Create the history run, or resume one (same settings, after its last round); print
-    what protects it."""
-    from fedweave.config.resume import merge_for_resume, stored_run_config
-    from fedweave.coordinator.command.run_header import header_line
-    from fedweave.learning.statistics import pinned_schema
-    from fedweave.learning.tasks import load_task
-
-    config = _absolute_paths(config)  # stored paths are absolute: compare like with like
-    run = store.get_run(config.history.resume) if config.history.resume else None
-    if run is not None:
-        config = merge_for_resume(run, config, resolved)
-    stored = stored_run_config(config, "coordinator")
-    schema = pinned_schema(load_task(config.data.task))
-    if schema is not None:
-        stored["schema"] = schema
-    config, stored["protections"] = _with_protections(config)
-    _echo(header_line(stored["protections"]))
-    if run is not None:
-        store.mark_running(run.run_id)
-        _echo(
-            f"resuming run {run.run_id} after round {run.rounds_completed} of "
-            f"{config.training.rounds}"
-        )
-        return DeployPlan(run.run_id, config)
-    run_id = uuid.uuid4().hex[:12]
-    store.start_run("federated", config.data.task, stored, config.training.seed, run_id=run_id)
-    _echo(f"run {run_id} recorded in the history")
-    return DeployPlan(run_id, config)
 
 
 class _Watcher:
@@ -324,7 +253,7 @@ def _wait_for_sites(client, proc, needed: int, timeout: float | None, keys) -> N
 def serve(config: RunConfig, resolved: Resolved) -> int:
     """Run the coordinator, or ``fedweave evaluate``'s evaluation-only run
     (``evaluation_setup.py``); returns the exit code (0: run completed)."""
-    from fedweave.coordinator.command import evaluation_setup
+    from fedweave.coordinator.command import evaluation_setup, training_setup
     from fedweave.flower_patches import correctness_problem, security_patch_problem
     from fedweave.history import open_store
     from fedweave.history.tracking import check_tracker
@@ -338,7 +267,7 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
     if problem is not None:
         raise UserError(problem)
     if not evaluating:
-        _check_config(config)
+        training_setup.check_run(config)
     check_port_free(host, port)
     metrics = _metrics_exposure(config)
     db_url = _absolute_db_url(config.history.db)
@@ -349,7 +278,9 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
             store, config, resolved, tls=tls is not None, site_authentication=authenticated
         )
     else:
-        plan = _prepare_run(store, config, resolved)
+        plan = training_setup.prepare_run(
+            store, config, resolved, site_authentication=sites_must_register(connection)
+        )
     again = (
         f"run it again with fedweave evaluate --run {plan.config.evaluation.run}"
         if evaluating

@@ -1,0 +1,93 @@
+"""``fedweave coordinator``'s run before the SuperLink starts: the run's settings checked, the
+history run created or resumed, what protects it said once, and the plan the ServerApp will
+run (``coordinator/plan.py``). ``evaluation_setup.py`` is the same for ``fedweave evaluate``.
+Every refusal is a ``UserError`` (one line, exit 2).
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import typer
+
+from fedweave.config import Resolved, RunConfig
+from fedweave.coordinator.plan import DeployPlan
+from fedweave.errors import UserError
+
+
+def _echo(message: str) -> None:
+    typer.echo(message, err=True)
+
+
+def check_run(config: RunConfig) -> None:
+    """Every check of the run's own settings (task, test data, scoring, rounds, the round
+    settings' combinations), before anything starts."""
+    from fedweave.coordinator.rounds.round_settings import ServerSettings, check_scoring
+    from fedweave.learning.data import central_test_data
+    from fedweave.learning.tasks import load_task
+
+    task = load_task(config.data.task)
+    test_data = central_test_data(task, config.data.test_data, config.data.label_column)
+    check_scoring(config, test_data)
+    if config.training.rounds < 1:
+        raise UserError(f"--rounds must be at least 1, got {config.training.rounds}")
+    ServerSettings(config, config.federation.min_clients, config.training.rounds).check()
+
+
+def _with_protections(config: RunConfig, site_authentication: bool) -> tuple[RunConfig, dict]:
+    """The config with its round deadline resolved (``--round-timeout`` or sized from the
+    task), and the run's protections for the header and the history."""
+    from fedweave.coordinator.command.run_header import protections
+    from fedweave.coordinator.rounds.round_settings import ServerSettings, test_data_of
+
+    settings = ServerSettings(config, config.federation.min_clients, config.training.rounds)
+    test_data = test_data_of(config)
+    deadline = settings.deadline(test_data)
+    facts = protections(
+        config, settings.cohort, deadline, central_data=test_data is not None,
+        tls=not config.connection.insecure,
+        site_authentication=site_authentication,
+    )  # fmt: skip
+    return settings.resolved(deadline), facts
+
+
+def _absolute_paths(config: RunConfig) -> RunConfig:
+    """Paths the ServerApp reads, made absolute: Flower may run it in another directory."""
+    test_data = config.data.test_data
+    return config.replace(
+        checkpoint_dir=config.history.checkpoint_dir.resolve(),
+        test_data=test_data.resolve() if test_data else None,
+    )
+
+
+def prepare_run(
+    store, config: RunConfig, resolved: Resolved, *, site_authentication: bool
+) -> DeployPlan:
+    """Create the history run, or resume one (same settings, after its last round); print
+    what protects it; returns the plan the ServerApp will run."""
+    from fedweave.config.resume import merge_for_resume, stored_run_config
+    from fedweave.coordinator.command.run_header import header_line
+    from fedweave.learning.statistics import pinned_schema
+    from fedweave.learning.tasks import load_task
+
+    config = _absolute_paths(config)  # stored paths are absolute: compare like with like
+    run = store.get_run(config.history.resume) if config.history.resume else None
+    if run is not None:
+        config = merge_for_resume(run, config, resolved)
+    stored = stored_run_config(config, "coordinator")
+    schema = pinned_schema(load_task(config.data.task))
+    if schema is not None:
+        stored["schema"] = schema
+    config, stored["protections"] = _with_protections(config, site_authentication)
+    _echo(header_line(stored["protections"]))
+    if run is not None:
+        store.mark_running(run.run_id)
+        _echo(
+            f"resuming run {run.run_id} after round {run.rounds_completed} of "
+            f"{config.training.rounds}"
+        )
+        return DeployPlan(run.run_id, config)
+    run_id = uuid.uuid4().hex[:12]
+    store.start_run("federated", config.data.task, stored, config.training.seed, run_id=run_id)
+    _echo(f"run {run_id} recorded in the history")
+    return DeployPlan(run_id, config)
