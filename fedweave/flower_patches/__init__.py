@@ -2,11 +2,13 @@
 
 Everything in fedweave that touches a Flower private name (replaces a module attribute or a
 method, writes an object's ``__dict__``, overrides an internal stage, edits an internal state
-object) lives in this folder. Each such patch or use is written for the exact Flower version
-``PATCHED_FLOWER_VERSION`` (the one ``pyproject.toml`` pins), and every Flower function or class
-it replaces or relies on is fingerprinted (``fingerprints``: a Flower upgrade fails
-``tests/test_flower_patches.py`` with the names of what changed). On any other version, or on
-Flower code whose fingerprint differs:
+object), and every import of a Flower module or name that Flower does not export, lives in
+this folder: elsewhere fedweave imports only the names Flower's public packages list in their
+``__all__`` (``tests/test_layout.py``, ``FLOWER_PUBLIC``). Each such patch or use is written
+for the exact Flower version ``PATCHED_FLOWER_VERSION`` (the one ``pyproject.toml`` pins), and
+every Flower function or class it replaces or relies on is fingerprinted (``fingerprints``: a
+Flower upgrade fails ``tests/test_flower_patches.py`` with the names of what changed). On any
+other version, or on Flower code whose fingerprint differs:
 
 - a patch that only makes things faster is skipped with one warning, and Flower's stock code
   runs (``simulation_engine``, ``deployed_polling``; the site's ClientApp worker);
@@ -16,7 +18,10 @@ Flower code whose fingerprint differs:
   ``supernode_state`` (the site's connection state as data) and ``node_restarts`` (a
   restarted site refused for up to 60 s), SecAgg+'s masks and crypto (a site and a
   coordinator must draw the same masks, so silently falling back to Flower's
-  generator would corrupt every sum) and running SecAgg+ stage by stage (``secagg_stages``).
+  generator would corrupt every sum) and running SecAgg+ stage by stage (``secagg_stages``);
+- a use of Flower's unexported names that a feature's correctness relies on refuses the same
+  way, as its module is imported and before the coordinator or the site starts anything
+  (``INTERNAL_USES``: ``message_records``, ``default_workflow``, ``control_api``).
 
 ``FEDWEAVE_STOCK_FLOWER=1`` skips the speed-ups only (to compare, or to rule one out when
 debugging; ``bench/bench_deployment.py --systems fedweave-unpatched`` uses it); the other
@@ -53,7 +58,23 @@ The patches, and why each exists:
     A site's SuperNode starts a new ``flwr-clientapp`` process per message (~7 s on 2 cores);
     fedweave's site runs the SuperNode with ``--isolation process`` and one long-lived worker
     with torch, the task and the data already loaded. Its pull sets Flower's ``TaskIdentity``
-    and the message id in ``Metadata.__dict__`` as ``flwr-clientapp`` does.
+    and the message id in ``Metadata.__dict__`` as ``flwr-clientapp`` does. The worker's
+    Runtime API client, task claims, heartbeat and error replies (Flower's ``supercore``
+    runtime, interceptors, retry and heartbeat, ``runtime_pb2``) come from here too.
+``message_records`` (not a patch: unexported names used as they are; refuses)
+    Flower's legacy message layout (``recorddict_compat``: ``FitIns``/``FitRes``/... to and
+    from a message's records), the record keys that ask its mods for SecAgg+ and clipping,
+    its ``Mod`` and ``ClientAppCallable`` types and its ``ErrorCode``: the site's mods and the
+    coordinator's rounds read and write every message with them.
+``default_workflow`` (not a patch: unexported names used as they are; refuses)
+    The records ``DefaultWorkflow`` keeps in the context (round number, global model) that the
+    coordinator's own workflows read and write, ``default_fit_workflow`` (wrapped by the
+    round deadline), and ``ClientProxy``/``GridClientProxy`` (the strategies' site type; the
+    secure buffers build proxies as ``DefaultWorkflow`` does).
+``control_api`` (not a patch: unexported names used as they are; refuses)
+    The coordinator registers site keys, starts runs and follows them through Flower's
+    ``ControlHttpClient`` and ``control_pb2`` requests, with a bundle built by Flower's
+    ``build_fab_from_files`` (``fedweave.coordinator.command.superlink``).
 ``secagg_stages`` (not a patch: Flower's SecAgg+ workflow run stage by stage; refuses)
     ``coordinator/rounds/deadlines.py`` holds SecAgg+ rounds to their deadline by choosing each
     stage's wait; ``StagedSecAggPlusWorkflow`` overrides the workflow's four stage methods,
@@ -175,6 +196,60 @@ def correctness_problem(name: str, why: str | None = None) -> str | None:
             f"released code ({why}); reinstall flwr=={PATCHED_FLOWER_VERSION}"
         )
     return None
+
+
+INTERNAL_USES: dict[str, str] = {
+    "message_records": "the sites and the coordinator read each other's fit and evaluate "
+    "messages, SecAgg+ and DP settings and error codes through it",
+    "default_workflow": "the coordinator's rounds read and write the round number and the "
+    "global model in the records Flower's DefaultWorkflow keeps through it",
+    "control_api": "the coordinator registers site keys, starts its runs and follows them "
+    "through it",
+}
+"""Modules Flower does not export that fedweave uses without patching (each one a module of
+this folder, its callers importing from it alone) → what goes wrong if they change. Like the
+correctness patches they refuse, on another Flower version or on Flower code whose
+fingerprint differs: the module raises ``UserError`` as it is imported (``rely_on``), and the
+coordinator and the site check them all before starting anything (``internal_use_problem``).
+The site's ClientApp worker (``clientapp_worker``) is a speed-up instead: a site without it
+runs Flower's stock ``flwr-clientapp`` (``clientapp_worker_usable``)."""
+
+_relied_on: set[str] = set()
+
+
+def internal_use_problem(*names: str) -> str | None:
+    """Why fedweave's uses of Flower's unexported modules ``names`` (default: all of
+    ``INTERNAL_USES``) cannot be trusted here (one line: the Flower version needed, and why),
+    or None."""
+    for name in names or tuple(INTERNAL_USES):
+        if name in _relied_on:
+            continue
+        why = INTERNAL_USES[name]
+        if not flower_is_patchable():
+            return (
+                f"fedweave needs flwr {PATCHED_FLOWER_VERSION} (installed: "
+                f"{installed_flower_version()}): its use of Flower's unexported '{name}' code "
+                f"is written for that version, and {why}; install flwr=={PATCHED_FLOWER_VERSION}"
+            )
+        changed = _changed(name)
+        if changed:
+            return (
+                f"fedweave needs flwr {PATCHED_FLOWER_VERSION} as released: Flower's "
+                f"{', '.join(changed)} differ here, and fedweave's '{name}' use of them was "
+                f"written for the released code ({why}); reinstall "
+                f"flwr=={PATCHED_FLOWER_VERSION}"
+            )
+    return None
+
+
+def rely_on(name: str) -> None:
+    """Called by the module ``name`` of this folder as it is imported, before it imports
+    Flower's unexported names: raises ``UserError`` (one line) where they are not flwr
+    1.41.0's as released (checked once a process)."""
+    problem = internal_use_problem(name)
+    if problem is not None:
+        raise UserError(problem)
+    _relied_on.add(name)
 
 
 def _apply_correctness(name: str) -> bool:

@@ -11,14 +11,83 @@ worker does what that process does for one message with the functions of
   message). As Flower's does, it sets the process's ``TaskIdentity`` class attributes and
   writes the pulled message's id into ``Metadata.__dict__["_message_id"]`` (the deflated
   message carries no id of its own);
-- ``push_reply`` and ``push_outcome``: Flower's ``push_message`` and ``push_task_output``.
+- ``push_reply`` and ``push_outcome``: Flower's ``push_message`` and ``push_task_output``;
+- what ``flower-superexec`` and ``flwr-clientapp`` do around them, with Flower's unexported
+  Runtime API client, interceptors, retry invoker, heartbeat and task messages:
+  ``runtime_client``, ``acquire_task``, ``task_heartbeat``, ``error_reply``, and the codes
+  and statuses a task ends with (``ErrorCode``, ``SubStatus``, ``LoadClientAppError``).
 
 Every Flower function or class these rely on is fingerprinted (``fingerprints``, entry
-``clientapp_worker``); ``clientapp_worker_usable`` lets a site run the worker only where all
-of them match flwr 1.41.0.
+``clientapp_worker``; ``runtime_pb2`` whole, the wire's generated source);
+``clientapp_worker_usable`` lets a site run the worker only where all of them match flwr
+1.41.0 (elsewhere the site's SuperNode starts Flower's own ``flwr-clientapp``).
 """
 
 from __future__ import annotations
+
+from typing import Any
+
+from flwr.clientapp.client_app import LoadClientAppError
+from flwr.common.constant import ErrorCode, SubStatus
+
+__all__ = [
+    "ErrorCode",
+    "LoadClientAppError",
+    "SubStatus",
+    "acquire_task",
+    "error_reply",
+    "pull_task_input",
+    "push_outcome",
+    "push_reply",
+    "runtime_client",
+    "task_heartbeat",
+]
+
+
+def runtime_client(address: str, token: str | None) -> Any:
+    """A client of the SuperNode's Runtime API at ``address``: with ``token`` for one task's
+    calls (as ``flwr-clientapp``), else for ``AcquireTask`` (as ``flower-superexec``)."""
+    from flwr.supercore.interceptors import (
+        RuntimeTokenHttpInterceptor,
+        RuntimeVersionHttpInterceptor,
+    )
+    from flwr.supercore.retry import make_simple_http_retry_invoker
+    from flwr.supercore.runtime import RuntimeHttpClient
+
+    component = "flwr-clientapp" if token else "SuperExec"
+    interceptors = [RuntimeVersionHttpInterceptor(component_name=component)]
+    if token:
+        interceptors.append(RuntimeTokenHttpInterceptor(token))
+    return RuntimeHttpClient.from_server_address(
+        server_address=address,
+        insecure=True,  # the Runtime API listens on loopback only, as under flower-superexec
+        root_certificates=None,
+        interceptors=interceptors,
+        retry_invoker=make_simple_http_retry_invoker(),
+    )
+
+
+def acquire_task(client: Any) -> str | None:
+    """A token for the next pending ClientApp task, or None."""
+    from flwr.proto.runtime_pb2 import AcquireTaskRequest
+    from flwr.supercore.constant import TaskType
+
+    response = client.AcquireTask(AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP]))
+    return response.token if response.HasField("task") and response.token else None
+
+
+def task_heartbeat(client: Any) -> Any:
+    """Flower's ``HeartbeatSender`` for the task ``client``'s token names (not started)."""
+    from flwr.supercore.heartbeat import HeartbeatSender, make_task_heartbeat_fn_http
+
+    return HeartbeatSender(make_task_heartbeat_fn_http(client))
+
+
+def error_reply(message: Any, code: int, reason: str) -> Any:
+    """The error reply to ``message`` that ``flwr-clientapp`` sends when its ClientApp fails."""
+    from flwr.app import Error, Message
+
+    return Message(Error(code=code, reason=reason), reply_to=message)
 
 
 def pull_task_input(client):

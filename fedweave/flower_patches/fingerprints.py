@@ -8,8 +8,10 @@ SHA-256 (first 16 hex digits) of ``inspect.getsource`` of one Flower function or
 taken from flwr 1.41.0 (a class: its whole body; a property: its getter). A security or
 correctness patch (``admin_apis``, ``run_bundles``, ``tls_suites``, ``refused_keys``,
 ``secagg_masks``, ``secagg_crypto``, ``supernode_waits``, ``supernode_state``,
-``node_restarts``, ``secagg_stages``) refuses to run on a mismatch; a speed-up falls back to
-Flower's stock code with a warning.
+``node_restarts``, ``secagg_stages``) refuses to run on a mismatch, and so does a use of
+Flower's unexported names that correctness relies on (``message_records``,
+``default_workflow``, ``control_api``); a speed-up (the ClientApp worker included) falls back
+to Flower's stock code with a warning.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ _SECAGG_MOD = "flwr.client.mod.secure_aggregation.secaggplus_mod"
 _SECAGG_WORKFLOW = "flwr.server.workflow.secure_aggregation.secaggplus_workflow"
 _LINKSTATE = "flwr.server.superlink.linkstate.in_memory_linkstate"
 _DEFAULT_WORKFLOWS = "flwr.server.workflow.default_workflows"
+_INFLATABLE_PROTO = "flwr.supercore.inflatable.inflatable_protobuf_utils"
 
 WRAPPED: dict[str, dict[str, str]] = {
     "admin_apis": {
@@ -89,6 +92,43 @@ WRAPPED: dict[str, dict[str, str]] = {
         "flwr.supercore.task_identity:TaskIdentity": "49ac1df12b140345",
         "flwr.supercore.task_identity:_TaskIdentityMeta": "464d7e46fc5a29ed",
         "flwr.app.metadata:Metadata.message_id": "9e0e1b5a50c5ff09",
+        # what pull_task_input decodes with, and what flwr-clientapp / flower-superexec do
+        # around it (runtime_client, acquire_task, task_heartbeat, the codes a task ends with)
+        "flwr.common.serde:context_from_proto": "fcb12600c42b3f08",
+        "flwr.common.serde:fab_from_proto": "4aabaac291511dc4",
+        "flwr.common.serde:run_from_proto": "df1eec4d142c2658",
+        f"{_INFLATABLE_PROTO}:make_pull_object_fn_protobuf": "ede05e6314fa253a",
+        f"{_INFLATABLE_PROTO}:make_confirm_message_received_fn_protobuf": "5bf6af3230b999e2",
+        "flwr.proto.node_pb2:": "1ae2c36660f87bd2",  # generated: the whole module
+        "flwr.proto.runtime_pb2:": "26de3ed4d231b6da",  # generated: the whole module
+        "flwr.supercore.runtime.runtime_http_client:RuntimeHttpClient": "9d66e89a62052127",
+        "flwr.supercore.interceptors.http.runtime_token:RuntimeTokenHttpInterceptor":
+            "06cbf14d2ea81c27",
+        "flwr.supercore.interceptors.http.runtime_version:RuntimeVersionHttpInterceptor":
+            "32dc4f3d763a9ca0",
+        "flwr.supercore.retry.http_retry:make_simple_http_retry_invoker": "49e12326a4b17e26",
+        "flwr.supercore.heartbeat:HeartbeatSender": "27714c8e35121c84",
+        "flwr.supercore.heartbeat:make_task_heartbeat_fn_http": "a50247986fc79b04",
+        "flwr.supercore.constant:TaskType": "83fa24c88e9291ed",
+        "flwr.clientapp.client_app:LoadClientAppError": "c2dce8f5e6fb7b75",
+        "flwr.common.constant:ErrorCode": "4889fc3e5b669ac5",
+        "flwr.common.constant:SubStatus": "3250f760cd3385b2",
+    },
+    "message_records": {  # not a patch: names Flower does not export, used as they are
+        "flwr.compat.common.recorddict_compat:": "1d9639fe2d20777b",  # the whole module
+        "flwr.clientapp.typing:": "e3558841af35af9a",  # the whole module: type aliases
+        # modules of constants: a constant has no source of its own
+        "flwr.common.secure_aggregation.secaggplus_constants:": "e5de5f960b54d566",
+        "flwr.supercore.differential_privacy:": "50c1626b7be3ce77",
+        "flwr.common.constant:ErrorCode": "4889fc3e5b669ac5",
+    },
+    "control_api": {  # not a patch: the coordinator's Control API calls and its bundle
+        "flwr.supercore.control.control_http_client:ControlHttpClient": "ee524b3741ae8cf8",
+        "flwr.proto.control_pb2:": "c59e5d8926978936",  # generated: the whole module
+        "flwr.common.serde:fab_to_proto": "c5b60150389ce73f",
+        "flwr.supercore.fab:Fab": "140aff940cdb015e",
+        "flwr.supercore.primitives.asymmetric:public_key_to_bytes": "552b787ae3438eaf",
+        "flwr.cli.build:build_fab_from_files": "4c576876bcbbcf6a",
     },
     "secagg_stages": {
         f"{_SECAGG_WORKFLOW}:WorkflowState": "91415782137e66cd",
@@ -100,25 +140,40 @@ WRAPPED: dict[str, dict[str, str]] = {
             "e2e2900e524ba35a",
         f"{_SECAGG_WORKFLOW}:SecAggPlusWorkflow.unmask_stage": "c4639d18768446e9",
     },
-    "default_workflow": {  # not a patch: checked by the test only (see below)
+    "default_workflow": {  # not a patch: names Flower does not export, used as they are
         "flwr.server.workflow.constant:": "e2dd8c4ef3895250",  # the whole module
         f"{_DEFAULT_WORKFLOWS}:DefaultWorkflow.__call__": "866c7974d30c0149",
         f"{_DEFAULT_WORKFLOWS}:default_fit_workflow": "180d595f43251849",
         f"{_DEFAULT_WORKFLOWS}:default_evaluate_workflow": "54dfd81e37bc9220",
+        "flwr.server.client_proxy:ClientProxy": "5c7a77877c3710ef",
+        "flwr.server.compat.grid_client_proxy:GridClientProxy": "1aabe36b4f97fa39",
     },
 }
 """Patch name → {``module:function`` it relies on → fingerprint of that function's source}.
 
-Besides the patches, three entries fingerprint Flower code fedweave relies on without replacing
-it: ``clientapp_worker`` (the site's worker runs Flower's per-message functions and sets what
-they set), ``secagg_stages`` (fedweave runs SecAgg+'s workflow stage by stage and edits its
-state) and ``default_workflow``: ``coordinator/rounds/deadlines.py`` hands Flower's default fit
-workflow a grid that bounds its wait, and the coordinator's own fit and evaluate workflows
-(``federated_statistics.py``, ``federated_evaluation.py``, ``private_evaluation.py``) read and write
-the records ``DefaultWorkflow`` keeps in the context (``flwr.server.workflow.constant``: the round
-number, the global parameters) as Flower's default workflows do. No private names there, but modules
-Flower does not export and behaviour it does not document, so checked by
-``tests/test_flower_patches.py`` only: an upgrade is told to look at them again."""
+Besides the patches, entries fingerprint the Flower code fedweave relies on without replacing
+it, each for the module of this folder that alone imports it (``tests/test_layout.py`` keeps
+every other module to Flower's exported API):
+
+- ``clientapp_worker`` (a speed-up: a site runs its worker only where these match): the site's
+  worker runs Flower's per-message functions and sets what they set, and calls the Runtime
+  API as ``flower-superexec`` and ``flwr-clientapp`` do;
+- ``secagg_stages``: fedweave runs SecAgg+'s workflow stage by stage and edits its state;
+- ``message_records``: Flower's legacy message layout (``recorddict_compat``), its mods'
+  record keys, its mod types and error codes, read and written by the site's mods and the
+  coordinator's rounds;
+- ``default_workflow``: ``coordinator/rounds/deadlines.py`` hands Flower's default fit workflow
+  a grid that bounds its wait, and the coordinator's own fit and evaluate workflows
+  (``federated_statistics.py``, ``federated_evaluation.py``, ``private_evaluation.py``,
+  ``secure_buffer.py``) read and write the records ``DefaultWorkflow`` keeps in the context
+  (``flwr.server.workflow.constant``: the round number, the global parameters) as Flower's
+  default workflows do, with its ``ClientProxy`` and ``GridClientProxy``;
+- ``control_api``: the coordinator's Control API client, requests and bundle builder.
+
+The last four refuse on a mismatch (``secagg_stages`` as its workflow is built, the others as
+their module is imported: ``rely_on``). Generated protobuf modules (``*_pb2``) and modules of
+constants are fingerprinted whole (``module:``): a message class or a constant has no source of
+its own, and the generated source carries every field's name and number."""
 
 
 def fingerprint(ref: str) -> str:
