@@ -590,12 +590,19 @@ def _client(config: RunConfig, _resolved: Resolved) -> None:
         connection.insecure, connection.site_key, config.evaluation.eval_data,
     )  # fmt: skip
     from fedweave.client.worker_supervisor import worker_command
-    from fedweave.flower_patches import clientapp_worker_usable, correctness_problem
+    from fedweave.flower_patches import (
+        clientapp_worker_usable,
+        correctness_problem,
+        internal_use_problem,
+    )
 
     for patch in ("supernode_waits", "supernode_state"):  # the SuperNode would refuse to start
         problem = correctness_problem(patch)
         if problem is not None:
             raise UserError(problem)
+    problem = internal_use_problem("message_records")  # the site's mods read Flower's records
+    if problem is not None:
+        raise UserError(problem)
     name = site_name(site.name, connection.site_key)
     runtime_port = site.runtime_port or free_port()
     use_worker = clientapp_worker_usable()

@@ -10,11 +10,8 @@ feedback. A site restarted mid-run starts again without it; nothing else is lost
 from __future__ import annotations
 
 import numpy as np
-from flwr.app import ArrayRecord, Context, Message
-from flwr.app.message_type import MessageType
-from flwr.clientapp.typing import ClientAppCallable
+from flwr.app import ArrayRecord, Context, Message, MessageType
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
-from flwr.compat.common import recorddict_compat as compat
 
 from fedweave.contract import (
     COMPRESS_KEY,
@@ -24,6 +21,8 @@ from fedweave.contract import (
     SiteRefusal,
 )
 from fedweave.errors import UserError
+from fedweave.flower_patches import message_records as compat
+from fedweave.flower_patches.message_records import ClientAppCallable
 from fedweave.learning.compression import Compression
 
 RESIDUAL_RECORD = "fedweave.compression-residual"

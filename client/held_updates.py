@@ -22,11 +22,8 @@ goes on without that site.
 from __future__ import annotations
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message
-from flwr.app.message_type import MessageType
-from flwr.clientapp.typing import ClientAppCallable
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
-from flwr.compat.common import recorddict_compat as compat
 
 from fedweave.contract import (
     DELIVER_KEY,
@@ -36,6 +33,8 @@ from fedweave.contract import (
     STALENESS_WEIGHT_KEY,
     UpdateRejected,
 )
+from fedweave.flower_patches import message_records as compat
+from fedweave.flower_patches.message_records import ClientAppCallable
 
 HELD_RECORD = "fedweave.held-update"
 """``context.state`` key of the update this site holds (an array record)."""

@@ -24,11 +24,8 @@ import logging
 import time
 from collections.abc import Callable
 
-from flwr.app import Context, Message
-from flwr.app.message_type import MessageType
-from flwr.clientapp.typing import ClientAppCallable, Mod
+from flwr.app import Context, Message, MessageType
 from flwr.common import parameters_to_ndarrays
-from flwr.compat.common import recorddict_compat as compat
 
 from fedweave.client.compression_mod import compression_when_asked
 from fedweave.client.held_updates import holding_updates_when_asked
@@ -53,6 +50,8 @@ from fedweave.contract import (
     outcome_content,
     outcome_of,
 )
+from fedweave.flower_patches import message_records as compat
+from fedweave.flower_patches.message_records import ClientAppCallable, Mod
 from fedweave.learning.validation import clipped_fraction, update_problem
 
 log = logging.getLogger("fedweave.client")
@@ -334,9 +333,9 @@ def secagg_when_asked(msg: Message, context: Context, call_next: ClientAppCallab
     """Flower's ``secaggplus_mod`` for rounds the coordinator runs under SecAgg+; plain
     rounds pass through, so one ClientApp serves coordinators with and without it."""
     from flwr.client.mod import secaggplus_mod
-    from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 
     from fedweave.flower_patches import use_fedweave_secagg
+    from fedweave.flower_patches.message_records import RECORD_KEY_CONFIGS
 
     use_fedweave_secagg()
 
@@ -354,7 +353,8 @@ def central_dp_clipping_when_asked(
     """Flower's ``fixedclipping_mod`` when the coordinator's central DP asks sites to clip
     (the SecAgg+ case: the server cannot clip updates it never sees)."""
     from flwr.client.mod import fixedclipping_mod
-    from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
+
+    from fedweave.flower_patches.message_records import KEY_CLIPPING_NORM
 
     config = _fit_config(msg) if msg.metadata.message_type == MessageType.TRAIN else None
     if config is not None and KEY_CLIPPING_NORM in config:

@@ -11,7 +11,8 @@ executor: the SuperNode runs with ``--isolation process``, and the worker
    ``flower-superexec`` calls), then runs it in this process with Flower's own functions
    for the pinned version (``fedweave.flower_patches.clientapp_worker``: Flower's
    ``pull_task_input`` with a shorter first object-pull backoff, its ``push_message`` and
-   ``push_task_output``), keeping a heartbeat while it runs;
+   ``push_task_output``), keeping a heartbeat while it runs (Flower's Runtime API client,
+   task claims and heartbeat come from that module too: Flower exports none of them);
 3. checks each run's FAB (``fedweave.app_bundle``): it must name fedweave's own apps and
    carry no code. Whatever a run names, this worker runs the installed
    ``fedweave.client.deployed_app`` and nothing else; a foreign run is refused (an error reply
@@ -83,24 +84,9 @@ class ClientAppRunner:
 
     def client(self, token: str | None):
         """A Runtime API client: with ``token`` for one task's calls, else for ``AcquireTask``."""
-        from flwr.supercore.interceptors import (
-            RuntimeTokenHttpInterceptor,
-            RuntimeVersionHttpInterceptor,
-        )
-        from flwr.supercore.retry import make_simple_http_retry_invoker
-        from flwr.supercore.runtime import RuntimeHttpClient
+        from fedweave.flower_patches.clientapp_worker import runtime_client
 
-        component = "flwr-clientapp" if token else "SuperExec"
-        interceptors = [RuntimeVersionHttpInterceptor(component_name=component)]
-        if token:
-            interceptors.append(RuntimeTokenHttpInterceptor(token))
-        return RuntimeHttpClient.from_server_address(
-            server_address=self.address,
-            insecure=True,  # the Runtime API listens on loopback only, as under flower-superexec
-            root_certificates=None,
-            interceptors=interceptors,
-            retry_invoker=make_simple_http_retry_invoker(),
-        )
+        return runtime_client(self.address, token)
 
     def _client_app(self, run, fab):
         """fedweave's installed ClientApp, once the run's FAB is checked to name it (code
@@ -130,31 +116,26 @@ class ClientAppRunner:
 
     def acquire(self, client) -> str | None:
         """A token for the next pending ClientApp task, or None."""
-        from flwr.proto.runtime_pb2 import AcquireTaskRequest
-        from flwr.supercore.constant import TaskType
+        from fedweave.flower_patches.clientapp_worker import acquire_task
 
-        response = client.AcquireTask(
-            AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP])
-        )
-        return response.token if response.HasField("task") and response.token else None
+        return acquire_task(client)
 
     def run_task(self, token: str) -> None:
         """What ``flwr-clientapp`` does for one message, minus process start and exit."""
-        from flwr.app import Message
-        from flwr.app.error import Error
-        from flwr.clientapp.client_app import LoadClientAppError
-        from flwr.common.constant import ErrorCode, SubStatus
-        from flwr.supercore.heartbeat import HeartbeatSender, make_task_heartbeat_fn_http
-
         from fedweave.flower_patches.clientapp_worker import (
+            ErrorCode,
+            LoadClientAppError,
+            SubStatus,
+            error_reply,
             pull_task_input,
             push_outcome,
             push_reply,
+            task_heartbeat,
         )
 
         started = time.perf_counter()
         client = self.client(token)
-        heartbeat = HeartbeatSender(make_task_heartbeat_fn_http(client))
+        heartbeat = task_heartbeat(client)
         message = context = reply = None
         sub_status, details = SubStatus.FAILED, "ClientApp task failed due to unknown reason"
         try:
@@ -174,7 +155,7 @@ class ClientAppRunner:
                 log.error("ClientApp raised an exception", exc_info=exc)
             details = reason
             if message is not None:
-                reply = Message(Error(code=code, reason=reason), reply_to=message)
+                reply = error_reply(message, code, reason)
         finally:
             try:
                 if reply is not None and context is not None:

@@ -10,7 +10,11 @@ from __future__ import annotations
 import io
 import zipfile
 
-from fedweave.contract import CLIENT_APP_REF, SERVER_APP_REF
+SERVER_APP_REF = "fedweave.coordinator.serverapp.deployed_server_app:server_app"
+CLIENT_APP_REF = "fedweave.client.deployed_app:app"
+"""The apps a fedweave bundle names (``fedweave.contract`` gives them to both sides). Declared
+here, not there, because the contract reads Flower's error codes through
+``fedweave.flower_patches``, whose SuperLink patch asks this module: the arrows stay one way."""
 
 ALLOWED_FILES = frozenset({"pyproject.toml", "README.md", ".info/CONTENT"})
 """The files ``fedweave.coordinator.command.superlink.build_fab`` writes; anything else could be

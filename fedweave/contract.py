@@ -4,7 +4,8 @@ The coordinator (``fedweave.coordinator``) writes these keys and the site
 (``fedweave.client``) reads them, or the other way round; neither imports the other.
 
 - App references: the apps the coordinator's Flower App Bundle names; every site runs the
-  fedweave it installed, so no code travels.
+  fedweave it installed, so no code travels (declared in ``fedweave.app_bundle``, which
+  checks bundles for both sides).
 - Run config (coordinator → every Flower process of the run).
 - Node config (``fedweave client`` → its own SuperNode).
 - Fit config (coordinator → each sampled site, every round).
@@ -17,8 +18,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-SERVER_APP_REF = "fedweave.coordinator.serverapp.deployed_server_app:server_app"
-CLIENT_APP_REF = "fedweave.client.deployed_app:app"
+from fedweave.app_bundle import CLIENT_APP_REF, SERVER_APP_REF  # noqa: F401 (the app references)
 
 RUN_ID_KEY = "fw-run-id"
 """Run config: the history run the deployed ServerApp records into."""
@@ -237,7 +237,7 @@ def outcome_of(code: int, reason: str | None) -> tuple[str, str]:
     """(status, reason) of an error reply with ``code`` and ``reason``: a fedweave site's own
     outcome, Flower's (``lost`` for a node it lost, else ``failed``), or ``failed`` with
     ``malformed reply`` for a code neither knows."""
-    from flwr.common.constant import ErrorCode
+    from fedweave.flower_patches.message_records import ErrorCode
 
     said = one_line(reason or "") or "no reason given"
     if code == MALFORMED_CODE:

@@ -11,6 +11,8 @@ run config (the plan: ``coordinator/plan.py``); no project directory, no ``~/.fl
 
 In 1.41 the Fleet, Control and Runtime APIs are one HTTPS (protobuf-over-HTTP) server on
 ``--host/--port``; SuperNodes only speak that (the gRPC Fleet API is a hidden legacy switch).
+Flower exports none of the client, messages and bundle builder this takes:
+``fedweave.flower_patches.control_api`` holds them behind the version guard.
 
 The SuperLink runs under ``fedweave.procguard`` so that its whole process tree
 (SuperExec, ``flwr-serverapp``) ends with the coordinator, even after ``kill -9``.
@@ -168,18 +170,16 @@ class ControlClient:
     """The few Control API calls the coordinator needs, with one-line errors."""
 
     def __init__(self, address: str, tls: TlsFiles | None) -> None:
-        from flwr.supercore.control import ControlHttpClient
+        from fedweave.flower_patches.control_api import control_client
 
         root = tls.ca_cert.read_bytes() if tls is not None else None
-        self._client = ControlHttpClient.from_server_address(
-            server_address=address, insecure=tls is None, root_certificates=root, interceptors=[]
-        )
+        self._client = control_client(address, root)
 
     def close(self) -> None:
         self._client.close()
 
     def ready(self) -> bool:
-        from flwr.proto.control_pb2 import ListNodesRequest
+        from fedweave.flower_patches.control_api import ListNodesRequest
 
         try:
             self._client.ListNodes(ListNodesRequest())
@@ -188,7 +188,7 @@ class ControlClient:
         return True
 
     def nodes(self) -> list:
-        from flwr.proto.control_pb2 import ListNodesRequest
+        from fedweave.flower_patches.control_api import ListNodesRequest
 
         return list(self._client.ListNodes(ListNodesRequest()).nodes_info)
 
@@ -199,13 +199,14 @@ class ControlClient:
     def _flower_key(public_key_ssh: bytes) -> bytes:
         """A site key as written in ``DIR/sites/`` (OpenSSH) → as Flower stores it (PEM)."""
         from cryptography.hazmat.primitives import serialization
-        from flwr.supercore.primitives.asymmetric import public_key_to_bytes
 
-        return public_key_to_bytes(serialization.load_ssh_public_key(public_key_ssh))
+        from fedweave.flower_patches.control_api import flower_public_key
+
+        return flower_public_key(serialization.load_ssh_public_key(public_key_ssh))
 
     def register(self, public_key_ssh: bytes, name: str) -> str:
         """Register a site key; returns ``registered`` or ``known`` (already there)."""
-        from flwr.proto.control_pb2 import RegisterNodeRequest
+        from fedweave.flower_patches.control_api import RegisterNodeRequest
 
         key = self._flower_key(public_key_ssh)
         known = {bytes(n.public_key) for n in self.nodes()}
@@ -217,7 +218,7 @@ class ControlClient:
     def unregister(self, public_key_ssh: bytes) -> list[int]:
         """Remove every node holding this site key; returns their node ids. Flower then
         refuses the key's requests (its signature names no node) and forgets its node."""
-        from flwr.proto.control_pb2 import UnregisterNodeRequest
+        from fedweave.flower_patches.control_api import UnregisterNodeRequest
 
         key = self._flower_key(public_key_ssh)
         removed = []
@@ -228,21 +229,16 @@ class ControlClient:
         return removed
 
     def start_run(self, fab_bytes: bytes) -> int:
-        import hashlib
+        from fedweave.flower_patches.control_api import start_run_request
 
-        from flwr.common.serde import fab_to_proto
-        from flwr.proto.control_pb2 import StartRunRequest
-        from flwr.supercore.fab import Fab
-
-        fab = Fab(hashlib.sha256(fab_bytes).hexdigest(), fab_bytes, {})
-        res = self._client.StartRun(StartRunRequest(fab=fab_to_proto(fab)))
+        res = self._client.StartRun(start_run_request(fab_bytes))
         if not res.HasField("run_id"):
             raise UserError(f"the SuperLink refused the run: {res.note or 'no reason given'}")
         return int(res.run_id)
 
     def run_status(self, run_id: int) -> tuple[str, str, str]:
         """(status, sub_status, details) of a Flower run."""
-        from flwr.proto.control_pb2 import ListRunsRequest
+        from fedweave.flower_patches.control_api import ListRunsRequest
 
         runs = self._client.ListRuns(ListRunsRequest(run_id=run_id)).run_dict
         if run_id not in runs:
@@ -258,7 +254,7 @@ class ControlClient:
         """
         import threading
 
-        from flwr.proto.control_pb2 import StreamLogsRequest
+        from fedweave.flower_patches.control_api import StreamLogsRequest
 
         chunks: list[str] = []
 
@@ -285,7 +281,8 @@ def build_fab(run_config: dict) -> bytes:
     """A FAB naming our installed apps and carrying ``run_config``; no code inside (sites run
     the fedweave they installed, so code never travels over the network)."""
     import tomli_w
-    from flwr.cli.build import build_fab_from_files
+
+    from fedweave.flower_patches.control_api import bundle
 
     pyproject = {
         "build-system": {"requires": ["hatchling"], "build-backend": "hatchling.build"},
@@ -304,7 +301,7 @@ def build_fab(run_config: dict) -> bytes:
         "pyproject.toml": tomli_w.dumps(pyproject).encode(),
         "README.md": b"fedweave deployment run: apps come from the installed fedweave package.\n",
     }
-    return build_fab_from_files(files)[0]
+    return bundle(files)
 
 
 def start_superlink(options: SuperLinkOptions, env: dict[str, str], timeout: float = 60.0):

@@ -254,7 +254,11 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
     """Run the coordinator, or ``fedweave evaluate``'s evaluation-only run
     (``evaluation_setup.py``); returns the exit code (0: run completed)."""
     from fedweave.coordinator.command import evaluation_setup, training_setup
-    from fedweave.flower_patches import correctness_problem, security_patch_problem
+    from fedweave.flower_patches import (
+        correctness_problem,
+        internal_use_problem,
+        security_patch_problem,
+    )
     from fedweave.history import open_store
     from fedweave.history.tracking import check_tracker
 
@@ -263,7 +267,11 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
     connection, deployment = config.connection, config.deployment
     host, port = parse_address(deployment.address)
     tls = _tls(connection)
-    problem = security_patch_problem() or correctness_problem("node_restarts")
+    problem = (
+        security_patch_problem()
+        or correctness_problem("node_restarts")
+        or internal_use_problem()  # the Control API client, the rounds' Flower records
+    )
     if problem is not None:
         raise UserError(problem)
     if not evaluating:

@@ -127,7 +127,7 @@ class _DeadlineGrid:
 def deadline_fit_workflow(deadline: RoundDeadline):
     """Flower's default fit workflow (one plain round) closing ``deadline.seconds`` after its
     instructions go out, with the replies it has by then."""
-    from flwr.server.workflow.default_workflows import default_fit_workflow
+    from fedweave.flower_patches.default_workflow import default_fit_workflow
 
     def fit_workflow(grid, context) -> None:
         default_fit_workflow(_DeadlineGrid(grid, deadline), context)

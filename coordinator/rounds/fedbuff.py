@@ -48,10 +48,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 import numpy as np
-from flwr.app import Message
-from flwr.app.message_type import MessageType
+from flwr.app import Message, MessageType
 from flwr.common import Code, Context, FitIns, ndarrays_to_parameters, parameters_to_ndarrays
-from flwr.compat.common import recorddict_compat as compat
 from flwr.server import Grid, ServerApp
 
 from fedweave.contract import (
@@ -70,6 +68,7 @@ from fedweave.coordinator.rounds.secure_agg import make_secagg_workflow
 from fedweave.coordinator.rounds.secure_buffer import BufferSum, secure_buffer_sum
 from fedweave.coordinator.rounds.traffic import Traffic
 from fedweave.errors import UserError
+from fedweave.flower_patches import message_records as compat
 from fedweave.flower_patches.secagg_masks import unflatten
 from fedweave.history.records import RoundInFlight, SiteResult
 from fedweave.history.round_summary import RoundSummary

@@ -17,17 +17,20 @@ import math
 from collections.abc import Sequence
 from typing import Any, cast
 
-import flwr.compat.common.recorddict_compat as compat
-from flwr.app import Message
-from flwr.app.message_type import MessageType
+from flwr.app import Message, MessageType
 from flwr.common import Code, EvaluateIns, EvaluateRes, Status
-from flwr.server.client_proxy import ClientProxy
-from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, Key
 
 from fedweave.contract import CROSS_SITE_MODEL_KEY, bounded_site_metrics, one_line
 from fedweave.coordinator.rounds.deadlines import RoundDeadline
 from fedweave.coordinator.rounds.secure_agg import SecAggSettings
 from fedweave.coordinator.rounds.site_outcomes import SiteReplies
+from fedweave.flower_patches import message_records as compat
+from fedweave.flower_patches.default_workflow import (
+    MAIN_CONFIGS_RECORD,
+    MAIN_PARAMS_RECORD,
+    ClientProxy,
+    Key,
+)
 from fedweave.history.records import SiteResult
 
 log = logging.getLogger("fedweave.coordinator")

@@ -23,12 +23,12 @@ from flwr.common import (
     ndarrays_to_parameters,
     parameters_to_ndarrays,
 )
-from flwr.server.client_manager import ClientManager
-from flwr.server.client_proxy import ClientProxy
+from flwr.server import ClientManager
 
 from fedweave.contract import STATISTICS_KEY, STATISTICS_STAGE_KEY
 from fedweave.coordinator.rounds.vector_exchange import VectorExchangeStrategy, failure_text
 from fedweave.errors import UserError
+from fedweave.flower_patches.default_workflow import ClientProxy
 from fedweave.learning.statistics import encode_known
 
 log = logging.getLogger("fedweave.statistics")
@@ -149,7 +149,12 @@ class StatisticsFirst:
     def gather(self, grid, context) -> dict[str, Any]:  # type: ignore[no-untyped-def]
         from flwr.app import ArrayRecord
         from flwr.server import LegacyContext
-        from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, Key
+
+        from fedweave.flower_patches.default_workflow import (
+            MAIN_CONFIGS_RECORD,
+            MAIN_PARAMS_RECORD,
+            Key,
+        )
 
         config_record = context.state.config_records[MAIN_CONFIGS_RECORD]
         params_record = context.state.array_records[MAIN_PARAMS_RECORD]

@@ -24,7 +24,6 @@ from typing import Any, cast
 
 import numpy as np
 from flwr.common import FitIns, FitRes, Parameters, parameters_to_ndarrays
-from flwr.server.client_proxy import ClientProxy
 
 from fedweave.contract import (
     PRIVATE_EVALUATION_KEY,
@@ -35,6 +34,7 @@ from fedweave.contract import (
 from fedweave.coordinator.rounds.deadlines import RoundDeadline
 from fedweave.coordinator.rounds.secure_agg import MIN_SECAGG_COHORT, SecAggSettings
 from fedweave.coordinator.rounds.vector_exchange import VectorExchangeStrategy, failure_text
+from fedweave.flower_patches.default_workflow import ClientProxy
 from fedweave.history.records import SiteResult
 
 log = logging.getLogger("fedweave.coordinator")
@@ -100,9 +100,14 @@ def private_evaluate_workflow(
         secagg: the run's SecAgg+ ranges, sent to the sites like a round's.
         deadline: the round deadline (named in the reason of a site left out).
     """
-    import flwr.compat.common.recorddict_compat as compat
     from flwr.server import LegacyContext
-    from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, Key
+
+    from fedweave.flower_patches import message_records as compat
+    from fedweave.flower_patches.default_workflow import (
+        MAIN_CONFIGS_RECORD,
+        MAIN_PARAMS_RECORD,
+        Key,
+    )
 
     def evaluate_workflow(grid, context) -> None:
         cfg = context.state.config_records[MAIN_CONFIGS_RECORD]

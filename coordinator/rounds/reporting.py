@@ -26,8 +26,7 @@ from flwr.common import (
     ndarrays_to_parameters,
     parameters_to_ndarrays,
 )
-from flwr.server.client_manager import ClientManager
-from flwr.server.client_proxy import ClientProxy
+from flwr.server import ClientManager
 from flwr.server.strategy import Strategy
 
 from fedweave.contract import (
@@ -49,6 +48,7 @@ from fedweave.coordinator.rounds.federated_evaluation import (
 )
 from fedweave.coordinator.rounds.site_outcomes import SiteReplies, failure_said
 from fedweave.coordinator.rounds.traffic import Traffic
+from fedweave.flower_patches.default_workflow import ClientProxy
 from fedweave.flower_patches.secagg_masks import unflatten
 from fedweave.history.records import RoundInFlight, SiteResult
 from fedweave.history.round_summary import RoundListener, RoundStartListener, RoundSummary

@@ -25,16 +25,17 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.common import FitIns, Parameters, parameters_to_ndarrays
-from flwr.server.client_manager import SimpleClientManager
-from flwr.server.compat import LegacyContext
-from flwr.server.compat.grid_client_proxy import GridClientProxy
-from flwr.server.server_config import ServerConfig
-from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD
-from flwr.server.workflow.constant import Key as WorkflowKey
+from flwr.server import LegacyContext, ServerConfig, SimpleClientManager
 
 from fedweave.contract import DELIVER_KEY, STALENESS_WEIGHT_KEY
 from fedweave.coordinator.rounds.site_outcomes import OutcomeGrid, SiteReplies
 from fedweave.coordinator.rounds.vector_exchange import VectorExchangeStrategy
+from fedweave.flower_patches.default_workflow import (
+    MAIN_CONFIGS_RECORD,
+    MAIN_PARAMS_RECORD,
+    GridClientProxy,
+)
+from fedweave.flower_patches.default_workflow import Key as WorkflowKey
 
 NO_MODEL = Parameters(tensors=[], tensor_type="numpy.ndarray")
 """What a delivery instruction carries instead of a model: nothing to train on."""

@@ -108,9 +108,10 @@ def result_problem(asked: Any, reply: Any) -> str | None:
     """Why ``reply``'s content is not the fit or evaluation result ``asked`` (a plain fit or
     evaluate instruction in Flower's legacy record layout) calls for, or None. SecAgg+'s
     stage replies are checked by its own workflow."""
-    from flwr.app.message_type import MessageType
+    from flwr.app import MessageType
     from flwr.common import Code
-    from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
+
+    from fedweave.flower_patches.message_records import RECORD_KEY_CONFIGS
 
     kind = asked.metadata.message_type
     content = asked.content

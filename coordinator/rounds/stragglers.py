@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 from flwr.common import FitIns, Parameters
-from flwr.server.client_manager import ClientManager
-from flwr.server.client_proxy import ClientProxy
+from flwr.server import ClientManager
 from flwr.server.strategy import Strategy
 
 from fedweave.contract import DROPS_PARTIAL_WORK_KEY, WORK_FRACTION_KEY
+from fedweave.flower_patches.default_workflow import ClientProxy
 from fedweave.learning.site_speeds import MIN_WORK_FRACTION
 
 

@@ -60,7 +60,7 @@ class Traffic:
 
     def sent(self, message: Any) -> None:
         """Count ``message``, about to go to its destination node."""
-        from flwr.app.message_type import MessageType
+        from flwr.app import MessageType
 
         site = self._site(message.metadata.group_id, message.metadata.dst_node_id)
         size = payload_bytes(message.content)
@@ -71,7 +71,7 @@ class Traffic:
 
     def received(self, reply: Any, asked: Any) -> None:
         """Count ``reply``, the answer to ``asked``."""
-        from flwr.app.message_type import MessageType
+        from flwr.app import MessageType
 
         if reply.has_error():
             return

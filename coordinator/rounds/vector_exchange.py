@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from flwr.common import Parameters
-from flwr.server.client_manager import ClientManager
+from flwr.server import ClientManager
 from flwr.server.strategy import Strategy
 
 from fedweave.contract import one_line
