@@ -16,7 +16,11 @@ Checked:
 - nothing in the core or in a mode (``fedweave``, ``coordinator/``, ``client/``, ``gossip/``)
   imports ``fedweave.simulations`` or ``bench``: simulations import everything, nothing
   imports them, but for ``fedweave/cli.py``, the one command, which mounts ``fedweave
-  simulate`` (lazily, as it mounts every mode's command).
+  simulate`` (lazily, as it mounts every mode's command);
+- only ``fedweave/flower_patches/`` imports what Flower does not export: every other module
+  takes from Flower only the names its public packages list (``FLOWER_PUBLIC``, each
+  package's ``__all__`` read from the installed Flower's source), so that when Flower moves,
+  that one folder (its version guard and fingerprints) says what broke.
 
 Run ``python tests/test_layout.py`` to print the graph's cycles (none) and its package arrows.
 """
@@ -49,6 +53,25 @@ ALLOWED_MODULE_CYCLES: list[tuple[str, ...]] = []
 
 ALLOWED_PACKAGE_CYCLES: list[tuple[str, ...]] = []
 """Package cycles left on purpose, each with its reason (none today)."""
+
+
+GUARDED_FLOWER_USES = "fedweave.flower_patches"
+"""The one package that may import Flower's unexported modules and names (behind its version
+guard, each one fingerprinted: ``fedweave/flower_patches/fingerprints.py``)."""
+
+FLOWER_PUBLIC: dict[str, str] = {
+    "flwr.app": "the Message API: Message, the records, Context, MessageType, Error",
+    "flwr.common": "the legacy API's types (FitIns, Parameters, Code, ...) and conversions",
+    "flwr.client": "ClientApp, NumPyClient",
+    "flwr.client.mod": "Flower's own mods: SecAgg+, fixed clipping, local DP",
+    "flwr.server": "ServerApp, Grid, LegacyContext, ServerConfig, the client managers",
+    "flwr.server.strategy": "the legacy strategies fedweave wraps (FedAvg, ...)",
+    "flwr.server.workflow": "DefaultWorkflow, SecAggPlusWorkflow",
+    "flwr.simulation": "run_simulation (fedweave simulate)",
+}
+"""Flower packages a module outside ``GUARDED_FLOWER_USES`` may import from → what fedweave
+takes there; of each, only the names its ``__init__`` lists in ``__all__`` (Flower's
+documented API). Anything else goes through a module of ``fedweave/flower_patches/``."""
 
 
 def modules() -> dict[str, Path]:
@@ -243,6 +266,89 @@ def test_nothing_imports_simulations_or_bench() -> None:
     assert not wrong, "only simulations/ (and tests, bench) may import these:\n" + "\n".join(wrong)
 
 
+def flower_exports(package: str) -> set[str] | None:
+    """The names ``package`` (installed Flower) lists in its ``__init__``'s ``__all__``, read
+    with ``ast`` (Flower is located, not imported); None without such a package or list."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("flwr")  # a top-level name: found, not executed
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    init = Path(spec.submodule_search_locations[0], *package.split(".")[1:], "__init__.py")
+    if not init.is_file():
+        return None
+    for node in ast.parse(init.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(target, ast.Name) and target.id == "__all__" for target in node.targets
+        ):
+            return set(ast.literal_eval(node.value))
+    return None
+
+
+def flower_imports(tree: ast.AST) -> Iterator[tuple[str, str | None, str]]:
+    """Every import of Flower in ``tree`` (``TYPE_CHECKING`` blocks included: a type named
+    there breaks as surely when Flower moves) as (module, name or None, the import as
+    written)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == "flwr" or alias.name.startswith("flwr."):
+                    yield alias.name, None, f"import {alias.name}"
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            if node.module == "flwr" or node.module.startswith("flwr."):
+                for alias in node.names:
+                    yield node.module, alias.name, f"from {node.module} import {alias.name}"
+        elif isinstance(node, ast.Call) and _is_import_module_call(node):
+            name = node.args[0].value  # type: ignore[attr-defined]
+            if name == "flwr" or name.startswith("flwr."):
+                yield name, None, f"import_module({name!r})"
+
+
+def unguarded_flower_uses() -> list[str]:
+    """Each import of Flower outside ``GUARDED_FLOWER_USES`` that is not public API."""
+    exports = {package: flower_exports(package) for package in FLOWER_PUBLIC}
+    wrong = []
+    for module, path in modules().items():
+        if module == GUARDED_FLOWER_USES or module.startswith(GUARDED_FLOWER_USES + "."):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        for source, name, written in flower_imports(tree):
+            public = exports.get(source)
+            if public is None or (name is not None and name not in public):
+                wrong.append(f"{module}: {written}")
+    return sorted(wrong)
+
+
+def test_only_flower_patches_imports_what_flower_does_not_export() -> None:
+    for package in FLOWER_PUBLIC:  # the allow-list reads real packages, or it allows nothing
+        assert flower_exports(package), f"{package}: no such Flower package with an __all__"
+    wrong = unguarded_flower_uses()
+    assert not wrong, (
+        "Flower names that Flower does not export, imported outside fedweave/flower_patches/ "
+        "(move each behind the version guard there, fingerprinted; or, if it is public API, "
+        "add its package to FLOWER_PUBLIC):\n" + "\n".join(wrong)
+    )
+
+
+def test_flower_check_sees_the_imports() -> None:
+    """The check above would pass on a project that imports no Flower: make sure it reads
+    the real imports, and would refuse an unexported one."""
+    seen = [
+        use
+        for path in modules().values()
+        for use in flower_imports(ast.parse(path.read_text(encoding="utf-8")))
+    ]
+    assert len(seen) > 50
+    assert ("flwr.compat.common.recorddict_compat", "fitres_to_recorddict",
+            "from flwr.compat.common.recorddict_compat import fitres_to_recorddict") in seen
+    exports = flower_exports("flwr.common")
+    assert exports and "FitIns" in exports and "serde" not in exports
+    sample = ast.parse("from flwr.common import serde\nimport flwr.proto.control_pb2\n")
+    assert [written for *_, written in flower_imports(sample)] == [
+        "from flwr.common import serde", "import flwr.proto.control_pb2"
+    ]
+
+
 def test_pyproject_installs_every_package() -> None:
     setuptools = tomli.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"][
         "setuptools"
@@ -268,6 +374,8 @@ if __name__ == "__main__":
     print(f"{len(graph)} modules, {sum(map(len, graph.values()))} imports")
     print("module cycles:", _shown(cycles(graph)) or "none", sep="\n")
     print("package cycles:", _shown(cycles(packages)) or "none", sep="\n")
+    print("Flower imports outside fedweave/flower_patches/ that Flower does not export:",
+          "\n".join(unguarded_flower_uses()) or "none", sep="\n")  # fmt: skip
     if "--packages" in sys.argv:
         for source in sorted(packages):
             print(f"{source} -> {', '.join(sorted(packages[source])) or '-'}")
