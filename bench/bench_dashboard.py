@@ -5,7 +5,7 @@ simulation (seconds per round with and without it, the same seeded run twice).
     python bench/bench_dashboard.py                     # all three
     python bench/bench_dashboard.py --skip-simulation   # the first two (about 1 min)
 
-Needs Debian's chromium (``.ci/browser.sh``) and Playwright (the dev extra). Prints one line
+Needs Debian's chromium (``scripts/browser.sh``) and Playwright (the dev extra). Prints one line
 per figure; the ratios the issue states its goals in are marked ``goal``.
 """
 

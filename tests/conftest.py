@@ -1,7 +1,7 @@
 """Shared fixtures: database URLs for a real SQLite file and a real PostgreSQL server.
 
 PostgreSQL comes from ``FEDWEAVE_TEST_PG_URL`` (start one with
-``export FEDWEAVE_TEST_PG_URL="$(.ci/start-postgres.sh)"``); without it, or when the server
+``export FEDWEAVE_TEST_PG_URL="$(scripts/start-postgres.sh)"``); without it, or when the server
 cannot be reached, the PostgreSQL cases are skipped with the reason. Each test gets its own
 PostgreSQL schema (via ``search_path`` in the URL), dropped afterwards, so tests never see
 each other's rows and need no database-creation rights.
@@ -39,7 +39,7 @@ def pg_server_url() -> str:
     url = os.environ.get(PG_URL_ENVVAR)
     if not url:
         pytest.skip(f"{PG_URL_ENVVAR} is not set; run "
-                    f'`export {PG_URL_ENVVAR}="$(.ci/start-postgres.sh)"` for PostgreSQL tests')
+                    f'`export {PG_URL_ENVVAR}="$(scripts/start-postgres.sh)"` for PostgreSQL tests')
     from sqlalchemy import create_engine, text
 
     from fedweave.errors import mask_url_password

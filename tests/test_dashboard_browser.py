@@ -40,7 +40,7 @@ STALL_AFTER = 2
 
 pytestmark = pytest.mark.skipif(
     not Path(CHROMIUM).exists(),
-    reason="no chromium: install Debian's chromium (.ci/run does) for the browser tests",
+    reason="no chromium: install Debian's chromium (scripts/test does) for the browser tests",
 )
 
 

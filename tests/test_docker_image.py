@@ -3,7 +3,7 @@ packages (``docker/base-image.sh``), with Debian's podman as the engine (this ma
 Docker daemon and reaches no registry). ``fedweave --help`` runs from it, and a coordinator
 and a site, each in its own container, run two rounds over TLS and record them.
 
-Needs root, podman, runc and debootstrap (``.ci/container-engine.sh`` installs them), and the
+Needs root, podman, runc and debootstrap (``scripts/container-engine.sh`` installs them), and the
 local CPU torch wheel pip is pointed at here (``find-links``): without it the build would
 download the multi-GB CUDA torch. Missing any of these, the tests skip and say which.
 """
@@ -35,7 +35,7 @@ def _missing() -> str | None:
         return "needs root (podman, debootstrap)"
     for tool in ("podman", "runc", "debootstrap"):
         if shutil.which(tool) is None:
-            return f"{tool} not installed (run .ci/container-engine.sh)"
+            return f"{tool} not installed (run scripts/container-engine.sh)"
     return None
 
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Start a throw-away PostgreSQL server on loopback for the history tests; print its URL.
 #
-#   export FEDWEAVE_TEST_PG_URL="$(.ci/start-postgres.sh)"   # start (or reuse) and get the URL
-#   .ci/start-postgres.sh stop                               # stop it
+#   export FEDWEAVE_TEST_PG_URL="$(scripts/start-postgres.sh)"   # start (or reuse) and get the URL
+#   scripts/start-postgres.sh stop                               # stop it
 #
 # Idempotent: when the server already runs it only prints the URL. Installs Debian's
 # postgresql package when no server binaries are found (needs root and apt). Runs the server
