@@ -46,7 +46,10 @@ def test_supernode_reply_wait_ends_once_no_clientapp_is_left(monkeypatch):
     finisher.start()
     started = time.monotonic()
     assert supernode_waits._wait_for_replies(state) is None
-    assert 1.0 <= time.monotonic() - started < 3.0  # waited for the live task, then ended
+    waited = time.monotonic() - started
+    # waited for the live task (1 s), then ended; the bound is loose for a loaded machine, and
+    # still far below the forever the wait lasted before the patch
+    assert 1.0 <= waited < 20.0, waited
     finisher.join()
 
 
