@@ -18,6 +18,7 @@ import click
 import typer
 
 from fedweave.config.files import read_config_file
+from fedweave.config.rules import check_rules
 from fedweave.config.run_config import SETTINGS, RunConfig, check_value
 from fedweave.config.sections import COMMAND_SETTINGS, SECTIONS
 from fedweave.config.task_defaults import TASK_DEFAULTED, apply_task_defaults
@@ -99,16 +100,19 @@ def resolve(
 
 
 def check_settings(config: RunConfig, command: str, where: dict[str, str] | None = None) -> None:
-    """Every setting ``command`` takes within its choices and bounds, and the required ones
-    given; ``where`` names a value's source in the error (default: its flag)."""
+    """Every setting ``command`` takes within its choices and bounds, the required ones given,
+    then every rule across options that the command's settings take part in (``rules.py``);
+    ``where`` names a value's source in the error (default: its flag). Every command that
+    resolves options runs this, and so runs the same checks of each option it takes."""
     for name in COMMAND_SETTINGS[command]:
         setting = SETTINGS[name]
         value = config.value(name)
-        check_value(setting, value, (where or {}).get(name, setting.flag))
+        check_value(setting, value, (where or {}).get(name, setting.flag), command)
         if setting.meta.required and value in (None, ""):
             raise UserError(
                 f"{setting.flag} is required (or [{setting.section}] {name} in --config)"
             )
+    check_rules(config, command)
 
 
 def config_command(

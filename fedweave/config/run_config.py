@@ -150,16 +150,18 @@ def coerce(setting: Setting, value: Any, where: str) -> Any:
     return kind(value)
 
 
-def check_value(setting: Setting, value: Any, where: str) -> None:
-    """Refuse a value outside the setting's choices or bounds, naming ``where`` it came from."""
+def check_value(setting: Setting, value: Any, where: str, command: str | None = None) -> None:
+    """Refuse a value outside the setting's choices or bounds (those of ``command``, when a
+    bound differs by command), naming ``where`` it came from."""
     meta = setting.meta
     if value is None:
         return
     if meta.choices is not None and value not in meta.choices:
         raise UserError(f"{where} {value!r} is unknown: use one of {', '.join(meta.choices)}")
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if meta.minimum is not None and value < meta.minimum:
-            raise UserError(f"{where} must be at least {meta.minimum:g}, got {value:g}")
+        minimum = meta.minimum_for(command)
+        if minimum is not None and value < minimum:
+            raise UserError(f"{where} must be at least {minimum:g}, got {value:g}")
         if meta.maximum is not None and value > meta.maximum:
             raise UserError(f"{where} must be at most {meta.maximum:g}, got {value:g}")
         if meta.above is not None and not value > meta.above:

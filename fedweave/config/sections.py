@@ -22,6 +22,9 @@ TASKS_HELP = (
 STRATEGIES = (
     "fedavg", "fedprox", "fedadam", "fedyogi", "fedmedian", "trimmedavg", "krum", "multikrum",
 )  # fmt: skip
+ROBUST_STRATEGIES = frozenset({"fedmedian", "trimmedavg", "krum", "multikrum"})
+"""These look at each site's update, which SecAgg+ exists to hide (``rules.py`` refuses them
+under SecAgg+)."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,8 @@ class TrainingSection:
     """How every site (or peer) trains locally, identical in every mode."""
 
     rounds: int = setting(
-        20, "Rounds of training to run (a gossip peer given 0 runs until stopped).", minimum=0
+        20, "Rounds of training to run (a gossip peer given 0 runs until stopped).", minimum=0,
+        minimum_in={"simulate": 1, "coordinator": 1},
     )
     local_epochs: int = setting(
         1, "Local epochs each site trains per round (default: the task's).", minimum=1
