@@ -3,10 +3,10 @@ ClientApp, ``fedweave.client.deployed_app:app``, trains on ``--data`` only). Mou
 ``fedweave/cli.py`` as ``app.command()(client)``.
 
 Everything a site operator can get wrong (data file, CA certificate, site key) is checked
-before connecting. Then the SuperNode connects, with Flower's own exponential backoff, and
-this process turns the events it reports (``fedweave.flower_patches.supernode_state``: data
-in a file, not its log, which is copied for people) into a few readable lines: waiting,
-connected, each round, a run's end. The
+before connecting (``site_checks.py``). Then the SuperNode connects, with Flower's own
+exponential backoff, and this process turns the events it reports
+(``fedweave.flower_patches.supernode_state``: data in a file, not its log, which is copied for
+people) into a few readable lines: waiting, connected, each round, a run's end. The
 SuperNode runs in its own process group, tied to this process (it gets SIGTERM if we die), and
 Ctrl-C or SIGTERM stops the whole group.
 """
@@ -41,61 +41,6 @@ OFFLINE_ENV = {
 
 def _echo(message: str) -> None:
     typer.echo(message, err=True)
-
-
-def _check_inputs(
-    coordinator: str,
-    task: str,
-    data: Path,
-    label_column: str | None,
-    ca_cert: Path | None,
-    insecure: bool,
-    site_key: Path | None,
-    eval_data: Path | None = None,
-) -> None:
-    """One-line errors for everything checkable before connecting."""
-    from fedweave.errors import UserError
-    from fedweave.learning.data import load_site_data
-    from fedweave.learning.tasks import load_task
-
-    parse_host_port(coordinator, "--coordinator", "coord.example.org:9092")
-    if "'" in str(data):
-        raise UserError(f"--data path {data} contains a single quote; rename or move the file")
-    load_site_data(data, load_task(task), label_column)  # missing/bad file: clear error here
-    if eval_data is not None:
-        if "'" in str(eval_data):
-            raise UserError(
-                f"--eval-data path {eval_data} contains a single quote; rename or move the file"
-            )
-        load_site_data(eval_data, load_task(task), label_column)
-    if insecure and ca_cert is not None:
-        raise UserError("--insecure and --ca-cert contradict each other; give one")
-    if not insecure:
-        if ca_cert is None:
-            raise UserError(
-                "TLS is on by default: pass --ca-cert ca.pem (the coordinator's "
-                "`fedweave certs init` wrote it) or --insecure"
-            )
-        try:
-            if b"BEGIN CERTIFICATE" not in ca_cert.read_bytes():
-                raise UserError(f"{ca_cert} is not a PEM certificate; use the coordinator's ca.pem")
-        except OSError as exc:
-            raise UserError(f"cannot read --ca-cert {ca_cert} ({exc.strerror or exc})") from None
-    if site_key is not None:
-        from cryptography.hazmat.primitives.asymmetric import ec
-        from cryptography.hazmat.primitives.serialization import load_ssh_private_key
-
-        try:
-            key = load_ssh_private_key(site_key.read_bytes(), None)
-        except OSError as exc:
-            raise UserError(f"cannot read --site-key {site_key} ({exc.strerror or exc})") from None
-        except (ValueError, TypeError):
-            key = None
-        if not isinstance(key, ec.EllipticCurvePrivateKey):
-            raise UserError(
-                f"{site_key} is not a site key; "
-                "make one with `fedweave sites new-key --out site.key`"
-            )
 
 
 def supernode_command(
@@ -556,7 +501,7 @@ def _site_key_fingerprint(site_key: Path | None) -> str | None:
 
     from fedweave.certs import public_key_fingerprint
 
-    key = load_ssh_private_key(site_key.read_bytes(), None)  # checked in _check_inputs
+    key = load_ssh_private_key(site_key.read_bytes(), None)  # checked in site_checks.py
     return public_key_fingerprint(key.public_key())
 
 
@@ -579,16 +524,12 @@ def site_name(given: str | None, site_key: Path | None) -> str:
 
 
 def _client(config: RunConfig, _resolved: Resolved) -> None:
+    from fedweave.client.site_checks import check_site_inputs
     from fedweave.errors import UserError
 
     data, connection, site = config.data, config.connection, config.site
-    if data.data is None:
-        raise UserError("--data is required: this site's .npz or .csv file")
     coordinator = site.coordinator or ""
-    _check_inputs(
-        coordinator, data.task, data.data, data.label_column, connection.ca_cert,
-        connection.insecure, connection.site_key, config.evaluation.eval_data,
-    )  # fmt: skip
+    check_site_inputs(config)  # the options' rules ran as they were resolved
     from fedweave.client.worker_supervisor import worker_command
     from fedweave.flower_patches import (
         clientapp_worker_usable,

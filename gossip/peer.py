@@ -104,9 +104,7 @@ class Peer:
         self.config = config
         check_endpoints(config.peer.listen or "", config.peer.advertise)
         self.keyring: KeyRing | None = None
-        if config.connection.insecure:
-            if config.peer.keys is not None:
-                raise UserError("--insecure turns CURVE off: leave out --keys (or --insecure)")
+        if config.connection.insecure:  # with no --keys: a rule of the options (rules.py)
             log.warning(
                 "plaintext gossip (--insecure): no encryption, and any host that reaches "
                 "%s can claim any peer id",
