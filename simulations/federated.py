@@ -14,6 +14,7 @@ from typing import Any
 
 from fedweave.client.site_app import ClientSettings, make_client_app
 from fedweave.config import RunConfig
+from fedweave.config.commands import check_settings
 from fedweave.coordinator.rounds.round_app import initial_weights, make_server_app
 from fedweave.coordinator.rounds.round_settings import ServerSettings
 from fedweave.history.round_summary import RoundListener, RoundStartListener, RoundSummary
@@ -126,8 +127,8 @@ def run_federated_simulation(
     tune_simulation_engine()
     verbose = config.output.verbose
     quiet_flower(verbose)
+    check_settings(config, "simulate")  # a caller in code gets the command's checks too
     settings = server_settings(config, round_offset)
-    settings.check()
     data = config.data
     task = load_task(data.task)
     with tempfile.TemporaryDirectory(prefix="fedweave-split-") as tmp:

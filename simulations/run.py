@@ -12,13 +12,11 @@ from fedweave.coordinator.command.run_header import header_line, protections
 from fedweave.coordinator.rounds.history_listener import evaluation_extra
 from fedweave.history.metrics import recorded_clock, recorded_statistics
 from fedweave.history.round_summary import RoundSummary, shown
-from fedweave.learning.data import load_site_data
 from fedweave.learning.statistics import pinned_schema
 from fedweave.learning.tasks import load_task
 from fedweave.simulations.federated import run_federated_simulation, server_settings
 from fedweave.simulations.report import RoundProgress, build_report, rounds_table, write_report
-from fedweave.simulations.site_files import check_site_files
-from fedweave.simulations.split import check_split
+from fedweave.simulations.run_checks import checked_test_data
 
 
 class _ProgressListener:
@@ -42,7 +40,6 @@ def _with_protections(config: RunConfig, offset: int, test_data) -> tuple[RunCon
     """The config with its round deadline resolved, and what protects the run (no TLS or
     site keys in a simulation: nothing crosses a network)."""
     settings = server_settings(config, offset)
-    settings.check()
     deadline = settings.deadline(test_data)
     facts = protections(config, settings.cohort, deadline, central_data=test_data is not None)
     return settings.resolved(deadline), facts
@@ -51,6 +48,7 @@ def _with_protections(config: RunConfig, offset: int, test_data) -> tuple[RunCon
 def run_and_report(config: RunConfig, resolved: Resolved) -> dict:
     """Run a federated simulation (or resume a recorded one) with progress; record each
     round; write the report to ``--out``."""
+    from fedweave.config.commands import check_settings
     from fedweave.config.resume import merge_for_resume, stored_run_config
     from fedweave.coordinator.rounds.history_listener import (
         BackgroundRecorder,
@@ -67,19 +65,14 @@ def run_and_report(config: RunConfig, resolved: Resolved) -> dict:
     if resume:
         run = store.get_run(resume)
         config = merge_for_resume(run, config, resolved)
+        check_settings(config, resolved.command)  # the stored settings with the given ones
         run_id = run.run_id
         start_weights, offset = resume_point(store, run_id)
         store.mark_running(run_id)
         console.print(f"resuming run {run_id} after round {offset} of {config.training.rounds}")
     task_name, clients = config.data.task, config.data.clients
     task = load_task(task_name)
-    if config.data.data_dir is not None:
-        _, test = check_site_files(task, config.data.data_dir, config.data.test_data)
-    else:
-        train, test = task.load_data()  # bad task or sizes fail here, before Ray
-        check_split(task, clients, config.data.partition, len(train))
-        if config.data.test_data is not None:
-            test = load_site_data(config.data.test_data, task)
+    test = checked_test_data(config, task)  # before the run is recorded
     stored = stored_run_config(config, "simulate")
     schema = pinned_schema(task)
     if schema is not None:

@@ -11,8 +11,8 @@ import pytest
 from test_secure_agg import run_recorded
 
 from fedweave.config import RunConfig
+from fedweave.config.commands import check_settings
 from fedweave.coordinator.rounds.fedbuff import staleness_weight
-from fedweave.coordinator.rounds.round_settings import ServerSettings
 from fedweave.coordinator.rounds.simulated_clock import round_seconds
 from fedweave.errors import UserError
 from fedweave.history.records import SiteResult
@@ -73,7 +73,7 @@ def test_stale_updates_count_less():
 def test_the_schedule_refuses_what_it_cannot_do(values, said):
     config = RunConfig.of(**{"clients": 6, "secure_agg": False, **values})
     with pytest.raises(UserError, match=said):
-        ServerSettings(config, 6, 3).check()
+        check_settings(config, "simulate")  # the sites: --clients 6
 
 
 def test_the_command_refuses_a_bad_schedule_in_one_line(tmp_path):

@@ -10,16 +10,18 @@ from fault_tasks import bad_site_index
 
 from fedweave.client.site_app import TaskClient
 from fedweave.config import RunConfig
+from fedweave.config.cohorts import derive_shares
+from fedweave.config.commands import check_settings
 from fedweave.coordinator.rounds.history_listener import HistoryRecorder
 from fedweave.coordinator.rounds.round_app import initial_weights
-from fedweave.coordinator.rounds.secure_agg import SecAggSettings, derive_shares
+from fedweave.coordinator.rounds.secure_agg import SecAggSettings
 from fedweave.errors import UserError
 from fedweave.history import open_store
 from fedweave.learning.data import load_site_data
 from fedweave.learning.tasks import load_task
 from fedweave.learning.training import TrainConfig
 from fedweave.learning.weights import load_weights_npz
-from fedweave.simulations.federated import run_federated_simulation, server_settings
+from fedweave.simulations.federated import run_federated_simulation
 
 pytestmark = pytest.mark.slow
 
@@ -167,4 +169,4 @@ def test_share_derivation_and_refusals():
     with pytest.raises(UserError, match="at least 3 sites"):
         derive_shares(2)
     with pytest.raises(UserError, match="only reveals"):
-        server_settings(RunConfig.of(strategy="krum", secure_agg=True)).check()
+        check_settings(RunConfig.of(strategy="krum", secure_agg=True), "simulate")

@@ -16,6 +16,7 @@ from test_secure_agg import run_recorded
 
 from fedweave.client.held_updates import holding_updates_when_asked
 from fedweave.config import RunConfig
+from fedweave.config.commands import check_settings
 from fedweave.contract import (
     DELIVER_KEY,
     HELD_METRIC,
@@ -92,7 +93,7 @@ def test_a_site_holds_its_update_and_sends_it_scaled_only_when_its_buffer_asks()
 def test_a_secure_buffer_needs_a_secagg_cohort():
     config = RunConfig.of(clients=6, secure_agg=True, schedule="async", buffer=2)
     with pytest.raises(UserError, match=r"--buffer 2: under SecAgg\+ each buffer is a SecAgg"):
-        ServerSettings(config, 6, 3).check()
+        check_settings(config, "simulate")  # the sites: --clients 6
     unset = RunConfig.of(clients=6, secure_agg=True, schedule="async")
     assert ServerSettings(unset, 6, 3).buffer == 3  # the default rises to a cohort's smallest
 

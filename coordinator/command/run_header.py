@@ -37,7 +37,7 @@ def protections(
         central_data: whether the coordinator holds test data (central evaluation, and the
             default deadline sized on it).
     """
-    from fedweave.coordinator.rounds.secure_agg import derive_shares
+    from fedweave.config.cohorts import derive_shares
 
     secure = config.secure_aggregation.secure_agg
     secagg: dict[str, Any] = {"on": secure}

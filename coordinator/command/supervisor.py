@@ -61,15 +61,10 @@ def _absolute_db_url(url: str | None) -> str:
 
 
 def _tls(options: ConnectionSection) -> TlsFiles | None:
-    if options.insecure and options.tls_dir is not None:
-        raise UserError("--insecure and --tls-dir contradict each other; give one")
-    if options.insecure:
+    """The TLS files of ``--tls-dir``, read; ``--insecure`` or ``--tls-dir``, one of them, was
+    given (a rule of the options: ``fedweave/config/rules.py``)."""
+    if options.insecure or options.tls_dir is None:
         return None  # no TLS, no site authentication: the run header says so
-    if options.tls_dir is None:
-        raise UserError(
-            "TLS is on by default: pass --tls-dir DIR (make one with "
-            "`fedweave certs init --out DIR --host NAME`) or --insecure"
-        )
     files = TlsFiles.in_dir(options.tls_dir.resolve())
     files.check_readable()
     if sites_must_register(options) and not registered_site_keys(options.tls_dir):
@@ -253,7 +248,7 @@ def _wait_for_sites(client, proc, needed: int, timeout: float | None, keys) -> N
 def serve(config: RunConfig, resolved: Resolved) -> int:
     """Run the coordinator, or ``fedweave evaluate``'s evaluation-only run
     (``evaluation_setup.py``); returns the exit code (0: run completed)."""
-    from fedweave.coordinator.command import evaluation_setup, training_setup
+    from fedweave.coordinator.command import evaluation_setup, run_checks, training_setup
     from fedweave.flower_patches import (
         correctness_problem,
         internal_use_problem,
@@ -275,7 +270,7 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
     if problem is not None:
         raise UserError(problem)
     if not evaluating:
-        training_setup.check_run(config)
+        run_checks.check_run(config)
     check_port_free(host, port)
     metrics = _metrics_exposure(config)
     db_url = _absolute_db_url(config.history.db)

@@ -1,7 +1,7 @@
-"""``fedweave coordinator``'s run before the SuperLink starts: the run's settings checked, the
-history run created or resumed, what protects it said once, and the plan the ServerApp will
-run (``coordinator/plan.py``). ``evaluation_setup.py`` is the same for ``fedweave evaluate``.
-Every refusal is a ``UserError`` (one line, exit 2).
+"""``fedweave coordinator``'s run before the SuperLink starts (once ``run_checks.py`` has
+checked it): the history run created or resumed, what protects it said once, and the plan the
+ServerApp will run (``coordinator/plan.py``). ``evaluation_setup.py`` is the same for
+``fedweave evaluate``. Every refusal is a ``UserError`` (one line, exit 2).
 """
 
 from __future__ import annotations
@@ -12,26 +12,10 @@ import typer
 
 from fedweave.config import Resolved, RunConfig
 from fedweave.coordinator.plan import DeployPlan
-from fedweave.errors import UserError
 
 
 def _echo(message: str) -> None:
     typer.echo(message, err=True)
-
-
-def check_run(config: RunConfig) -> None:
-    """Every check of the run's own settings (task, test data, scoring, rounds, the round
-    settings' combinations), before anything starts."""
-    from fedweave.coordinator.rounds.round_settings import ServerSettings, check_scoring
-    from fedweave.learning.data import central_test_data
-    from fedweave.learning.tasks import load_task
-
-    task = load_task(config.data.task)
-    test_data = central_test_data(task, config.data.test_data, config.data.label_column)
-    check_scoring(config, test_data)
-    if config.training.rounds < 1:
-        raise UserError(f"--rounds must be at least 1, got {config.training.rounds}")
-    ServerSettings(config, config.federation.min_clients, config.training.rounds).check()
 
 
 def _with_protections(config: RunConfig, site_authentication: bool) -> tuple[RunConfig, dict]:
@@ -65,6 +49,7 @@ def prepare_run(
 ) -> DeployPlan:
     """Create the history run, or resume one (same settings, after its last round); print
     what protects it; returns the plan the ServerApp will run."""
+    from fedweave.config.commands import check_settings
     from fedweave.config.resume import merge_for_resume, stored_run_config
     from fedweave.coordinator.command.run_header import header_line
     from fedweave.learning.statistics import pinned_schema
@@ -74,6 +59,7 @@ def prepare_run(
     run = store.get_run(config.history.resume) if config.history.resume else None
     if run is not None:
         config = merge_for_resume(run, config, resolved)
+        check_settings(config, resolved.command)  # the stored settings with the given ones
     stored = stored_run_config(config, "coordinator")
     schema = pinned_schema(load_task(config.data.task))
     if schema is not None:

@@ -12,16 +12,9 @@ from __future__ import annotations
 
 from fedweave.config.sections import PrivacySection
 from fedweave.contract import LOCAL_DP_KEYS
-from fedweave.errors import UserError
 
 LOCAL_DP_SENSITIVITY = 1.0
 """Local DP: L2 sensitivity of one clipped update (``LocalDpMod``'s parameter)."""
-
-
-def check_privacy(settings: PrivacySection) -> None:
-    """Refuse settings Flower's DP wrappers cannot work with (one-line UserErrors)."""
-    if settings.dp != "none" and not settings.clipping_norm > 0:
-        raise UserError("--clipping-norm must be > 0 for differential privacy")
 
 
 def wrap_for_central_dp(strategy, settings: PrivacySection, secure_agg: bool, sampled: int):

@@ -25,6 +25,7 @@ from typing import Any, cast
 import numpy as np
 from flwr.common import FitIns, FitRes, Parameters, parameters_to_ndarrays
 
+from fedweave.config.cohorts import MIN_SECAGG_COHORT
 from fedweave.contract import (
     PRIVATE_EVALUATION_KEY,
     SECAGG_CLIP_KEY,
@@ -32,7 +33,7 @@ from fedweave.contract import (
     SITE_NAME_METRIC,
 )
 from fedweave.coordinator.rounds.deadlines import RoundDeadline
-from fedweave.coordinator.rounds.secure_agg import MIN_SECAGG_COHORT, SecAggSettings
+from fedweave.coordinator.rounds.secure_agg import SecAggSettings
 from fedweave.coordinator.rounds.vector_exchange import VectorExchangeStrategy, failure_text
 from fedweave.flower_patches.default_workflow import ClientProxy
 from fedweave.history.records import SiteResult

@@ -34,7 +34,6 @@ from fedweave.coordinator.rounds.privacy import wrap_for_central_dp
 from fedweave.coordinator.rounds.private_evaluation import private_evaluate_workflow
 from fedweave.coordinator.rounds.round_settings import (
     ServerSettings,
-    check_scoring,
     private_metric_names,
 )
 from fedweave.coordinator.rounds.secure_agg import (
@@ -71,10 +70,10 @@ def make_server_app(
     needs federated statistics gathers them first, unless ``statistics`` (a resumed run's
     recorded ones) are given. ``listeners`` hear of every finished round, ``round_starts`` of
     every round as it starts; ``clock_start``: a resumed run's simulated clock
-    (``--site-speeds``). ``--schedule async`` runs ``fedbuff.py``'s app instead."""
-    settings.check()
+    (``--site-speeds``). ``--schedule async`` runs ``fedbuff.py``'s app instead. The command
+    that planned the run checked its options and inputs before (``check_settings``; the
+    command's ``run_checks.py``)."""
     config = settings.config
-    check_scoring(config, test_data)
     deadline = settings.deadline(test_data)
     task = load_task(config.data.task)
     sink = StatisticsSink(statistics)

@@ -1,10 +1,12 @@
-"""What a run's rounds run with (``ServerSettings``: cohort, deadline, what each site is told)
-and the checks that refuse an impossible run before anything starts.
+"""What a run's rounds run with (``ServerSettings``: cohort, buffer, deadline, what each site
+is told).
 
-Three processes read it: ``fedweave coordinator`` and ``fedweave simulate`` check a run and
-size its deadline before it starts (``command/supervisor.py``, ``command/run_header.py``,
+Three processes read it: ``fedweave coordinator`` and ``fedweave simulate`` size a run's
+deadline before it starts (``command/training_setup.py``, ``command/run_header.py``,
 ``simulations/``), and the round loop runs with it (``round_app.py``, ``fedbuff.py``). It
-only computes from the config and the task: no round runs here.
+only computes from the config and the task: no round runs here, and nothing is checked here
+(the options' rules: ``fedweave/config/rules.py``; the run's inputs:
+``command/run_checks.py``).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedweave.config import RunConfig
+from fedweave.config.cohorts import async_buffer, round_cohort
 from fedweave.contract import (
     BATCH_SIZE_KEY,
     CLIP_GRAD_NORM_KEY,
@@ -37,14 +40,8 @@ from fedweave.coordinator.rounds.deadlines import (
     RoundDeadline,
     default_round_timeout,
 )
-from fedweave.coordinator.rounds.privacy import check_privacy, local_dp_config
-from fedweave.coordinator.rounds.secure_agg import (
-    MIN_SECAGG_COHORT,
-    SecAggSettings,
-    derive_shares,
-)
-from fedweave.coordinator.rounds.strategies import check_strategy_choice
-from fedweave.errors import UserError
+from fedweave.coordinator.rounds.privacy import local_dp_config
+from fedweave.coordinator.rounds.secure_agg import SecAggSettings
 from fedweave.learning.compression import Compression
 from fedweave.learning.statistics import prepared
 from fedweave.learning.tasks import load_task
@@ -70,7 +67,7 @@ class ServerSettings:
 
     @property
     def cohort(self) -> int:
-        return self.config.federation.clients_per_round or self.min_clients
+        return round_cohort(self.config.federation.clients_per_round, self.min_clients)
 
     @property
     def secure_agg(self) -> bool:
@@ -79,30 +76,6 @@ class ServerSettings:
     @property
     def secagg(self) -> SecAggSettings:
         return SecAggSettings(timeout=self.config.secure_aggregation.secagg_timeout)
-
-    def check(self) -> None:
-        """Refuse impossible combinations before anything starts (one-line UserErrors)."""
-        check_strategy_choice(self.config.federation.strategy, self.secure_agg)
-        check_privacy(self.config.privacy)
-        if self.secure_agg:
-            shares, threshold = derive_shares(self.cohort)
-            self._check_stragglers_fit_secagg(shares, threshold)
-        evaluation = self.config.evaluation
-        asked = max(1, int(self.min_clients * evaluation.fraction_evaluate))
-        if evaluation.private_evaluation and asked < MIN_SECAGG_COHORT:
-            raise UserError(
-                f"--fraction-evaluate {evaluation.fraction_evaluate:g} asks {asked} of "
-                f"{self.min_clients} sites, fewer than the {MIN_SECAGG_COHORT} a private "
-                "evaluation sums over; raise --fraction-evaluate (or --min-clients)"
-            )
-        self._check_schedule()
-        self._check_compression()
-        min_replies = self.config.federation.min_replies
-        if min_replies is not None and min_replies > self.cohort:
-            raise UserError(
-                f"--min-replies {min_replies} is more than the {self.cohort} sites sampled "
-                "per round; lower it or sample more sites (--clients-per-round, --min-clients)"
-            )
 
     @property
     def site_speeds(self):
@@ -114,97 +87,13 @@ class ServerSettings:
 
     @property
     def buffer(self) -> int:
-        """Async: site updates per model step (``--buffer``; default a third of the sites,
-        at least 2, under SecAgg+ at least 3, at most all)."""
-        given = self.config.federation.buffer
-        floor = MIN_SECAGG_COHORT if self.secure_agg else 2
-        if given is not None:
-            return given
-        return min(self.min_clients, max(floor, self.min_clients // 3))
-
-    def _check_schedule(self) -> None:
-        """Refuse what the simulated clock and the asynchronous schedule cannot do."""
-        federation, simulation = self.config.federation, self.config.simulation
-        speeds = self.site_speeds  # a spec that does not parse: its one line
-        if simulation.simulated_deadline is not None and speeds is None:
-            raise UserError(
-                "--simulated-deadline needs a simulated clock: give --site-speeds too"
-            )
-        if speeds is not None and simulation.stragglers > 0:
-            raise UserError(
-                "--stragglers and --site-speeds both make slow sites; pick one"
-            )
-        if federation.schedule != "async":
-            for flag, value in (("--buffer", federation.buffer),
-                                ("--max-staleness", federation.max_staleness),
-                                ("--server-lr", federation.server_lr)):  # fmt: skip
-                if value is not None:
-                    raise UserError(f"{flag} is for --schedule async; drop it or add that")
-            return
-        if self.secure_agg and self.buffer < MIN_SECAGG_COHORT:
-            raise UserError(
-                f"--buffer {self.buffer}: under SecAgg+ each buffer is a SecAgg+ cohort, which "
-                f"needs at least {MIN_SECAGG_COHORT} sites (with fewer, the sum reveals each "
-                f"site's update); raise --buffer to {MIN_SECAGG_COHORT} or add --no-secure-agg"
-            )
-        if federation.strategy not in ("fedavg", "fedprox"):
-            raise UserError(
-                f"--strategy {federation.strategy} works on a round's whole cohort, which an "
-                "asynchronous schedule never gathers; use fedavg or fedprox with --schedule async"
-            )
-        if self.config.privacy.dp == "central":
-            raise UserError("central DP clips a round's cohort; --schedule async cannot use it")
-        if self.buffer > self.min_clients:
-            raise UserError(
-                f"--buffer {self.buffer} is more than the {self.min_clients} sites; a model "
-                "step could never gather it: lower --buffer"
-            )
-        if simulation.simulated_deadline is not None:
-            raise UserError(
-                "--simulated-deadline closes synchronous rounds; an asynchronous schedule has "
-                "none (bound old updates with --max-staleness)"
-            )
-        if federation.clients_per_round is not None:
-            raise UserError(
-                "--clients-per-round samples synchronous rounds; with --schedule async every "
-                "site trains all the time"
-            )
+        """Async: site updates per model step (``--buffer``, or its default: ``cohorts.py``)."""
+        return async_buffer(self.config.federation.buffer, self.min_clients, self.secure_agg)
 
     @property
     def compression(self) -> Compression:
         """The run's ``--compress`` (a spec that does not parse: its one line)."""
         return Compression.parse(self.config.federation.compress)
-
-    def _check_compression(self) -> None:
-        """Refuse compression where the coordinator never sees single updates to decode."""
-        compression = self.compression
-        if not compression.active:
-            return
-        if self.secure_agg:
-            raise UserError(
-                f"--compress {compression.spec}: under SecAgg+ sites send masked integers, "
-                "not updates the coordinator could decode (docs/compression.md says how many "
-                "bits SecAgg+ already sends); add --no-secure-agg or drop --compress"
-            )
-        if self.config.privacy.dp == "central":
-            raise UserError(
-                f"--compress {compression.spec}: central DP clips each site's full update at "
-                "the coordinator before it is decoded; use --dp local, or drop --compress"
-            )
-
-    def _check_stragglers_fit_secagg(self, shares: int, threshold: int) -> None:
-        """Stragglers that the strategy drops leave SecAgg+ after sharing keys; more of them
-        than a site may lose of its neighbours (``shares - threshold``) can halt every round."""
-        federation = self.config.federation
-        dropped = round(self.config.simulation.stragglers * self.cohort)
-        if federation.strategy == "fedprox" or dropped <= shares - threshold:
-            return
-        raise UserError(
-            f"--stragglers {self.config.simulation.stragglers:g} drops {dropped} of the "
-            f"{self.cohort} sites of a round under {federation.strategy}, more than SecAgg+ "
-            f"({shares} shares, threshold {threshold}) survives ({shares - threshold}); use "
-            "--strategy fedprox (partial work counts), fewer stragglers, or --no-secure-agg"
-        )
 
     def deadline(self, test_data: Any) -> RoundDeadline:
         """``--round-timeout``, or the default sized from the task (``deadlines.py``) on the
@@ -278,48 +167,6 @@ class ServerSettings:
             config[COMPRESS_KEY] = self.compression.spec
         config.update(local_dp_config(self.config.privacy))
         return config
-
-
-def check_scoring(config: RunConfig, test_data: Any) -> None:
-    """Refuse a run nothing would score: no test data at the coordinator and no federated
-    evaluation; and a ``--select-metric`` the task does not compute (when it says which)."""
-    evaluation = config.evaluation
-    if test_data is None and evaluation.evaluate_every == 0:
-        raise UserError(
-            f"nothing would score the rounds: task '{config.data.task}' has no data at the "
-            "coordinator and federated evaluation is off; give --test-data FILE or leave "
-            "--evaluate-every at 1 or more"
-        )
-    known = task_metrics(load_task(config.data.task))
-    if evaluation.private_evaluation:
-        check_private_evaluation(config, known)
-    if known is not None and evaluation.select_metric not in known:
-        raise UserError(
-            f"--select-metric {evaluation.select_metric}: task '{config.data.task}' computes "
-            f"{', '.join(known)}; pick one of them"
-        )
-
-
-def check_private_evaluation(config: RunConfig, known: tuple[str, ...] | None) -> None:
-    """Refuse a ``--private-evaluation`` that could not run, or would not be private."""
-    evaluation, task = config.evaluation, config.data.task
-    if not config.secure_aggregation.secure_agg:
-        raise UserError(
-            "--private-evaluation sends the sites' figures through SecAgg+, which is off; "
-            "drop --no-secure-agg or --private-evaluation"
-        )
-    if evaluation.evaluate_every == 0:
-        raise UserError("--private-evaluation with --evaluate-every 0 evaluates nothing; raise it")
-    if evaluation.cross_site:
-        raise UserError(
-            "--cross-site records each site's figures, which --private-evaluation keeps from "
-            "the coordinator; pick one"
-        )
-    if known is None:
-        raise UserError(
-            f"task '{task}' does not declare its metrics (a `metrics` tuple), which a private "
-            "evaluation needs to lay out its sums; declare them or drop --private-evaluation"
-        )
 
 
 def private_metric_names(task: Any) -> tuple[str, ...]:

@@ -9,16 +9,14 @@ How SecAgg+ treats a site's weights (Flower's ``secaggplus_mod``): they are mult
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from fedweave.config.cohorts import derive_shares
 from fedweave.errors import UserError
 
 if TYPE_CHECKING:
     from fedweave.coordinator.rounds.deadlines import RoundDeadline
-
-MIN_SECAGG_COHORT = 3
 
 
 @dataclass(frozen=True)
@@ -27,7 +25,7 @@ class SecAggSettings:
 
     Attributes:
         num_shares: key shares per site (``None``: derived from the cohort, see
-            ``derive_shares``).
+            ``fedweave/config/cohorts.derive_shares``, beside the options' rules).
         reconstruction_threshold: shares needed to rebuild a key (``None``: a majority
             of the shares, the smallest value that keeps the server from rebuilding both of a
             live site's secrets).
@@ -51,23 +49,6 @@ class SecAggSettings:
     def quantization_step(self) -> float:
         """Width of one quantization level in the scaled domain."""
         return 2 * self.clipping_range / self.quantization_range
-
-
-def derive_shares(cohort: int) -> tuple[int, int]:
-    """(num_shares, reconstruction_threshold) for ``cohort`` sites per round.
-
-    Every site shares with all others up to 5 sites; above that with an odd
-    ``2*floor(sqrt(cohort))+1`` neighbours (SecAgg+'s logarithmic-degree idea, kept generous
-    for small cohorts). The threshold is a strict majority of the shares, so a round survives
-    any site losing up to ``shares - threshold`` of its neighbours.
-    """
-    if cohort < MIN_SECAGG_COHORT:
-        raise UserError(
-            f"SecAgg+ needs at least {MIN_SECAGG_COHORT} sites per round (got {cohort}): with "
-            "fewer, the sum reveals each site's update; add sites or pass --no-secure-agg"
-        )
-    shares = cohort if cohort <= 5 else min(cohort, 2 * math.isqrt(cohort) + 1)
-    return shares, shares // 2 + 1
 
 
 def make_secagg_workflow(settings: SecAggSettings, cohort: int, deadline: RoundDeadline):

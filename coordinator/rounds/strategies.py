@@ -31,21 +31,6 @@ REPORTING_KWARGS = frozenset(
 )  # fmt: skip
 """``make_strategy`` keywords meant for ``ReportingStrategy``; the rest go to Flower's strategy."""
 
-ROBUST_STRATEGIES = frozenset({"fedmedian", "trimmedavg", "krum", "multikrum"})
-"""These look at each site's update, which SecAgg+ exists to hide."""
-
-
-def check_strategy_choice(name: str, secure_agg: bool) -> None:
-    """Refuse unknown names and combinations that cannot work, with the reason."""
-    if name not in STRATEGIES:
-        raise UserError(f"unknown strategy '{name}': use one of {', '.join(STRATEGIES)}")
-    if secure_agg and name in ROBUST_STRATEGIES:
-        raise UserError(
-            f"--strategy {name} compares individual site updates, but SecAgg+ only reveals "
-            "their sum; use --no-secure-agg for robust aggregation, or fedavg/fedprox/fedadam/"
-            "fedyogi with SecAgg+"
-        )
-
 
 def make_strategy(
     name: str, secure_agg: bool, stragglers: float = 0.0, seed: int = 0, **kwargs: Any
@@ -58,7 +43,8 @@ def make_strategy(
         A key of ``STRATEGIES``: ``fedavg``, ``fedprox``, ``fedadam``, ``fedyogi``,
         ``fedmedian``, ``trimmedavg``, ``krum`` or ``multikrum``.
     secure_agg : bool
-        Whether SecAgg+ aggregates the fit results (the robust strategies are refused then).
+        Whether SecAgg+ aggregates the fit results (the options' rules refuse the robust
+        strategies then: ``fedweave/config/rules.py``).
     stragglers : float (default: 0)
         Simulation: share of each round's sampled sites that straggle (``StragglerStrategy``
         around the Flower strategy; FedProx keeps their partial work, others drop them).
@@ -78,7 +64,8 @@ def make_strategy(
     ReportingStrategy
         The reporting wrapper; the Flower strategy is its ``strategy`` attribute.
     """
-    check_strategy_choice(name, secure_agg)
+    if name not in STRATEGIES:  # the option's choices refuse it first (sections.py)
+        raise UserError(f"unknown strategy '{name}': use one of {', '.join(STRATEGIES)}")
     reporting_kwargs = {key: value for key, value in kwargs.items() if key in REPORTING_KWARGS}
     flower_kwargs = {key: value for key, value in kwargs.items() if key not in REPORTING_KWARGS}
     base, defaults = STRATEGIES[name]
