@@ -35,9 +35,8 @@ def _setup_logging(level: str) -> None:
 
 
 def _peer(config: RunConfig, _resolved: Resolved) -> None:
-    from fedweave.gossip.exchange import gossip_encoding
-
-    gossip_encoding(config.federation.compress)  # refused before anything starts
+    # the options' rules (--compress fp16 or int8, --keys without --insecure) ran as they
+    # were resolved, before anything starts
     _setup_logging(config.peer.log_level)
     from fedweave.gossip.peer import run_peer
 

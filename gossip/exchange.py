@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedweave.config import RunConfig
+from fedweave.config.rules import gossip_compression_problem
 from fedweave.errors import UserError
 from fedweave.gossip import averaging, wire
 from fedweave.gossip.discovery import Discovery
@@ -57,17 +58,14 @@ deadlines, so one bad peer costs only its direct partners."""
 
 def gossip_encoding(compress: str) -> str:
     """The wire encoding (``wire.ENCODINGS``) of ``--compress`` for gossip: ``none`` is
-    ``raw``; ``fp16`` and ``int8`` are themselves; ``topk`` is refused (peers send whole
-    models, and most of a model's values are not small)."""
-    kind = Compression.parse(compress).kind  # a spec that does not parse: its one line
-    if kind == "none":
-        return "raw"
-    if kind in ("fp16", "int8"):
-        return kind
-    raise UserError(
-        f"--compress {compress}: gossip peers send whole models, which fp16 or int8 compress; "
-        "top-k is for federated updates. Use --compress fp16 or int8"
-    )
+    ``raw``; ``fp16`` and ``int8`` are themselves; anything else is refused with the options'
+    rule (``fedweave/config/rules.py``: peers send whole models, and most of a model's values
+    are not small)."""
+    problem = gossip_compression_problem(compress)
+    if problem is not None:
+        raise UserError(problem)
+    kind = Compression.parse(compress).kind
+    return "raw" if kind == "none" else kind
 
 
 @dataclass

@@ -180,7 +180,7 @@ def _launch_plan(
     from fedweave.learning.tasks import load_task
     from fedweave.simulations.split import test_file, write_split
 
-    compress = gossip_encoding(sim.config.federation.compress)  # refused before any peer
+    compress = gossip_encoding(sim.config.federation.compress)  # checked as it was resolved
     data, training, gossip = sim.config.data, sim.config.training, sim.config.gossip
     gpus_per_peer = sim.config.simulation.gpus_per_peer
     task = load_task(data.task)
@@ -301,13 +301,13 @@ def run_gossip_simulation(
         work_dir: where split, keys, logs and dumps go (default: a temporary directory).
         on_round: called with the highest round any peer has finished, as it grows.
     """
+    from fedweave.config.commands import check_settings
     from fedweave.config.resume import stored_run_config
 
     stored_config = stored_run_config(sim.config, "simulate")
     data, training, gossip = sim.config.data, sim.config.training, sim.config.gossip
     clients, rounds = data.clients, training.rounds
-    if clients < 2:
-        raise UserError("a gossip simulation needs --clients 2 or more")
+    check_settings(sim.config.replace(mode="gossip"), "simulate")  # a caller in code too
     kill = parse_at(sim.config.simulation.kill, "--kill", fraction=True)
     late = parse_at(sim.late, "--late", fraction=False)
     if late and late[0] >= clients:

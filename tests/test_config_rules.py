@@ -87,6 +87,7 @@ def test_every_rule_names_only_declared_settings_and_reads_only_those():
         assert takers, f"no command takes every setting of {rule.says!r}"
         if rule.federated:
             assert set(takers) & set(ROUND_SITES), rule.says
+        assert rule.runs in (None, "federated", "gossip"), rule.says
     for command, sites in ROUND_SITES.items():
         assert sites in SETTINGS and sites in COMMAND_SETTINGS[command]
     # every check runs on configs that switch its settings on and off, for every command that
@@ -141,3 +142,12 @@ def test_transport_security_rules_are_shared_by_the_commands_that_take_the_optio
     peer = RunConfig.of(listen="tcp://127.0.0.1:5555", insecure=True, keys="keys")
     with pytest.raises(UserError, match="--insecure turns CURVE off"):
         check_settings(peer, "peer")
+
+
+def test_gossip_rules_bind_the_peer_and_a_gossip_simulation_alike():
+    top_k = RunConfig.of(listen="tcp://127.0.0.1:5555", insecure=True, compress="topk:0.1")
+    for command, config in (("peer", top_k), ("simulate", top_k.replace(mode="gossip"))):
+        with pytest.raises(UserError, match="gossip peers send whole models"):
+            check_settings(config, command)
+    # a federated simulation sends updates, where top-k is one of the compressions
+    check_settings(top_k.replace(secure_agg=False), "simulate")

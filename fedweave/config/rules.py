@@ -78,43 +78,55 @@ class Rule:
             all.
         says: the rule in one line (for docs and tests; the error names the values).
         check: the refusal's one line, or None when the options keep the rule.
-        federated: a rule of federated rounds: run only by a command that runs them
-            (``ROUND_SITES``; ``fedweave simulate`` with ``--mode federated``), and it may read
-            the sites a round draws from.
+        runs: ``federated`` or ``gossip``: a rule of that kind of run only (``run_kind``); a
+            federated rule may read the sites a round draws from (``ROUND_SITES``). None: a
+            rule wherever its settings are taken.
     """
 
     settings: tuple[str, ...]
     says: str
     check: Callable[[Options], str | None]
-    federated: bool = False
+    runs: str | None = None
+
+    @property
+    def federated(self) -> bool:
+        return self.runs == "federated"
 
 
 RULES: list[Rule] = []
 """Every rule, in the order they are checked (the first broken one is reported)."""
 
 
-def _rule(*settings: str, says: str, federated: bool = False):
+def _rule(*settings: str, says: str, federated: bool = False, gossip: bool = False):
+    runs = "federated" if federated else "gossip" if gossip else None
+
     def declare(check: Callable[[Options], str | None]) -> Callable[[Options], str | None]:
-        RULES.append(Rule(settings, says, check, federated))
+        RULES.append(Rule(settings, says, check, runs))
         return check
 
     return declare
 
 
-def runs_rounds(config: RunConfig, command: str) -> bool:
-    """Whether ``command`` with ``config`` runs federated rounds (its federated rules apply)."""
-    if command not in ROUND_SITES:
-        return False
-    return "mode" not in COMMAND_SETTINGS[command] or config.simulation.mode == "federated"
+RUN_KINDS: dict[str, str] = {"coordinator": "federated", "peer": "gossip"}
+"""Commands that run one kind of run; ``fedweave simulate`` runs its ``--mode``."""
+
+
+def run_kind(config: RunConfig, command: str) -> str | None:
+    """``federated`` or ``gossip``: what ``command`` runs with ``config`` (the rules of that
+    kind apply), or None (a command that runs neither: evaluate, client)."""
+    if "mode" in COMMAND_SETTINGS[command]:
+        return config.simulation.mode
+    return RUN_KINDS.get(command)
 
 
 def rules_for(config: RunConfig, command: str) -> list[Rule]:
-    """The rules ``command`` runs on ``config``: those whose settings it takes all of."""
+    """The rules ``command`` runs on ``config``: those whose settings it takes all of, of the
+    kind of run it runs."""
     taken = set(COMMAND_SETTINGS[command])
-    rounds = runs_rounds(config, command)
+    kind = run_kind(config, command)
     return [
         rule for rule in RULES
-        if taken.issuperset(rule.settings) and (rounds or not rule.federated)
+        if taken.issuperset(rule.settings) and rule.runs in (None, kind)
     ]  # fmt: skip
 
 
@@ -424,6 +436,32 @@ def _compress_without_central_dp(o: Options) -> str | None:
             "coordinator before it is decoded; use --dp local, or drop --compress"
         )
     return None
+
+
+@_rule("clients", gossip=True, says="a gossip simulation runs 2 peers or more")
+def _gossip_needs_two(o: Options) -> str | None:
+    return "a gossip simulation needs --clients 2 or more" if o["clients"] < 2 else None
+
+
+@_rule("compress", gossip=True, says="gossip peers compress whole models: fp16 or int8")
+def _gossip_compression(o: Options) -> str | None:
+    return gossip_compression_problem(o["compress"])
+
+
+def gossip_compression_problem(spec: str) -> str | None:
+    """Why gossip peers cannot send their models compressed as ``spec``, or None."""
+    from fedweave.learning.compression import Compression
+
+    try:
+        kind = Compression.parse(spec).kind
+    except UserError as error:
+        return str(error)
+    if kind in ("none", "fp16", "int8"):
+        return None
+    return (
+        f"--compress {spec}: gossip peers send whole models, which fp16 or int8 compress; "
+        "top-k is for federated updates. Use --compress fp16 or int8"
+    )
 
 
 @_rule("min_replies", "clients_per_round", federated=True,
