@@ -151,3 +151,9 @@ def test_gossip_rules_bind_the_peer_and_a_gossip_simulation_alike():
             check_settings(config, command)
     # a federated simulation sends updates, where top-k is one of the compressions
     check_settings(top_k.replace(secure_agg=False), "simulate")
+
+
+def test_the_strategies_the_rules_call_robust_are_declared_choices():
+    from fedweave.config.sections import ROBUST_STRATEGIES, STRATEGIES
+
+    assert ROBUST_STRATEGIES < set(STRATEGIES) == set(SETTINGS["strategy"].meta.choices)
