@@ -6,11 +6,14 @@ Holds no tests itself; ``test_deploy_*.py`` import it (pytest puts ``tests/`` on
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -199,26 +202,33 @@ def refused_every_round(db_url: str, rounds: int, sites: int) -> list[dict]:
     return failed_rows
 
 
+_MADE: dict[tuple[int, int], Path] = {}
+
+
 def make_deployment(root: Path, sites: int, unregistered: int = 0) -> None:
-    """Certificates, site keys (``sites`` registered, ``unregistered`` not) and a data split,
-    all made with the fedweave commands a user would run."""
+    """Certificates, site keys (``sites`` registered, ``unregistered`` not) and a data split in
+    ``root``, made with the fedweave commands a user would run.
+
+    The commands run once per test session for each ``(sites, unregistered)``, into a folder
+    of their own; every test then gets a copy of it (modes kept: site keys stay 0600), so a
+    test that registers, revokes or edits a file changes only its own copy (each command is
+    a new Python process, about a second here; a deployed test ran 4 to 12 of them).
+    """
+    made = _MADE.get((sites, unregistered))
+    if made is None:
+        made = Path(tempfile.mkdtemp(prefix=f"fedweave-deployment-{sites}-{unregistered}-"))
+        atexit.register(shutil.rmtree, made, ignore_errors=True)
+        _make_deployment_here(made, sites, unregistered)
+        _MADE[(sites, unregistered)] = made
+    shutil.copytree(made, root, dirs_exist_ok=True)
+
+
+def _make_deployment_here(root: Path, sites: int, unregistered: int) -> None:
     for args in (
         ("certs", "init", "--out", "tls", "--host", "localhost"),
-        (
-            "data",
-            "split",
-            "--task",
-            "digits",
-            "--clients",
-            str(sites),
-            "--partition",
-            "iid",
-            "--seed",
-            "0",
-            "--out",
-            "split",
-        ),
-    ):
+        ("data", "split", "--task", "digits", "--clients", str(sites), "--partition", "iid",
+         "--seed", "0", "--out", "split"),
+    ):  # fmt: skip
         done = run_fedweave(*args, cwd=root)
         assert done.returncode == 0, done.stderr
     for i in range(sites + unregistered):
