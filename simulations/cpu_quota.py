@@ -8,6 +8,7 @@ import contextlib
 import os
 import signal
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 
@@ -37,6 +38,14 @@ class CpuQuota:
         """``argv`` run inside the cgroup, from its first instruction (children inherit)."""
         procs = self.path / "cgroup.procs"
         return ["sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh", *argv]
+
+    def hold(self, pids: Iterable[int]) -> None:
+        """Move running processes into the cgroup (what they start later is born in it); a
+        pid that has exited meanwhile is passed over."""
+        procs = self.path / "cgroup.procs"
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                procs.write_text(str(pid))
 
     def remove(self) -> None:
         """Kill what is left in the cgroup (the site's SuperNode and worker outlive its
