@@ -94,3 +94,19 @@ def namespace_hosts(count: int) -> Iterator[list]:
         pytest.skip(f"cannot make network namespaces: {why}")
     with bridged_hosts(count) as made:
         yield made
+
+
+# Deployed tests: each starts a coordinator with its SuperLink and ServerApp, and a SuperNode
+# and a worker per site; their deadlines are seconds.
+DEPLOYED = ("test_deploy_", "test_dashboard_browser.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Groups for pytest-xdist's ``--dist loadgroup`` (``scripts/test`` with workers): a file's
+    tests stay on one worker (module fixtures are made once), and the deployed tests share one
+    group, so they run one at a time beside the rest of the suite: two deployments side by
+    side on 2 cores missed their deadlines (docs/testing.md)."""
+    for item in items:
+        name = item.path.name
+        group = "deployments" if name.startswith(DEPLOYED) else name
+        item.add_marker(pytest.mark.xdist_group(group))
