@@ -1,5 +1,6 @@
 """Tasks: built-ins load real data; user tasks load as module:attr; bad names are clear."""
 
+import subprocess
 import sys
 import textwrap
 
@@ -18,6 +19,32 @@ def test_builtin_tasks_have_real_data():
         assert len(train) + len(test) == n_total
         assert train.x.shape[1:] == shape
         assert set(test.y.tolist()) == set(range(10))
+
+
+def test_checking_data_against_a_builtin_task_needs_no_torch(tmp_path):
+    """The processes that only check a site's file or a run's settings (the site's supervisor,
+    the coordinator) load the task without torch (~2 s of CPU each on 2 cores); what
+    ClassificationTask declares it evaluates is what its objective computes."""
+    import numpy as np
+
+    from fedweave.learning.objectives import MultiClass
+    from fedweave.learning.tasks.classification import ClassificationTask
+
+    data = tmp_path / "site.npz"
+    np.savez(data, x=np.zeros((4, 64), np.float32), y=np.arange(4))
+    code = (
+        "import sys\n"
+        "from fedweave.learning.data import load_site_data\n"
+        "from fedweave.learning.task import task_metrics\n"
+        "from fedweave.learning.tasks import load_task\n"
+        "for name in ('digits', 'mnist5k', 'synthetic-1-1'):\n"
+        "    assert task_metrics(load_task(name)) == ('loss', 'accuracy'), name\n"
+        f"assert len(load_site_data({str(data)!r}, load_task('digits'), None).y) == 4\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert ClassificationTask.metrics == MultiClass.metrics
 
 
 def test_user_task_from_module(tmp_path, monkeypatch):

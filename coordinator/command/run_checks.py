@@ -31,8 +31,8 @@ def check_scoring(config: RunConfig, test_data: Any) -> None:
     """Refuse a run nothing would score: no test data at the coordinator and no federated
     evaluation; a private evaluation of a task that does not declare its metrics; and a
     ``--select-metric`` the task does not compute (when it says which)."""
+    from fedweave.learning.task import task_metrics
     from fedweave.learning.tasks import load_task
-    from fedweave.learning.training import task_metrics
 
     evaluation = config.evaluation
     if test_data is None and evaluation.evaluate_every == 0:

@@ -228,18 +228,6 @@ def objective_of(task: object) -> Objective:
     return declared if isinstance(declared, Objective) else MultiClass()
 
 
-def task_metrics(task: object) -> tuple[str, ...] | None:
-    """The metrics the task's evaluation returns (``loss`` included): its own ``metrics``,
-    else its objective's; ``None`` when neither says (a task with its own ``evaluate``)."""
-    declared = getattr(task, "metrics", None)
-    if declared is None:
-        evaluate = getattr(type(task), "evaluate", None)
-        if not getattr(evaluate, "__module__", "").startswith("fedweave."):
-            return None  # its own evaluate(): it may return anything
-        declared = getattr(objective_of(task), "metrics", None)
-    return tuple(declared) if declared is not None else None
-
-
 def use_amp(config: TrainConfig, device: torch.device) -> bool:
     return device.type == "cuda" if config.amp is None else config.amp
 

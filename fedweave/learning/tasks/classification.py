@@ -1,13 +1,20 @@
-"""Shared base for built-in classification tasks: they train with fedweave's own loop."""
+"""Shared base for built-in classification tasks: they train with fedweave's own loop.
+
+torch is imported when a model is built or trained, not with the task: the processes that
+only check a site's data or a run's settings (``fedweave client``'s supervisor, the
+``fedweave coordinator`` process) start without it.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from fedweave.learning.task import ArrayData
-from fedweave.learning.training import TrainConfig, evaluate_model, objective_of, train_epochs
+
+if TYPE_CHECKING:
+    from fedweave.learning.training import TrainConfig
 
 HELD_OUT_SEED = 20261121
 """The held-out test split never depends on the run seed, so runs compare on one test set."""
@@ -35,6 +42,9 @@ class ClassificationTask:
     name: str = "classification"
     input_shape: tuple[int, ...] = ()
     num_classes: int = 0
+    metrics: tuple[str, ...] = ("loss", "accuracy")
+    """What ``evaluate`` returns: the multi-class objective's metrics (said here so that
+    reading them needs no torch; tests/test_tasks.py holds the two equal)."""
 
     def build_model(self) -> Any:
         raise NotImplementedError
@@ -43,7 +53,11 @@ class ClassificationTask:
         raise NotImplementedError
 
     def train(self, model: Any, data: Any, config: TrainConfig) -> dict[str, float]:
+        from fedweave.learning.training import objective_of, train_epochs
+
         return train_epochs(model, data, config, objective_of(self))
 
     def evaluate(self, model: Any, data: Any, config: TrainConfig) -> dict[str, float]:
+        from fedweave.learning.training import evaluate_model, objective_of
+
         return evaluate_model(model, data, config, objective=objective_of(self))

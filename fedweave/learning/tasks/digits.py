@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-from torch import nn
 
 from fedweave.learning.task import ArrayData
 from fedweave.learning.tasks.classification import ClassificationTask, held_out_split
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 class DigitsTask(ClassificationTask):
@@ -25,6 +29,8 @@ class DigitsTask(ClassificationTask):
         self.hidden = hidden
 
     def build_model(self) -> nn.Module:
+        from torch import nn
+
         return nn.Sequential(
             nn.Linear(64, self.hidden),
             nn.ReLU(),

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-from torch import nn
 
 from fedweave.errors import UserError
 from fedweave.learning.task import ArrayData, TrainingDefaults
 from fedweave.learning.tasks.classification import ClassificationTask, held_out_split
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 class Mnist5kTask(ClassificationTask):
@@ -21,6 +25,8 @@ class Mnist5kTask(ClassificationTask):
     training_defaults = TrainingDefaults(optimizer="adamw", lr=0.001, batch_size=32)
 
     def build_model(self) -> nn.Module:
+        from torch import nn
+
         return nn.Sequential(
             nn.Conv2d(1, 16, 3, padding=1),
             nn.ReLU(),

@@ -26,13 +26,16 @@ Where fedweave differs from that script, on purpose:
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 import numpy as np
-from torch import nn
 
 from fedweave.errors import UserError
 from fedweave.learning.task import ArrayData
 from fedweave.learning.tasks.classification import ClassificationTask
+
+if TYPE_CHECKING:
+    from torch import nn
 
 FEATURES = 60
 CLASSES = 10
@@ -83,6 +86,8 @@ class SyntheticTask(ClassificationTask):
         return cls(float(match["alpha"]), float(match["beta"]))
 
     def build_model(self) -> nn.Module:
+        from torch import nn
+
         return nn.Linear(FEATURES, CLASSES)
 
     def _shared_model(self, seed: int) -> tuple[np.ndarray, np.ndarray]:
