@@ -13,6 +13,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -101,12 +102,17 @@ def namespace_hosts(count: int) -> Iterator[list]:
 DEPLOYED = ("test_deploy_", "test_dashboard_browser.py")
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Groups for pytest-xdist's ``--dist loadgroup`` (``scripts/test`` with workers): a file's
-    tests stay on one worker (module fixtures are made once), and the deployed tests share one
-    group, so they run one at a time beside the rest of the suite: two deployments side by
-    side on 2 cores missed their deadlines (docs/testing.md)."""
-    for item in items:
-        name = item.path.name
-        group = "deployments" if name.startswith(DEPLOYED) else name
-        item.add_marker(pytest.mark.xdist_group(group))
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """With pytest-xdist workers (``scripts/test``): a file's tests stay on one worker (module
+    fixtures are made once), and the deployed tests are one unit of work, so they run one at a
+    time beside the rest of the suite: two deployments side by side on 2 cores missed their
+    deadlines (docs/testing.md). (``--dist loadgroup`` cannot say this under pytest 9: xdist
+    3.8 writes the group into an attribute pytest 9 no longer reads.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class DeploymentsTakeTurns(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "deployments" if Path(path).name.startswith(DEPLOYED) else path
+
+    return DeploymentsTakeTurns(config, log)
