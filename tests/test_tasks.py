@@ -35,7 +35,7 @@ def test_checking_data_against_a_builtin_task_needs_no_torch(tmp_path):
     code = (
         "import sys\n"
         "from fedweave.learning.data import load_site_data\n"
-        "from fedweave.learning.task import task_metrics\n"
+        "from fedweave.learning.task_metrics import task_metrics\n"
         "from fedweave.learning.tasks import load_task\n"
         "for name in ('digits', 'mnist5k', 'synthetic-1-1'):\n"
         "    assert task_metrics(load_task(name)) == ('loss', 'accuracy'), name\n"

@@ -31,7 +31,7 @@ def check_scoring(config: RunConfig, test_data: Any) -> None:
     """Refuse a run nothing would score: no test data at the coordinator and no federated
     evaluation; a private evaluation of a task that does not declare its metrics; and a
     ``--select-metric`` the task does not compute (when it says which)."""
-    from fedweave.learning.task import task_metrics
+    from fedweave.learning.task_metrics import task_metrics
     from fedweave.learning.tasks import load_task
 
     evaluation = config.evaluation

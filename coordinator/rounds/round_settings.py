@@ -44,7 +44,7 @@ from fedweave.coordinator.rounds.privacy import local_dp_config
 from fedweave.coordinator.rounds.secure_agg import SecAggSettings
 from fedweave.learning.compression import Compression
 from fedweave.learning.statistics import prepared
-from fedweave.learning.task import task_metrics
+from fedweave.learning.task_metrics import task_metrics
 from fedweave.learning.tasks import load_task
 from fedweave.learning.training import TrainConfig
 
