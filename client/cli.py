@@ -315,6 +315,10 @@ REFUSED_PATIENCE_S = 8.0
 """How long a site that never connected tries again after its first refusal before it ends
 (the error then comes within 30 s of the start: a coordinator registers its sites' keys
 moments after it starts listening, so a site started with it may be refused at first)."""
+RETRY_VERDICT_S = 15.0
+"""A retry after a refusal gets at least this long from its SuperNode's start to be answered:
+starting a SuperNode took over 6 s on a loaded 2-core machine, and the patience above ran out
+while the retry that would have connected (its key registered meanwhile) was still starting."""
 
 
 def refusal_text(why: str, coordinator: str, site_key: Path | None, fingerprint: str | None) -> str:
@@ -379,7 +383,8 @@ def run_site(
     is only copied. A site the coordinator refuses before it ever connected (its key is not
     registered) says so at once, naming the key file to send, tries again for
     ``REFUSED_PATIENCE_S`` (a coordinator that is starting registers its sites' keys just
-    after it starts listening), then ends with that line; one refused after it had taken
+    after it starts listening; each retry is heard out for ``RETRY_VERDICT_S``), then ends
+    with that line; one refused after it had taken
     part (its key revoked, or its clock off) tries again with growing waits until
     ``connect_timeout``.
 
@@ -421,7 +426,8 @@ def run_site(
             launched = time.monotonic()
             refused_until = (
                 None if first_refused is None or has_connected
-                else first_refused + min(REFUSED_PATIENCE_S, connect_timeout)
+                else max(first_refused + min(REFUSED_PATIENCE_S, connect_timeout),
+                         launched + RETRY_VERDICT_S)
             )  # fmt: skip
             code = _wait_probing(proc, events, coordinator, ca_cert, has_connected, refused_until)
             stop_process_group(proc)
