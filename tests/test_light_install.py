@@ -64,7 +64,7 @@ def one_line_refusal(done: subprocess.CompletedProcess) -> str:
 
 def test_simulate_without_the_extra_names_it_in_one_line(tmp_path):
     line = one_line_refusal(
-        light("simulate", "--task", "digits", "--clients", "2", "--rounds", "1",
+        light("simulate", "--task", "digits", "--clients", "3", "--rounds", "1",
               "--out", str(tmp_path / "report.json"))  # fmt: skip
     )
     assert line.startswith("error: fedweave simulate needs the simulation extra"), line
