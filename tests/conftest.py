@@ -102,6 +102,7 @@ def namespace_hosts(count: int) -> Iterator[list]:
 DEPLOYED = ("test_deploy_", "test_dashboard_browser.py")
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent where xdist is not installed
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """With pytest-xdist workers (``scripts/test``): a file's tests stay on one worker (module
     fixtures are made once), and the deployed tests are one unit of work, so they run one at a
