@@ -20,11 +20,36 @@ import pytest
 PG_URL_ENVVAR = "FEDWEAVE_TEST_PG_URL"
 
 
+SHARED_RAY = pytest.StashKey()
+PRIVATE_RAY_ENVVAR = "FEDWEAVE_TEST_PRIVATE_RAY"
+"""Set to 1 to give every simulation its own Ray instance, as outside the tests."""
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """Keep Flower and Ray offline in tests that call the library, as ``fedweave`` does."""
+    """Keep Flower and Ray offline in tests that call the library, as ``fedweave`` does; start
+    the session's shared Ray cluster (``ray_nodes.py``) unless ``RAY_ADDRESS`` already names
+    one. Under pytest-xdist the controller starts it and its workers inherit the address."""
     from fedweave.offline import make_flower_offline
 
     make_flower_offline()
+    if hasattr(config, "workerinput") or "RAY_ADDRESS" in os.environ:
+        return
+    if os.environ.get(PRIVATE_RAY_ENVVAR) == "1":
+        return
+    from ray_nodes import shared_cluster
+
+    workers = config.getoption("numprocesses", None) or 1  # pytest-xdist's -n
+    node = shared_cluster(simulations_at_once=workers if isinstance(workers, int) else 1)
+    if node is not None:
+        config.stash[SHARED_RAY] = node
+        os.environ["RAY_ADDRESS"] = node.address
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    node = config.stash.get(SHARED_RAY, None)
+    if node is not None:
+        os.environ.pop("RAY_ADDRESS", None)
+        node.stop()
 
 
 def _psycopg_url(url: str) -> str:

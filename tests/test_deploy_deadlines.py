@@ -23,6 +23,8 @@ from test_deploy_support import (
 SITES = 3
 ROUNDS = 4
 DEADLINE = 30.0
+CLOSING_SECONDS = 10.0
+"""What closing round 2 may take beyond its deadline: aggregating, evaluating, recording."""
 
 
 @pytest.mark.slow
@@ -65,7 +67,9 @@ def test_a_hung_site_is_late_and_the_round_closes_at_its_deadline(tmp_path):
     second = rounds[1]
     print(f"round 2 closed in {second['extra']['seconds']:.1f} s (deadline {DEADLINE:g} s)")
     assert second["sampled"] == SITES and second["replied"] == SITES - 1
-    assert second["extra"]["seconds"] <= DEADLINE * 1.1, second["extra"]
+    # at its deadline, plus closing the round on a loaded machine (33.7 s was seen beside
+    # another test); a round that waited for the hung site would take until the SIGCONT
+    assert second["extra"]["seconds"] <= DEADLINE + CLOSING_SECONDS, second["extra"]
     late = [s for s in site_rows if s["status"] == "late"]
     print("late:", [(s["round"], s["site_id"], s["reason"]) for s in late])
     assert [s["round"] for s in late] in ([2], [2, 3]), site_rows

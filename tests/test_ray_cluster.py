@@ -11,19 +11,10 @@ from pathlib import Path
 
 import pytest
 from fault_tasks import RAY_NODE_DIR_ENV
+from ray_nodes import RAY, start_head, start_node
 
 from fedweave.addresses import free_ports
 from fedweave.config import RunConfig
-
-RAY = Path(sys.executable).with_name("ray")
-START_TIMEOUT = 120
-
-
-def _ray(*args: str, env: dict, timeout: float = START_TIMEOUT) -> None:
-    result = subprocess.run(
-        [str(RAY), *args], env=env, capture_output=True, text=True, timeout=timeout
-    )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
 
 
 @pytest.fixture
@@ -40,18 +31,20 @@ def two_node_cluster(tmp_path):
         "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path]),
         "RAY_USAGE_STATS_ENABLED": "0",
     }
-    gcs, head_agent, node_agent = free_ports(3)
-    address = f"127.0.0.1:{gcs}"
+    started = []
     try:
-        _ray("start", "--head", f"--port={gcs}", "--node-ip-address=127.0.0.1",
-             "--num-cpus=1", "--num-gpus=0", "--include-dashboard=false",
-             f"--dashboard-agent-listen-port={head_agent}", "--disable-usage-stats", env=env)
-        _ray("start", f"--address={address}", "--node-ip-address=127.0.0.1", "--num-cpus=1",
-             "--num-gpus=0", f"--dashboard-agent-listen-port={node_agent}",
-             "--disable-usage-stats", env=env)  # fmt: skip
+        started.append(start_head(env))
+        address = started[0].address
+        (agent,) = free_ports(1)
+        started.append(start_node(
+            f"--address={address}", "--node-ip-address=127.0.0.1", "--num-cpus=1",
+            "--num-gpus=0", f"--dashboard-agent-listen-port={agent}", "--disable-usage-stats",
+            address=address, env=env,
+        ))  # fmt: skip
         yield address, nodes
     finally:
-        subprocess.run([str(RAY), "stop", "--force"], env=env, capture_output=True, timeout=120)
+        for node in reversed(started):
+            node.stop()
 
 
 def test_a_simulation_runs_its_sites_on_both_nodes_of_a_cluster(two_node_cluster, tmp_path):
