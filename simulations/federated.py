@@ -7,6 +7,7 @@ writes), so simulated sites read their data exactly as deployed sites do.
 from __future__ import annotations
 
 import logging
+import os
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -67,7 +68,12 @@ class _Collector:
 
 def backend_config(config: RunConfig) -> dict:
     """Ray settings: per-client resources, quiet unless verbose, no dashboard; the cluster at
-    ``--ray-address`` when given (``simulations/ray_cluster.py``)."""
+    ``--ray-address`` when given (``simulations/ray_cluster.py``), else the one Ray's own
+    ``RAY_ADDRESS`` names, else a private instance.
+
+    A private instance is asked for by name (``address="local"``): without an address
+    ``ray.init`` joins the last cluster ``ray start`` noted on this machine, even one that has
+    since died, and then waits for it instead of simulating."""
     verbose = config.output.verbose
     init_args: dict = {
         "logging_level": logging.INFO if verbose else logging.ERROR,
@@ -78,6 +84,8 @@ def backend_config(config: RunConfig) -> dict:
         from fedweave.simulations.ray_cluster import resolve_ray_address
 
         init_args["address"] = resolve_ray_address(config.simulation.ray_address)
+    else:
+        init_args["address"] = os.environ.get("RAY_ADDRESS") or "local"
     return {
         "client_resources": {
             "num_cpus": CPUS_PER_CLIENT,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from fault_tasks import RAY_NODE_DIR_ENV
-from ray_nodes import RAY, start_head, start_node
+from ray_nodes import CURRENT_CLUSTER, RAY, start_head, start_node
 
 from fedweave.addresses import free_ports
 from fedweave.config import RunConfig
@@ -76,3 +76,35 @@ def test_no_cluster_at_the_address_is_one_line_and_nothing_is_recorded(tmp_path)
     assert len(lines) == 1 and f"no Ray cluster answers at 127.0.0.1:{port}" in lines[0]
     assert "ray start --head" in lines[0]
     assert not (tmp_path / "h.db").exists() and not (tmp_path / "r.json").exists()
+
+
+def test_a_dead_cluster_noted_on_this_machine_does_not_hold_up_a_simulation(
+    tmp_path, monkeypatch
+):
+    """``ray start`` notes its cluster in /tmp/ray/ray_current_cluster, and ``ray.init()``
+    without an address joins the noted cluster. One that died without ``ray stop`` used to
+    leave a simulation waiting for it; the simulation now asks Ray for a private instance
+    (``RAY_ADDRESS``, Ray's own way to name a cluster, is still followed)."""
+    from fedweave.simulations.federated import backend_config, run_federated_simulation
+
+    config = RunConfig.of(
+        task="digits", clients=2, rounds=1, partition="iid", secure_agg=False,
+        split_dir=tmp_path / "split",
+    )  # fmt: skip
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6390")
+    assert backend_config(config)["init_args"]["address"] == "127.0.0.1:6390"
+    monkeypatch.delenv("RAY_ADDRESS")
+    (dead,) = free_ports(1)  # nothing listens there
+    note = CURRENT_CLUSTER.read_text() if CURRENT_CLUSTER.exists() else None
+    CURRENT_CLUSTER.parent.mkdir(parents=True, exist_ok=True)
+    CURRENT_CLUSTER.write_text(f"127.0.0.1:{dead}")
+    try:
+        started = time.monotonic()
+        rows = run_federated_simulation(config)
+    finally:
+        if note is None:
+            CURRENT_CLUSTER.unlink(missing_ok=True)
+        else:
+            CURRENT_CLUSTER.write_text(note)
+    assert [row["replied"] for row in rows] == [2], rows
+    assert time.monotonic() - started < 120

@@ -394,7 +394,8 @@ class SimulationSection:
     ray_address: str | None = setting(
         None, "Federated: run the simulated sites on the Ray cluster already running at this "
         "address (its head's HOST:PORT, as `ray start --head` prints it; `auto`: the cluster "
-        "started on this machine). Default: a private Ray instance on this machine. Every "
+        "started on this machine). Default: the cluster Ray's RAY_ADDRESS names, else a "
+        "private Ray instance on this machine. Every "
         "node needs the same Python environment, and --split-dir on storage they all mount.",
         identity=False,
     )
