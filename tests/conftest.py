@@ -28,18 +28,19 @@ PRIVATE_RAY_ENVVAR = "FEDWEAVE_TEST_PRIVATE_RAY"
 def pytest_configure(config: pytest.Config) -> None:
     """Keep Flower and Ray offline in tests that call the library, as ``fedweave`` does; start
     the session's shared Ray cluster (``ray_nodes.py``) unless ``RAY_ADDRESS`` already names
-    one. Under pytest-xdist the controller starts it and its workers inherit the address."""
+    one. Not under pytest-xdist: Flower sizes a simulation's actors from the cluster's total
+    CPUs, so two simulations side by side on one cluster would wait for each other's sites
+    (seen: no site of the second replied within its 12 s deadline)."""
     from fedweave.offline import make_flower_offline
 
     make_flower_offline()
-    if hasattr(config, "workerinput") or "RAY_ADDRESS" in os.environ:
+    if hasattr(config, "workerinput") or config.getoption("numprocesses", None):
         return
-    if os.environ.get(PRIVATE_RAY_ENVVAR) == "1":
+    if "RAY_ADDRESS" in os.environ or os.environ.get(PRIVATE_RAY_ENVVAR) == "1":
         return
     from ray_nodes import shared_cluster
 
-    workers = config.getoption("numprocesses", None) or 1  # pytest-xdist's -n
-    node = shared_cluster(simulations_at_once=workers if isinstance(workers, int) else 1)
+    node = shared_cluster()
     if node is not None:
         config.stash[SHARED_RAY] = node
         os.environ["RAY_ADDRESS"] = node.address

@@ -105,20 +105,15 @@ def answers(address: str, timeout: float = 2.0) -> bool:
         return False
 
 
-def shared_cluster(simulations_at_once: int = 1) -> RayNode | None:
-    """The session's cluster, or None where Ray is not installed or would not start (the
-    simulations then start their own).
-
-    Args:
-        simulations_at_once: how many simulations may run side by side (pytest-xdist's
-            workers). The head offers this machine's CPUs to each, as their own private
-            instances would, so one simulation's sites never wait for another's to finish.
-    """
+def shared_cluster() -> RayNode | None:
+    """The session's cluster: a head with this machine's CPUs, as a private instance would
+    have, or None where Ray is not installed or would not start (the simulations then start
+    their own). One simulation at a time: Flower gives each one actors for all of them."""
     if not RAY.exists():
         return None
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     try:
-        return start_head(env, cpus=(os.cpu_count() or 1) * max(1, simulations_at_once))
+        return start_head(env, cpus=os.cpu_count() or 1)
     except RuntimeError as error:
         print(f"tests: no shared Ray cluster, each simulation starts its own: {error}",
               file=sys.stderr)
