@@ -37,6 +37,9 @@ def test_a_stalled_site_is_late_and_the_round_closes_at_its_deadline(
     tmp_path, monkeypatch, secure_agg, deadline
 ):
     monkeypatch.setenv(SLOW_ONCE_ENV, str(tmp_path / "stall"))
+    # a private Ray instance: its actors inherit SLOW_ONCE_ENV, those of the tests' shared
+    # cluster (started before this test) would not, and would never stall
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
     sim = RunConfig.of(
         task="fault_tasks:StallsInRound2Digits", clients=3, rounds=3, partition="iid",
         secure_agg=secure_agg, round_timeout=deadline, min_replies=3 if not secure_agg else None,
