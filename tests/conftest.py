@@ -29,8 +29,9 @@ def pytest_configure(config: pytest.Config) -> None:
     """Keep Flower and Ray offline in tests that call the library, as ``fedweave`` does; start
     the session's shared Ray cluster (``ray_nodes.py``) unless ``RAY_ADDRESS`` already names
     one. Not under pytest-xdist: Flower sizes a simulation's actors from the cluster's total
-    CPUs, so two simulations side by side on one cluster would wait for each other's sites
-    (seen: no site of the second replied within its 12 s deadline)."""
+    CPUs, so two simulations side by side on one cluster would wait for each other's sites.
+    A test that sets a fault by environment for an in-process simulation drops ``RAY_ADDRESS``:
+    the head's actors started before it and never see the variable."""
     from fedweave.offline import make_flower_offline
 
     make_flower_offline()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -94,15 +93,6 @@ def start_head(env: dict, cpus: int = 1) -> RayNode:
         f"--dashboard-agent-listen-port={agent}", "--disable-usage-stats",
         address=f"127.0.0.1:{gcs}", env=env,
     )  # fmt: skip
-
-
-def answers(address: str, timeout: float = 2.0) -> bool:
-    host, port = address.rsplit(":", 1)
-    try:
-        with socket.create_connection((host, int(port)), timeout=timeout):
-            return True
-    except OSError:
-        return False
 
 
 def shared_cluster() -> RayNode | None:
