@@ -158,6 +158,34 @@ def test_every_flower_function_a_patch_relies_on_matches_its_fingerprint():
     assert not changed, f"Flower code changed under these patches: {changed}"
 
 
+def test_fingerprints_read_from_the_files_agree_with_the_imported_code():
+    """A process that has not imported Flower reads the fingerprints from Flower's files
+    (``static_fingerprint``): each one it can tell is the imported code's, and a site's
+    checks before it starts its SuperNode import no Flower at all."""
+    import json
+
+    out = _fresh_python(
+        "import json, sys\n"
+        "from fedweave import flower_patches as p\n"
+        "from fedweave.flower_patches.fingerprints import WRAPPED, fingerprint, "
+        "static_fingerprint\n"
+        "assert p.correctness_problem('supernode_waits') is None\n"
+        "assert p.correctness_problem('supernode_state') is None\n"
+        "assert p.internal_use_problem('message_records') is None\n"
+        "assert p.clientapp_worker_usable()\n"
+        "flower_imported = sorted(m for m in sys.modules if m.split('.')[0] == 'flwr')\n"
+        "refs = sorted({ref for refs in WRAPPED.values() for ref in refs})\n"
+        "read = {ref: static_fingerprint(ref) for ref in refs}\n"
+        "imported = {ref: fingerprint(ref) for ref in refs}\n"
+        "print(json.dumps([flower_imported, read, imported]))\n"
+    )
+    flower_imported, read, imported = json.loads(out.strip().splitlines()[-1])
+    assert flower_imported == []
+    told = {ref: value for ref, value in read.items() if value is not None}
+    assert len(told) > 0.8 * len(read), sorted(set(read) - set(told))
+    assert told == {ref: imported[ref] for ref in told}
+
+
 def test_an_altered_flower_function_is_named_and_its_patch_not_applied():
     out = _fresh_python(
         "import logging\n"

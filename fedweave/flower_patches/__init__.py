@@ -107,6 +107,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
 from fedweave.errors import UserError
 
@@ -118,9 +119,14 @@ _applied: set[str] = set()
 
 
 def installed_flower_version() -> str:
-    import flwr
+    """The running Flower's version: ``flwr.__version__`` once Flower is imported, else its
+    package metadata, which Flower's own ``__version__`` reads (importing Flower to ask
+    costs a process ~0.5 s)."""
+    if "flwr" not in sys.modules:
+        from importlib.metadata import version
 
-    return str(flwr.__version__)
+        return version("flwr")
+    return str(sys.modules["flwr"].__version__)
 
 
 def flower_is_patchable() -> bool:
