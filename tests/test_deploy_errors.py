@@ -99,10 +99,14 @@ def test_coordinator_refuses_bad_settings_before_starting(deployment):
     one_line_error(
         coordinator(deployment, free_port(), "--insecure", "--address", "nohost"), "HOST:PORT"
     )
-    one_line_error(
-        coordinator(deployment, free_port(), "--insecure", "--resume", "feedbeef0000"),
-        "feedbeef0000",
-    )
+    state = deployment / "refused-resume-state"
+    refused = run_fedweave(
+        "coordinator", "--insecure", "--address", f"127.0.0.1:{free_port()}",
+        "--min-clients", "3", "--db", f"sqlite:///{deployment / 'h.db'}",
+        "--state-dir", str(state), "--once", "--resume", "feedbeef0000", cwd=deployment,
+    )  # fmt: skip
+    one_line_error(refused, "feedbeef0000")
+    assert not state.exists()  # refused before its SuperLink was launched
 
 
 def test_client_missing_data_file_fails_before_connecting(deployment):

@@ -304,15 +304,20 @@ def build_fab(run_config: dict) -> bytes:
     return bundle(files)
 
 
-def start_superlink(options: SuperLinkOptions, env: dict[str, str], timeout: float = 60.0):
-    """Start the SuperLink and wait until its Control API answers; (process, client).
-
-    A SuperLink that exits early (port taken in between, bad certificate, unreadable state
-    database) becomes a one-line error with the last line of its log.
-    """
+def launch_superlink(options: SuperLinkOptions, env: dict[str, str]) -> subprocess.Popen:
+    """Start the SuperLink's process without waiting for it (``await_superlink`` waits)."""
     options.state_dir.mkdir(parents=True, exist_ok=True)
     guarded = [sys.executable, "-m", "fedweave.procguard", "--", *options.command()]
-    proc = spawn(guarded, options.log_path, env)
+    return spawn(guarded, options.log_path, env)
+
+
+def await_superlink(options: SuperLinkOptions, proc: subprocess.Popen, timeout: float = 60.0):
+    """Wait until the launched SuperLink's Control API answers; its client.
+
+    A SuperLink that exits early (port taken in between, bad certificate, unreadable state
+    database) becomes a one-line error with the last line of its log; one that does not
+    answer within ``timeout`` seconds is stopped.
+    """
     client = ControlClient(options.local_address, options.tls)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -324,7 +329,7 @@ def start_superlink(options: SuperLinkOptions, env: dict[str, str], timeout: flo
                 f"full log: {options.log_path}"
             )
         if client.ready():
-            return proc, client
+            return client
         time.sleep(0.3)
     client.close()
     stop_process_group(proc)

@@ -25,11 +25,12 @@ from fedweave.config.sections import ConnectionSection
 from fedweave.coordinator.command.refused_key_notices import RefusedKeys
 from fedweave.coordinator.command.superlink import (
     SuperLinkOptions,
+    await_superlink,
     build_fab,
     check_port_free,
     child_env,
+    launch_superlink,
     parse_address,
-    start_superlink,
 )
 from fedweave.coordinator.plan import (
     Deployment,
@@ -281,9 +282,23 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
             store, config, resolved, tls=tls is not None, site_authentication=authenticated
         )
     else:
-        plan = training_setup.prepare_run(
-            store, config, resolved, site_authentication=sites_must_register(connection)
-        )
+        checked = training_setup.check_run_input(store, config, resolved)
+    link_options = SuperLinkOptions(
+        host, port, deployment.state_dir.resolve(), tls,
+        node_auth=sites_must_register(connection),
+    )  # fmt: skip
+    refused_notes = link_options.state_dir / "refused-keys.jsonl"
+    refused_notes.unlink(missing_ok=True)
+    proc = launch_superlink(link_options, child_env({REFUSED_KEYS_FILE_ENV: str(refused_notes)}))
+    if not evaluating:
+        # the SuperLink boots (~3.5 s) while a default deadline is sized (torch, ~4 s)
+        try:
+            plan = training_setup.prepare_run(
+                store, checked, site_authentication=sites_must_register(connection)
+            )
+        except BaseException:
+            stop_process_group(proc)
+            raise
     again = (
         f"run it again with fedweave evaluate --run {plan.config.evaluation.run}"
         if evaluating
@@ -291,23 +306,15 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
     )
     min_clients = plan.config.federation.min_clients
     previous = signal.signal(signal.SIGTERM, raise_interrupt)
-    link_options = SuperLinkOptions(
-        host, port, deployment.state_dir.resolve(), tls,
-        node_auth=sites_must_register(connection),
-    )  # fmt: skip
-    proc = client = metrics_server = None
+    client = metrics_server = None
     finished = False
     deployment_file: Path | None = None
-    refused_notes = link_options.state_dir / "refused-keys.jsonl"
     try:
         deployment_file = write_deployment_file(
             link_options.state_dir / "secrets", Deployment(db_url, os.getpid())
         )
         plan = replace(plan, deployment_file=deployment_file)
-        refused_notes.unlink(missing_ok=True)
-        proc, client = start_superlink(
-            link_options, child_env({REFUSED_KEYS_FILE_ENV: str(refused_notes)})
-        )
+        client = await_superlink(link_options, proc)
         scheme = "https" if tls else "http (insecure)"
         _echo(
             f"coordinator listening on {host}:{port} ({scheme}); "
@@ -397,8 +404,7 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
             metrics[1].close()
         if client is not None:
             client.close()
-        if proc is not None:
-            stop_process_group(proc)
+        stop_process_group(proc)
         if deployment_file is not None:
             deployment_file.unlink(missing_ok=True)
         signal.signal(signal.SIGTERM, previous)

@@ -1,12 +1,15 @@
-"""``fedweave coordinator``'s run before the SuperLink starts (once ``run_checks.py`` has
-checked it): the history run created or resumed, what protects it said once, and the plan the
-ServerApp will run (``coordinator/plan.py``). ``evaluation_setup.py`` is the same for
+"""``fedweave coordinator``'s run before its first round (once ``run_checks.py`` has checked
+its options): its input checked before anything starts (``check_run_input``), then, while the
+SuperLink starts, the history run created or resumed, what protects it said once, and the plan
+the ServerApp will run (``coordinator/plan.py``). ``evaluation_setup.py`` is the same for
 ``fedweave evaluate``. Every refusal is a ``UserError`` (one line, exit 2).
 """
 
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
+from typing import Any
 
 import typer
 
@@ -18,14 +21,15 @@ def _echo(message: str) -> None:
     typer.echo(message, err=True)
 
 
-def _with_protections(config: RunConfig, site_authentication: bool) -> tuple[RunConfig, dict]:
+def _with_protections(
+    config: RunConfig, test_data, site_authentication: bool
+) -> tuple[RunConfig, dict]:
     """The config with its round deadline resolved (``--round-timeout`` or sized from the
-    task), and the run's protections for the header and the history."""
+    task on ``test_data``), and the run's protections for the header and the history."""
     from fedweave.coordinator.command.run_header import protections
-    from fedweave.coordinator.rounds.round_settings import ServerSettings, test_data_of
+    from fedweave.coordinator.rounds.round_settings import ServerSettings
 
     settings = ServerSettings(config, config.federation.min_clients, config.training.rounds)
-    test_data = test_data_of(config)
     deadline = settings.deadline(test_data)
     facts = protections(
         config, settings.cohort, deadline, central_data=test_data is not None,
@@ -44,14 +48,30 @@ def _absolute_paths(config: RunConfig) -> RunConfig:
     )
 
 
-def prepare_run(
-    store, config: RunConfig, resolved: Resolved, *, site_authentication: bool
-) -> DeployPlan:
-    """Create the history run, or resume one (same settings, after its last round); print
-    what protects it; returns the plan the ServerApp will run."""
+@dataclass(frozen=True)
+class CheckedRun:
+    """A run whose input ``check_run_input`` accepted: all ``prepare_run`` needs, and nothing
+    started or recorded yet.
+
+    Args:
+        config: the run's settings (a resumed run's merged with the given ones).
+        stored: the settings as the history will record them.
+        resumed: the history's run being resumed, or None for a new run.
+        test_data: the coordinator's held-out data, or None.
+    """
+
+    config: RunConfig
+    stored: dict
+    resumed: Any
+    test_data: Any
+
+
+def check_run_input(store, config: RunConfig, resolved: Resolved) -> CheckedRun:
+    """Every refusal of the run's input (the run to resume, its settings, the held-out
+    data) as a ``UserError``, before anything starts; cheap (no torch)."""
     from fedweave.config.commands import check_settings
     from fedweave.config.resume import merge_for_resume, stored_run_config
-    from fedweave.coordinator.command.run_header import header_line
+    from fedweave.coordinator.rounds.round_settings import test_data_of
     from fedweave.learning.statistics import pinned_schema
     from fedweave.learning.tasks import load_task
 
@@ -64,7 +84,19 @@ def prepare_run(
     schema = pinned_schema(load_task(config.data.task))
     if schema is not None:
         stored["schema"] = schema
-    config, stored["protections"] = _with_protections(config, site_authentication)
+    return CheckedRun(config, stored, run, test_data_of(config))
+
+
+def prepare_run(store, checked: CheckedRun, *, site_authentication: bool) -> DeployPlan:
+    """Create the history run, or resume one (same settings, after its last round); print
+    what protects it; returns the plan the ServerApp will run. A default deadline times the
+    task here (torch: ~4 s), which the coordinator overlaps with its SuperLink's start."""
+    from fedweave.coordinator.command.run_header import header_line
+
+    run, stored = checked.resumed, dict(checked.stored)
+    config, stored["protections"] = _with_protections(
+        checked.config, checked.test_data, site_authentication
+    )
     _echo(header_line(stored["protections"]))
     if run is not None:
         store.mark_running(run.run_id)
