@@ -274,3 +274,99 @@ def test_secagg_stages_wait_what_the_policy_says_and_forget_silent_sites(monkeyp
     assert workflow.collect_masked_vectors_stage(None, None, state) is False
     assert workflow.unmask_stage(None, None, state) is True  # at least the floor, still
     assert sent == [("unmask", 5.0)]
+
+
+class _FrozenUpload:
+    """Stands in for the SuperLink's Runtime API client (the real one needs a SuperLink and a
+    site frozen between its reply's header and its weights, which no process can be made to do
+    on cue): it hands out one real reply header with its object tree and serves its objects
+    only once ``uploaded`` is set."""
+
+    def __init__(self, asked_id: str) -> None:
+        from flwr.app import ArrayRecord, Message, Metadata, RecordDict
+        from flwr.supercore.inflatable.inflatable_object import (
+            get_all_nested_objects,
+            get_object_tree,
+        )
+
+        import numpy as np
+
+        content = RecordDict({"arrays": ArrayRecord([np.ones(3, dtype=np.float32)])})
+        metadata = Metadata(
+            run_id=1, message_id="", src_node_id=7, dst_node_id=0, reply_to_message_id=asked_id,
+            group_id="1", created_at=0.0, ttl=60.0, message_type="train",
+        )  # fmt: skip
+        self.reply = Message(content=content, metadata=metadata)
+        self.objects = get_all_nested_objects(self.reply)
+        self.tree = get_object_tree(self.reply)
+        self.uploaded = False
+
+    def PullMessages(self, request):  # noqa: N802 - the client's own method names
+        from flwr.common.serde import message_to_proto
+        from flwr.app.message.message import remove_content_from_message
+        from flwr.proto.runtime_pb2 import PullAppMessagesResponse
+
+        header = message_to_proto(remove_content_from_message(self.reply))
+        header.metadata.message_id = self.reply.object_id
+        return PullAppMessagesResponse(
+            messages_list=[header], message_object_trees=[self.tree]
+        )
+
+    def PullObject(self, request):  # noqa: N802
+        from flwr.proto.message_pb2 import PullObjectResponse
+
+        if not self.uploaded:
+            return PullObjectResponse(object_found=True, object_available=False)
+        content = self.objects[request.object_id].deflate()
+        return PullObjectResponse(object_found=True, object_available=True, object_content=content)
+
+    def ConfirmMessageReceived(self, request):  # noqa: N802
+        return None
+
+
+def _grid_pulling_from(client):
+    from types import SimpleNamespace
+
+    from flwr.superlink.grid.http_grid import HttpGrid
+
+    grid = HttpGrid(token="test")
+    grid._client, grid._run = client, SimpleNamespace(run_id=1)
+    grid.push_messages = lambda messages: ["asked"]
+    return grid
+
+
+@pytest.mark.timeout(60)
+def test_a_reply_whose_weights_never_arrive_is_left_out_by_the_calls_deadline():
+    """A site frozen after its reply's header (a stopped VM) held the coordinator inside
+    Flower's pull for up to two hours (``PULL_MAX_TIME``); now the call returns by its timeout
+    (plus ``LAST_PULL_SECONDS``) without that reply, so the round records the site late."""
+    import time
+
+    from fedweave.flower_patches import object_pulls
+
+    assert flower_patches.tune_deployed_polling()
+    frozen = _FrozenUpload("asked")
+    grid = _grid_pulling_from(frozen)
+    started = time.monotonic()
+    assert list(grid.send_and_receive([], timeout=1.0)) == []
+    took = time.monotonic() - started
+    assert took < 1.0 + object_pulls.LAST_PULL_SECONDS + 3.0, took
+
+    frozen.uploaded = True  # the same reply with its weights: pulled whole, as before
+    (reply,) = grid.send_and_receive([], timeout=1.0)
+    assert reply.metadata.reply_to_message_id == "asked" and not reply.has_error()
+    assert reply.content.array_records["arrays"].to_numpy_ndarrays()[0].tolist() == [1, 1, 1]
+
+
+@pytest.mark.timeout(60)
+def test_an_async_run_reads_a_reply_whose_weights_never_arrive_as_late():
+    from fedweave.coordinator.rounds.fedbuff import _Arrivals, _fit_result
+
+    import time
+
+    arrivals = _Arrivals(_grid_pulling_from(_FrozenUpload("asked")))
+    started = time.monotonic()
+    assert arrivals.first(["asked"], pulls_end=time.monotonic() + 1.0) == "asked"
+    assert time.monotonic() - started < 6.0
+    outcome = _fit_result(arrivals.replies.pop("asked"))
+    assert (outcome.status, outcome.reason) == ("late", "its update did not finish arriving in time")

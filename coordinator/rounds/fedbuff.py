@@ -69,6 +69,7 @@ from fedweave.coordinator.rounds.secure_buffer import BufferSum, secure_buffer_s
 from fedweave.coordinator.rounds.traffic import Traffic
 from fedweave.errors import UserError
 from fedweave.flower_patches import message_records as compat
+from fedweave.flower_patches.object_pulls import pulls_end_by, unavailable
 from fedweave.flower_patches.secagg_masks import unflatten
 from fedweave.history.records import RoundInFlight, SiteResult
 from fedweave.history.round_summary import RoundSummary
@@ -108,19 +109,21 @@ class _Site:
 
 
 class _Arrivals:
-    """Replies by message id, pulled from the grid as they come (wall clock)."""
+    """Replies by message id, pulled from the grid as they come (wall clock). A reply whose
+    weights do not finish arriving by the caller's deadline is kept as Flower's stand-in for
+    it (``object_pulls.unavailable``): its job is late."""
 
     def __init__(self, grid: Grid) -> None:
         self.grid = grid
         self.replies: dict[str, Message] = {}
 
-    def first(self, message_ids: list[str]) -> str | None:
-        """The id of a reply among ``message_ids`` already here (pulled now), in the order
-        they came, or None."""
+    def first(self, message_ids: list[str], pulls_end: float) -> str | None:
+        """The id of a reply among ``message_ids`` already here (pulled now, each given until
+        ``pulls_end``, a ``time.monotonic()`` time, to finish arriving), in the order they
+        came, or None."""
         missing = [m for m in message_ids if m not in self.replies]
         if missing:
-            for reply in self.grid.pull_messages(missing):
-                self.replies[reply.metadata.reply_to_message_id] = reply
+            self._pull(missing, pulls_end)
         return next((m for m in self.replies if m in set(message_ids)), None)
 
     def wait(self, message_ids: list[str], timeout: float) -> dict[str, Message]:
@@ -128,12 +131,16 @@ class _Arrivals:
         deadline = time.monotonic() + timeout
         missing = [m for m in message_ids if m not in self.replies]
         while missing and time.monotonic() < deadline:
-            for reply in self.grid.pull_messages(missing):
-                self.replies[reply.metadata.reply_to_message_id] = reply
+            self._pull(missing, deadline)
             missing = [m for m in message_ids if m not in self.replies]
             if missing:
                 time.sleep(POLL_SECONDS)
         return {m: self.replies.pop(m) for m in message_ids if m in self.replies}
+
+    def _pull(self, message_ids: list[str], pulls_end: float) -> None:
+        with pulls_end_by(pulls_end):
+            for reply in self.grid.pull_messages(message_ids):
+                self.replies[reply.metadata.reply_to_message_id] = reply
 
 
 @dataclass(frozen=True)
@@ -150,6 +157,8 @@ def _fit_result(reply: Message | None, silent: str = "no reply") -> _Outcome:
     failed, bound to it by the reply), or ``silent``'s reason when there is none."""
     if reply is None:
         return _Outcome(status="late", reason=silent)
+    if unavailable(reply):
+        return _Outcome(status="late", reason="its update did not finish arriving in time")
     if reply.has_error():
         status, reason = outcome_of(int(reply.error.code), reply.error.reason)
         return _Outcome(status=status, reason=reason)
@@ -351,7 +360,8 @@ def make_fedbuff_server_app(
                     raise UserError(
                         "every site of the asynchronous run left or failed; see their reasons"
                     )
-                message_id = arrivals.first(list(running))
+                last_deadline = max(job.finishes_at for job in running.values()) + job_deadline
+                message_id = arrivals.first(list(running), last_deadline)
                 if message_id is not None:
                     job = running.pop(message_id)
                     reply = arrivals.replies.pop(message_id)
