@@ -202,8 +202,10 @@ def test_an_altered_flower_function_is_named_and_its_patch_not_applied():
     )
     assert "speed-up applied: False" in out
     assert "changed here: flwr.superlink.grid.http_grid:HttpGrid.send_and_receive" in out
-    assert "security: Flower's code differs from flwr 1.41.0's " \
-           "(flwr.superlink.main:_get_middleware)" in out
+    assert (
+        "security: Flower's code differs from flwr 1.41.0's "
+        "(flwr.superlink.main:_get_middleware)" in out
+    )
 
 
 def test_an_altered_flower_function_refuses_a_correctness_patch():
@@ -283,13 +285,12 @@ class _FrozenUpload:
     only once ``uploaded`` is set."""
 
     def __init__(self, asked_id: str) -> None:
+        import numpy as np
         from flwr.app import ArrayRecord, Message, Metadata, RecordDict
         from flwr.supercore.inflatable.inflatable_object import (
             get_all_nested_objects,
             get_object_tree,
         )
-
-        import numpy as np
 
         content = RecordDict({"arrays": ArrayRecord([np.ones(3, dtype=np.float32)])})
         metadata = Metadata(
@@ -302,15 +303,13 @@ class _FrozenUpload:
         self.uploaded = False
 
     def PullMessages(self, request):  # noqa: N802 - the client's own method names
-        from flwr.common.serde import message_to_proto
         from flwr.app.message.message import remove_content_from_message
+        from flwr.common.serde import message_to_proto
         from flwr.proto.runtime_pb2 import PullAppMessagesResponse
 
         header = message_to_proto(remove_content_from_message(self.reply))
         header.metadata.message_id = self.reply.object_id
-        return PullAppMessagesResponse(
-            messages_list=[header], message_object_trees=[self.tree]
-        )
+        return PullAppMessagesResponse(messages_list=[header], message_object_trees=[self.tree])
 
     def PullObject(self, request):  # noqa: N802
         from flwr.proto.message_pb2 import PullObjectResponse
@@ -360,13 +359,14 @@ def test_a_reply_whose_weights_never_arrive_is_left_out_by_the_calls_deadline():
 
 @pytest.mark.timeout(60)
 def test_an_async_run_reads_a_reply_whose_weights_never_arrive_as_late():
-    from fedweave.coordinator.rounds.fedbuff import _Arrivals, _fit_result
-
     import time
+
+    from fedweave.coordinator.rounds.fedbuff import _Arrivals, _fit_result
 
     arrivals = _Arrivals(_grid_pulling_from(_FrozenUpload("asked")))
     started = time.monotonic()
     assert arrivals.first(["asked"], pulls_end=time.monotonic() + 1.0) == "asked"
     assert time.monotonic() - started < 6.0
     outcome = _fit_result(arrivals.replies.pop("asked"))
-    assert (outcome.status, outcome.reason) == ("late", "its update did not finish arriving in time")
+    assert outcome.status == "late"
+    assert outcome.reason == "its update did not finish arriving in time"
