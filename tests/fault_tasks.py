@@ -154,14 +154,41 @@ class StallsInRound2Digits(_OneBadSite):
         return metrics
 
 
-FAIL_MARK, NAN_MARK = 7.0, 8.0
-"""``MarkedDigits``: a site whose file holds this value raises while training, or sends NaN."""
+FAIL_MARK, NAN_MARK, NAN_COUNT_MARK = 7.0, 8.0, 9.0
+"""``MarkedDigits``: a site whose file holds this value raises while training, sends NaN
+weights, or (an insider) claims NaN examples."""
+
+
+def claim_examples(count: float) -> None:
+    """Make this process's ClientApp replies claim ``count`` examples, as an insider that
+    rewrote its own install would: after every fedweave check and mod of the site, SecAgg+'s
+    masking included (whose masks keep the honest weight). The current reply is left as it is:
+    it is already being made when the task's code runs."""
+    from flwr.clientapp import ClientApp
+
+    if getattr(ClientApp, "claimed_examples", None) is not None:
+        return
+    call = ClientApp.__call__
+
+    def claiming(self, message, context):
+        reply = call(self, message, context)
+        record = None if reply.has_error() else reply.content.metric_records.get(
+            "fitres.num_examples"
+        )  # fmt: skip
+        if record is not None:
+            record["num_examples"] = count
+        return reply
+
+    ClientApp.__call__ = claiming
+    ClientApp.claimed_examples = count
 
 
 class MarkedDigits(DigitsTask):
     """Each site's file says how it behaves (digits features are in [0, 1]): holding
     ``FAIL_MARK`` it raises while training, holding ``NAN_MARK`` it trains NaN weights (which
-    its own update check rejects before sending); any other site trains normally."""
+    its own update check rejects before sending), holding ``NAN_COUNT_MARK`` it trains normally
+    and, from its next reply on, claims NaN examples (``claim_examples``); any other site
+    trains normally."""
 
     name = "digits-marked"
 
@@ -179,6 +206,8 @@ class MarkedDigits(DigitsTask):
         if mark == NAN_MARK:
             with torch.no_grad():
                 model[0].weight.fill_(float("nan"))
+        if mark == NAN_COUNT_MARK:
+            claim_examples(float("nan"))
         return metrics
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from flwr.app import Error, Message, Metadata, RecordDict
+from flwr.app import ConfigRecord, Error, Message, Metadata, RecordDict
 from flwr.app.message_type import MessageType
 from flwr.common import Code, EvaluateIns, FitIns, FitRes, Parameters, Status
 from flwr.common.constant import ErrorCode
@@ -234,3 +234,63 @@ def test_a_sites_first_word_in_a_round_is_kept_and_old_rounds_are_forgotten():
     for round_number in range(2, 20):
         replies.note(str(round_number), 5, SiteSaid("late", "x"))
     assert replies.said(1, 5) is None and replies.said(19, 5) is not None
+
+
+def _with_count(content: RecordDict, name: str, count: float) -> RecordDict:
+    content.metric_records[name]["num_examples"] = count
+    return content
+
+
+def test_a_count_that_is_not_a_whole_number_of_at_least_one_is_the_sites_rejection():
+    """An insider's example count (NaN, negative, zero, fractional) failed the round's weighted
+    mean and with it the run and every resume; it is now that site's ``rejected`` outcome, for
+    training results, evaluations and SecAgg+'s masked-vector replies (whose vector then never
+    enters the sum: the protocol treats the site as dropped), and the round goes on."""
+    from flwr.common import EvaluateRes
+
+    from fedweave.flower_patches.message_records import RECORD_KEY_CONFIGS
+
+    counts = {31: float("nan"), 32: -1e12, 33: 0, 34: 2.5, 35: 10, 36: float("inf")}
+    answers = {
+        node: _with_count(fit_result(), "fitres.num_examples", count)
+        for node, count in counts.items()
+    }
+    evaluate = compat.evaluateins_to_recorddict(
+        EvaluateIns(Parameters([], "numpy.ndarray"), {}), keep_input=True
+    )
+    answers[37] = _with_count(
+        compat.evaluateres_to_recorddict(EvaluateRes(Status(Code.OK, ""), 0.5, 10, {})),
+        "evaluateres.num_examples", float("nan"),
+    )  # fmt: skip
+    masked_stage = fit_result()
+    masked_stage.config_records[RECORD_KEY_CONFIGS] = ConfigRecord({"stage": "collect"})
+    answers[38] = _with_count(masked_stage, "fitres.num_examples", float("nan"))
+    asked = [instruction(node) for node in counts]
+    asked.append(instruction(37, evaluate, MessageType.EVALUATE))
+    secagg_content = compat.fitins_to_recorddict(
+        FitIns(Parameters([], "numpy.ndarray"), {}), keep_input=True
+    )
+    secagg_content.config_records[RECORD_KEY_CONFIGS] = ConfigRecord({"stage": "collect"})
+    asked.append(instruction(38, secagg_content))
+
+    replies = SiteReplies()
+    received = OutcomeGrid(_Grid(answers), replies).send_and_receive(asked)
+    by_node = {reply.metadata.src_node_id: reply for reply in received}
+    assert not by_node[35].has_error()
+    rejected = {node for node, reply in by_node.items() if reply.has_error()}
+    assert rejected == {31, 32, 33, 34, 36, 37, 38}
+    assert all(by_node[node].error.code == UpdateRejected.code for node in rejected)
+    said = {node: replies.said(ROUND, node) for node in rejected}
+    assert {s.status for s in said.values()} == {"rejected"}
+    assert said[31].reason == "example count nan is not a whole number of at least 1"
+    assert said[32].reason == "example count -1e+12 is not a whole number of at least 1"
+
+    # the round records each under its node and aggregates the one honest result
+    reporting = ReportingStrategy(FedAvg(), evaluator=None, site_replies=replies)
+    reporting._sampled = list(counts)
+    reporting._sites = [SiteResult("35", "ok", 10)]
+    reporting._record_failures(int(ROUND), [Exception(r.error) for r in received if r.has_error()])
+    assert {s.site_id: s.status for s in reporting._sites} == {
+        "35": "ok", "31": "rejected", "32": "rejected", "33": "rejected", "34": "rejected",
+        "36": "rejected",
+    }  # fmt: skip

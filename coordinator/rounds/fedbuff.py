@@ -74,6 +74,7 @@ from fedweave.flower_patches.secagg_masks import unflatten
 from fedweave.history.records import RoundInFlight, SiteResult
 from fedweave.history.round_summary import RoundSummary
 from fedweave.learning.compression import Compression, CompressionMismatch
+from fedweave.learning.validation import count_problem
 
 log = logging.getLogger("fedweave.coordinator")
 
@@ -172,6 +173,9 @@ def _fit_result(reply: Message | None, silent: str = "no reply") -> _Outcome:
         return _Outcome(reason=f"malformed reply: {type(exc).__name__}")
     if res.status.code != Code.OK:
         return _Outcome(reason=res.status.message or "the site did not train")
+    problem = count_problem(res.num_examples)
+    if problem is not None:
+        return _Outcome(status="rejected", reason=problem)
     return _Outcome(res)
 
 

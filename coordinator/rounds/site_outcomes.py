@@ -22,10 +22,12 @@ from typing import Any
 from fedweave.contract import (
     SITE_FAILED_CODE,
     SITE_NAME_METRIC,
+    UpdateRejected,
     one_line,
     outcome_of,
     read_outcome,
 )
+from fedweave.learning.validation import count_problem
 
 MAX_ROUNDS_KEPT = 8
 """Rounds whose outcomes are kept; a round's are read when it ends."""
@@ -135,6 +137,18 @@ def result_problem(asked: Any, reply: Any) -> str | None:
     return None
 
 
+def reported_count_problem(reply: Any) -> str | None:
+    """Why the example count a fit or evaluation result ``reply`` carries must be refused
+    (``count_problem``), or None (also for replies without one). SecAgg+'s masked-vector
+    replies carry the count in the clear too: refused there, the site's vector never enters
+    the sum, and the protocol unmasks the others as if the site had dropped out."""
+    for name in ("fitres.num_examples", "evaluateres.num_examples"):
+        record = reply.content.metric_records.get(name)
+        if record is not None and "num_examples" in record:
+            return count_problem(record["num_examples"])
+    return None
+
+
 class OutcomeGrid:
     """A grid that notes every error reply's outcome in ``replies`` under its round and node,
     and turns a malformed result into an error reply (``result_problem``); everything else is
@@ -187,11 +201,15 @@ class OutcomeGrid:
             self.replies.note(group_id, node_id, SiteSaid(status, reason, site_name))
             return Message(Error(code=code, reason=reason), reply_to=asked)
         problem = result_problem(asked, reply)
-        if problem is None:
-            return reply
-        reason = f"malformed reply: {problem}"
-        self.replies.note(group_id, node_id, SiteSaid("failed", reason))
-        return Message(Error(code=SITE_FAILED_CODE, reason=reason), reply_to=asked)
+        if problem is not None:
+            reason = f"malformed reply: {problem}"
+            self.replies.note(group_id, node_id, SiteSaid("failed", reason))
+            return Message(Error(code=SITE_FAILED_CODE, reason=reason), reply_to=asked)
+        problem = reported_count_problem(reply)
+        if problem is not None:  # an insider's count would weigh the mean, or fail it
+            self.replies.note(group_id, node_id, SiteSaid("rejected", problem))
+            return Message(Error(code=UpdateRejected.code, reason=problem), reply_to=asked)
+        return reply
 
     def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
         return getattr(self._grid, name)

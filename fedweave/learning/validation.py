@@ -1,8 +1,11 @@
-"""Is a model update fit to enter the aggregate? One pure check, used at the site (before
-SecAgg+ masks it) and at the coordinator (on each update without SecAgg+, on the unmasked
-aggregate with it)."""
+"""Is a model update fit to enter the aggregate? Pure checks: the update itself, used at the
+site (before SecAgg+ masks it) and at the coordinator (on each update without SecAgg+, on the
+unmasked aggregate with it); and the example count a site reports with a result, at the
+coordinator."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -45,3 +48,15 @@ def clipped_fraction(weights: list[np.ndarray], scale: float, clipping_range: fl
         return 0.0
     clipped = sum(int(np.count_nonzero(np.abs(w) * scale > clipping_range)) for w in weights)
     return clipped / total
+
+
+def count_problem(count: object) -> str | None:
+    """Why ``count``, the number of examples a site says it trained or evaluated on, must be
+    refused, in one line, or ``None``: it must be a whole number of at least 1. A count of NaN,
+    a negative count cancelling the others, or zero everywhere would fail the round's
+    weighted mean, and with it the run and every resume."""
+    if isinstance(count, bool) or not isinstance(count, (int, float, np.integer, np.floating)):
+        return f"example count of type {type(count).__name__}, not a number"
+    if not math.isfinite(count) or count < 1 or count != int(count):
+        return f"example count {float(count):g} is not a whole number of at least 1"
+    return None
