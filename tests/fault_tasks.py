@@ -27,6 +27,7 @@ class _SiteFile(ArrayData):
         object.__setattr__(part, "marked", self.marked)
         return part
 
+
 SENTINEL = 7.0  # digits features are in [0, 1]
 
 

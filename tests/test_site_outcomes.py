@@ -159,9 +159,7 @@ def test_every_outcome_is_recorded_against_the_site_that_said_it():
     reporting = ReportingStrategy(FedAvg(), evaluator=None, site_replies=replies)
     reporting._sampled = list(answers)
     reporting._sites = [SiteResult("11", "ok", 10)]  # what aggregate_fit records for a result
-    reporting._record_failures(
-        int(ROUND), [Exception(r.error) for r in received if r.has_error()]
-    )
+    reporting._record_failures(int(ROUND), [Exception(r.error) for r in received if r.has_error()])
     recorded = {
         int(site.site_id): (site.status, site.reason, site.metrics.get(SITE_NAME_METRIC))
         for site in reporting._sites
@@ -294,3 +292,17 @@ def test_a_count_that_is_not_a_whole_number_of_at_least_one_is_the_sites_rejecti
         "35": "ok", "31": "rejected", "32": "rejected", "33": "rejected", "34": "rejected",
         "36": "rejected",
     }  # fmt: skip
+
+
+def test_an_async_run_reads_a_count_that_is_not_a_whole_number_as_the_sites_rejection():
+    from fedweave.coordinator.rounds.fedbuff import _fit_result
+
+    for count in (float("nan"), -3, 0):
+        content = _with_count(fit_result(), "fitres.num_examples", count)
+        outcome = _fit_result(Message(content, reply_to=instruction(41)))
+        assert outcome.status == "rejected" and outcome.res is None
+        assert (
+            outcome.reason == f"example count {float(count):g} is not a whole number of at least 1"
+        )
+    honest = _fit_result(Message(fit_result(), reply_to=instruction(41)))
+    assert honest.res is not None and honest.res.num_examples == 10
