@@ -278,13 +278,17 @@ def test_secagg_stages_wait_what_the_policy_says_and_forget_silent_sites(monkeyp
     assert sent == [("unmask", 5.0)]
 
 
-class _FrozenUpload:
+class _Uploads:
     """Stands in for the SuperLink's Runtime API client (the real one needs a SuperLink and a
     site frozen between its reply's header and its weights, which no process can be made to do
-    on cue): it hands out one real reply header with its object tree and serves its objects
-    only once ``uploaded`` is set."""
+    on cue): it hands out real reply headers with their object trees, each from the
+    ``shown_from``-th pull on, and serves a reply's objects only once it is ``uploaded``."""
 
-    def __init__(self, asked_id: str) -> None:
+    def __init__(self) -> None:
+        self.replies: dict[str, dict] = {}
+        self.pulls = 0
+
+    def add(self, asked_id: str, uploaded: bool = False, shown_from: int = 1) -> None:
         import numpy as np
         from flwr.app import ArrayRecord, Message, Metadata, RecordDict
         from flwr.supercore.inflatable.inflatable_object import (
@@ -292,45 +296,58 @@ class _FrozenUpload:
             get_object_tree,
         )
 
-        content = RecordDict({"arrays": ArrayRecord([np.ones(3, dtype=np.float32)])})
+        value = len(self.replies) + 1  # replies of their own content (objects are by hash)
+        content = RecordDict({"arrays": ArrayRecord([np.full(3, value, dtype=np.float32)])})
         metadata = Metadata(
             run_id=1, message_id="", src_node_id=7, dst_node_id=0, reply_to_message_id=asked_id,
             group_id="1", created_at=0.0, ttl=60.0, message_type="train",
         )  # fmt: skip
-        self.reply = Message(content=content, metadata=metadata)
-        self.objects = get_all_nested_objects(self.reply)
-        self.tree = get_object_tree(self.reply)
-        self.uploaded = False
+        reply = Message(content=content, metadata=metadata)
+        self.replies[asked_id] = {
+            "reply": reply, "objects": get_all_nested_objects(reply),
+            "tree": get_object_tree(reply), "uploaded": uploaded, "shown_from": shown_from,
+        }  # fmt: skip
 
     def PullMessages(self, request):  # noqa: N802 - the client's own method names
         from flwr.app.message.message import remove_content_from_message
         from flwr.common.serde import message_to_proto
         from flwr.proto.runtime_pb2 import PullAppMessagesResponse
 
-        header = message_to_proto(remove_content_from_message(self.reply))
-        header.metadata.message_id = self.reply.object_id
-        return PullAppMessagesResponse(messages_list=[header], message_object_trees=[self.tree])
+        self.pulls += 1
+        headers, trees = [], []
+        for asked_id, held in self.replies.items():
+            if asked_id in request.message_ids and held["shown_from"] <= self.pulls:
+                header = message_to_proto(remove_content_from_message(held["reply"]))
+                header.metadata.message_id = held["reply"].object_id
+                headers.append(header)
+                trees.append(held["tree"])
+        return PullAppMessagesResponse(messages_list=headers, message_object_trees=trees)
 
     def PullObject(self, request):  # noqa: N802
         from flwr.proto.message_pb2 import PullObjectResponse
 
-        if not self.uploaded:
-            return PullObjectResponse(object_found=True, object_available=False)
-        content = self.objects[request.object_id].deflate()
-        return PullObjectResponse(object_found=True, object_available=True, object_content=content)
+        for held in self.replies.values():
+            if request.object_id in held["objects"]:
+                if not held["uploaded"]:
+                    return PullObjectResponse(object_found=True, object_available=False)
+                content = held["objects"][request.object_id].deflate()
+                return PullObjectResponse(
+                    object_found=True, object_available=True, object_content=content
+                )
+        return PullObjectResponse(object_found=False, object_available=False)
 
     def ConfirmMessageReceived(self, request):  # noqa: N802
         return None
 
 
-def _grid_pulling_from(client):
+def _grid_pulling_from(client, asked=("asked",)):
     from types import SimpleNamespace
 
     from flwr.superlink.grid.http_grid import HttpGrid
 
     grid = HttpGrid(token="test")
     grid._client, grid._run = client, SimpleNamespace(run_id=1)
-    grid.push_messages = lambda messages: ["asked"]
+    grid.push_messages = lambda messages: list(asked)
     return grid
 
 
@@ -344,17 +361,32 @@ def test_a_reply_whose_weights_never_arrive_is_left_out_by_the_calls_deadline():
     from fedweave.flower_patches import object_pulls
 
     assert flower_patches.tune_deployed_polling()
-    frozen = _FrozenUpload("asked")
+    frozen = _Uploads()
+    frozen.add("asked")
     grid = _grid_pulling_from(frozen)
     started = time.monotonic()
     assert list(grid.send_and_receive([], timeout=1.0)) == []
     took = time.monotonic() - started
     assert took < 1.0 + object_pulls.LAST_PULL_SECONDS + 3.0, took
 
-    frozen.uploaded = True  # the same reply with its weights: pulled whole, as before
+    frozen.replies["asked"]["uploaded"] = True  # the same reply with its weights: pulled whole
     (reply,) = grid.send_and_receive([], timeout=1.0)
     assert reply.metadata.reply_to_message_id == "asked" and not reply.has_error()
     assert reply.content.array_records["arrays"].to_numpy_ndarrays()[0].tolist() == [1, 1, 1]
+
+
+@pytest.mark.timeout(60)
+def test_a_reply_held_up_by_another_sites_missing_weights_is_still_on_time():
+    """One site's header came first and its weights never: the pull that meets it is held to
+    the deadline. A site whose whole reply came meanwhile answered in time and is kept (an
+    insider sending headers early must not make the others late)."""
+    assert flower_patches.tune_deployed_polling()
+    uploads = _Uploads()
+    uploads.add("frozen")
+    uploads.add("honest", uploaded=True, shown_from=2)
+    grid = _grid_pulling_from(uploads, asked=("frozen", "honest"))
+    replies = list(grid.send_and_receive([], timeout=1.0))
+    assert [r.metadata.reply_to_message_id for r in replies] == ["honest"]
 
 
 @pytest.mark.timeout(60)
@@ -363,7 +395,9 @@ def test_an_async_run_reads_a_reply_whose_weights_never_arrive_as_late():
 
     from fedweave.coordinator.rounds.fedbuff import _Arrivals, _fit_result
 
-    arrivals = _Arrivals(_grid_pulling_from(_FrozenUpload("asked")))
+    frozen = _Uploads()
+    frozen.add("asked")
+    arrivals = _Arrivals(_grid_pulling_from(frozen))
     started = time.monotonic()
     assert arrivals.first(["asked"], pulls_end=time.monotonic() + 1.0) == "asked"
     assert time.monotonic() - started < 6.0
