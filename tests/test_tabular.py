@@ -86,6 +86,17 @@ def test_a_regression_label_must_be_numeric(tmp_path):
         task.read_site_data(path)
 
 
+def test_breast_cancer_columns_are_scikit_learns():
+    """The task spells out the table's column names (importing ``sklearn.datasets`` costs every
+    site process ~2 s); they must be scikit-learn's, in its order."""
+    from sklearn.datasets import load_breast_cancer
+
+    from fedweave.learning.tasks.breast_cancer import feature_names
+
+    assert feature_names() == [str(name) for name in load_breast_cancer().feature_names]
+    assert [f.name for f in load_task("breast-cancer").schema.features] == feature_names()
+
+
 def test_sites_statistics_combine_to_the_pooled_ones():
     """Each site's vector is a mean over its examples; their example-weighted mean (what
     SecAgg+ returns) gives the pooled means and standard deviations."""

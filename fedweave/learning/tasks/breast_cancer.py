@@ -20,10 +20,22 @@ CLASSES = ("malignant", "benign")
 """scikit-learn's target order: 0 = malignant, 1 = benign."""
 
 
-def feature_names() -> list[str]:
-    from sklearn.datasets import load_breast_cancer
+MEASURES = (
+    "radius", "texture", "perimeter", "area", "smoothness", "compactness", "concavity",
+    "concave points", "symmetry", "fractal dimension",
+)  # fmt: skip
+"""The ten measurements of each cell nucleus, each given as its mean, error and worst value."""
 
-    return [str(name) for name in load_breast_cancer().feature_names]
+
+def feature_names() -> list[str]:
+    """scikit-learn's 30 column names, in its order (``tests/test_tabular.py`` compares them):
+    spelled out here because importing ``sklearn.datasets`` costs ~2 s of CPU in every
+    process that loads the task (a site's supervisor and worker among them)."""
+    return (
+        [f"mean {m}" for m in MEASURES]
+        + [f"{m} error" for m in MEASURES]
+        + [f"worst {m}" for m in MEASURES]
+    )
 
 
 def make_task(standardise: bool = True) -> TabularTask:
