@@ -97,10 +97,11 @@ def find_interpreter(version: str) -> Path | None:
     return Path(on_path) if on_path else None
 
 
-def _run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
+def _run(cmd: list[str], extra_env: dict[str, str] | None = None,
+         **kwargs) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV",
                                                           "PYTHONHOME")}
-    env.update(PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1")
+    env.update(PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1", **(extra_env or {}))
     return subprocess.run(cmd, capture_output=True, text=True, env=env, **kwargs)
 
 
@@ -145,7 +146,10 @@ def _built_with_uv(interpreter: Path, building: Path, reqs: list[str]) -> bool:
     except (ImportError, FileNotFoundError):
         return False
     shutil.rmtree(building, ignore_errors=True)
-    made = _run([uv, "venv", "-q", "-p", str(interpreter), str(building)], timeout=300)
+    # relocatable: its scripts (``bin/ray``, ``bin/flwr``...) still run once ``building`` is
+    # renamed to the environment's folder (an absolute shebang would name ``building``)
+    made = _run([uv, "venv", "-q", "--relocatable", "-p", str(interpreter), str(building)],
+                timeout=300)
     if made.returncode == 0:
         installed = _run([uv, "pip", "install", "-q", "--python", str(building / "bin" / "python"),
                           *reqs], timeout=900)
@@ -216,8 +220,11 @@ def run_torch_free_tests(version: str) -> tuple[str, str]:
     if _run([str(python), "-c", "import torch"], timeout=60).returncode == 0:
         return "failed", f"{python} is meant to have no torch"
     deselect = [arg for test in NEED_TORCH for arg in ("--deselect", test)]
+    # no shared Ray cluster: these tests start no simulation (tests/conftest.py starts one
+    # unless told; under pytest-xdist the outer session names none for it to join)
     result = _run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                   *TORCH_FREE_TESTS, *deselect], cwd=REPO, timeout=900)
+                   *TORCH_FREE_TESTS, *deselect], cwd=REPO, timeout=900,
+                  extra_env={"FEDWEAVE_TEST_PRIVATE_RAY": "1"})
     tail = (result.stdout + result.stderr)[-4000:]
     summary = tail.strip().splitlines()[-1] if tail.strip() else ""
     if result.returncode or not re.search(r"\d+ passed", summary) or "skipped" in summary:
