@@ -3,7 +3,9 @@ ClientApp, ``fedweave.client.deployed_app:app``, trains on ``--data`` only). Mou
 ``fedweave/cli.py`` as ``app.command()(client)``.
 
 Everything a site operator can get wrong (data file, CA certificate, site key) is checked
-before connecting (``site_checks.py``). Then the SuperNode connects, with Flower's own
+before connecting: the options and files here (``site_checks.py``), the task and the data by
+the site's ClientApp worker as it starts, before the SuperNode does (this process does not
+import torch). Then the SuperNode connects, with Flower's own
 exponential backoff, and this process turns the events it reports
 (``fedweave.flower_patches.supernode_state``: data in a file, not its log, which is copied for
 people) into a few readable lines: waiting, connected, each round, a run's end. The
@@ -311,6 +313,9 @@ def _start_supernode(command: list[str], env: dict[str, str]) -> subprocess.Pope
     )
 
 
+WORKER_INPUTS_TIMEOUT_S = 180.0
+"""How long a starting site waits for its ClientApp worker to read the task and data (torch's
+import and a table's read: ~5 s on an idle 2-core machine) before it ends, naming the log."""
 REFUSED_PATIENCE_S = 8.0
 """How long a site that never connected tries again after its first refusal before it ends
 (the error then comes within 30 s of the start: a coordinator registers its sites' keys
@@ -369,7 +374,9 @@ def run_site(
     """Run the SuperNode until it exits or we are stopped; returns our exit code.
 
     ``worker``: the command of the site's ClientApp worker, kept running beside the SuperNode
-    (``WorkerSupervisor``); None when the SuperNode starts its own ClientApp processes.
+    (``WorkerSupervisor``); None when the SuperNode starts its own ClientApp processes. The
+    SuperNode starts once the worker has read the task and data; their problem, if any, ends
+    the site (``UserError``) before it connects.
     ``key_fingerprint``: the site key's ``SHA256:...``, shown when the coordinator refuses it
     (its console shows the same fingerprint).
     ``ca_cert``: the CA the coordinator's certificate must verify with (None: no TLS); the
@@ -403,8 +410,7 @@ def run_site(
     state_path = log_path.parent / f"{log_path.name}.state.jsonl"
     supernode_env = {**env, SUPERNODE_STATE_FILE_ENV: str(state_path.resolve())}
     previous = signal.signal(signal.SIGTERM, raise_interrupt)
-    _echo(f"site starting: connecting to {coordinator} (log: {log_path})")
-    started, wait, rejoin_wait = time.monotonic(), 2.0, 2.0
+    wait, rejoin_wait = 2.0, 2.0
     refusals, has_connected = 0, False
     first_refused: float | None = None
     refused_why: str | None = None
@@ -417,6 +423,11 @@ def run_site(
             supervisor = WorkerSupervisor(
                 worker, env, log_path, _echo, journal.add if journal is not None else None
             ).start()
+            problem = supervisor.inputs_problem(WORKER_INPUTS_TIMEOUT_S)
+            if problem is not None:
+                raise UserError(problem)
+        _echo(f"site starting: connecting to {coordinator} (log: {log_path})")
+        started = time.monotonic()
         while True:
             log_path.parent.mkdir(parents=True, exist_ok=True)
             state_path.write_bytes(b"")  # each SuperNode reports from a clean file
@@ -530,7 +541,7 @@ def site_name(given: str | None, site_key: Path | None) -> str:
 
 
 def _client(config: RunConfig, _resolved: Resolved) -> None:
-    from fedweave.client.site_checks import check_site_inputs
+    from fedweave.client.site_checks import check_site_data, check_site_inputs
     from fedweave.errors import UserError
 
     data, connection, site = config.data, config.connection, config.site
@@ -543,6 +554,10 @@ def _client(config: RunConfig, _resolved: Resolved) -> None:
         internal_use_problem,
     )
 
+    use_worker = clientapp_worker_usable()
+    if not use_worker:  # else the worker reads the task and data as it starts (run_site)
+        check_site_data(config)
+
     for patch in ("supernode_waits", "supernode_state"):  # the SuperNode would refuse to start
         problem = correctness_problem(patch)
         if problem is not None:
@@ -552,7 +567,6 @@ def _client(config: RunConfig, _resolved: Resolved) -> None:
         raise UserError(problem)
     name = site_name(site.name, connection.site_key)
     runtime_port = site.runtime_port or free_port()
-    use_worker = clientapp_worker_usable()
     command = supernode_command(
         coordinator,
         data.task,
@@ -578,7 +592,9 @@ def _client(config: RunConfig, _resolved: Resolved) -> None:
     worker = None
     if use_worker:
         runtime_api = f"127.0.0.1:{runtime_port}"
-        worker = worker_command(runtime_api, data.task, data.data, data.label_column)
+        worker = worker_command(
+            runtime_api, data.task, data.data, data.label_column, config.evaluation.eval_data
+        )
     else:
         _echo(
             "warning: Flower's own executor runs this site's ClientApps (FEDWEAVE_STOCK_FLOWER=1, "

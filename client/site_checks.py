@@ -1,6 +1,11 @@
 """``fedweave client``'s checks of what its options name, before it connects: the coordinator's
-address, the data files (read once, as training will read them), the CA certificate and the
-site key.
+address, the data files' names, the CA certificate and the site key.
+
+The task and the data files themselves are read by the site's ClientApp worker, which imports
+torch and the task anyway: it reports ``ok`` or the problem before the SuperNode starts
+(``fedweave.client.worker.INPUTS_PREFIX``), so this process never imports torch. Only a site
+whose SuperNode runs its own ClientApp processes (no worker) reads them here
+(``check_site_data``).
 
 What the options alone decide (``--insecure`` or ``--ca-cert``, bounds, choices) is checked
 when the options are resolved (``fedweave/config/commands.check_settings``,
@@ -17,25 +22,31 @@ from fedweave.errors import UserError
 
 
 def check_site_inputs(config: RunConfig) -> None:
-    """One-line errors for everything checkable before connecting."""
-    from fedweave.learning.data import load_site_data
-    from fedweave.learning.tasks import load_task
-
+    """One-line errors for everything checkable before connecting without reading the task
+    and the data (``check_site_data``, or the worker, reads those)."""
     data, connection = config.data, config.connection
     if data.data is None:
         raise UserError("--data is required: this site's .npz or .csv file")
     parse_host_port(config.site.coordinator or "", "--coordinator", "coord.example.org:9092")
-    task = load_task(data.task)
     for flag, path in (("--data", data.data), ("--eval-data", config.evaluation.eval_data)):
-        if path is None:
-            continue
-        if "'" in str(path):  # the SuperNode's node config quotes it
+        if path is not None and "'" in str(path):  # the SuperNode's node config quotes it
             raise UserError(f"{flag} path {path} contains a single quote; rename or move the file")
-        load_site_data(path, task, data.label_column)  # missing/bad file: clear error here
     if not connection.insecure and connection.ca_cert is not None:
         _check_ca_cert(connection.ca_cert)
     if connection.site_key is not None:
         _check_site_key(connection.site_key)
+
+
+def check_site_data(config: RunConfig) -> None:
+    """The task loads and the data files read as training will read them, or a one-line
+    error; for a site without a ClientApp worker (whose check this otherwise is)."""
+    from fedweave.learning.data import load_site_data
+    from fedweave.learning.tasks import load_task
+
+    task = load_task(config.data.task)
+    for path in (config.data.data, config.evaluation.eval_data):
+        if path is not None:
+            load_site_data(path, task, config.data.label_column)
 
 
 def _check_ca_cert(ca_cert: Path) -> None:

@@ -6,7 +6,9 @@ and exits: about 7 s of start-up per training message on 2 cores, against well u
 of training (docs/deploy.md, "How fast"). This worker takes the SuperNode's place as the
 executor: the SuperNode runs with ``--isolation process``, and the worker
 
-1. imports torch, loads the site's task and data, and warms the optimizer path once;
+1. imports torch, loads the site's task and data, tells ``fedweave client`` whether they
+   read well (``INPUTS_PREFIX``: the site ends with the problem before it connects), and
+   warms the optimizer path once;
 2. claims each ClientApp task from the SuperNode's Runtime API (``AcquireTask``, what
    ``flower-superexec`` calls), then runs it in this process with Flower's own functions
    for the pinned version (``fedweave.flower_patches.clientapp_worker``: Flower's
@@ -41,9 +43,13 @@ import time
 from fedweave.contract import SiteOutcome, SiteRefusal, one_line
 
 NOTICE_PREFIX = "site notice: "
+"""Starts a line this worker writes to stdout for the site's console (``WorkerSupervisor``)."""
 RECORD_PREFIX = "site record: "
 """Before one JSON line of ``client/mods.py``'s ``site_record`` on the worker's stdout."""
-"""Starts a line this worker writes to stdout for the site's console (``WorkerSupervisor``)."""
+INPUTS_PREFIX = "site inputs: "
+"""Before the one line a starting worker writes once it has read the site's task and data
+files: ``INPUTS_OK``, or the problem in one line (``WorkerSupervisor.inputs_problem``)."""
+INPUTS_OK = "ok"
 
 POLL_SECONDS = 0.1
 """Seconds between asks for a task when none is pending (stock ``flower-superexec``: 1 s).
@@ -52,22 +58,49 @@ Measured on 2 cores (docs/deploy.md): 0.1 s costs ~0.03 CPU-s/s idle per site.""
 log = logging.getLogger("fedweave.client.worker")
 
 
-def warm_up(task: str | None, data_path: str | None, label_column: str | None) -> None:
-    """Pay every first-use cost before the first message: torch, the optimizer path (its first
-    use imports ``torch._dynamo``, ~2 s), the task, and this site's data."""
+def warm_up(
+    task: str | None,
+    data_paths: tuple[str | None, ...],
+    label_column: str | None,
+) -> None:
+    """Pay every first-use cost before the first message: the task, this site's data files
+    (``data_paths``: its data, then its evaluation data; None entries skipped), torch, and the
+    optimizer path (its first use imports ``torch._dynamo``, ~2 s). Says on stdout whether the
+    task and data read well (``INPUTS_PREFIX``) first: the site's SuperNode waits for that."""
+    problem = _inputs_problem(task, data_paths, label_column)
+    print(INPUTS_PREFIX + (problem or INPUTS_OK), flush=True)
     import torch
 
     torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1).step()
-    if task is None:
-        return
-    from fedweave.client.site_app import cached_site_data, cached_task
 
-    cached_task(task)
-    if data_path is not None:
-        try:
-            cached_site_data(data_path, task, label_column)
-        except Exception as exc:  # refused again, with the reason, at the run's first message
-            log.warning("site data not preloaded: %s", str(exc).splitlines()[0])
+
+def _inputs_problem(
+    task: str | None, data_paths: tuple[str | None, ...], label_column: str | None
+) -> str | None:
+    """None when the task loads and every data file reads as training reads it; else the
+    problem in one line (a run's first message is refused again with it, if the site runs)."""
+    if task is None:
+        return None
+    from fedweave.client.site_app import cached_site_data, cached_task
+    from fedweave.errors import UserError
+
+    said = _NoticeHandler(logging.WARNING)  # what reading the files warns of is the operator's
+    logging.getLogger("fedweave.data").addHandler(said)
+    try:
+        cached_task(task)
+        for path in data_paths:
+            if path is not None:
+                cached_site_data(path, task, label_column)
+    except UserError as exc:
+        log.warning("site data not preloaded: %s", one_line(str(exc), limit=2000))
+        return one_line(str(exc), limit=2000)
+    except Exception as exc:  # a task module's own failure: its traceback goes to the log
+        log.error("task %r or its data failed to load", task, exc_info=exc)
+        why = f"{type(exc).__name__}: {one_line(str(exc))}"
+        return f"task {task!r} or its data failed to load ({why}); see the site's log"
+    finally:
+        logging.getLogger("fedweave.data").removeHandler(said)
+    return None
 
 
 class ForeignRunRefused(SiteRefusal):
@@ -248,6 +281,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--task", help="the task this site holds, loaded before the first message")
     parser.add_argument("--data", help="this site's data file, loaded before the first message")
     parser.add_argument("--label-column", help="label column of a CSV data file")
+    parser.add_argument("--eval-data", help="this site's evaluation file, read at start too")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -257,14 +291,14 @@ def main(argv: list[str] | None = None) -> None:
     logging.getLogger("fedweave.site.records").addHandler(_RecordHandler())
 
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     # Flower's HTTP retry SIGINTs its own process on a 401, meant to end a one-message
     # flwr-clientapp. Here a 401 only means the SuperNode restarted and forgot the task in
     # hand: that task fails and the worker goes on. (It runs in its own session, so a
     # terminal's Ctrl-C never reaches it; `fedweave client` stops it with SIGTERM.)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     exit_with_site(os.getppid())
-    warm_up(args.task, args.data, args.label_column)
+    warm_up(args.task, (args.data, args.eval_data), args.label_column)  # SIGTERM: exit at once
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     log.info("ClientApp worker ready (pid %d)", os.getpid())
     serve(args.runtime_api_address, stop)
 

@@ -1,5 +1,6 @@
 """Starts a site's ClientApp worker (``fedweave.client.worker``) and starts it again if it
-dies, so the site operator still runs one command.
+dies, so the site operator still runs one command. The first worker's word on the site's task
+and data (``inputs_problem``) decides whether the site connects at all.
 
 A worker that dies mid-message loses only that message: Flower's SuperNode answers it with its
 "ClientApp crashed" error once the worker's heartbeat is missed, and the coordinator records the
@@ -23,14 +24,21 @@ STABLE_SECONDS = 60.0
 
 
 def worker_command(
-    runtime_api_address: str, task: str, data: Path, label_column: str | None
+    runtime_api_address: str,
+    task: str,
+    data: Path,
+    label_column: str | None,
+    eval_data: Path | None = None,
 ) -> list[str]:
-    """The worker's command line for this site."""
+    """The worker's command line for this site (``eval_data``: its ``--eval-data``, read at
+    start with ``data``)."""
     cmd = [
         sys.executable, "-m", "fedweave.client.worker",
         "--runtime-api-address", runtime_api_address,
         "--task", task, "--data", str(data.resolve()),
     ]  # fmt: skip
+    if eval_data is not None:
+        cmd += ["--eval-data", str(eval_data.resolve())]
     return cmd + (["--label-column", label_column] if label_column else [])
 
 
@@ -61,6 +69,8 @@ class WorkerSupervisor:
         self.command, self.env, self.log_path, self.echo = command, env, log_path, echo
         self.on_record = on_record
         self.restarts = 0
+        self._inputs_read = threading.Event()  # the first worker's verdict is in
+        self._inputs_problem: str | None = None
         self._stop = threading.Event()
         self._proc: subprocess.Popen | None = None
         self._lock = threading.Lock()
@@ -77,19 +87,25 @@ class WorkerSupervisor:
                 self.command, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
                 env=self.env, text=True, errors="replace", **tied_to_us(),
             )  # fmt: skip
-        threading.Thread(target=self._copy_stdout, args=(proc,), daemon=True).start()
+        self._copier = threading.Thread(target=self._copy_stdout, args=(proc,), daemon=True)
+        self._copier.start()
         return proc
 
     def _copy_stdout(self, proc: subprocess.Popen) -> None:
         """The worker's stdout to the log; its notices (``NOTICE_PREFIX``) to the console;
         its records (``RECORD_PREFIX``) to ``on_record``."""
-        from fedweave.client.worker import NOTICE_PREFIX, RECORD_PREFIX
+        from fedweave.client.worker import INPUTS_OK, INPUTS_PREFIX, NOTICE_PREFIX, RECORD_PREFIX
 
         with self.log_path.open("a", encoding="utf-8") as log:
             for line in proc.stdout:
                 if line.startswith(RECORD_PREFIX):
                     self._record(line[len(RECORD_PREFIX) :])
                     continue
+                if line.startswith(INPUTS_PREFIX) and not self._inputs_read.is_set():
+                    verdict = line[len(INPUTS_PREFIX) :].strip()
+                    self._inputs_problem = None if verdict == INPUTS_OK else verdict
+                    self._inputs_read.set()
+                    continue  # the worker logged a problem itself
                 log.write(line)
                 log.flush()
                 if line.startswith(NOTICE_PREFIX):
@@ -116,6 +132,14 @@ class WorkerSupervisor:
                 self._proc = proc = self._spawn()
             started = time.monotonic()
             code = proc.wait()
+            if not self._inputs_read.is_set():
+                self._copier.join(5)  # its last lines may still be in the pipe
+            if not self._inputs_read.is_set():
+                self._inputs_problem = (
+                    f"the site's ClientApp worker exited (code {code}) before it had read the "
+                    f"task and data; see {self.log_path}"
+                )
+                self._inputs_read.set()
             if self._stop.is_set():
                 return
             wait = 1.0 if time.monotonic() - started > STABLE_SECONDS else wait
@@ -126,6 +150,17 @@ class WorkerSupervisor:
             )
             self._stop.wait(wait)
             wait = min(wait * 2, 30.0)
+
+    def inputs_problem(self, timeout: float) -> str | None:
+        """Wait for the first worker to read the site's task and data files: None when they
+        read well, else the problem in one line (a worker that died first, or that took
+        longer than ``timeout`` seconds, included)."""
+        if not self._inputs_read.wait(timeout):
+            return (
+                f"the site's ClientApp worker had not read the task and data after "
+                f"{timeout:.0f} s; see {self.log_path}"
+            )
+        return self._inputs_problem
 
     def pid(self) -> int | None:
         """The running worker's pid (None before the first start)."""

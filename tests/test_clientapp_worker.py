@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from fedweave.client.worker import INPUTS_OK, INPUTS_PREFIX
 from fedweave.client.worker_supervisor import WorkerSupervisor, worker_command
 
 
@@ -51,6 +52,29 @@ def _state(pid: int) -> str:
         return "gone"
 
 
+def test_the_site_hears_whether_the_first_worker_read_its_task_and_data(tmp_path):
+    """The verdict of the first worker decides; one that dies before it is a problem too."""
+
+    def verdict(script: str, timeout: float = 30) -> str | None:
+        supervisor = WorkerSupervisor(
+            [sys.executable, "-c", script], {}, tmp_path / "site.log", lambda _: None
+        ).start()
+        try:
+            return supervisor.inputs_problem(timeout)
+        finally:
+            supervisor.stop()
+
+    said = "import time; print({!r}, flush=True); time.sleep(600)"
+    assert verdict(said.format(INPUTS_PREFIX + INPUTS_OK)) is None
+    problem = "data file /x.npz does not exist; pass --data with a .npz or .csv file"
+    assert verdict(said.format(INPUTS_PREFIX + problem)) == problem
+    died = verdict("import sys; print('starting', flush=True); sys.exit(7)")
+    assert "exited (code 7) before it had read the task and data" in (died or ""), died
+    assert "site.log" in died
+    slow = verdict("import time; time.sleep(600)", timeout=0.5)
+    assert "had not read the task and data after 0 s" in (slow or ""), slow
+
+
 def test_the_worker_command_names_the_sites_task_and_data(tmp_path):
     data = tmp_path / "site.csv"
     cmd = worker_command("127.0.0.1:9094", "digits", data, "label")
@@ -58,6 +82,9 @@ def test_the_worker_command_names_the_sites_task_and_data(tmp_path):
     assert cmd[cmd.index("--runtime-api-address") + 1] == "127.0.0.1:9094"
     assert cmd[cmd.index("--data") + 1] == str(data.resolve())
     assert cmd[-2:] == ["--label-column", "label"]
+    assert "--eval-data" not in cmd
+    held_out = worker_command("127.0.0.1:9094", "digits", data, None, tmp_path / "eval.csv")
+    assert held_out[held_out.index("--eval-data") + 1] == str((tmp_path / "eval.csv").resolve())
 
 
 def test_the_worker_stops_when_its_site_process_is_killed():

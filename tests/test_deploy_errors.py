@@ -109,7 +109,10 @@ def test_coordinator_refuses_bad_settings_before_starting(deployment):
     assert not state.exists()  # refused before its SuperLink was launched
 
 
-def test_client_missing_data_file_fails_before_connecting(deployment):
+def test_client_missing_data_file_fails_before_connecting(deployment, monkeypatch):
+    """The site's worker reads the task and data and says what is wrong; the site process
+    itself never imports a task (CPython's import profile of that one process, on its stderr,
+    shows it: a table task imports torch)."""
     started = time.monotonic()
     done = run_fedweave(
         "client",
@@ -123,6 +126,22 @@ def test_client_missing_data_file_fails_before_connecting(deployment):
     )
     one_line_error(done, "nowhere.npz", "does not exist")
     assert "connecting" not in done.stderr and time.monotonic() - started < 30
+    monkeypatch.setenv("PYTHONPROFILEIMPORTTIME", "1")
+    table = run_fedweave(
+        "client", "--coordinator", "127.0.0.1:1", "--task", "breast-cancer",
+        "--data", "nowhere.csv", "--ca-cert", "tls/ca.pem", cwd=deployment,
+    )  # fmt: skip
+    monkeypatch.delenv("PYTHONPROFILEIMPORTTIME")
+    one_line_error(table, "nowhere.csv", "does not exist")
+    imported = [line.rsplit("|", 1)[-1].strip() for line in table.stderr.splitlines()]
+    assert "typer" in imported, table.stderr[-2000:]
+    assert not {"torch", "fedweave.learning.tasks.tabular"} & set(imported)
+    missing_eval = run_fedweave(
+        "client", "--coordinator", "127.0.0.1:1", "--data", "split/site-0.npz",
+        "--eval-data", "held-out.npz", "--ca-cert", "tls/ca.pem", cwd=deployment,
+    )  # fmt: skip
+    one_line_error(missing_eval, "held-out.npz", "does not exist")
+    assert "connecting" not in missing_eval.stderr
 
 
 def test_client_needs_tls_or_insecure_and_a_real_key(deployment):
