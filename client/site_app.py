@@ -119,6 +119,15 @@ def cached_site_parts(
     return hold_out(data, eval_fraction)
 
 
+def count_as_sent(count: int, config: dict) -> int:
+    """The example count a fit reply says: under SecAgg+ at most the run's ``max_weight``
+    (Flower's mod scales the vector by count / ``max_weight``, which must not pass 1, and the
+    coordinator refuses a higher count before the sum), else ``count`` itself."""
+    if SECAGG_MAX_WEIGHT_KEY not in config:
+        return count
+    return min(count, int(float(config[SECAGG_MAX_WEIGHT_KEY])))
+
+
 def resolve_data_path(settings: ClientSettings, context: Context) -> str:
     """Which file this site trains on (see the module docstring for the order)."""
     configured = context.node_config.get(NODE_DATA_PATH_KEY)
@@ -208,7 +217,7 @@ class TaskClient(NumPyClient):
             metrics[SITE_NAME_METRIC] = self.site_name
         if simulated is not None:
             metrics[SIMULATED_SECONDS_METRIC] = simulated
-        return get_weights(self.model), len(data), metrics
+        return get_weights(self.model), count_as_sent(len(data), config), metrics
 
     def _simulated_job(self, parameters: list[np.ndarray], config: dict) -> tuple[float, float]:
         """(share of its local work this site does, simulated seconds its job takes) on the
@@ -291,7 +300,7 @@ class TaskClient(NumPyClient):
             )  # fmt: skip
             if problem is not None:
                 raise SiteRefusal(f"statistics stage '{stage}': {problem}")
-        return [vector], len(self.data), {}
+        return [vector], count_as_sent(len(self.data), config), {}
 
     def _load_global(self, parameters: list[np.ndarray]) -> None:
         """The round's global model into this site's; refused when the two models differ."""
@@ -340,7 +349,7 @@ class TaskClient(NumPyClient):
             if problem is not None:
                 raise SiteRefusal(f"private evaluation: {problem}")
         metrics = {SITE_NAME_METRIC: self.site_name} if self.site_name else {}
-        return [vector.astype(np.float32)], examples, metrics
+        return [vector.astype(np.float32)], count_as_sent(examples, config), metrics
 
     def evaluate(self, parameters: list[np.ndarray], config: dict) -> tuple[float, int, dict]:
         """Every metric the task computes for the global model on this site's evaluation

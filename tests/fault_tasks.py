@@ -155,9 +155,9 @@ class StallsInRound2Digits(_OneBadSite):
         return metrics
 
 
-FAIL_MARK, NAN_MARK, NAN_COUNT_MARK = 7.0, 8.0, 9.0
+FAIL_MARK, NAN_MARK, NAN_COUNT_MARK, ZEROS_CLAIMING_MARK = 7.0, 8.0, 9.0, 10.0
 """``MarkedDigits``: a site whose file holds this value raises while training, sends NaN
-weights, or (an insider) claims NaN examples."""
+weights, or (an insider) claims NaN examples, or sends zero weights claiming 10**12."""
 
 
 def claim_examples(count: float) -> None:
@@ -188,8 +188,9 @@ class MarkedDigits(DigitsTask):
     """Each site's file says how it behaves (digits features are in [0, 1]): holding
     ``FAIL_MARK`` it raises while training, holding ``NAN_MARK`` it trains NaN weights (which
     its own update check rejects before sending), holding ``NAN_COUNT_MARK`` it trains normally
-    and, from its next reply on, claims NaN examples (``claim_examples``); any other site
-    trains normally."""
+    and, from its next reply on, claims NaN examples (``claim_examples``), holding
+    ``ZEROS_CLAIMING_MARK`` it sends zero weights claiming 10**12 examples
+    (``_claim_for_zeros_claiming_sites``); any other site trains normally."""
 
     name = "digits-marked"
 
@@ -197,6 +198,8 @@ class MarkedDigits(DigitsTask):
         data = read_npz(path)
         site = _SiteFile(data.x, data.y)
         object.__setattr__(site, "marked", float(data.x.max()))
+        if site.marked == ZEROS_CLAIMING_MARK:
+            _claim_for_zeros_claiming_sites()
         return site
 
     def train(self, model, data, config):
@@ -209,7 +212,31 @@ class MarkedDigits(DigitsTask):
                 model[0].weight.fill_(float("nan"))
         if mark == NAN_COUNT_MARK:
             claim_examples(float("nan"))
+        if mark == ZEROS_CLAIMING_MARK:
+            with torch.no_grad():
+                for parameter in model.parameters():
+                    parameter.zero_()
         return metrics
+
+
+def _claim_for_zeros_claiming_sites() -> None:
+    """Make the fit replies of a site holding ``ZEROS_CLAIMING_MARK`` claim 10**12 examples,
+    as its own rewritten install would, from its first reply; other sites that share this
+    process (a simulation's worker) are untouched."""
+    from fedweave.client.site_app import TaskClient
+
+    if getattr(TaskClient, "claims_for_marked_sites", False):
+        return
+    fit = TaskClient.fit
+
+    def fit_claiming(self, parameters, config):
+        weights, count, metrics = fit(self, parameters, config)
+        if float(getattr(self.data, "marked", 0.0)) == ZEROS_CLAIMING_MARK:
+            count = 10**12
+        return weights, count, metrics
+
+    TaskClient.fit = fit_claiming
+    TaskClient.claims_for_marked_sites = True
 
 
 def mark_site(path, mark: float) -> None:

@@ -18,6 +18,7 @@ from fedweave.coordinator.rounds.federated_evaluation import (
     is_evaluation_round,
     weighted_evaluation,
 )
+from fedweave.coordinator.rounds.site_weights import MAX_TIMES_MEDIAN
 from fedweave.history import open_store
 from fedweave.history.metrics import best_round, lower_is_better, qualified, round_metrics
 from fedweave.learning.evaluation_split import hold_out
@@ -60,11 +61,16 @@ def test_the_federated_figures_are_example_weighted_over_the_sites_that_report_t
     ]
     got = weighted_evaluation(results)  # type: ignore[arg-type]
     assert got == pytest.approx({"loss": 2.5, "accuracy": 0.8, "auc": 0.9})
-    # a site claiming a billion examples weighs in with at most MAX_EVALUATION_WEIGHT
+    # a site claiming a billion examples weighs in with at most MAX_EVALUATION_WEIGHT, and
+    # at most MAX_TIMES_MEDIAN times the lower median site (site_weights.py): here 2 x 30
     boastful = [(None, _Res(0.0, 10**9, {"accuracy": 1.0})), *results[:2]]
     claimed = weighted_evaluation(boastful)  # type: ignore[arg-type]
-    cap = MAX_EVALUATION_WEIGHT
+    cap = min(MAX_EVALUATION_WEIGHT, MAX_TIMES_MEDIAN * 30)
     assert claimed["accuracy"] == pytest.approx((cap * 1.0 + 5 + 27) / (cap + 40))
+    many = [(None, _Res(0.0, 6000, {"accuracy": 0.5})) for _ in range(3)]
+    huge = weighted_evaluation([*many, (None, _Res(0.0, 10**9, {"accuracy": 1.0}))])
+    cap = MAX_EVALUATION_WEIGHT  # below 2 x 6000
+    assert huge["accuracy"] == pytest.approx((cap * 1.0 + 18000 * 0.5) / (cap + 18000))
 
 
 def test_evaluation_rounds_are_every_nth_and_the_last():

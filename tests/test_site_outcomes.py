@@ -294,6 +294,57 @@ def test_a_count_that_is_not_a_whole_number_of_at_least_one_is_the_sites_rejecti
     }  # fmt: skip
 
 
+def test_under_secagg_a_count_above_max_weight_is_refused_before_the_sum():
+    """Issue 39's SecAgg+ insider claimed 500 x ``max_weight`` examples: Flower's mod scales
+    the masked vector by count / ``max_weight`` and only warns. The coordinator sees the count
+    in the clear and refuses it before unmasking; honest sites send at most ``max_weight``
+    (``client/site_app.count_as_sent``). Evaluation counts are bounded where they are averaged
+    (``site_weights.py``), not refused."""
+    from flwr.common import EvaluateRes
+
+    from fedweave.client.site_app import count_as_sent
+    from fedweave.contract import SECAGG_MAX_WEIGHT_KEY
+    from fedweave.flower_patches.message_records import RECORD_KEY_CONFIGS
+
+    masked = fit_result()
+    masked.config_records[RECORD_KEY_CONFIGS] = ConfigRecord({"stage": "collect"})
+    answers = {
+        41: _with_count(masked, "fitres.num_examples", 5_000_000),
+        42: _with_count(fit_result(), "fitres.num_examples", 10_000),
+        43: _with_count(
+            compat.evaluateres_to_recorddict(EvaluateRes(Status(Code.OK, ""), 0.5, 10, {})),
+            "evaluateres.num_examples", 10**7,
+        ),
+    }  # fmt: skip
+    secagg_content = compat.fitins_to_recorddict(
+        FitIns(Parameters([], "numpy.ndarray"), {}), keep_input=True
+    )
+    secagg_content.config_records[RECORD_KEY_CONFIGS] = ConfigRecord({"stage": "collect"})
+    evaluate = compat.evaluateins_to_recorddict(
+        EvaluateIns(Parameters([], "numpy.ndarray"), {}), keep_input=True
+    )
+    asked = [
+        instruction(41, secagg_content), instruction(42),
+        instruction(43, evaluate, MessageType.EVALUATE),
+    ]  # fmt: skip
+    replies = SiteReplies()
+    received = OutcomeGrid(_Grid(answers), replies, max_fit_count=10_000.0).send_and_receive(asked)
+    by_node = {reply.metadata.src_node_id: reply for reply in received}
+    assert by_node[41].has_error() and by_node[41].error.code == UpdateRejected.code
+    assert replies.said(ROUND, 41) == SiteSaid(
+        "rejected",
+        "example count 5e+06 is above SecAgg+'s max_weight 10000, the most one site may "
+        "weigh in with",
+    )
+    assert not by_node[42].has_error() and not by_node[43].has_error()
+    unbounded = OutcomeGrid(_Grid(answers), SiteReplies()).send_and_receive(asked)
+    assert not any(reply.has_error() for reply in unbounded)  # plain runs: site_weights.py
+
+    assert count_as_sent(25_000, {SECAGG_MAX_WEIGHT_KEY: 10_000.0}) == 10_000
+    assert count_as_sent(360, {SECAGG_MAX_WEIGHT_KEY: 10_000.0}) == 360
+    assert count_as_sent(25_000, {}) == 25_000
+
+
 def test_an_async_run_reads_a_count_that_is_not_a_whole_number_as_the_sites_rejection():
     from fedweave.coordinator.rounds.fedbuff import _fit_result
 

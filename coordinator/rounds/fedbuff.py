@@ -401,7 +401,7 @@ def make_fedbuff_server_app(
                 grid, context, workflow, step,
                 {job.node: (job.number, staleness_weight(version - job.version))
                  for job, _res in members},
-                settings.fit_config(step, job_deadline), counted,
+                settings.fit_config(step, job_deadline), counted, settings.secagg.max_weight,
             )  # fmt: skip
             for site in counted.of_round(step).values():
                 traffic["in"] += site.train_in

@@ -24,6 +24,7 @@ from fedweave.contract import CROSS_SITE_MODEL_KEY, bounded_site_metrics, one_li
 from fedweave.coordinator.rounds.deadlines import RoundDeadline
 from fedweave.coordinator.rounds.secure_agg import SecAggSettings
 from fedweave.coordinator.rounds.site_outcomes import SiteReplies
+from fedweave.coordinator.rounds.site_weights import count_bound
 from fedweave.flower_patches import message_records as compat
 from fedweave.flower_patches.default_workflow import (
     MAIN_CONFIGS_RECORD,
@@ -56,11 +57,13 @@ def is_evaluation_round(server_round: int, every: int, last_round: int) -> bool:
 def weighted_evaluation(results: Sequence[EvaluateOutcome]) -> dict[str, float]:
     """``loss`` and every numeric metric the sites returned, each averaged over the sites
     that reported it, weighted by their evaluation examples (at most
-    ``MAX_EVALUATION_WEIGHT`` each)."""
+    ``MAX_EVALUATION_WEIGHT`` each, and at most ``site_weights.count_bound`` of all the
+    counts: one site's claim cannot make the federation's figures its own)."""
     sums: dict[str, float] = {}
     weights: dict[str, float] = {}
+    bound = min(MAX_EVALUATION_WEIGHT, count_bound([float(r.num_examples) for _, r in results]))
     for _, res in results:
-        n = min(float(res.num_examples), MAX_EVALUATION_WEIGHT)
+        n = min(float(res.num_examples), bound)
         if n <= 0:
             continue
         values: dict[str, Any] = {**res.metrics, "loss": res.loss}

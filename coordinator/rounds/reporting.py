@@ -47,6 +47,7 @@ from fedweave.coordinator.rounds.federated_evaluation import (
     weighted_evaluation,
 )
 from fedweave.coordinator.rounds.site_outcomes import SiteReplies, failure_said
+from fedweave.coordinator.rounds.site_weights import bounded_results
 from fedweave.coordinator.rounds.traffic import Traffic
 from fedweave.flower_patches.default_workflow import ClientProxy
 from fedweave.flower_patches.secagg_masks import unflatten
@@ -379,7 +380,10 @@ class ReportingStrategy(Strategy):
             self._train_metrics = weighted_train_metrics(results)
             accepted = self._check_secure_aggregate(results)
         else:
-            accepted = self._check_each_update(results)
+            accepted, notes = bounded_results(self._check_each_update(results))
+            for note in notes:  # no site weighs in by its word alone (site_weights.py)
+                log.warning("round %s: %s", server_round + self.round_offset, note)
+            self._warnings.extend(notes)
             self._train_metrics = weighted_train_metrics(accepted)
             if self.cross_site and server_round == self.last_round:
                 self._local_models = {proxy.node_id: res.parameters for proxy, res in accepted}

@@ -93,7 +93,10 @@ def make_server_app(
     def main(grid: Grid, context: Context) -> None:
         site_replies, traffic = SiteReplies(), Traffic()
         # every workflow's replies, bound to their site, and their bytes counted
-        grid = OutcomeGrid(grid, site_replies, traffic)
+        grid = OutcomeGrid(
+            grid, site_replies, traffic,
+            settings.secagg.max_weight if settings.secure_agg else None,
+        )  # fmt: skip
         strategy = make_strategy(
             config.federation.strategy,
             settings.secure_agg,

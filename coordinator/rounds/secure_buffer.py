@@ -86,12 +86,15 @@ def secure_buffer_sum(
     members: dict[int, tuple[int, float]],
     fit_config: dict,
     traffic: Any | None = None,
+    max_fit_count: float | None = None,
 ) -> BufferSum:
     """Run one SecAgg+ round (``workflow``: ``make_secagg_workflow`` for ``len(members)``
     sites) labelled ``round_label`` among ``members`` (node id → (held job number, staleness
-    weight)), each told ``fit_config`` as well; ``traffic`` counts its bytes."""
+    weight)), each told ``fit_config`` as well; ``traffic`` counts its bytes; a member claiming
+    more than ``max_fit_count`` examples (SecAgg+'s ``max_weight``) is rejected before the
+    sum (``OutcomeGrid``)."""
     replies = SiteReplies()
-    outcome_grid = OutcomeGrid(grid, replies, traffic)
+    outcome_grid = OutcomeGrid(grid, replies, traffic, max_fit_count)
     instructions = {
         node: FitIns(NO_MODEL, {**fit_config, DELIVER_KEY: job, STALENESS_WEIGHT_KEY: weight})
         for node, (job, weight) in members.items()

@@ -137,15 +137,24 @@ def result_problem(asked: Any, reply: Any) -> str | None:
     return None
 
 
-def reported_count_problem(reply: Any) -> str | None:
+def reported_count_problem(reply: Any, max_fit_count: float | None = None) -> str | None:
     """Why the example count a fit or evaluation result ``reply`` carries must be refused
-    (``count_problem``), or None (also for replies without one). SecAgg+'s masked-vector
-    replies carry the count in the clear too: refused there, the site's vector never enters
-    the sum, and the protocol unmasks the others as if the site had dropped out."""
+    (``count_problem``; a fit count above ``max_fit_count``, when given), or None (also for
+    replies without one). SecAgg+'s masked-vector replies carry the count in the clear too:
+    refused there, the site's vector never enters the sum, and the protocol unmasks the others
+    as if the site had dropped out."""
     for name in ("fitres.num_examples", "evaluateres.num_examples"):
         record = reply.content.metric_records.get(name)
         if record is not None and "num_examples" in record:
-            return count_problem(record["num_examples"])
+            count = record["num_examples"]
+            problem = count_problem(count)
+            if problem is None and name.startswith("fitres") and max_fit_count is not None:
+                if count > max_fit_count:
+                    return (
+                        f"example count {float(count):g} is above SecAgg+'s max_weight "
+                        f"{max_fit_count:g}, the most one site may weigh in with"
+                    )
+            return problem
     return None
 
 
@@ -163,10 +172,22 @@ class OutcomeGrid:
     traffic : Traffic | None (default: None)
         Where the bytes sent to and received from each site are counted
         (``fedweave/coordinator/rounds/traffic.py``); ``None``: not counted.
+    max_fit_count : float | None (default: None)
+        The most examples a fit result may claim: SecAgg+'s ``max_weight`` in a secure run,
+        where a site's masked vector carries its weight and the coordinator cannot bound it
+        after the sum (``site_weights.py`` bounds the plain runs' weights instead); a higher
+        claim is the site's ``rejected`` outcome. ``None``: no bound.
     """
 
-    def __init__(self, grid: Any, replies: SiteReplies, traffic: Any | None = None) -> None:
+    def __init__(
+        self,
+        grid: Any,
+        replies: SiteReplies,
+        traffic: Any | None = None,
+        max_fit_count: float | None = None,
+    ) -> None:
         self._grid, self.replies, self.traffic = grid, replies, traffic
+        self.max_fit_count = max_fit_count
 
     def send_and_receive(self, messages, *, timeout: float | None = None):  # type: ignore[no-untyped-def]
         messages = list(messages)
@@ -205,7 +226,7 @@ class OutcomeGrid:
             reason = f"malformed reply: {problem}"
             self.replies.note(group_id, node_id, SiteSaid("failed", reason))
             return Message(Error(code=SITE_FAILED_CODE, reason=reason), reply_to=asked)
-        problem = reported_count_problem(reply)
+        problem = reported_count_problem(reply, self.max_fit_count)
         if problem is not None:  # an insider's count would weigh the mean, or fail it
             self.replies.note(group_id, node_id, SiteSaid("rejected", problem))
             return Message(Error(code=UpdateRejected.code, reason=problem), reply_to=asked)
