@@ -293,11 +293,8 @@ class TaskClient(NumPyClient):
                 f"expects {parameters[0].size}; install the coordinator's task code here"
             )
         if SECAGG_CLIP_KEY in config:
-            weight = min(len(self.data), float(config[SECAGG_MAX_WEIGHT_KEY]))
-            problem = bound_problem(
-                vector, weight / float(config[SECAGG_MAX_WEIGHT_KEY]),
-                float(config[SECAGG_CLIP_KEY]),
-            )  # fmt: skip
+            share = count_as_sent(len(self.data), config) / float(config[SECAGG_MAX_WEIGHT_KEY])
+            problem = bound_problem(vector, share, float(config[SECAGG_CLIP_KEY]))
             if problem is not None:
                 raise SiteRefusal(f"statistics stage '{stage}': {problem}")
         return [vector], count_as_sent(len(self.data), config), {}
@@ -341,10 +338,9 @@ class TaskClient(NumPyClient):
             )
         vector = np.asarray([float(scores[name]) for name in names], dtype=np.float64)
         if SECAGG_CLIP_KEY in config:
-            max_weight = float(config[SECAGG_MAX_WEIGHT_KEY])
             problem = bound_problem(
-                vector, min(examples, max_weight) / max_weight, float(config[SECAGG_CLIP_KEY]),
-                what="metric",
+                vector, count_as_sent(examples, config) / float(config[SECAGG_MAX_WEIGHT_KEY]),
+                float(config[SECAGG_CLIP_KEY]), what="metric",
             )  # fmt: skip
             if problem is not None:
                 raise SiteRefusal(f"private evaluation: {problem}")

@@ -92,8 +92,9 @@ def _inputs_problem(
             if path is not None:
                 cached_site_data(path, task, label_column)
     except UserError as exc:
-        log.warning("site data not preloaded: %s", one_line(str(exc), limit=2000))
-        return one_line(str(exc), limit=2000)
+        problem = one_line(str(exc), limit=2000)
+        log.warning("site data not preloaded: %s", problem)
+        return problem
     except Exception as exc:  # a task module's own failure: its traceback goes to the log
         log.error("task %r or its data failed to load", task, exc_info=exc)
         why = f"{type(exc).__name__}: {one_line(str(exc))}"
