@@ -156,8 +156,13 @@ class StallsInRound2Digits(_OneBadSite):
 
 
 FAIL_MARK, NAN_MARK, NAN_COUNT_MARK, ZEROS_CLAIMING_MARK = 7.0, 8.0, 9.0, 10.0
+NAN_SENDING_MARK = 11.0
 """``MarkedDigits``: a site whose file holds this value raises while training, sends NaN
-weights, or (an insider) claims NaN examples, or sends zero weights claiming 10**12."""
+weights, or (an insider) claims NaN examples, or sends zero weights claiming 10**12, or sends
+NaN weights after its own update check."""
+NAN_AFTER_CHECK_METRIC = "fault_nan_after_check"
+"""A fit metric ``MarkedDigits`` sets at a ``NAN_SENDING_MARK`` site, for the rewritten
+ClientApp (``_send_nan_after_check``) to know whose reply to rewrite; it never leaves the site."""
 
 
 def claim_examples(count: float) -> None:
@@ -200,6 +205,8 @@ class MarkedDigits(DigitsTask):
         object.__setattr__(site, "marked", float(data.x.max()))
         if site.marked == ZEROS_CLAIMING_MARK:
             _claim_for_zeros_claiming_sites()
+        if site.marked == NAN_SENDING_MARK:
+            _send_nan_after_check()
         return site
 
     def train(self, model, data, config):
@@ -216,6 +223,8 @@ class MarkedDigits(DigitsTask):
             with torch.no_grad():
                 for parameter in model.parameters():
                     parameter.zero_()
+        if mark == NAN_SENDING_MARK:
+            metrics = {**metrics, NAN_AFTER_CHECK_METRIC: 1}
         return metrics
 
 
@@ -237,6 +246,35 @@ def _claim_for_zeros_claiming_sites() -> None:
 
     TaskClient.fit = fit_claiming
     TaskClient.claims_for_marked_sites = True
+
+
+def _send_nan_after_check() -> None:
+    """Make the fit replies whose metrics carry ``NAN_AFTER_CHECK_METRIC`` send NaN weights in
+    place of the site's, as its own rewritten install would: after the site's update check and
+    every other mod (the honest site would have refused to send them); other sites that share
+    this process (a simulation's worker) are untouched."""
+    from flwr.app import Array
+    from flwr.clientapp import ClientApp
+
+    if getattr(ClientApp, "sends_nan_after_check", False):
+        return
+    call = ClientApp.__call__
+
+    def sending_nan(self, message, context):
+        reply = call(self, message, context)
+        if reply.has_error():
+            return reply
+        metrics = reply.content.config_records.get("fitres.metrics")
+        if metrics is None or NAN_AFTER_CHECK_METRIC not in metrics:
+            return reply
+        del metrics[NAN_AFTER_CHECK_METRIC]
+        weights = reply.content.array_records["fitres.parameters"]
+        for key in list(weights.keys()):
+            weights[key] = Array(np.full_like(weights[key].numpy(), np.nan))
+        return reply
+
+    ClientApp.__call__ = sending_nan
+    ClientApp.sends_nan_after_check = True
 
 
 def mark_site(path, mark: float) -> None:

@@ -76,44 +76,19 @@ def test_a_site_claiming_ten_million_perfect_evaluations_cannot_make_the_federat
 
 @pytest.mark.slow
 def test_a_simulated_insider_claiming_a_trillion_zero_weights_leaves_the_others_learning(
-    tmp_path, monkeypatch
+    tmp_path,
 ):
     """Issue 39's first row, replayed in a plain simulation: five digits sites, one of which
     (its own install rewritten: ``fault_tasks.MarkedDigits``) sends zero weights claiming
     10**12 examples every round. Taken at its word the model ended after 5
     rounds at chance, 0.10 (the same run without the insider: ~0.88); bounded, the others
     still learn (0.65), and each round records the claim and the weight it was given."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
+    from fault_tasks import ZEROS_CLAIMING_MARK
+    from insider_runs import run_with_insiders
 
-    from fault_tasks import ZEROS_CLAIMING_MARK, mark_site
-
-    from fedweave.history import open_store
-
-    paths = [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in paths if p))  # fault_tasks
-    fedweave = [sys.executable, "-m", "fedweave.cli"]
-    split = subprocess.run(
-        [*fedweave, "data", "split", "--task", "digits", "--clients", "5", "--partition", "iid",
-         "--seed", "0", "--out", "split"],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path,
-    )  # fmt: skip
-    assert split.returncode == 0, split.stderr[-2000:]
-    (tmp_path / "split" / "test.npz").rename(tmp_path / "test.npz")
-    mark_site(tmp_path / "split" / "site-4.npz", ZEROS_CLAIMING_MARK)
-    db = f"sqlite:///{tmp_path / 'h.db'}"
-    done = subprocess.run(
-        [*fedweave, "simulate", "--task", "fault_tasks:MarkedDigits", "--data-dir", "split",
-         "--test-data", "test.npz", "--rounds", "5", "--no-secure-agg", "--db", db,
-         "--out", "r.json"],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    with open_store(db) as store:
-        run_id = store.list_runs()[0].run_id
-        rounds, sites = store.rounds(run_id), store.site_results(run_id)
+    rounds, sites = run_with_insiders(
+        tmp_path, {4: ZEROS_CLAIMING_MARK}, ["--rounds", "5", "--no-secure-agg"]
+    )
     assert rounds[-1]["eval_accuracy"] >= 0.5, [r["eval_accuracy"] for r in rounds]
     claimed = [s for s in sites if s["num_examples"] == 10**12]
     assert [s["round"] for s in claimed] == [1, 2, 3, 4, 5]

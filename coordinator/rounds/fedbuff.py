@@ -27,6 +27,17 @@ Two clocks order the arrivals:
   together); from then on it knows when each job it sends will finish, sends jobs as soon as
   a site is free, and waits on this machine only for the replies of the arrivals it applies.
 
+One site fills at most one slot of a buffer: an update from a site already in the buffer
+being filled waits for the next one (its site gets its next job when it is taken), so a fast
+site, or one that answers at once with anything, cannot make a buffer its own. FedBuff's
+analysis (a buffer's mean over its ``K`` updates, staleness bounded) holds unchanged; the
+buffer is then a mean over ``K`` sites, as the SecAgg+ buffers below always were, and a fast
+site's update is at most one step staler for waiting. Every arrival passes the update check
+of the synchronous rounds (``learning.validation.update_problem``: the model's shapes and
+dtypes, finite values, ``--max-update-norm``) or is recorded ``rejected``; a buffer's weights
+are bounded like a round's (``site_weights``: at most twice the median of the sites' latest
+counts); and a step whose new model is not finite is not taken.
+
 Under ``--compress`` a site's update is decoded against the model step it trained on; one in
 another format is recorded ``rejected`` with what differs. Each step records the bytes its
 arrivals carried in and the models it sent out.
@@ -43,7 +54,7 @@ from __future__ import annotations
 import heapq
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -66,6 +77,12 @@ from fedweave.contract import (
 )
 from fedweave.coordinator.rounds.secure_agg import make_secagg_workflow
 from fedweave.coordinator.rounds.secure_buffer import BufferSum, secure_buffer_sum
+from fedweave.coordinator.rounds.site_weights import (
+    MAX_TIMES_MEDIAN,
+    MIN_SITES_TO_BOUND,
+    bounded_note,
+    count_bound,
+)
 from fedweave.coordinator.rounds.traffic import Traffic
 from fedweave.errors import UserError
 from fedweave.flower_patches import message_records as compat
@@ -74,7 +91,7 @@ from fedweave.flower_patches.secagg_masks import unflatten
 from fedweave.history.records import RoundInFlight, SiteResult
 from fedweave.history.round_summary import RoundSummary
 from fedweave.learning.compression import Compression, CompressionMismatch
-from fedweave.learning.validation import count_problem
+from fedweave.learning.validation import count_problem, update_problem
 
 log = logging.getLogger("fedweave.coordinator")
 
@@ -84,6 +101,15 @@ REPLY_WAIT_SECONDS = 600.0
 POLL_SECONDS = 0.05
 NODE_CHECK_SECONDS = 1.0
 """Real time: how often the coordinator looks for sites that connected mid-run."""
+
+
+PULL_TIMES_MEDIAN = 1.0
+"""A site's change (L2) counts at most this many times the median of the sites' latest
+changes: adaptive clipping at the median (Andrew et al., NeurIPS 2021, target quantile 0.5).
+A buffer may hold two updates, so a bound above 1 leaves one site sending zeros most of every
+step it is in: ``bench/bench_fedbuff_insiders.py --insiders`` (5 digits sites, ``--buffer 2``,
+30 steps, 3 seeds) ended at 0.17-0.47 with 2 and at 0.75-0.79 with 1; the honest runs' last
+five steps averaged 0.853 with 2 and 0.831 with 1 (0.860 before any bound)."""
 
 
 def staleness_weight(staleness: int) -> float:
@@ -151,6 +177,8 @@ class _Outcome:
     res: Any = None
     status: str = "failed"
     reason: str | None = None
+    change: float | None = None
+    """How far its weights are from the step it trained on (L2); plain buffers only."""
 
 
 def _fit_result(reply: Message | None, silent: str = "no reply") -> _Outcome:
@@ -212,6 +240,24 @@ def _decoded(outcome: _Outcome, compression: Compression, reference: list[np.nda
     return outcome
 
 
+def _checked(
+    outcome: _Outcome, reference: list[np.ndarray], max_norm: float | None
+) -> _Outcome:
+    """``outcome``, or ``rejected`` with why its weights (trained on ``reference``) may not
+    enter a buffer: the update check of the synchronous rounds (shapes, dtypes, finite values,
+    ``max_norm`` on the change: ``--max-update-norm``)."""
+    if outcome.res is None:
+        return outcome
+    weights = parameters_to_ndarrays(outcome.res.parameters)
+    problem = update_problem(weights, reference, max_norm)
+    if problem is not None:
+        return _Outcome(status="rejected", reason=problem)
+    squared = sum(
+        float(np.sum((w.astype(np.float64) - r) ** 2)) for w, r in zip(weights, reference)
+    )
+    return replace(outcome, change=squared**0.5)
+
+
 def make_fedbuff_server_app(
     settings,
     test_data: Any,
@@ -248,6 +294,7 @@ def make_fedbuff_server_app(
     told = [ModelHealth(listeners, int(getattr(task, "num_classes", 0)))]
     buffer_size, max_staleness = settings.buffer, config.federation.max_staleness
     server_lr = config.federation.server_lr or 1.0
+    max_update_norm = config.federation.max_update_norm
     compression = settings.compression
     epochs = config.training.local_epochs
     deadline = deadline or settings.deadline(test_data)
@@ -275,6 +322,10 @@ def make_fedbuff_server_app(
         traffic = {"in": 0, "out": 0}
         checked = [time.monotonic()]  # real time: when connected sites were last looked up
         jobs: dict[int, int] = {}  # node -> jobs sent to it so far (its jobs' numbers)
+        claimed: dict[int, int] = {}  # node -> the count of its latest update in a buffer
+        pulls: dict[int, float] = {}  # node -> how far its latest update in a buffer moved
+        carried: list[tuple[_Job, _Outcome]] = []  # arrivals from sites already in the buffer
+        bounding = 0 if secure else min(MIN_SITES_TO_BOUND, len(nodes))
         workflow = make_secagg_workflow(settings.secagg, buffer_size, deadline) if secure else None
 
         def send(node: int, step: int) -> str:
@@ -305,7 +356,14 @@ def make_fedbuff_server_app(
                 outcome.res.metrics[UPLINK_BYTES_METRIC] = uplink
                 if secure:
                     return _held(outcome, job.number)
-            return _decoded(outcome, compression, models[job.version])
+            reference = models[job.version]
+            return _checked(_decoded(outcome, compression, reference), reference, max_update_norm)
+
+        def heard(node: int, outcome: _Outcome) -> None:
+            """The figures of a site's latest update that the buffers' bounds are taken over."""
+            claimed[node] = int(outcome.res.num_examples)
+            if outcome.change is not None:
+                pulls[node] = outcome.change
 
         def learn(node: int, outcome: _Outcome) -> None:
             """A site's name and examples, from its first result."""
@@ -362,7 +420,11 @@ def make_fedbuff_server_app(
                         send(node, version)
                 if not running:
                     raise UserError(
-                        "every site of the asynchronous run left or failed; see their reasons"
+                        f"fewer than --buffer {buffer_size} sites are left in the asynchronous "
+                        "run (one site fills one slot of a buffer); see their reasons above"
+                        if carried
+                        else "every site of the asynchronous run left or failed; see their "
+                        "reasons"
                     )
                 last_deadline = max(job.finishes_at for job in running.values()) + job_deadline
                 message_id = arrivals.first(list(running), last_deadline)
@@ -419,8 +481,17 @@ def make_fedbuff_server_app(
                 ))  # fmt: skip
             members: list[tuple[_Job, Any]] = []
             dropped: list[SiteResult] = []
-            while len(members) < buffer_size:
-                job, outcome = next_real() if speeds is None else next_simulated()
+            waited, carried[:] = list(carried), []
+            arrived = 0
+            while len(members) < buffer_size or (
+                len(claimed) < bounding and arrived < 2 * len(nodes)
+            ):  # the first step: its bounds need the figures of three sites
+                arrived += 1
+                if waited:  # one from each site that waited for this buffer, first
+                    job, outcome = waited.pop(0)
+                    traffic["in"] += outcome.res.metrics[UPLINK_BYTES_METRIC]
+                else:
+                    job, outcome = next_real() if speeds is None else next_simulated()
                 learn(job.node, outcome)
                 name = sites[job.node].name if job.node in sites else str(job.node)
                 staleness = version - job.version
@@ -435,8 +506,14 @@ def make_fedbuff_server_app(
                         reason=f"stale: trained on model step {job.version}, arrived at step "
                         f"{version}, more than --max-staleness {max_staleness} behind",
                     ))  # fmt: skip
+                elif len(members) == buffer_size or any(m.node == job.node for m, _ in members):
+                    heard(job.node, outcome)
+                    carried.append((job, outcome))  # its next job waits until it is taken
+                    traffic["in"] -= res.metrics[UPLINK_BYTES_METRIC]  # the taking step's
+                    continue
                 else:
                     members.append((job, res))
+                    heard(job.node, outcome)
                     if secure:
                         continue  # it holds its update until the buffer's SecAgg+ round
                 next_job(job.node, name)
@@ -455,31 +532,44 @@ def make_fedbuff_server_app(
                         ))  # fmt: skip
                 if secured.update is None:
                     notes.append("the buffer's SecAgg+ round failed: the model did not move")
-            update, train_metrics, member_results = _apply(models, version, members, sites)
+            update, train_metrics, member_results, weighed = _apply(
+                models, version, members, sites,
+                float("inf") if secure else count_bound(list(claimed.values())),
+                None if secure else pulls,
+            )
+            notes.extend(weighed)
             if secured is not None:  # the flat SecAgg+ sum, in the model's shapes
                 update = (
                     unflatten(secured.update, models[version]) if secured.update is not None
                     else [np.zeros_like(w) for w in models[version]]
                 )  # fmt: skip
+            moved = [w + (server_lr * u).astype(w.dtype) for w, u in zip(models[version], update)]
+            problem = update_problem(moved, models[version])
+            if problem is not None:
+                notes.append(f"the buffer's step was not taken, the model kept: {problem}")
+                log.warning("step %s not taken, the model kept: %s", step, problem)
+                moved = models[version]
             version += 1
-            models[version] = [
-                w + (server_lr * u).astype(w.dtype) for w, u in zip(models[version - 1], update)
-            ]
+            models[version] = moved
             out = pending if speeds is not None else list(running.values())
-            referenced = {job.version for job in out} | {version}
+            referenced = {job.version for job in out} | {job.version for job, _ in carried}
+            referenced.add(version)
             for old in [v for v in models if v not in referenced]:
                 del models[old]
             if secured is not None:  # the buffer's sites start their next jobs on it
                 for job, _res in holders:
                     next_job(job.node, sites[job.node].name)
             kept = {site.site_id for site in member_results}
-            for site in dropped:  # one row a site a round: a second one becomes a note
+            more: dict[tuple[str, str], list[SiteResult]] = {}
+            for site in dropped:  # one row a site a round; the rest, one note a site and status
                 if site.site_id in kept:
-                    notes.append(f"site {site.site_id}: another update {site.status}: "
-                                 f"{site.reason}")  # fmt: skip
+                    more.setdefault((site.site_id, site.status), []).append(site)
                 else:
                     kept.add(site.site_id)
                     member_results.append(site)
+            for (site_id, status), extra in more.items():
+                notes.append(f"site {site_id}: {len(extra)} more update(s) {status}, the last: "
+                             f"{extra[-1].reason}")  # fmt: skip
             central = {k: float(v) for k, v in evaluate(models[version]).items()}
             summary = RoundSummary(
                 round=step + settings.round_offset,
@@ -512,40 +602,58 @@ def _apply(
     version: int,
     members: list[tuple[_Job, Any]],
     sites: dict[int, _Site],
-) -> tuple[list[np.ndarray], dict[str, float], list[SiteResult]]:
+    bound: float,
+    pulls: dict[int, float] | None,
+) -> tuple[list[np.ndarray], dict[str, float], list[SiteResult], list[str]]:
     """The buffer's step (``models[version] + update``), its training metrics weighted by
-    examples, and each member site's record (its staleness among its metrics; a site that
-    arrived twice: one record, ``updates`` 2, the larger staleness)."""
-    total = float(sum(max(int(res.num_examples), 0) for _, res in members)) or 1.0
-    update = [np.zeros_like(w) for w in models[version]]
-    sums: dict[str, float] = {}
-    recorded: dict[str, SiteResult] = {}
+    examples, each member site's record (its staleness among its metrics), and one note per
+    member whose count weighed in as ``bound`` (``site_weights.count_bound``) instead, or
+    whose change was scaled down to the pull bound.
+
+    ``pulls``: each site's latest change (L2 norm of its model less the step it trained on);
+    a member's change counts at most ``PULL_TIMES_MEDIAN`` times their median (``None``: no
+    bound, the SecAgg+ buffers, whose changes the coordinator never sees).
+    """
+    counts = [min(max(int(res.num_examples), 0), bound) for _, res in members]
+    total = float(sum(counts)) or 1.0
+    changes = []
     for job, res in members:
         weights = parameters_to_ndarrays(res.parameters)
-        share = max(int(res.num_examples), 0) / total
+        change = [new.astype(np.float64) - old for new, old in zip(weights, models[job.version])]
+        changes.append((change, float(np.sqrt(sum(float(np.sum(c * c)) for c in change)))))
+    pull_bound = float("inf") if pulls is None else (
+        count_bound(list(pulls.values())) * PULL_TIMES_MEDIAN / MAX_TIMES_MEDIAN
+    )
+    update = [np.zeros_like(w) for w in models[version]]
+    sums: dict[str, float] = {}
+    recorded: list[SiteResult] = []
+    notes: list[str] = []
+    for (job, res), count, (change, norm) in zip(members, counts, changes):
+        if count < res.num_examples:
+            notes.append(bounded_note(job.node, res.num_examples, int(count), "run's"))
+        scale = min(1.0, pull_bound / norm) if norm > 0 else 1.0
+        if scale * MAX_TIMES_MEDIAN < 1.0:
+            notes.append(
+                f"site {job.node} changed the model by {norm:.3g} (L2), more than "
+                f"{MAX_TIMES_MEDIAN:g} x the run's median site; counted as {pull_bound:.3g}"
+            )
+        share = count / total
         staleness = version - job.version
-        factor = share * staleness_weight(staleness)
-        for target, new, old in zip(update, weights, models[job.version]):
-            target += (factor * (new.astype(np.float64) - old)).astype(target.dtype)
+        factor = share * staleness_weight(staleness) * scale
+        for target, part in zip(update, change):
+            target += (factor * part).astype(target.dtype)
         metrics = bounded_site_metrics(res.metrics)
         for name, value in metrics.items():
             if name.startswith("train_") and isinstance(value, (int, float)):
                 sums[name] = sums.get(name, 0.0) + share * float(value)
         metrics = {k: v for k, v in metrics.items() if k != SITE_NAME_METRIC}
-        name = sites[job.node].name
         seconds = metrics.get(SIMULATED_SECONDS_METRIC)
-        if name in recorded:  # a fast site can arrive twice in one buffer: one row, both counted
-            earlier = recorded[name]
-            earlier.num_examples += int(res.num_examples)
-            earlier.metrics["updates"] = int(earlier.metrics.get("updates", 1)) + 1
-            earlier.metrics["staleness"] = max(int(earlier.metrics["staleness"]), staleness)
-            continue
-        recorded[name] = SiteResult(
-            name, "ok", int(res.num_examples),
+        recorded.append(SiteResult(
+            sites[job.node].name, "ok", int(res.num_examples),
             {**metrics, "staleness": staleness, "node_id": str(job.node)},
             seconds=float(seconds) if isinstance(seconds, (int, float)) else None,
-        )  # fmt: skip
-    return update, sums, list(recorded.values())
+        ))  # fmt: skip
+    return update, sums, recorded, notes
 
 
 def _wait_for_nodes(grid: Grid, needed: int, timeout: float = 600.0) -> list[int]:

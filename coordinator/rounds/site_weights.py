@@ -25,6 +25,10 @@ Why not a fixed cap (SecAgg+'s ``max_weight``, 10,000): beside sites of a few hu
 examples, a claim of 10,000 is still most of the mean. Why not rejection: an honest site far
 larger than the others would then be left out; its weight is bounded instead.
 
+FedBuff (``fedbuff.py``) bounds the counts of a buffer's updates the same way, by the median of
+the latest count of every site that has delivered one in the run: a buffer holds as few as two
+updates, too few for its own median to say which one lies.
+
 Under SecAgg+ the coordinator sees only the sum, whose weights the sites' own masked vectors
 carry; a count above ``max_weight`` is refused there before unmasking
 (``site_outcomes.OutcomeGrid``).
@@ -65,10 +69,16 @@ def bounded_results(
     for proxy, res in results:
         if res.num_examples > bound:
             weight = int(bound)
-            notes.append(
-                f"site {proxy.node_id} claimed {res.num_examples:g} examples; weighed in as "
-                f"{weight} ({MAX_TIMES_MEDIAN:g} x the round's median site)"
-            )
+            notes.append(bounded_note(proxy.node_id, res.num_examples, weight, "round's"))
             res = replace(res, num_examples=weight)
         kept.append((proxy, res))
     return kept, notes
+
+
+def bounded_note(node_id: int, claimed: float, weight: int, whose: str) -> str:
+    """The round's warning for a count ``claimed`` by the site of ``node_id`` that weighed in
+    as ``weight``, the bound taken over ``whose`` sites (``"round's"``, ``"run's"``)."""
+    return (
+        f"site {node_id} claimed {claimed:g} examples; weighed in as {weight} "
+        f"({MAX_TIMES_MEDIAN:g} x the {whose} median site)"
+    )
