@@ -31,6 +31,7 @@ import typer
 from fedweave.addresses import free_port, parse_host_port
 from fedweave.config import Resolved, RunConfig, config_command
 from fedweave.flower_patches.launch import command as patched_flower
+from fedweave.private_files import open_private
 from fedweave.processes import raise_interrupt, stop_process_group, tied_to_us
 
 OFFLINE_ENV = {
@@ -108,7 +109,7 @@ class _LogCopier:
     def __init__(self, stream: IO[str], log_path: Path, verbose: bool) -> None:
         self.stream, self.verbose = stream, verbose
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.log = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - closed by the thread
+        self.log = open_private(log_path, "a", encoding="utf-8")  # closed by the thread
         self.thread = threading.Thread(target=self._run, name="supernode-log", daemon=True)
         self.thread.start()
 

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from fedweave.private_files import open_private
 from fedweave.processes import stop_process_group, tied_to_us
 
 STABLE_SECONDS = 60.0
@@ -82,7 +83,7 @@ class WorkerSupervisor:
 
     def _spawn(self) -> subprocess.Popen:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
+        with open_private(self.log_path, "ab") as log:
             proc = subprocess.Popen(
                 self.command, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
                 env=self.env, text=True, errors="replace", **tied_to_us(),
@@ -96,7 +97,7 @@ class WorkerSupervisor:
         its records (``RECORD_PREFIX``) to ``on_record``."""
         from fedweave.client.worker import INPUTS_OK, INPUTS_PREFIX, NOTICE_PREFIX, RECORD_PREFIX
 
-        with self.log_path.open("a", encoding="utf-8") as log:
+        with open_private(self.log_path, "a", encoding="utf-8") as log:
             for line in proc.stdout:
                 if line.startswith(RECORD_PREFIX):
                     self._record(line[len(RECORD_PREFIX) :])

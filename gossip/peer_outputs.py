@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from fedweave.errors import UserError
+from fedweave.private_files import open_private
 
 log = logging.getLogger("fedweave.gossip")
 
@@ -166,7 +167,7 @@ class ResultsLog:
         self._handle = None
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._handle = path.open("a", encoding="utf-8")
+            self._handle = open_private(path, "a", encoding="utf-8")
         if dump_dir is not None:
             dump_dir.mkdir(parents=True, exist_ok=True)
 

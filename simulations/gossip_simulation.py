@@ -33,6 +33,7 @@ import numpy as np
 from fedweave.addresses import free_ports
 from fedweave.config import RunConfig
 from fedweave.errors import UserError
+from fedweave.private_files import open_private
 from fedweave.simulations.netns import Host
 
 LINGER_SECONDS = 3600.0
@@ -106,7 +107,7 @@ class _PeerProc:
         # a reused work dir must not feed the launcher an earlier run's rounds
         self.results.unlink(missing_ok=True)
         shutil.rmtree(self.dumps, ignore_errors=True)
-        with self.log.open("wb") as log_file:
+        with open_private(self.log, "wb") as log_file:
             self.proc = subprocess.Popen(
                 self.argv,
                 env=self.env,

@@ -14,6 +14,7 @@ from rich.table import Table
 from fedweave.errors import UserError
 from fedweave.history.metrics import evaluation_lines
 from fedweave.history.round_summary import shown
+from fedweave.private_files import write_private_text
 
 ROUND_COLUMNS = ("round", "accuracy", "loss", "seconds")
 
@@ -43,7 +44,7 @@ def write_report(path: Path, report: dict[str, Any]) -> None:
     """Write the report as indented JSON (atomically: a crash never leaves half a file)."""
     tmp = path.with_name(path.name + ".tmp")
     try:
-        tmp.write_text(json.dumps(report, indent=2) + "\n")
+        write_private_text(tmp, json.dumps(report, indent=2) + "\n")
         os.replace(tmp, path)
     except OSError as exc:
         raise UserError(

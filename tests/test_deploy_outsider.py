@@ -97,6 +97,11 @@ def test_outsider_with_the_ca_certificate_is_refused_everything(tmp_path):
             assert not [pid for pid in children if secret in _environ(pid)]
             deployment = tmp_path / "coordinator-state" / "secrets" / "deployment.json"
             assert deployment.stat().st_mode & 0o077 == 0, oct(deployment.stat().st_mode)
+            written = [tmp_path / "coordinator-state" / "superlink.log", tmp_path / "history.db",
+                       *tmp_path.glob("site*.log")]  # fmt: skip
+            assert len(written) > 2 and all(  # logs and history: their owner's only
+                path.stat().st_mode & 0o777 == 0o600 for path in written
+            ), [(path.name, oct(path.stat().st_mode)) for path in written]
 
             out = wait_for_success(procs, coordinator, "the run to complete")
         finally:

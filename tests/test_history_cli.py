@@ -193,6 +193,15 @@ def test_export_writes_tables_and_the_verified_final_model(filled, tmp_path: Pat
     assert meta["run_id"] == fed and meta["final_checkpoint"]["round"] == 3
     assert len((out / "rounds.csv").read_text().splitlines()) == 4
     assert len((out / "sites.csv").read_text().splitlines()) == 7
+    # weights and history are their owner's only, whatever the umask; a file that exists
+    # keeps the mode its owner gave it
+    assert {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()} == dict.fromkeys(
+        ["model.npz", "rounds.csv", "run.json", "sites.csv"], 0o600
+    )
+    assert (tmp_path / "h.db").stat().st_mode & 0o777 == 0o600
+    (out / "model.npz").chmod(0o640)
+    assert invoke("export", fed, "--db", url, "--to", str(out)).exit_code == 0
+    assert (out / "model.npz").stat().st_mode & 0o777 == 0o640
 
 
 def test_export_refuses_an_altered_checkpoint_but_keeps_the_tables(filled, tmp_path) -> None:

@@ -34,6 +34,7 @@ from fedweave.contract import CLIENT_APP_REF, SERVER_APP_REF
 from fedweave.errors import UserError
 from fedweave.flower_patches.launch import command as patched_flower
 from fedweave.offline import FLOWER_OFFLINE_ENV
+from fedweave.private_files import open_private, write_private_text
 from fedweave.processes import stop_process_group, tied_to_us
 
 FAB_PUBLISHER = "fedweave"
@@ -66,7 +67,7 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 def spawn(command: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen:
     """Start a Flower process in its own session, output to ``log_path``, tied to our life."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    log = open(log_path, "ab")  # noqa: SIM115 - handed to the child; closed when we exit
+    log = open_private(log_path, "ab")  # handed to the child; closed when we exit
     return subprocess.Popen(
         command,
         stdout=log,
@@ -271,7 +272,7 @@ class ControlClient:
         worker.start()
         worker.join(timeout)
         try:
-            path.write_text("".join(chunks))
+            write_private_text(path, "".join(chunks))
         except OSError:
             pass
 

@@ -20,6 +20,7 @@ from fedweave.history.metrics import metric_names, round_metrics, site_evaluatio
 from fedweave.history.records import RunInfo
 from fedweave.history.store import HistoryStore
 from fedweave.history.store_errors import HistoryError
+from fedweave.private_files import create_private, open_private, write_private_text
 
 ROUND_COLUMNS = [
     "actor",
@@ -163,7 +164,7 @@ def export_run(
     if any(site_evaluations(row) for row in all_rounds):
         tables.append(("evaluations.csv", evaluations_table(all_rounds)))
     for name, (columns, rows) in tables:
-        with open(out_dir / name, "w", encoding="utf-8", newline="") as handle:
+        with open_private(out_dir / name, "w", encoding="utf-8", newline="") as handle:
             write_csv(handle, columns, rows)
         written.append(out_dir / name)
     if actor is not None and not store.rounds(info.run_id, actor=actor):
@@ -172,7 +173,7 @@ def export_run(
     checkpoint = store.latest_checkpoint(info.run_id, actor=actor)
     meta = run_dict(info)
     meta["final_checkpoint"] = asdict(checkpoint) if checkpoint else None
-    (out_dir / "run.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    write_private_text(out_dir / "run.json", json.dumps(meta, indent=2, sort_keys=True) + "\n")
     written.append(out_dir / "run.json")
     if checkpoint is None:
         return written
@@ -183,6 +184,7 @@ def export_run(
             f"to {out_dir}); copy the file back or export from the machine that has it"
         )
     target = out_dir / "model.npz"
+    create_private(target)
     shutil.copyfile(source, target)
     digest = hashlib.sha256(target.read_bytes()).hexdigest()
     if digest != checkpoint.sha256:

@@ -24,6 +24,7 @@ import numpy as np
 from fedweave.history.metrics import best_round
 from fedweave.history.records import RunInfo
 from fedweave.history.store_errors import HistoryError
+from fedweave.private_files import create_private, write_private_text
 
 FINAL_FILE = "model.safetensors"
 BEST_FILE = "best.safetensors"
@@ -142,12 +143,13 @@ def export_models(
         if row is None:
             continue
         tensors = named_weights(info.task, checkpoint_weights(row))
+        create_private(out_dir / name)
         save_file(
             tensors,
             str(out_dir / name),
             metadata={"run_id": info.run_id, "task": info.task, "round": str(row["round"])},
         )
         written.append(out_dir / name)
-    (out_dir / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    write_private_text(out_dir / META_FILE, json.dumps(meta, indent=2, sort_keys=True) + "\n")
     written.append(out_dir / META_FILE)
     return written

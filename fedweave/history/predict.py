@@ -15,6 +15,7 @@ from typing import Any
 from fedweave.history.metrics import recorded_statistics
 from fedweave.history.model_export import checkpoint_weights, chosen_rounds, named_weights
 from fedweave.history.store_errors import HistoryError
+from fedweave.private_files import open_private
 
 
 def _model_rows(store: Any, run_ref: str) -> tuple[Any, list[dict[str, Any]]]:
@@ -92,7 +93,7 @@ def predict_run(
     header, values = prediction_columns(task, outputs)
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(out.name + ".partial")
-    with open(partial, "w", encoding="utf-8", newline="") as handle:
+    with open_private(partial, "w", encoding="utf-8", newline="") as handle:
         writer = csv.writer(handle, lineterminator="\n")
         writer.writerow(["row", *header])
         writer.writerows([index, *value] for index, value in enumerate(values))

@@ -35,6 +35,7 @@ from fedweave.history.engine import (
     WRITE_OPTION,
     describe_connect_error,
     make_engine,
+    sqlite_file,
 )
 from fedweave.history.liveness import STALE_AFTER_S, run_is_dead, this_host
 from fedweave.history.migrate import ensure_schema
@@ -47,6 +48,7 @@ from fedweave.history.records import (
     SiteResult,
 )
 from fedweave.history.store_errors import DuplicateRoundError, HistoryError, HistoryUnavailableError
+from fedweave.private_files import create_private
 
 T = TypeVar("T")
 FINISHED_STATUSES = ("completed", "completed-alone", "failed", "interrupted")
@@ -87,6 +89,9 @@ def open_store(
         migrate = False
     url = url or DEFAULT_DB_URL
     engine = make_engine(url, busy_timeout_ms)
+    path = sqlite_file(url)
+    if path is not None and not read_only and path.parent.is_dir():
+        create_private(path)  # SQLite makes its journal files with the database's mode
     try:
         with engine.connect() as conn:
             conn.exec_driver_sql("SELECT 1")
