@@ -117,8 +117,9 @@ class SiteJournal:
             }
 
 
-def status_app(journal: SiteJournal):
-    """The site's status page (``/``) and its JSON (``/api/status``); GET only."""
+def status_app(journal: SiteJournal, hosts: frozenset[str] | None = None):
+    """The site's status page (``/``) and its JSON (``/api/status``); GET only; ``hosts``:
+    the ``Host:`` names it answers (``Guard``)."""
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import Response
@@ -138,7 +139,7 @@ def status_app(journal: SiteJournal):
         Route("/api/status", api, methods=["GET"]),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ])  # fmt: skip
-    return Guard(app, None)
+    return Guard(app, None, hosts)
 
 
 def serve_status(address: str, journal: SiteJournal):
@@ -156,4 +157,4 @@ def serve_status(address: str, journal: SiteJournal):
         )
     serving = Exposure(host, port)
     sock = bind(serving, "--status-address")
-    return serving, BackgroundServer(status_app(journal), serving, sock)
+    return serving, BackgroundServer(status_app(journal, serving.host_names), serving, sock)

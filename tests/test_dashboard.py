@@ -442,3 +442,82 @@ def test_a_gossip_run_reads_as_peers_exchanges_drops_and_consensus(tmp_path: Pat
     assert page["alerts"]["any"] is False
     compared = views.compare([run_id])["runs"][0]["rounds"]
     assert compared[0]["metrics"]["accuracy"] == pytest.approx(0.35)
+
+
+def test_a_loopback_dashboard_answers_only_requests_that_name_this_machine(tmp_path: Path) -> None:
+    """DNS rebinding: a page at rebind.example, whose name its owner points at 127.0.0.1,
+    makes the browser send ``Host: rebind.example``; the real server refuses it (421) and
+    answers the loopback names and the bound address."""
+    from fedweave.dashboard.security import Exposure
+    from fedweave.dashboard.server import BackgroundServer, bind
+
+    url = f"sqlite:///{tmp_path / 'h.db'}"
+    _history(url)
+    store = open_store(url, read_only=True)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    serving = Exposure("127.0.0.1", port)
+    assert exposure(f"127.0.0.1:{port}", "--address", None, None).host_names == {
+        "127.0.0.1", "localhost", "::1"
+    }  # fmt: skip
+    sock = bind(serving, "--address")
+    server = BackgroundServer(
+        make_app(Views(store, AlertRules()), hosts=serving.host_names), serving, sock
+    )
+    try:
+
+        def status(host: str) -> int:
+            request = urllib.request.Request(f"http://127.0.0.1:{port}/api/runs",
+                                             headers={"Host": host})  # fmt: skip
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    with urllib.request.urlopen(request, timeout=5) as answer:
+                        return answer.status
+                except urllib.error.HTTPError as refused:
+                    return refused.code
+                except urllib.error.URLError:  # not listening yet
+                    assert time.monotonic() < deadline
+                    time.sleep(0.1)
+
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}", "LOCALHOST"):
+            assert status(host) == 200, host
+        for host in (f"rebind.example:{port}", "127.0.0.1.rebind.example", f"10.0.0.1:{port}"):
+            assert status(host) == 421, host
+    finally:
+        server.close()
+        store.close()
+
+
+def test_loopback_is_decided_by_the_addresses_a_name_resolves_to(monkeypatch) -> None:
+    """A ``localhost`` made to resolve elsewhere is not trusted by its name."""
+    import fedweave.dashboard.security as security
+
+    assert is_loopback("localhost")  # here it resolves to 127.0.0.1 / ::1
+    elsewhere = [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.0.0.5", 0))]
+    monkeypatch.setattr(security.socket, "getaddrinfo", lambda *args, **kwargs: elsewhere)
+    assert not is_loopback("localhost")
+    with pytest.raises(UserError, match="needs TLS and a credential"):
+        exposure("localhost:8080", "--address", None, None)
+
+
+def test_an_unknown_name_costs_the_same_check_as_a_known_one(tmp_path, monkeypatch) -> None:
+    """Login timing says nothing of which names exist: a wrong password for an unknown name
+    is hashed as a known name's is (the issue measured 16 ms against 186 ms)."""
+    import fedweave.dashboard.security as security
+
+    (tmp_path / "auth").write_text(credential_line("ops", "correct horse") + "\n")
+    credentials = Credentials.load(tmp_path / "auth")
+    hashed = []
+    real = security._hash
+    monkeypatch.setattr(security, "_hash", lambda *args: hashed.append(1) or real(*args))
+
+    def basic(name: str, password: str) -> str:
+        return "Basic " + base64.b64encode(f"{name}:{password}".encode()).decode()
+
+    assert not credentials.allows(basic("ops", "wrong"))
+    assert len(hashed) == 1
+    assert not credentials.allows(basic("nobody", "correct horse"))
+    assert len(hashed) == 2
+    assert credentials.allows(basic("ops", "correct horse"))

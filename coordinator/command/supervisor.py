@@ -221,7 +221,8 @@ def _serve_metrics(metrics, store, plan: DeployPlan, client):
     monitoring = plan.config.monitoring
     views = Views(store, AlertRules(monitoring.stall_after, monitoring.stall_grace))
     collector = HistoryCollector(views, run_id=plan.run_id, connected=connected)
-    app = make_app(views, serving.credentials, pages=False, collector=collector)
+    app = make_app(views, serving.credentials, pages=False, collector=collector,
+                   hosts=serving.host_names)  # fmt: skip
     _echo(f"Prometheus metrics of run {plan.run_id} at {serving.url}/metrics")
     return BackgroundServer(app, serving, sock)
 

@@ -26,7 +26,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fedweave.dashboard.prometheus import CONTENT_TYPE, HistoryCollector, exposition
-from fedweave.dashboard.security import REALM, Credentials
+from fedweave.dashboard.security import REALM, Credentials, host_name
 from fedweave.dashboard.views import Views
 from fedweave.history.store_errors import HistoryError
 
@@ -94,11 +94,14 @@ def _not_found(what: str) -> HTMLResponse:
 
 
 class Guard:
-    """Security headers on every answer; with credentials, 401 for a request without a valid
-    one (nothing else is said to it)."""
+    """Security headers on every answer; with ``hosts`` (``Exposure.host_names``), 421 for a
+    request whose ``Host:`` header names none of them; with credentials, 401 for a request
+    without a valid one (nothing else is said to either)."""
 
-    def __init__(self, app: ASGIApp, credentials: Credentials | None) -> None:
-        self.app, self.credentials = app, credentials
+    def __init__(
+        self, app: ASGIApp, credentials: Credentials | None, hosts: frozenset[str] | None = None
+    ) -> None:
+        self.app, self.credentials, self.hosts = app, credentials, hosts
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -110,8 +113,15 @@ class Guard:
                 message["headers"] = [*message.get("headers", []), *SECURITY_HEADERS]
             await send(message)
 
+        headers = dict(scope.get("headers") or [])
+        if self.hosts is not None:
+            named = host_name(headers.get(b"host", b"").decode("latin-1"))
+            if named not in self.hosts:
+                response = Response("421 misdirected request: unknown Host\n", 421,
+                                    media_type="text/plain")  # fmt: skip
+                await response(scope, receive, with_headers)
+                return
         if self.credentials is not None:
-            headers = dict(scope.get("headers") or [])
             authorization = headers.get(b"authorization", b"").decode("latin-1") or None
             if not self.credentials.allows(authorization):
                 response = Response(
@@ -129,10 +139,11 @@ def make_app(
     *,
     pages: bool = True,
     collector: HistoryCollector | None = None,
+    hosts: frozenset[str] | None = None,
 ) -> ASGIApp:
     """The dashboard (``pages``) and ``/metrics`` over ``views``; ``collector`` defaults to
     every running and recent run. ``pages=False`` serves ``/metrics`` only (the coordinator's
-    ``--metrics-address``)."""
+    ``--metrics-address``). ``hosts``: the ``Host:`` names it answers (``Guard``)."""
     collector = collector or HistoryCollector(views)
 
     def after_of(request: Request) -> int:
@@ -232,4 +243,4 @@ def make_app(
         exception_handlers={HistoryError: unavailable, 404: missing},
         middleware=[Middleware(GZipMiddleware, minimum_size=1024)],
     )
-    return Guard(app, credentials)
+    return Guard(app, credentials, hosts)

@@ -77,7 +77,8 @@ def _serve(
             + "); Ctrl-C to stop",
             err=True,
         )
-        serve_forever(make_app(views, serving.credentials), serving, sock)
+        app = make_app(views, serving.credentials, hosts=serving.host_names)
+        serve_forever(app, serving, sock)
     finally:
         sock.close()
         store.close()

@@ -5,7 +5,15 @@ Loopback by default. Any other address needs TLS (the server certificate and key
 line per credential, made by ``fedweave dashboard add-credential``. A request shows its
 credential as HTTP basic auth (a browser asks for it; Prometheus' ``basic_auth``) or as a
 bearer token (the password alone). Passwords are never stored, only their scrypt hashes; a
-request with a wrong credential gets 401 and nothing else.
+request with a wrong credential gets 401 and nothing else, in the time a known name's check
+takes, whether or not the name it gave exists.
+
+On loopback, where a page is plain HTTP, a request must name this machine in its ``Host:``
+header (a loopback name or the bound address): a web page elsewhere whose own name an
+attacker points at 127.0.0.1 (DNS rebinding) is refused, 421. Elsewhere TLS already refuses a
+name the server's certificate does not carry. Whether an address is loopback is decided by
+every address it resolves to, never by its name (``localhost`` may be made to resolve
+elsewhere).
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ import hmac
 import ipaddress
 import os
 import secrets
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -29,16 +38,32 @@ SCRYPT = {"n": 2**14, "r": 8, "p": 1, "dklen": 32}
 REMEMBER_SECONDS = 300.0
 """How long a verified Authorization header is accepted without hashing it again."""
 REALM = "fedweave dashboard"
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+"""The ``Host:`` names a loopback server answers to, besides the address it is bound to."""
 
 
 def is_loopback(host: str) -> bool:
-    """Whether ``host`` (an address or ``localhost``) only reaches this machine."""
-    if host == "localhost":
-        return True
+    """Whether ``host`` only reaches this machine: a loopback address, or a name every address
+    of which is loopback (a name that does not resolve is not)."""
     try:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
+        pass
+    try:
+        found = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
         return False
+    return bool(found) and all(
+        ipaddress.ip_address(str(info[4][0]).split("%")[0]).is_loopback for info in found
+    )
+
+
+def host_name(header: str) -> str:
+    """The name of a ``Host:`` header (its port and an IPv6 address' brackets taken off),
+    lower case."""
+    if header.startswith("["):
+        return header[1:].partition("]")[0].lower()
+    return (header.rpartition(":")[0] if header.count(":") == 1 else header).lower()
 
 
 def _hash(password: str, salt: bytes) -> bytes:
@@ -63,6 +88,7 @@ class Credentials:
 
     def __init__(self, entries: list[_Entry]) -> None:
         self._entries = entries
+        self._decoy = _Entry("", secrets.token_bytes(16), secrets.token_bytes(32))
         self._remembered: dict[bytes, float] = {}
         self._lock = threading.Lock()
 
@@ -118,11 +144,12 @@ class Credentials:
             password = value.strip()
         else:
             return False
-        ok = any(
+        named = [entry for entry in self._entries if name is None or entry.name == name]
+        checks = [
             hmac.compare_digest(_hash(password, entry.salt), entry.digest)
-            for entry in self._entries
-            if name is None or entry.name == name
-        )
+            for entry in named or [self._decoy]  # an unknown name costs a check too
+        ]
+        ok = bool(named) and any(checks)
         if ok:
             with self._lock:
                 if len(self._remembered) > 1000:
@@ -146,6 +173,14 @@ class Exposure:
     certfile: Path | None = None
     keyfile: Path | None = None
     credentials: Credentials | None = None
+
+    @property
+    def host_names(self) -> frozenset[str] | None:
+        """The ``Host:`` names a request may carry: on loopback, its loopback names and the
+        bound host; None (any) elsewhere, where TLS refuses a name its certificate lacks."""
+        if not is_loopback(self.host):
+            return None
+        return LOOPBACK_NAMES | {self.host.strip("[]").lower()}
 
     @property
     def scheme(self) -> str:
