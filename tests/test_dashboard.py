@@ -521,3 +521,51 @@ def test_an_unknown_name_costs_the_same_check_as_a_known_one(tmp_path, monkeypat
     assert not credentials.allows(basic("nobody", "correct horse"))
     assert len(hashed) == 2
     assert credentials.allows(basic("ops", "correct horse"))
+
+
+def test_failed_logins_wait_longer_each_time_by_source_and_by_name() -> None:
+    from fedweave.dashboard.security import FREE_FAILURES, MAX_WAIT_SECONDS, FailedLogins
+
+    now = [100.0]
+    logins = FailedLogins(clock=lambda: now[0])
+    for _ in range(FREE_FAILURES):
+        assert logins.wait("10.0.0.9", "ops") == 0
+        logins.failed("10.0.0.9", "ops")
+    assert logins.wait("10.0.0.9", "ops") == 1.0  # then 1 s, doubling with each failure
+    assert logins.wait("10.0.0.7", "ops") == 1.0  # the name waits from any source
+    assert logins.wait("10.0.0.9", None) == 1.0  # the source waits whatever it claims
+    assert logins.wait("10.0.0.7", "eve") == 0
+    now[0] += 1.0
+    logins.failed("10.0.0.9", "ops")
+    assert logins.wait("10.0.0.9", "ops") == 2.0
+    for _ in range(20):
+        logins.failed("10.0.0.9", "ops")
+    assert logins.wait("10.0.0.9", "ops") == MAX_WAIT_SECONDS
+    logins.succeeded("10.0.0.9", "ops")
+    assert logins.wait("10.0.0.9", "ops") == 0
+
+
+def test_a_guessing_source_gets_429_without_a_check_while_a_logged_in_user_is_served(
+    tmp_path: Path, monkeypatch
+) -> None:
+    import fedweave.dashboard.security as security
+
+    url = f"sqlite:///{tmp_path / 'h.db'}"
+    _history(url)
+    (tmp_path / "auth").write_text(credential_line("ops", "correct horse") + "\n")
+    store = open_store(url, read_only=True)
+    client = TestClient(make_app(Views(store, AlertRules()), Credentials.load(tmp_path / "auth")))
+    good = {"authorization": "Basic " + base64.b64encode(b"ops:correct horse").decode()}
+    assert client.get("/api/runs", headers=good).status_code == 200  # logged in, remembered
+    hashed = []
+    real = security._hash
+    monkeypatch.setattr(security, "_hash", lambda *args: hashed.append(1) or real(*args))
+    for attempt in range(security.FREE_FAILURES):
+        wrong = {"authorization": "Basic " + base64.b64encode(f"ops:{attempt}".encode()).decode()}
+        assert client.get("/api/runs", headers=wrong).status_code == 401
+    assert len(hashed) == security.FREE_FAILURES
+    refused = client.get("/api/runs", headers={"authorization": "Bearer one more"})
+    assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
+    assert len(hashed) == security.FREE_FAILURES  # refused without a check
+    assert client.get("/api/runs", headers=good).status_code == 200  # still served
+    store.close()

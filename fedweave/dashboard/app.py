@@ -16,6 +16,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import anyio
+import anyio.to_thread
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.gzip import GZipMiddleware
@@ -26,7 +28,14 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fedweave.dashboard.prometheus import CONTENT_TYPE, HistoryCollector, exposition
-from fedweave.dashboard.security import REALM, Credentials, host_name
+from fedweave.dashboard.security import (
+    CONCURRENT_CHECKS,
+    REALM,
+    Credentials,
+    FailedLogins,
+    claimed_name,
+    host_name,
+)
 from fedweave.dashboard.views import Views
 from fedweave.history.store_errors import HistoryError
 
@@ -102,6 +111,30 @@ class Guard:
         self, app: ASGIApp, credentials: Credentials | None, hosts: frozenset[str] | None = None
     ) -> None:
         self.app, self.credentials, self.hosts = app, credentials, hosts
+        self.failed_logins = FailedLogins()
+        self._checks = None  # the CapacityLimiter of the scrypt checks, made on first use
+
+    async def _refused_for(self, authorization: str | None, scope: Scope) -> float | None:
+        """None when ``authorization`` is a valid credential; else the seconds its source (or
+        name) must still wait before a check (0: it was checked, and failed)."""
+        if self.credentials.remembers(authorization):
+            return None
+        if not authorization:
+            return 0.0  # a browser's first request: it asks for the credential now
+        source = (scope.get("client") or (None,))[0]
+        name = claimed_name(authorization)
+        wait = self.failed_logins.wait(source, name)
+        if wait > 0:
+            return wait
+        if self._checks is None:
+            self._checks = anyio.CapacityLimiter(CONCURRENT_CHECKS)
+        if await anyio.to_thread.run_sync(
+            self.credentials.allows, authorization, limiter=self._checks
+        ):
+            self.failed_logins.succeeded(source, name)
+            return None
+        self.failed_logins.failed(source, name)
+        return 0.0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -123,7 +156,13 @@ class Guard:
                 return
         if self.credentials is not None:
             authorization = headers.get(b"authorization", b"").decode("latin-1") or None
-            if not self.credentials.allows(authorization):
+            wait = await self._refused_for(authorization, scope)
+            if wait:
+                response = Response("429 too many failed logins\n", 429, media_type="text/plain",
+                                    headers={"retry-after": str(math.ceil(wait))})  # fmt: skip
+                await response(scope, receive, with_headers)
+                return
+            if wait is not None:
                 response = Response(
                     "401 unauthorized\n", 401, media_type="text/plain",
                     headers={"www-authenticate": f'Basic realm="{REALM}", charset="UTF-8"'},

@@ -8,6 +8,14 @@ bearer token (the password alone). Passwords are never stored, only their scrypt
 request with a wrong credential gets 401 and nothing else, in the time a known name's check
 takes, whether or not the name it gave exists.
 
+Failed logins slow down (``FailedLogins``): after ``FREE_FAILURES`` wrong credentials from one
+source address, or for one name, the next try must wait, twice as long after each further
+failure (at most ``MAX_WAIT_SECONDS``); until then a request with a credential gets 429 and
+no check. A header verified before is still accepted (a logged-in user is not locked out by
+someone failing at their name), and the checks themselves run off the server's event loop, at
+most ``CONCURRENT_CHECKS`` at a time (``app.Guard``), so a flood of wrong passwords cannot
+starve the requests of those logged in.
+
 On loopback, where a page is plain HTTP, a request must name this machine in its ``Host:``
 header (a loopback name or the bound address): a web page elsewhere whose own name an
 attacker points at 127.0.0.1 (DNS rebinding) is refused, 421. Elsewhere TLS already refuses a
@@ -38,6 +46,13 @@ SCRYPT = {"n": 2**14, "r": 8, "p": 1, "dklen": 32}
 REMEMBER_SECONDS = 300.0
 """How long a verified Authorization header is accepted without hashing it again."""
 REALM = "fedweave dashboard"
+FREE_FAILURES = 5
+"""Wrong credentials a source (or a name) may send before its next try must wait."""
+FIRST_WAIT_SECONDS = 1.0
+"""The wait after the first failure beyond ``FREE_FAILURES``; it doubles with each further one."""
+MAX_WAIT_SECONDS = 60.0
+CONCURRENT_CHECKS = 2
+"""scrypt checks running at once (each in a worker thread); more wait their turn."""
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 """The ``Host:`` names a loopback server answers to, besides the address it is bound to."""
 
@@ -124,6 +139,14 @@ class Credentials:
             )
         return cls(entries)
 
+    def remembers(self, authorization: str | None) -> bool:
+        """Whether ``authorization`` was verified within ``REMEMBER_SECONDS`` (no hashing)."""
+        if not authorization:
+            return False
+        key = hashlib.sha256(authorization.encode()).digest()
+        with self._lock:
+            return self._remembered.get(key, 0.0) > time.monotonic()
+
     def allows(self, authorization: str | None) -> bool:
         """Whether an ``Authorization`` header (basic or bearer) carries a valid credential."""
         if not authorization:
@@ -156,6 +179,59 @@ class Credentials:
                     self._remembered.clear()
                 self._remembered[key] = now + REMEMBER_SECONDS
         return ok
+
+
+def claimed_name(authorization: str) -> str | None:
+    """The name a basic ``Authorization`` header gives (None for a bearer token or garbage)."""
+    scheme, _, value = authorization.partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:
+        return base64.b64decode(value, validate=True).decode().partition(":")[0]
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+
+
+class FailedLogins:
+    """Wrong credentials by source address and by name, and how long each must wait before
+    its next try (see the module's text). ``clock``: ``time.monotonic`` (a test's own)."""
+
+    MAX_TRACKED = 10_000
+
+    def __init__(self, clock=time.monotonic) -> None:
+        self._clock = clock
+        self._failures: dict[str, tuple[int, float]] = {}  # key -> (failures, last one)
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _keys(source: str | None, name: str | None) -> list[str]:
+        return [f"source {source}"] * (source is not None) + [f"name {name}"] * (name is not None)
+
+    def wait(self, source: str | None, name: str | None) -> float:
+        """Seconds before ``source`` (for ``name``) may try again; 0: now."""
+        now, longest = self._clock(), 0.0
+        with self._lock:
+            for key in self._keys(source, name):
+                failures, last = self._failures.get(key, (0, 0.0))
+                if failures >= FREE_FAILURES:
+                    doubled = FIRST_WAIT_SECONDS * 2 ** (failures - FREE_FAILURES)
+                    wait = min(MAX_WAIT_SECONDS, doubled)
+                    longest = max(longest, last + wait - now)
+        return max(0.0, longest)
+
+    def failed(self, source: str | None, name: str | None) -> None:
+        now = self._clock()
+        with self._lock:
+            if len(self._failures) > self.MAX_TRACKED:
+                self._failures.clear()
+            for key in self._keys(source, name):
+                failures, _ = self._failures.get(key, (0, 0.0))
+                self._failures[key] = (failures + 1, now)
+
+    def succeeded(self, source: str | None, name: str | None) -> None:
+        with self._lock:
+            for key in self._keys(source, name):
+                self._failures.pop(key, None)
 
 
 @dataclass(frozen=True)
