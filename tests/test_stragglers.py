@@ -81,3 +81,15 @@ def test_more_stragglers_than_secagg_survives_are_refused(tmp_path):
     gossip = run_cli("simulate", "--mode", "gossip", "--stragglers", "0.2", cwd=tmp_path,
                      timeout=120)  # fmt: skip
     assert gossip.returncode == 2 and "--stragglers is for federated" in gossip.stderr
+
+
+def test_a_round_in_flight_notes_the_sample_size_through_the_straggler_wrapper():
+    """The history's round in flight says how many sites a round samples (``ReportingStrategy``
+    asks its strategy's ``num_fit_clients``); wrapped for stragglers, it read the connected
+    count instead."""
+    from fedweave.coordinator.rounds.strategies import make_strategy
+
+    common = {"fraction_fit": 0.5, "min_fit_clients": 2, "evaluator": None}
+    plain = make_strategy("fedavg", False, **common)
+    wrapped = make_strategy("fedavg", False, stragglers=0.2, **common)
+    assert wrapped.strategy.num_fit_clients(10) == plain.strategy.num_fit_clients(10) == (5, 2)

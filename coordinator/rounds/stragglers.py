@@ -68,6 +68,11 @@ class StragglerStrategy(Strategy):
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
         return self.strategy.initialize_parameters(client_manager)
 
+    def num_fit_clients(self, num_available_clients: int) -> tuple[int, int]:
+        """The wrapped strategy's (sample size, minimum) for ``num_available_clients``: the
+        round's sampled count the history notes before sampling."""
+        return self.strategy.num_fit_clients(num_available_clients)
+
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, FitIns]]:
