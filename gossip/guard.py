@@ -36,9 +36,13 @@ that far once: ``--mix clipped`` or ``trimmed`` bound that too. Below ``FLOOR_FA
 model's length a move is always accepted (converged models differ by rounding noise, whose
 spread says nothing).
 
-If we refuse ``RESET_AFTER`` models in a row from at least two different neighbours and
-accept none, we are the outlier (our own model moved, or we were poisoned before the bound
-knew better): the history restarts, so a peer is never shut out of its network for good.
+If we refuse ``RESET_AFTER`` models in a row from at least two different neighbours whose
+models we accepted before, and accept none, we are the outlier (our own model moved, or we
+were poisoned before the bound knew better): the history restarts, so a peer is never shut
+out of its network for good. Refusals of senders never accepted do not count: without CURVE
+(``--insecure``) an id is only a claim, and three made-up ids sending garbage restarted the
+history, after which a model at distance 948 was taken (issue 39). The bar this raises: a
+made-up id must first have a model accepted, so it must know one close to ours.
 """
 
 from __future__ import annotations
@@ -69,6 +73,8 @@ this many units: a zero-initialised model has no length) is refused."""
 FLOOR_FACTOR = 0.01
 """A model closer than this share of our own length is always accepted."""
 RESET_AFTER = 3
+MAX_KNOWN = 4096
+"""Senders remembered as accepted once (without CURVE ids are free to make up)."""
 """Refusals in a row (from two or more neighbours, no acceptance between) that restart it."""
 
 
@@ -100,6 +106,8 @@ class DistanceGuard:
         self.factor = factor
         self.accepted: deque[float] = deque(maxlen=max(1, window))
         self._refused_in_a_row: list[str] = []
+        self._known: set[str] = set()
+        """Senders a model of which was accepted (and recorded); bounded by the membership."""
         self.last_distance = math.nan
         """The distance of the last model checked (the consensus estimate reads it)."""
 
@@ -139,9 +147,12 @@ class DistanceGuard:
                     distance if typical is None else min(distance, GROWTH * typical)
                 )
                 self._refused_in_a_row = []
+                if len(self._known) < MAX_KNOWN:
+                    self._known.add(sender)
             return None
         self._refused_in_a_row.append(sender)
-        if len(self._refused_in_a_row) >= RESET_AFTER and len(set(self._refused_in_a_row)) >= 2:
+        known = set(self._refused_in_a_row) & self._known
+        if len(self._refused_in_a_row) >= RESET_AFTER and len(known) >= 2:
             self.accepted.clear()  # we are the outlier: learn the spread again
             self._refused_in_a_row = []
         return f"too-far: model at distance {distance:.3g} from ours, bound {limit:.3g}"

@@ -54,12 +54,25 @@ def test_absurd_models_are_refused_even_before_any_distance_is_known() -> None:
 def test_a_peer_that_refuses_everyone_learns_the_spread_again() -> None:
     guard = DistanceGuard(factor=5.0)
     ours = _model(0.0)
-    for _ in range(20):
-        guard.check("b", _model(0.001), ours)
+    for index in range(21):
+        guard.check("bcd"[index % 3], _model(0.001), ours)
     # our own model jumped (or was poisoned in warm-up): every neighbour looks far
     for sender in ("b", "c", "d"):
         assert guard.check(sender, _model(1.0), ours) is not None
     assert guard.check("b", _model(1.0), ours) is None
+
+
+def test_made_up_ids_cannot_restart_the_distance_history() -> None:
+    """Issue 39, ``--insecure``: three ids no model of which was ever accepted sent garbage,
+    the history restarted, and a model far outside the usual spread was taken."""
+    guard = DistanceGuard(factor=5.0)
+    ours = _model(0.0)
+    for index in range(21):
+        assert guard.check("bcd"[index % 3], _model(0.001), ours) is None
+    for sender in ("made-up-1", "made-up-2", "made-up-3", "made-up-4", "b"):
+        assert guard.check(sender, _model(1e6), ours) is not None
+    assert len(guard.accepted) > 0  # the history stands
+    assert guard.check("made-up-5", _model(1.0), ours) is not None  # still too far
 
 
 def test_a_huge_example_count_weighs_at_most_ratio_times_ours() -> None:
