@@ -326,6 +326,7 @@ def make_fedbuff_server_app(
         pulls: dict[int, float] = {}  # node -> how far its latest update in a buffer moved
         carried: list[tuple[_Job, _Outcome]] = []  # arrivals from sites already in the buffer
         bounding = 0 if secure else min(MIN_SITES_TO_BOUND, len(nodes))
+        answered: set[int] = set()  # sites that answered a job, with an update or without
         workflow = make_secagg_workflow(settings.secagg, buffer_size, deadline) if secure else None
 
         def send(node: int, step: int) -> str:
@@ -376,6 +377,7 @@ def make_fedbuff_server_app(
                 send(node, version)
         else:  # every site's first job starts at the same time; its reply tells its length
             waiting = {node: send(node, version) for node in nodes}
+            answered.update(nodes)  # each has answered its first job, or left the run
             first = arrivals.wait(list(waiting.values()), REPLY_WAIT_SECONDS)
             for node, message_id in waiting.items():
                 job = _Job(clock, node, version, message_id, clock, jobs[node])
@@ -385,6 +387,7 @@ def make_fedbuff_server_app(
                                 outcome.reason)  # fmt: skip
                     continue
                 learn(node, outcome)
+                heard(node, outcome)  # every site's figures bound the first step already
                 site = sites[node]
                 job.finishes_at = clock + speeds.job_seconds(
                     site.name, site.examples, epochs, model_bytes, update_bytes
@@ -482,17 +485,16 @@ def make_fedbuff_server_app(
             members: list[tuple[_Job, Any]] = []
             dropped: list[SiteResult] = []
             waited, carried[:] = list(carried), []
-            arrived = 0
             while len(members) < buffer_size or (
-                len(claimed) < bounding and arrived < 2 * len(nodes)
-            ):  # the first step: its bounds need the figures of three sites
-                arrived += 1
+                len(claimed) < bounding and not answered.issuperset(nodes)
+            ):  # the first step: its bounds need three sites' figures, or every site's word
                 if waited:  # one from each site that waited for this buffer, first
                     job, outcome = waited.pop(0)
                     traffic["in"] += outcome.res.metrics[UPLINK_BYTES_METRIC]
                 else:
                     job, outcome = next_real() if speeds is None else next_simulated()
                 learn(job.node, outcome)
+                answered.add(job.node)
                 name = sites[job.node].name if job.node in sites else str(job.node)
                 staleness = version - job.version
                 res = outcome.res
