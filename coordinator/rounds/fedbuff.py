@@ -623,8 +623,8 @@ def _apply(
         weights = parameters_to_ndarrays(res.parameters)
         change = [new.astype(np.float64) - old for new, old in zip(weights, models[job.version])]
         changes.append((change, float(np.sqrt(sum(float(np.sum(c * c)) for c in change)))))
-    pull_bound = float("inf") if pulls is None else (
-        count_bound(list(pulls.values())) * PULL_TIMES_MEDIAN / MAX_TIMES_MEDIAN
+    pull_bound = (
+        float("inf") if pulls is None else count_bound(list(pulls.values()), PULL_TIMES_MEDIAN)
     )
     update = [np.zeros_like(w) for w in models[version]]
     sums: dict[str, float] = {}

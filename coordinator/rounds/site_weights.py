@@ -48,14 +48,14 @@ MIN_SITES_TO_BOUND = 3
 and bounding would only cut an honest larger site down to twice the smaller."""
 
 
-def count_bound(counts: Sequence[float]) -> float:
-    """The most any one of ``counts`` weighs in with: ``MAX_TIMES_MEDIAN`` times the lower
-    median of those above 0 (a count of 0 weighs nothing either way); infinite for fewer than
-    ``MIN_SITES_TO_BOUND`` of them."""
+def count_bound(counts: Sequence[float], times: float = MAX_TIMES_MEDIAN) -> float:
+    """The most any one of ``counts`` (or of other per-site figures) weighs in with: ``times``
+    the lower median of those above 0 (a count of 0 weighs nothing either way); infinite for
+    fewer than ``MIN_SITES_TO_BOUND`` of them."""
     positive = [count for count in counts if count > 0]
     if len(positive) < MIN_SITES_TO_BOUND:
         return float("inf")
-    return MAX_TIMES_MEDIAN * float(statistics.median_low(positive))
+    return times * float(statistics.median_low(positive))
 
 
 def bounded_results(
