@@ -134,10 +134,14 @@ class _SupernodeState:
             ``signature``), or None.
         failure: its last request that gave up before it connected (the event), or None.
         tls_failed: that request failed in the TLS handshake.
+        went_down: while lost, a probe found nothing listening at the coordinator's address
+            (its process stopped). A coordinator that listens there again is a new one,
+            which knows none of the old one's nodes: the site rejoins at once.
     """
 
     connected: bool = False
     lost: bool = False
+    went_down: bool = False
     refused: str | None = None
     failure: dict[str, Any] | None = None
     tls_failed: bool = False
@@ -179,7 +183,7 @@ class _SupernodeEvents:
             how = "lost; reconnecting" if state.connected else "unreachable; retrying"
             _echo(f"coordinator {self.coordinator} {how} in {wait:.1f} s")
         elif kind == "recovered" and state.lost:
-            state.lost = False
+            state.lost, state.went_down = False, False
             _echo(f"coordinator {self.coordinator} answers again")
         elif kind == "refused":
             state.refused = str(event.get("why", "unknown-key"))
@@ -240,6 +244,9 @@ def _failure_text(state: _SupernodeState, code: int) -> str:
 PROBE_EVERY_S = 5.0
 """While the site is not connected (or has lost its coordinator), it probes the coordinator's
 address this often (``client/reachability.py``)."""
+RESTART_PROBE_S = 1.0
+"""Once the lost coordinator's port refuses connections (its process stopped), the site
+probes this often, to rejoin as soon as a coordinator listens there again."""
 
 
 def _wait_probing(
@@ -257,8 +264,11 @@ def _wait_probing(
     part, is said once per change (a long-running site rides out a DNS or certificate
     hiccup). A refused site's SuperNode ends itself.
 
-    Returns the SuperNode's exit status, or None once ``connected_by`` (a ``time.monotonic``
-    moment) has passed with the SuperNode not connected (the caller then stops it)."""
+    Returns the SuperNode's exit status, or None (the caller then stops it) once
+    ``connected_by`` (a ``time.monotonic`` moment) has passed with the SuperNode not
+    connected, or once a lost coordinator that went down listens again (``went_down``):
+    Flower's SuperNode would only learn that on its next retry, then be refused its old node
+    id and exit."""
     from fedweave.client.reachability import explained, probe
     from fedweave.errors import UserError
 
@@ -282,7 +292,10 @@ def _wait_probing(
                 said = "ok"
             continue
         found = probe(host, port, ca_cert)
-        next_probe = time.monotonic() + PROBE_EVERY_S
+        if state.lost and found.kind == "ok" and state.went_down:
+            return None
+        state.went_down = state.went_down or (state.lost and found.kind == "refused")
+        next_probe = time.monotonic() + (RESTART_PROBE_S if state.went_down else PROBE_EVERY_S)
         if found.fatal and not has_connected:
             raise UserError(explained(found, coordinator, ca_cert))
         if found.kind != said and found.kind != "ok":
@@ -398,8 +411,10 @@ def run_site(
 
     A SuperNode that exits after it had connected is started again: a restarted coordinator
     keeps no Flower state (``fedweave.coordinator.command.superlink``), so it refuses this
-    site's old node id and Flower's SuperNode exits; the site then joins as a new node. Waits
-    between such restarts grow from 2 s to 30 s while they keep coming within a minute.
+    site's old node id and Flower's SuperNode exits; the site then joins as a new node. A
+    coordinator seen down (its port refusing connections) and then listening again is joined
+    at once (``RESTART_PROBE_S``); otherwise waits between such rejoins grow from 2 s to 30 s
+    while they keep coming within a minute.
     """
     from fedweave.errors import UserError
     from fedweave.flower_patches.supernode_state import SUPERNODE_STATE_FILE_ENV
@@ -446,6 +461,10 @@ def run_site(
             copier.thread.join(5)
             state = events.poll()
             has_connected = has_connected or state.connected
+            if state.connected and state.went_down:
+                _echo(f"coordinator {coordinator} restarted; rejoining now")
+                started, wait = time.monotonic(), 2.0
+                continue
             if state.connected:
                 rejoin_wait = 2.0 if time.monotonic() - launched > 60 else rejoin_wait
                 _echo(

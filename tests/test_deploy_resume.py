@@ -66,6 +66,8 @@ def test_coordinator_kill_9_mid_run_then_resume(tmp_path):
         assert all(site.poll() is None for site in sites), "a site died across the restart"
         for i in range(SITES):
             assert "lost; reconnecting" in procs.output(f"site{i}")
+            # seen down, then listening again: rejoined at once, not after a growing wait
+            assert "restarted; rejoining now" in procs.output(f"site{i}")
     finally:
         procs.close()
 
