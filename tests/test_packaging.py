@@ -129,3 +129,49 @@ print(changed)
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "{}", done.stdout
+
+
+THROUGH_AN_EXTRA_BY_DESIGN = {"ray": "flwr[simulation]", "datasets": "flwr-datasets"}
+"""Distributions fedweave imports that come only through a declared dependency of an extra."""
+
+
+def test_every_distribution_fedweave_imports_is_declared():
+    """Each third-party module the package's code imports comes from a distribution that
+    pyproject names, in the base install or an extra: not one that only happens to arrive
+    with Flower (starlette, uvicorn, anyio and httpx did), which a Flower release could drop."""
+    import ast
+    import importlib.metadata
+    import re
+
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    wanted = project["dependencies"] + [
+        r for extra in project["optional-dependencies"].values() for r in extra
+    ]
+
+    def canonical(name: str) -> str:
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    declared = {canonical(re.split(r"[\[<>=!~;\s]", r, maxsplit=1)[0]) for r in wanted}
+    distributions = importlib.metadata.packages_distributions()
+    imported: dict[str, set[str]] = {}
+    for folder in ("fedweave", "client", "coordinator", "gossip", "simulations"):
+        for path in (REPO / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names = [node.module]
+                else:
+                    continue
+                for name in names:
+                    top = name.split(".")[0]
+                    if top != "fedweave" and top not in sys.stdlib_module_names:
+                        imported.setdefault(top, set()).add(str(path.relative_to(REPO)))
+    undeclared = {
+        top: sorted(where)[:2] for top, where in imported.items()
+        if top not in THROUGH_AN_EXTRA_BY_DESIGN
+        and not {canonical(d) for d in distributions.get(top, [top])} & declared
+    }  # fmt: skip
+    assert not undeclared, f"imported, not in pyproject.toml: {undeclared}"
