@@ -166,18 +166,12 @@ def test_a_site_holding_another_task_is_refused_with_its_reason_and_the_run_goes
     assert "refused: site holds task 'mnist5k'" in out
 
 
-def _deployed_run(tmp_path, name: str, *extra: str) -> tuple[list[dict], object, str]:
-    """One coordinator and three registered sites; ``extra`` goes to the coordinator."""
+def _run_on(procs: Processes, port: int, tmp_path, name: str, *extra: str):
+    """One ``--once`` coordinator on ``port`` (the sites already started there join it);
+    ``extra`` goes to the coordinator. Returns its rounds, run and console output."""
     db = f"sqlite:///{tmp_path / (name + '.db')}"
-    port = free_port()
-    procs = Processes(tmp_path)
-    try:
-        coord = procs.start(name, *coordinator_args(port, db, 2, SITES, "--once", *extra))
-        for i in range(SITES):
-            procs.start(f"{name}-site{i}", *site_args(port, i))
-        out = wait_for_success(procs, coord, f"the {name} run to complete")
-    finally:
-        procs.close()
+    coord = procs.start(name, *coordinator_args(port, db, 2, SITES, "--once", *extra))
+    out = wait_for_success(procs, coord, f"the {name} run to complete")
     rounds, _, run = recorded(db)
     return rounds, run, out
 
@@ -186,20 +180,32 @@ def _deployed_run(tmp_path, name: str, *extra: str) -> tuple[list[dict], object,
 @pytest.mark.timeout(900)
 def test_the_deployed_coordinator_runs_robust_strategies_and_central_dp(tmp_path):
     """Options that only `fedweave simulate` had before the one-config redesign: Krum from a
-    config file, and central DP that freezes the model when its clipping norm is tiny."""
+    config file, and central DP that freezes the model when its clipping norm is tiny. The
+    same three sites take part in both runs, one coordinator after the other on one port:
+    a site outlives a finished coordinator and joins the next at once."""
     make_deployment(tmp_path, SITES)
     (tmp_path / "krum.toml").write_text(
         '[federation]\nstrategy = "krum"\n\n[secure_aggregation]\nsecure_agg = false\n'
     )
-    rounds, run, out = _deployed_run(tmp_path, "krum", "--config", "krum.toml")
-    assert [r["round"] for r in rounds] == [1, 2] and run.status == "completed"
-    assert run.config["settings"]["federation"]["strategy"] == "krum"
-    assert "strategy krum, SecAgg+ off" in out
-    assert rounds[-1]["eval_accuracy"] > 0.5
+    port = free_port()
+    procs = Processes(tmp_path)
+    try:
+        sites = [procs.start(f"site{i}", *site_args(port, i)) for i in range(SITES)]
+        rounds, run, out = _run_on(procs, port, tmp_path, "krum", "--config", "krum.toml")
+        assert [r["round"] for r in rounds] == [1, 2] and run.status == "completed"
+        assert run.config["settings"]["federation"]["strategy"] == "krum"
+        assert "strategy krum, SecAgg+ off" in out
+        assert rounds[-1]["eval_accuracy"] > 0.5
 
-    rounds, run, out = _deployed_run(
-        tmp_path, "dp", "--dp", "central", "--clipping-norm", "1e-4", "--noise-multiplier", "0"
-    )
+        rounds, run, out = _run_on(
+            procs, port, tmp_path, "dp",
+            "--dp", "central", "--clipping-norm", "1e-4", "--noise-multiplier", "0",
+        )  # fmt: skip
+        assert all(site.poll() is None for site in sites), "a site ended with its coordinator"
+        for i in range(SITES):
+            assert "restarted; rejoining now" in procs.output(f"site{i}")
+    finally:
+        procs.close()
     assert [r["round"] for r in rounds] == [1, 2] and run.status == "completed"
     assert run.config["settings"]["privacy"] == {
         "dp": "central", "noise_multiplier": 0.0, "clipping_norm": 1e-4, "dp_epsilon": 10.0,
