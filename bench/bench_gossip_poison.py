@@ -16,6 +16,11 @@ Variants:
   member-flood      a member offering to every peer every 2 s until the run ends
   insecure-4-ids    ``--insecure`` peers (plaintext) and four made-up ids, each saying hello
                     first: the bounds without CURVE
+  insecure-reset    the review's replay (issue 39): ``--insecure`` peers; every 2 s, three
+                    made-up ids each offer the 1e30 model (refused: three refusals in a row
+                    once restarted a peer's distance history), then a fourth offers a
+                    model at distance ``RESET_DISTANCE`` from zero (inside the outer limit of
+                    a restarted history) with an honest-looking count
 
 Prints per variant the final accuracy (mean over the peers' own models), its difference to
 the unattacked run, the models the attacker got back (``ok`` replies) and the refusals the
@@ -49,10 +54,12 @@ from fedweave.simulations.gossip_simulation import GossipSimulation, run_gossip_
 
 VARIANTS = (
     "none", "outsider", "outsider-4-ids", "member", "member-4-ids", "member-flood",
-    "insecure-4-ids",
+    "insecure-4-ids", "insecure-reset",
 )  # fmt: skip
 POISON = 1e30
 CLAIMED = 2**53
+RESET_DISTANCE = 948.0
+"""The review's large model: its distance from zero (the peers' models are a few units long)."""
 
 
 class Outsider(threading.Thread):
@@ -69,6 +76,9 @@ class Outsider(threading.Thread):
         self.error: str | None = None
         specs = wire.tensor_specs(get_named_weights(load_task("digits").build_model()))
         self.poison = {n: np.full(s, POISON, dtype=np.dtype(d)) for n, d, s in specs}
+        size = sum(int(np.prod(s)) for _, _, s in specs)
+        level = RESET_DISTANCE / np.sqrt(size)
+        self.large = {n: np.full(s, level, dtype=np.dtype(d)) for n, d, s in specs}
 
     def _events(self, i: int) -> list[dict[str, Any]]:
         path = self.work / f"peer-{i}.jsonl"
@@ -103,7 +113,9 @@ class Outsider(threading.Thread):
         ctx = zmq.Context()
         me = load_keyring(self.keys).identity
         plaintext = self.variant.startswith("insecure")
-        ids = ["fake-a", "fake-b", "fake-c", "fake-d"] if "4-ids" in self.variant else [me.peer_id]
+        ids = [me.peer_id]
+        if "4-ids" in self.variant or self.variant == "insecure-reset":
+            ids = ["fake-a", "fake-b", "fake-c", "fake-d"]
         socks = []
         for addr, server_key in targets:
             sock = ctx.socket(zmq.DEALER)
@@ -114,7 +126,18 @@ class Outsider(threading.Thread):
             sock.connect(addr)
             socks.append(sock)
         rounds = 0
-        while not self.stop.is_set():
+        while self.variant == "insecure-reset" and not self.stop.is_set():
+            for sock in socks:
+                for sender in ids:
+                    large = sender == ids[-1]
+                    sock.send_multipart(wire.encode(wire.Message(wire.HELLO, sender, "")))
+                    self._offer_until_heard(sock, wire.Message(
+                        wire.OFFER, sender, "", 1, 1000 + self.sent,
+                        num_examples=500 if large else CLAIMED,
+                        tensors=self.large if large else self.poison,
+                    ))  # fmt: skip
+            self.stop.wait(2.0)
+        while self.variant != "insecure-reset" and not self.stop.is_set():
             for sock in socks:
                 for sender in ids:
                     if plaintext:  # without CURVE a hello first makes a member of anyone
@@ -138,11 +161,28 @@ class Outsider(threading.Thread):
             sock.close(0)
         ctx.term()
 
-    def _answer(self, frames: list[bytes]) -> None:
+    def _offer_until_heard(self, sock: zmq.Socket, offer: wire.Message) -> None:
+        """Send ``offer`` until the peer checks it: a ``busy`` answer (the peer is in an
+        exchange) is sent again 0.1 s later, at most 30 times; 2 s without a reply ends it."""
+        for _ in range(30):
+            sock.send_multipart(wire.encode(offer), copy=False)
+            self.sent += 1
+            deadline = time.monotonic() + 2.0
+            status = None
+            while status is None and time.monotonic() < deadline and not self.stop.is_set():
+                if sock.poll(20):
+                    status = self._answer(sock.recv_multipart())
+            if status != "busy":
+                return
+            self.stop.wait(0.1)
+
+    def _answer(self, frames: list[bytes]) -> str | None:
         msg = wire.decode(frames, check_finite=False)
-        if msg.type == wire.REPLY:
-            self.statuses[msg.status] = self.statuses.get(msg.status, 0) + 1
-            self.models_received += bool(msg.tensors)
+        if msg.type != wire.REPLY:
+            return None
+        self.statuses[msg.status] = self.statuses.get(msg.status, 0) + 1
+        self.models_received += bool(msg.tensors)
+        return msg.status
 
 
 def run_variant(variant: str, rounds: int, seed: int, attack_round: int) -> dict[str, Any]:
