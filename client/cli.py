@@ -175,7 +175,7 @@ class _SupernodeEvents:
         self._note(event)
         state, kind = self.state, event["event"]
         if kind == "connected":
-            state.connected, state.lost, state.failure = True, False, None
+            state.connected, state.lost, state.went_down, state.failure = True, False, False, None
             _echo(f"connected to {self.coordinator} as node {event.get('node_id')}")
         elif kind == "retrying":
             wait = _number(event.get("wait_s"))
@@ -292,7 +292,7 @@ def _wait_probing(
                 said = "ok"
             continue
         found = probe(host, port, ca_cert)
-        if state.lost and found.kind == "ok" and state.went_down:
+        if state.went_down and found.kind == "ok":
             return None
         state.went_down = state.went_down or (state.lost and found.kind == "refused")
         next_probe = time.monotonic() + (RESTART_PROBE_S if state.went_down else PROBE_EVERY_S)
