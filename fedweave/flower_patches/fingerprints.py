@@ -31,6 +31,7 @@ _SECAGG_WORKFLOW = "flwr.server.workflow.secure_aggregation.secaggplus_workflow"
 _LINKSTATE = "flwr.server.superlink.linkstate.in_memory_linkstate"
 _DEFAULT_WORKFLOWS = "flwr.server.workflow.default_workflows"
 _INFLATABLE_PROTO = "flwr.supercore.inflatable.inflatable_protobuf_utils"
+_CONTROL_MW = "flwr.superlink.routers.control.middlewares"
 
 WRAPPED: dict[str, dict[str, str]] = {
     "admin_apis": {
@@ -47,6 +48,18 @@ WRAPPED: dict[str, dict[str, str]] = {
     },
     "tls_suites": {
         "flwr.superlink.cli.flower_superlink:_run_superlink_http_api": "eb0d78b85f999576",
+    },
+    "superlink_middleware": {
+        f"{_CONTROL_MW}:ControlSensitiveResponseMiddleware": "25cca938600324c2",
+        f"{_CONTROL_MW}:_is_control_sensitive_route": "aae3ed426e1ef62c",
+        f"{_CONTROL_MW}:ControlAuthenticationMiddleware": "1495e41d9bbbd25d",
+        f"{_CONTROL_MW}:ControlLicenseMiddleware": "0f57194171e921a3",
+        f"{_CONTROL_MW}:ControlEventLogMiddleware": "d8db2d506ca7d0c5",
+        f"{_CONTROL_MW}:_is_control_path": "bfb5469e9013b256",
+        "flwr.supercore.routers.runtime.tracing:RuntimeTracingMiddleware":
+            "4f574b47f7f33cd8",
+        "flwr.superlink.routers.fleet.middlewares:FleetEventLogMiddleware":
+            "4466ecde96fb2315",
     },
     "deployed_polling": {
         "flwr.superlink.grid.http_grid:HttpGrid.send_and_receive": "699c9f048f3cff74",

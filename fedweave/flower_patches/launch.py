@@ -5,7 +5,8 @@ patches for its process applied first. ``COMMAND`` and ``ARGS`` are exactly Flow
 
 - ``flower-superlink``: ``close_control_surface`` (administrative APIs for this machine only,
   fedweave's bundles only, AEAD TLS) and ``let_sites_rejoin_at_once`` (a restarted site takes
-  its node back);
+  its node back), and the speed-up ``tune_superlink_middleware`` (a request skips the
+  middleware layers that would pass it through untouched);
 - ``flower-supernode``: ``bound_supernode_waits`` (a reply wait that ends, capped sleeps) and
   ``report_supernode_state`` (connected, refused, retrying, a run ended: JSON lines to the
   file ``fedweave client`` names in ``FEDWEAVE_SUPERNODE_STATE_FILE``).
@@ -23,13 +24,18 @@ def _superlink() -> Callable[[], None]:
     from flwr.superlink.cli import flower_superlink
 
     from fedweave.errors import UserError
-    from fedweave.flower_patches import close_control_surface, let_sites_rejoin_at_once
+    from fedweave.flower_patches import (
+        close_control_surface,
+        let_sites_rejoin_at_once,
+        tune_superlink_middleware,
+    )
 
     try:
         close_control_surface()
         let_sites_rejoin_at_once()
     except UserError as exc:
         raise SystemExit(f"fedweave: {exc}") from None
+    tune_superlink_middleware()
     return flower_superlink
 
 
