@@ -14,6 +14,7 @@ plan carries only that file's path (``read_deployment_file`` on the ServerApp's 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,60 @@ def write_deployment_file(folder: Path, deployment: Deployment) -> Path:
     with os.fdopen(fd, "w", encoding="utf-8") as out:
         json.dump({"db_url": deployment.db_url, "coordinator_pid": deployment.coordinator_pid}, out)
     return path
+
+
+SITE_NAMES_FILE = "site-names.json"
+"""Beside the deployment file: Flower node id → the name its site key is registered under
+(``DIR/site-keys/NAME.pub``), rewritten by the coordinator whenever it registers or revokes a
+key, read by the ServerApp as each round closes (``registered_site_names``): a site is
+recorded under the name its key holds, whatever name its replies claim."""
+MAX_SITE_NAMES_BYTES = 4 << 20
+"""The most of ``SITE_NAMES_FILE`` the ServerApp reads (~50,000 sites)."""
+
+
+def write_site_names(folder: Path, names: dict[str, str]) -> Path:
+    """Write ``names`` (node id → registered name) to ``folder/SITE_NAMES_FILE``, 0600, in
+    one step: a reader sees the old file or the new one, never half of one."""
+    import json
+
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = folder / SITE_NAMES_FILE
+    partial = folder / f".{SITE_NAMES_FILE}.{os.getpid()}"
+    partial.unlink(missing_ok=True)
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        json.dump(names, out)
+    os.replace(partial, path)
+    return path
+
+
+def registered_site_names(deployment_file: Path | None) -> Callable[[], dict[str, str]] | None:
+    """A reader of the coordinator's ``SITE_NAMES_FILE`` beside ``deployment_file`` (None
+    without one: a simulation, or a run config written by hand). Each call returns the
+    current node id → name map, read again only when the file changed; a missing, oversized
+    or unreadable file reads as no registered names (sites keep the names they give)."""
+    if deployment_file is None:
+        return None
+    import json
+
+    path = deployment_file.parent / SITE_NAMES_FILE
+    seen: list = [None, {}]  # (mtime, size), names
+
+    def names() -> dict[str, str]:
+        try:
+            stat = path.stat()
+            if (stat.st_mtime_ns, stat.st_size) == seen[0]:
+                return seen[1]
+            if stat.st_size > MAX_SITE_NAMES_BYTES:
+                raise ValueError("too large")
+            data = json.loads(path.read_text(encoding="utf-8"))
+            read = {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+        except (OSError, ValueError):
+            return {}
+        seen[:] = [(stat.st_mtime_ns, stat.st_size), read]
+        return read
+
+    return names
 
 
 def read_deployment_file(path: Path) -> Deployment:

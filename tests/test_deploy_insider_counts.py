@@ -6,7 +6,9 @@ Three registered sites on loopback with TLS, site keys and SecAgg+ (real SuperLi
 and ClientApp workers). site2 trains normally and, from round 2 on, claims NaN examples
 (``fault_tasks.claim_examples``). The coordinator refuses its masked-vector reply before the
 sum: the site is recorded ``rejected`` with the reason, the protocol unmasks the other two as
-if it had dropped out, and the run completes with a model that learned.
+if it had dropped out, and the run completes with a model that learned. It also calls itself
+``site0`` (``--name``): it is recorded under the name its key is registered with, and the
+first round says so once.
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ def test_a_site_claiming_nan_examples_under_secagg_is_rejected_and_the_run_compl
             lambda: procs.output("coordinator"),
         )  # fmt: skip
         for i in range(SITES):
-            site = site_args(port, i)
+            # the insider also calls itself site0: it is recorded under its key's name
+            site = site_args(port, i, None, *(["--name", "site0"] if i == SITES - 1 else []))
             site[site.index("--task") + 1] = TASK
             procs.start(f"site{i}", *site)
         out = wait_for_success(procs, coordinator, "the run to complete", timeout=600)
@@ -76,5 +79,7 @@ def test_a_site_claiming_nan_examples_under_secagg_is_rejected_and_the_run_compl
         assert by_round[later]["site2"] == ("rejected", refused), by_round[later]
         assert by_round[later]["site0"][0] == by_round[later]["site1"][0] == "ok"
         assert rounds[later - 1]["replied"] == 2
+    claim = [w for w in rounds[0]["extra"]["warnings"] if "recorded under the name its key" in w]
+    assert len(claim) == 1 and claim[0].startswith("site site2 (node ") and "'site0'" in claim[0]
     final = rounds[-1]["eval_accuracy"]
     assert math.isfinite(final) and final > 0.5, rounds  # chance is 0.1 on ten digits

@@ -37,7 +37,8 @@ def test_hospital_csvs_deployed_with_tls_and_secagg(tmp_path):
     for i in range(len(sites)):
         done = run_fedweave("sites", "new-key", "--out", f"site{i}.key", cwd=tmp_path)
         assert done.returncode == 0, done.stderr
-        done = run_fedweave("sites", "add-key", "tls", f"site{i}.pub", cwd=tmp_path)
+        done = run_fedweave("sites", "add-key", "tls", f"site{i}.pub", "--name", sites[i].stem,
+                            cwd=tmp_path)  # fmt: skip
         assert done.returncode == 0, done.stderr
     db = f"sqlite:///{tmp_path / 'history.db'}"
     port = free_port()

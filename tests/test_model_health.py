@@ -84,3 +84,51 @@ def test_sites_are_recorded_by_a_valid_name_only():
     names.on_round(_summary(2, 0.5, sites=[SiteResult("11", "late", reason="no reply")]))
     assert kept.seen[1].sites[0].site_id == "hospital-a"
     assert kept.seen[1].sites[0].metrics["node_id"] == "11"
+
+
+def test_a_registered_site_is_recorded_under_its_keys_name_whatever_it_claims(tmp_path):
+    """Deployed with site keys: the coordinator's node id → registered name file binds each
+    name to a key; a site claiming another's name (or none) is recorded under its own, with
+    one warning per node; a site without a registered key keeps the name it gives."""
+    import os
+
+    from fedweave.contract import SITE_NAME_METRIC
+    from fedweave.coordinator.plan import (
+        MAX_SITE_NAMES_BYTES,
+        SITE_NAMES_FILE,
+        registered_site_names,
+        write_site_names,
+    )
+    from fedweave.coordinator.rounds.site_names import SiteNames
+
+    secrets = tmp_path / "secrets"
+    write_site_names(secrets, {"11": "alpha", "12": "beta"})
+    assert os.stat(secrets / SITE_NAMES_FILE).st_mode & 0o777 == 0o600
+    registered = registered_site_names(secrets / "deployment.json")
+    kept = _Keep()
+    names = SiteNames([kept], registered)
+    sites = [
+        SiteResult("11", metrics={SITE_NAME_METRIC: "alpha"}),
+        SiteResult("12", metrics={SITE_NAME_METRIC: "alpha"}),  # beta's key, alpha's name
+        SiteResult("13", metrics={SITE_NAME_METRIC: "gamma"}),  # not registered (yet)
+    ]
+    names.on_round(_summary(1, 0.5, sites=sites))
+    assert [s.site_id for s in kept.seen[0].sites] == ["alpha", "beta", "gamma"]
+    claims = [w for w in kept.seen[0].warnings if "recorded under the name its key" in w]
+    assert claims == ["site beta (node 12) sent the name 'alpha'; recorded under the name its "
+                      "key is registered with"]  # fmt: skip
+    # the next round: the same claim is not warned of again; a key registered meanwhile binds
+    write_site_names(secrets, {"11": "alpha", "12": "beta", "13": "delta"})
+    names.on_round(_summary(2, 0.5, sites=[SiteResult("12", metrics={SITE_NAME_METRIC: "alpha"}),
+                                           SiteResult("13", metrics={SITE_NAME_METRIC: "gamma"})]))
+    assert [s.site_id for s in kept.seen[1].sites] == ["beta", "delta"]
+    assert [w for w in kept.seen[1].warnings if "recorded under" in w] == [
+        "site delta (node 13) sent the name 'gamma'; recorded under the name its key is "
+        "registered with"
+    ]
+    # what the ServerApp reads is bounded, and a broken file means no registered names
+    (secrets / SITE_NAMES_FILE).write_text("{not json")
+    assert registered() == {}
+    (secrets / SITE_NAMES_FILE).write_bytes(b" " * (MAX_SITE_NAMES_BYTES + 1))
+    assert registered() == {}
+    assert registered_site_names(None) is None

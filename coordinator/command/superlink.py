@@ -197,7 +197,7 @@ class ControlClient:
         return [n for n in self.nodes() if n.status == "online"]
 
     @staticmethod
-    def _flower_key(public_key_ssh: bytes) -> bytes:
+    def flower_key(public_key_ssh: bytes) -> bytes:
         """A site key as written in ``DIR/sites/`` (OpenSSH) → as Flower stores it (PEM)."""
         from cryptography.hazmat.primitives import serialization
 
@@ -209,7 +209,7 @@ class ControlClient:
         """Register a site key; returns ``registered`` or ``known`` (already there)."""
         from fedweave.flower_patches.control_api import RegisterNodeRequest
 
-        key = self._flower_key(public_key_ssh)
+        key = self.flower_key(public_key_ssh)
         known = {bytes(n.public_key) for n in self.nodes()}
         if key in known:
             return "known"
@@ -221,7 +221,7 @@ class ControlClient:
         refuses the key's requests (its signature names no node) and forgets its node."""
         from fedweave.flower_patches.control_api import UnregisterNodeRequest
 
-        key = self._flower_key(public_key_ssh)
+        key = self.flower_key(public_key_ssh)
         removed = []
         for node in self.nodes():
             if bytes(node.public_key) == key:

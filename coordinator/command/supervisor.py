@@ -33,9 +33,11 @@ from fedweave.coordinator.command.superlink import (
     parse_address,
 )
 from fedweave.coordinator.plan import (
+    SITE_NAMES_FILE,
     Deployment,
     DeployPlan,
     write_deployment_file,
+    write_site_names,
 )
 from fedweave.errors import UserError
 from fedweave.flower_patches.refused_keys import REFUSED_KEYS_FILE_ENV
@@ -146,12 +148,14 @@ class _Watcher:
 
 def _sync_site_keys(
     client, tls_dir: Path | None, known: dict[Path, bytes], revoked: dict[str, str]
-) -> None:
+) -> bool:
     """Register site keys added to ``DIR/sites`` and revoke those removed from it (at start,
     and every poll while serving: `fedweave sites remove-key` takes effect within a second).
-    ``revoked`` gathers node id → site name of every node disconnected so."""
+    ``revoked`` gathers node id → site name of every node disconnected so. Returns whether
+    any key was registered or revoked."""
     if tls_dir is None:
-        return
+        return False
+    before = dict(known)
     present = {}
     for path in registered_site_keys(tls_dir):
         try:
@@ -182,6 +186,18 @@ def _sync_site_keys(
             continue
         if state == "registered":
             _echo(f"site key {path.stem} registered")
+    return known != before
+
+
+def _write_site_names(client, known: dict[Path, bytes], folder: Path) -> None:
+    """Node id → the name each registered key is filed under, for the ServerApp to record
+    sites by (``plan.SITE_NAMES_FILE``): a site's name is bound to its key."""
+    name_of = {client.flower_key(key): path.stem for path, key in known.items()}
+    names = {
+        str(node.node_id): name_of[bytes(node.public_key)]
+        for node in client.nodes() if bytes(node.public_key) in name_of
+    }  # fmt: skip
+    write_site_names(folder, names)
 
 
 def _metrics_exposure(config: RunConfig):
@@ -327,11 +343,12 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
         revoked: dict[str, str] = {}
         refused = RefusedKeys(refused_notes, connection.tls_dir, _echo)
 
-        def keys() -> None:
-            _sync_site_keys(client, connection.tls_dir, known, revoked)
+        def keys(first: bool = False) -> None:
+            if _sync_site_keys(client, connection.tls_dir, known, revoked) or first:
+                _write_site_names(client, known, deployment_file.parent)
             refused.poll()
 
-        keys()
+        keys(first=True)
         _wait_for_sites(client, proc, min_clients, deployment.site_timeout or None, keys)
         flower_run = client.start_run(build_fab(plan.to_run_config()))
         secure_agg = plan.config.secure_aggregation.secure_agg
@@ -408,5 +425,6 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
         stop_process_group(proc)
         if deployment_file is not None:
             deployment_file.unlink(missing_ok=True)
+            (deployment_file.parent / SITE_NAMES_FILE).unlink(missing_ok=True)
         signal.signal(signal.SIGTERM, previous)
         store.close()

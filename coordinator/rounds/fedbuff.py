@@ -266,12 +266,15 @@ def make_fedbuff_server_app(
     round_starts=(),
     clock_start: float = 0.0,
     deadline=None,
+    registered_names=None,
 ) -> ServerApp:
     """A ServerApp that applies ``settings.rounds`` buffers of ``settings.buffer`` updates
     from ``start_weights`` (``--schedule async``); every buffer is told to ``listeners`` as a
     round (``RoundSummary``), and ``round_starts`` hear when each model step begins.
     ``clock_start``: a resumed run's simulated clock; ``deadline``: the run's
-    ``RoundDeadline`` (in arrival order, how long one job may take; default: sized here)."""
+    ``RoundDeadline`` (in arrival order, how long one job may take; default: sized here);
+    ``registered_names``: node id → the name its site key is registered under (a site is
+    recorded by it, whatever it claims; None: by the name it gives)."""
     from fedweave.coordinator.rounds.central_evaluation import make_central_evaluator
     from fedweave.coordinator.rounds.model_health import ModelHealth
     from fedweave.learning.statistics import needs_statistics
@@ -369,7 +372,8 @@ def make_fedbuff_server_app(
         def learn(node: int, outcome: _Outcome) -> None:
             """A site's name and examples, from its first result."""
             if node not in sites and outcome.res is not None:
-                name = str(outcome.res.metrics.get(SITE_NAME_METRIC) or node)
+                bound = registered_names().get(str(node)) if registered_names else None
+                name = bound or str(outcome.res.metrics.get(SITE_NAME_METRIC) or node)
                 sites[node] = _Site(name, int(outcome.res.num_examples))
 
         if speeds is None:

@@ -11,7 +11,7 @@ SecAgg+ (``SecAggPlusWorkflow``) only plugs into that API.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -65,6 +65,7 @@ def make_server_app(
     statistics: dict[str, Any] | None = None,
     round_starts: Sequence[RoundStartListener] = (),
     clock_start: float = 0.0,
+    registered_names: Callable[[], Mapping[str, str]] | None = None,
 ) -> ServerApp:
     """A ServerApp that runs ``settings.rounds`` rounds from ``start_weights``; a task that
     needs federated statistics gathers them first, unless ``statistics`` (a resumed run's
@@ -72,7 +73,8 @@ def make_server_app(
     every round as it starts; ``clock_start``: a resumed run's simulated clock
     (``--site-speeds``). ``--schedule async`` runs ``fedbuff.py``'s app instead. The command
     that planned the run checked its options and inputs before (``check_settings``; the
-    command's ``run_checks.py``)."""
+    command's ``run_checks.py``). ``registered_names``: node id → the name its site key is
+    registered under (deployed: ``plan.registered_site_names``; sites are recorded by it)."""
     config = settings.config
     deadline = settings.deadline(test_data)
     task = load_task(config.data.task)
@@ -81,9 +83,12 @@ def make_server_app(
         from fedweave.coordinator.rounds.fedbuff import make_fedbuff_server_app
 
         return make_fedbuff_server_app(
-            settings, test_data, start_weights, listeners, round_starts, clock_start, deadline
+            settings, test_data, start_weights, listeners, round_starts, clock_start, deadline,
+            registered_names,
         )
-    named = [SiteNames([ModelHealth(listeners, int(getattr(task, "num_classes", 0)))])]
+    named = [
+        SiteNames([ModelHealth(listeners, int(getattr(task, "num_classes", 0)))], registered_names)
+    ]
     if settings.site_speeds is not None:
         named = [SimulatedClock(named, config.simulation.simulated_deadline, clock_start)]
     listeners = [deadline, WithStatistics(named, sink)]

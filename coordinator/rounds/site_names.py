@@ -5,11 +5,16 @@ Each site sends its name with its fit metrics (``SITE_NAME_METRIC``: ``fedweave 
 node id → name from the replies and records every site of a round under its name (its node
 id stays in the site's metrics), including the failed and late ones it has heard from before.
 Two live sites giving one name are told apart by node id and reported in the round's warnings.
+
+Deployed with site keys, a name is bound to the key: ``registered`` (the coordinator's
+``plan.SITE_NAMES_FILE``) gives node id → the name the site's key is registered under, and a
+registered site is recorded under that name whatever its replies claim; a different claim is
+one warning per node (a registered insider cannot pass itself off as another site).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from fedweave.contract import SITE_NAME_METRIC, SITE_NAME_PATTERN
@@ -18,18 +23,46 @@ from fedweave.contract import SITE_NAME_METRIC, SITE_NAME_PATTERN
 class SiteNames:
     """Round listeners that see site names instead of node ids."""
 
-    def __init__(self, listeners: Sequence[Any]) -> None:
+    def __init__(
+        self,
+        listeners: Sequence[Any],
+        registered: Callable[[], Mapping[str, str]] | None = None,
+    ) -> None:
+        """Args:
+        listeners: the round listeners that see sites by name.
+        registered: node id → the name its site key is registered under, read as each
+            round closes (None, the default: no registered names; sites are recorded
+            under the names they give).
+        """
         self.listeners = list(listeners)
+        self.registered = registered
         self.names: dict[str, str] = {}
+        self.noted: set[str] = set()  # nodes already warned of for claiming another name
 
     def on_round(self, summary: Any) -> None:
         evaluations = [
             *getattr(summary, "evaluations", ()), *getattr(summary, "cross_site", ())
         ]  # fmt: skip
+        registered = self.registered() if self.registered is not None else {}
         unnamed: set[str] = set()
         for site in [*summary.sites, *evaluations]:
             name = site.metrics.get(SITE_NAME_METRIC)
-            if isinstance(name, str) and SITE_NAME_PATTERN.match(name):
+            bound = registered.get(site.site_id)
+            if bound is not None:
+                self.names[site.site_id] = bound
+                if name is not None and name != bound and site.site_id not in self.noted:
+                    self.noted.add(site.site_id)
+                    claim = (
+                        f"the name '{name}'"
+                        if isinstance(name, str) and SITE_NAME_PATTERN.match(name)
+                        else "a name that is not one"
+                    )
+                    summary.warnings = [
+                        *summary.warnings,
+                        f"site {bound} (node {site.site_id}) sent {claim}; recorded under "
+                        "the name its key is registered with",
+                    ]
+            elif isinstance(name, str) and SITE_NAME_PATTERN.match(name):
                 self.names[site.site_id] = name
             elif name is not None and site.site_id not in unnamed:
                 unnamed.add(site.site_id)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from flwr.common import Context
 from flwr.server import Grid, ServerApp
 
-from fedweave.coordinator.plan import DeployPlan
+from fedweave.coordinator.plan import DeployPlan, registered_site_names
 from fedweave.coordinator.serverapp.history_run import recording_run
 
 
@@ -67,8 +67,9 @@ def run_plan(plan: DeployPlan, grid, context) -> None:
         try:
             statistics = recorded_statistics(store.rounds(plan.run_id)) if offset else None
             app = make_server_app(
-                settings, test_data_of(config), start, [recorder], statistics, [recorder]
-            )
+                settings, test_data_of(config), start, [recorder], statistics, [recorder],
+                registered_names=registered_site_names(plan.deployment_file),
+            )  # fmt: skip
             app(grid=grid, context=context)
             recorder.flush()
         finally:

@@ -114,6 +114,7 @@ def run_evaluation(plan: Any, grid: Any, context: Any) -> None:
     ``HistoryRecorder`` a training run uses, so the final model is checkpointed with the new
     run (``history export`` and ``predict`` work on it) and the evaluated run is only read.
     """
+    from fedweave.coordinator.plan import registered_site_names
     from fedweave.coordinator.rounds.history_listener import HistoryRecorder
     from fedweave.coordinator.rounds.site_names import SiteNames
     from fedweave.coordinator.rounds.site_outcomes import OutcomeGrid, SiteReplies
@@ -134,4 +135,4 @@ def run_evaluation(plan: Any, grid: Any, context: Any) -> None:
         grid = OutcomeGrid(grid, site_replies)
         summary = score_at_sites(grid, config, models, recorded_statistics(rows), site_replies)
         recorder = HistoryRecorder(store, plan.run_id, Path(config.history.checkpoint_dir))
-        SiteNames([recorder]).on_round(summary)
+        SiteNames([recorder], registered_site_names(plan.deployment_file)).on_round(summary)

@@ -481,7 +481,8 @@ class SiteSection:
     )
     name: str | None = setting(
         None, "This site's name in the coordinator's history (default: its --site-key file's "
-        "name, else the host name); two live sites with one name are reported.",
+        "name, else the host name); two live sites with one name are reported. A coordinator "
+        "with site keys records the name the key is registered under.",
         identity=False,
     )
     runtime_port: int = setting(
