@@ -70,13 +70,13 @@ def write_site_names(folder: Path, names: dict[str, str]) -> Path:
     one step: a reader sees the old file or the new one, never half of one."""
     import json
 
+    from fedweave.private_files import write_private_text
+
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     path = folder / SITE_NAMES_FILE
     partial = folder / f".{SITE_NAMES_FILE}.{os.getpid()}"
-    partial.unlink(missing_ok=True)
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as out:
-        json.dump(names, out)
+    partial.unlink(missing_ok=True)  # created anew, so 0600 whatever was there
+    write_private_text(partial, json.dumps(names))
     os.replace(partial, path)
     return path
 

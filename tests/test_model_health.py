@@ -126,6 +126,11 @@ def test_a_registered_site_is_recorded_under_its_keys_name_whatever_it_claims(tm
         "site delta (node 13) sent the name 'gamma'; recorded under the name its key is "
         "registered with"
     ]
+    # an unregistered site (--allow-unregistered-sites) claiming a registered name: the
+    # registered site keeps it, the claimant is told apart by its node id
+    names.on_round(_summary(3, 0.5, sites=[SiteResult("12", metrics={SITE_NAME_METRIC: "beta"}),
+                                           SiteResult("14", metrics={SITE_NAME_METRIC: "beta"})]))
+    assert [s.site_id for s in kept.seen[2].sites] == ["beta", "beta (node 14)"]
     # what the ServerApp reads is bounded, and a broken file means no registered names
     (secrets / SITE_NAMES_FILE).write_text("{not json")
     assert registered() == {}

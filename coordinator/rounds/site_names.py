@@ -96,7 +96,9 @@ class SiteNames:
                 **{k: v for k, v in site.metrics.items() if k != SITE_NAME_METRIC},
                 "node_id": node,
             }
-            site.site_id = name if len(claimed[name]) == 1 else f"{name} (node {node})"
+            # a name its key is registered under stays that site's, whoever else claims it
+            own = len(claimed[name]) == 1 or registered.get(node) == name
+            site.site_id = name if own else f"{name} (node {node})"
         for site in getattr(summary, "cross_site", ()):  # whose model it scored
             owner = site.metrics.get("model")
             if owner in self.names:
