@@ -5,6 +5,7 @@ killed during round 2 and restarted, and the run still records all three rounds.
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 
@@ -35,7 +36,10 @@ def test_three_sites_tls_auth_secagg_with_a_site_killed_in_round_2(tmp_path):
     port = free_port()
     procs = Processes(tmp_path)
     try:
-        coord = procs.start("coordinator", *coordinator_args(port, db, ROUNDS, SITES, "--once"))
+        coord = procs.start(
+            "coordinator",
+            *coordinator_args(port, db, ROUNDS, SITES, "--once", sized_deadline=True),
+        )  # the default deadline, sized from the task as users get it
         wait_for(
             lambda: "sites connected" in procs.output("coordinator"),
             60,
@@ -110,6 +114,7 @@ def test_three_sites_tls_auth_secagg_with_a_site_killed_in_round_2(tmp_path):
         assert f"round {n}/{ROUNDS}: accuracy" in out
     (missed,) = [s for s in by_round[2] if s["status"] != "ok"]
     assert f"site {missed['site_id']} {missed['status']}: " in out  # shown, with its reason
+    assert re.search(r"round deadline \d+ s \(sized from the task\)", out), out[:2000]
 
 
 @pytest.mark.slow

@@ -239,7 +239,19 @@ def _make_deployment_here(root: Path, sites: int, unregistered: int) -> None:
             assert done.returncode == 0, done.stderr
 
 
-def coordinator_args(port: int, db: str, rounds: int, sites: int, *extra: str) -> list[str]:
+FIXED_DEADLINE = "120"
+"""The round deadline the deployed tests give (``--round-timeout``) unless they say otherwise:
+the 120 s floor a default deadline is sized to on ``digits``. Sizing it times the task's local
+training in the coordinator process, which otherwise loads no torch (~5 s of CPU, ~3 s before
+it listens, in every deployed test); tests of a default deadline pass ``sized_deadline=True``
+(test_deploy_e2e's first test; the sizing itself: test_round_deadlines.py)."""
+
+
+def coordinator_args(
+    port: int, db: str, rounds: int, sites: int, *extra: str, sized_deadline: bool = False
+) -> list[str]:
+    deadline = [] if sized_deadline or "--round-timeout" in extra else [
+        "--round-timeout", FIXED_DEADLINE]  # fmt: skip
     return [
         "coordinator",
         "--address",
@@ -258,6 +270,7 @@ def coordinator_args(port: int, db: str, rounds: int, sites: int, *extra: str) -
         "split/test.npz",
         "--local-epochs",
         "2",
+        *deadline,
         *extra,
     ]
 

@@ -13,6 +13,8 @@ messages one at a time).
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from datetime import datetime, timezone
 
 import pytest
@@ -90,3 +92,25 @@ def test_a_measured_deadline_follows_the_slowest_site_between_its_floor_and_ceil
     fixed = RoundDeadline(60.0)  # --round-timeout, or sized on the coordinator's data
     fixed.on_round(_round_with(100.0))
     assert fixed.seconds == 60.0
+
+
+def test_a_given_deadline_keeps_torch_out_of_the_coordinator_process():
+    """The coordinator's own process needs torch only to time a default deadline: given one
+    (``--round-timeout``), its modules and its deadline load none (torch and the optimizer's
+    first step cost ~5 s of CPU at every coordinator start). A fresh interpreter, because this
+    one has torch loaded already."""
+    code = (
+        "import sys\n"
+        "from fedweave.config import RunConfig\n"
+        "from fedweave.coordinator.command import cli, run_checks, run_header, supervisor\n"
+        "from fedweave.coordinator.command import training_setup\n"
+        "from fedweave.coordinator.rounds.round_settings import ServerSettings\n"
+        "config = RunConfig.of(task='digits', round_timeout=45.0)\n"
+        "deadline = ServerSettings(config, 3, 2).deadline(test_data=object())\n"
+        "assert deadline.seconds == 45.0 and not deadline.measured, deadline\n"
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))[:5])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "[]", done.stdout[-2000:]

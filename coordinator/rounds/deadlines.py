@@ -17,13 +17,17 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
 from fedweave.flower_patches.secagg_stages import (  # noqa: F401 (STAGES: bench_secagg_cohort)
     STAGES,
     StagedSecAggPlusWorkflow,
 )
-from fedweave.learning.task import ArrayData, Task
-from fedweave.learning.training import TrainConfig
+
+if TYPE_CHECKING:  # torch: only a default deadline's timing needs it (the coordinator
+    # process imports this module, and without that timing it never loads torch)
+    from fedweave.learning.task import ArrayData, Task
+    from fedweave.learning.training import TrainConfig
 
 DEADLINE_FLOOR_SECONDS = 120.0
 """The shortest default deadline: covers starting a site's ClientApp for each of SecAgg+'s

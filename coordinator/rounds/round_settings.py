@@ -46,7 +46,6 @@ from fedweave.learning.compression import Compression
 from fedweave.learning.statistics import prepared
 from fedweave.learning.task_metrics import task_metrics
 from fedweave.learning.tasks import load_task
-from fedweave.learning.training import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -105,6 +104,8 @@ class ServerSettings:
             return RoundDeadline(given)
         if test_data is None or len(test_data) == 0:
             return RoundDeadline(NO_DATA_DEADLINE_SECONDS, measured=True)
+        from fedweave.learning.training import TrainConfig  # torch: only to time the task
+
         task = load_task(self.config.data.task)
         return RoundDeadline(
             default_round_timeout(
