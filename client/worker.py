@@ -52,8 +52,15 @@ files: ``INPUTS_OK``, or the problem in one line (``WorkerSupervisor.inputs_prob
 INPUTS_OK = "ok"
 
 POLL_SECONDS = 0.1
-"""Seconds between asks for a task when none is pending (stock ``flower-superexec``: 1 s).
-Measured on 2 cores (docs/deploy.md): 0.1 s costs ~0.03 CPU-s/s idle per site."""
+"""Seconds between asks for a task when none is pending while the site is busy (stock
+``flower-superexec``: 1 s). Measured on 2 cores: 0.1 s cost ~0.07 CPU-s/s per site, the
+worker's and its SuperNode's together, so a site idle longer asks less often
+(``fedweave.poll_pace``)."""
+IDLE_POLL_SECONDS = 1.0
+"""Seconds between asks once no task came for ``ACTIVE_SECONDS`` (nor since the first ask)."""
+ACTIVE_SECONDS = 10.0
+"""How long after its last task (or its first ask) the worker asks every ``POLL_SECONDS``:
+a run's next message comes within it, unless its round waits for a slow site."""
 
 log = logging.getLogger("fedweave.client.worker")
 
@@ -251,10 +258,14 @@ def serve(
     Args:
         runtime_api_address: the SuperNode's Runtime API, ``host:port`` on loopback.
         stop: set to end the loop after the task in hand (SIGTERM/SIGINT set it).
-        poll_seconds: seconds between asks when no task is pending (default ``POLL_SECONDS``).
+        poll_seconds: seconds between asks when no task is pending and the site is busy
+            (default ``POLL_SECONDS``; idle: ``IDLE_POLL_SECONDS``, or this if longer).
     """
     import httpx
 
+    from fedweave.poll_pace import PollPace
+
+    pace = PollPace(poll_seconds, max(poll_seconds, IDLE_POLL_SECONDS), ACTIVE_SECONDS)
     runner = ClientAppRunner(runtime_api_address)
     control = runner.client(None)
     try:
@@ -267,8 +278,9 @@ def serve(
                 continue
             if token is not None:
                 runner.run_task(token)
+                pace.worked()
             else:
-                stop.wait(poll_seconds)
+                stop.wait(pace.wait())
     finally:
         control.close()
 

@@ -53,6 +53,36 @@ def test_supernode_reply_wait_ends_once_no_clientapp_is_left(monkeypatch):
     finisher.join()
 
 
+def test_an_idle_supernode_asks_less_often_and_a_busy_one_at_once(monkeypatch):
+    """The SuperNode's loop asks every 0.2 s from its first ask and for ACTIVE_SECONDS after
+    each message it handled, every IDLE_POLL_SECONDS once idle longer; its other waits (for
+    the ClientApp's reply, an object's upload) stay capped at 0.2 s."""
+    from fedweave.flower_patches import supernode_waits as waits
+    from fedweave.poll_pace import PollPace
+
+    now = [100.0]
+    pace = PollPace(waits.SLEEP_CAP_SECONDS, waits.IDLE_POLL_SECONDS, waits.ACTIVE_SECONDS,
+                    clock=lambda: now[0])  # fmt: skip
+    assert pace.wait() == waits.SLEEP_CAP_SECONDS  # just connected
+    now[0] += waits.ACTIVE_SECONDS - 0.5
+    assert pace.wait() == waits.SLEEP_CAP_SECONDS
+    now[0] += 1.0
+    assert pace.wait() == waits.IDLE_POLL_SECONDS  # idle: asks every second
+    pace.worked()
+    now[0] += 1.0
+    assert pace.wait() == waits.SLEEP_CAP_SECONDS  # a run is on: often again
+    now[0] += waits.ACTIVE_SECONDS
+    assert pace.wait() == waits.IDLE_POLL_SECONDS
+    assert waits.SLEEP_CAP_SECONDS < waits.IDLE_POLL_SECONDS < waits.STOCK_IDLE_SLEEP_SECONDS
+
+    slept: list[float] = []
+    monkeypatch.setattr(waits.time, "sleep", slept.append)
+    monkeypatch.setattr(waits, "_PACE", pace)
+    waits._loop_sleep(3)  # Flower's sleep when the SuperLink had no message: paced
+    waits._loop_sleep(0.5)  # Flower's look for a reply or an object: capped
+    assert slept == [waits.IDLE_POLL_SECONDS, waits.SLEEP_CAP_SECONDS]
+
+
 def test_stock_flower_switch_skips_the_speedups_only(monkeypatch):
     from fedweave.flower_patches import node_restarts, supernode_waits
 

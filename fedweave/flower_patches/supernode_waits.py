@@ -5,7 +5,10 @@ Two changes to ``flwr.supernode.start_client_internal``, the loop a site's Super
 - **Shorter sleeps.** The loop sleeps 3 s whenever the SuperLink has no message for the site
   and 0.5 s between looks for the ClientApp's reply, so every message of a round waited up to
   3.5 s for nothing. Sleeps are capped at ``SLEEP_CAP_SECONDS`` (0.2 s: measured on 2 cores,
-  shorter polls cost more CPU than they saved; docs/deploy.md).
+  shorter polls cost more CPU than they saved; docs/deploy.md) while the site is busy: until
+  ``ACTIVE_SECONDS`` after its last message (and after it connects). A site idle longer asks
+  every ``IDLE_POLL_SECONDS`` (1 s; stock Flower: 3 s): each ask costs the SuperNode and the
+  SuperLink ~10 ms of CPU, so three idle sites asking every 0.2 s kept 0.3 of a core busy.
 - **A reply wait with an end.** After handing a message to its ClientApp, the SuperNode
   waits for the reply with no limit. A ClientApp that ends without one (it could not pull its
   message, say, because the coordinator was restarted and stopped the run the message
@@ -22,7 +25,17 @@ import time
 import types
 from logging import WARNING
 
+from fedweave.poll_pace import PollPace
+
 SLEEP_CAP_SECONDS = 0.2
+ACTIVE_SECONDS = 10.0
+"""How long after its last message (or its first ask) a site keeps asking every
+``SLEEP_CAP_SECONDS``: a run's next message comes within it (the next SecAgg+ stage, the
+evaluation, the next round), unless the round waits for a slow site."""
+IDLE_POLL_SECONDS = 1.0
+"""How often a site idle for longer than ``ACTIVE_SECONDS`` asks for a message."""
+STOCK_IDLE_SLEEP_SECONDS = 3.0
+"""The sleep Flower's loop takes when the SuperLink had no message for the site."""
 NO_TASK_GRACE_SECONDS = 2.0
 """How long no ClientApp task may be alive, with no reply, before the message is dropped
 (covers the moment between a task being finished and its reply being visible)."""
@@ -32,6 +45,18 @@ _UNFINISHED = ("pending", "starting", "running")
 
 def _capped_sleep(seconds: float) -> None:
     time.sleep(min(seconds, SLEEP_CAP_SECONDS))
+
+
+_PACE = PollPace(busy=SLEEP_CAP_SECONDS, idle=IDLE_POLL_SECONDS, active=ACTIVE_SECONDS)
+
+
+def _loop_sleep(seconds: float) -> None:
+    """The loop's ``time.sleep``: its idle sleep paced (``fedweave.poll_pace``), the others
+    capped."""
+    if seconds >= STOCK_IDLE_SLEEP_SECONDS:
+        time.sleep(_PACE.wait())
+    else:
+        _capped_sleep(seconds)
 
 
 class _Prefetched:
@@ -75,20 +100,26 @@ def install() -> None:
     stock_push = loop._push_messages
 
     def push_messages(state, object_store, send, push_object) -> None:
-        replies = _wait_for_replies(state)
-        if replies is None:
-            log(
-                WARNING,
-                "fedweave: the ClientApp ended without replying; dropping its message and "
-                "pulling the next one",
-            )
-            state.delete_messages()  # no reply exists: only unanswered instructions remain
-            return
-        stock_push(_Prefetched(state, replies), object_store, send, push_object)
+        # Flower's loop pushes only after it pulled a message: the site is busy from here
+        # until its reply is sent (training may take longer than ACTIVE_SECONDS)
+        _PACE.worked()
+        try:
+            replies = _wait_for_replies(state)
+            if replies is None:
+                log(
+                    WARNING,
+                    "fedweave: the ClientApp ended without replying; dropping its message "
+                    "and pulling the next one",
+                )
+                state.delete_messages()  # no reply exists: only unanswered instructions remain
+                return
+            stock_push(_Prefetched(state, replies), object_store, send, push_object)
+        finally:
+            _PACE.worked()
 
     from fedweave.flower_patches import object_pulls
 
     loop._push_messages = push_messages
     object_pulls.install_in(loop)
-    loop.time = types.SimpleNamespace(**{**vars(time), "sleep": _capped_sleep})
+    loop.time = types.SimpleNamespace(**{**vars(time), "sleep": _loop_sleep})
     loop._fedweave_patched = True
