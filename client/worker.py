@@ -57,10 +57,14 @@ POLL_SECONDS = 0.1
 worker's and its SuperNode's together, so a site idle longer asks less often
 (``fedweave.poll_pace``)."""
 IDLE_POLL_SECONDS = 1.0
-"""Seconds between asks once no task came for ``ACTIVE_SECONDS`` (nor since the first ask)."""
+"""Seconds between asks once no task came for ``ACTIVE_SECONDS`` (``STARTING_SECONDS`` after
+the first ask)."""
 ACTIVE_SECONDS = 10.0
-"""How long after its last task (or its first ask) the worker asks every ``POLL_SECONDS``:
-a run's next message comes within it, unless its round waits for a slow site."""
+"""How long after its last task the worker asks every ``POLL_SECONDS``: a run's next message
+comes within it, unless its round waits for a slow site."""
+STARTING_SECONDS = 30.0
+"""How long after its first ask the worker asks every ``POLL_SECONDS``: the site's SuperNode
+connects meanwhile, and the run's first message follows."""
 
 log = logging.getLogger("fedweave.client.worker")
 
@@ -265,7 +269,8 @@ def serve(
 
     from fedweave.poll_pace import PollPace
 
-    pace = PollPace(poll_seconds, max(poll_seconds, IDLE_POLL_SECONDS), ACTIVE_SECONDS)
+    pace = PollPace(poll_seconds, max(poll_seconds, IDLE_POLL_SECONDS), ACTIVE_SECONDS,
+                    starting=STARTING_SECONDS)  # fmt: skip
     runner = ClientAppRunner(runtime_api_address)
     control = runner.client(None)
     try:

@@ -7,8 +7,9 @@ ClientApp task (``client/worker.py``). Within a run the next message follows wit
 second; but each ask costs CPU on both ends (~10 ms through Flower's HTTP stack here), and a
 site connected between runs asked that often for nothing: three idle sites kept ~0.4 of a
 core busy on 2 cores. A loop paced by ``PollPace`` asks every ``busy`` seconds until
-``active`` seconds have passed without work (counted from its first ask), then every
-``idle`` seconds, and at once again after the next piece of work.
+``active`` seconds have passed without work (``starting`` seconds after its first ask: a
+site that just started waits for its connection and the run's first message), then every
+``idle`` seconds, and often again after the next piece of work.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ class PollPace:
     Args:
         busy: seconds between asks while work came in the last ``active`` seconds.
         idle: seconds between asks after that (a message waits at most this long longer).
-        active: how long after the last work (or the first ask) the loop stays busy.
+        active: how long after the last work the loop stays busy.
+        starting: how long after its first ask the loop stays busy (default ``active``).
         clock: monotonic seconds (default ``time.monotonic``; tests pass their own).
     """
 
@@ -32,11 +34,13 @@ class PollPace:
         busy: float,
         idle: float,
         active: float,
+        starting: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not 0 < busy <= idle:
             raise ValueError(f"need 0 < busy ({busy}) <= idle ({idle})")
         self.busy, self.idle, self.active = busy, idle, active
+        self.starting = active if starting is None else starting
         self._clock = clock
         self._last_work: float | None = None
 
@@ -47,6 +51,6 @@ class PollPace:
     def wait(self) -> float:
         """Seconds to wait before the next ask, when this ask found no work."""
         now = self._clock()
-        if self._last_work is None:
-            self._last_work = now  # the first ask: work may be waiting already
+        if self._last_work is None:  # the first ask: busy for ``starting`` seconds
+            self._last_work = now + self.starting - self.active
         return self.busy if now - self._last_work < self.active else self.idle

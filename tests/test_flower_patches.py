@@ -54,17 +54,17 @@ def test_supernode_reply_wait_ends_once_no_clientapp_is_left(monkeypatch):
 
 
 def test_an_idle_supernode_asks_less_often_and_a_busy_one_at_once(monkeypatch):
-    """The SuperNode's loop asks every 0.2 s from its first ask and for ACTIVE_SECONDS after
-    each message it handled, every IDLE_POLL_SECONDS once idle longer; its other waits (for
-    the ClientApp's reply, an object's upload) stay capped at 0.2 s."""
+    """The SuperNode's loop asks every 0.2 s for STARTING_SECONDS after its first ask and for
+    ACTIVE_SECONDS after each message it handled, every IDLE_POLL_SECONDS once idle longer;
+    its other waits (for the ClientApp's reply, an object's upload) stay capped at 0.2 s."""
     from fedweave.flower_patches import supernode_waits as waits
     from fedweave.poll_pace import PollPace
 
     now = [100.0]
     pace = PollPace(waits.SLEEP_CAP_SECONDS, waits.IDLE_POLL_SECONDS, waits.ACTIVE_SECONDS,
-                    clock=lambda: now[0])  # fmt: skip
-    assert pace.wait() == waits.SLEEP_CAP_SECONDS  # just connected
-    now[0] += waits.ACTIVE_SECONDS - 0.5
+                    starting=waits.STARTING_SECONDS, clock=lambda: now[0])  # fmt: skip
+    assert pace.wait() == waits.SLEEP_CAP_SECONDS  # just connected: the run may start soon
+    now[0] += waits.STARTING_SECONDS - 0.5
     assert pace.wait() == waits.SLEEP_CAP_SECONDS
     now[0] += 1.0
     assert pace.wait() == waits.IDLE_POLL_SECONDS  # idle: asks every second
