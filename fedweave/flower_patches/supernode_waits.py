@@ -6,7 +6,7 @@ Two changes to ``flwr.supernode.start_client_internal``, the loop a site's Super
   and 0.5 s between looks for the ClientApp's reply, so every message of a round waited up to
   3.5 s for nothing. Sleeps are capped at ``SLEEP_CAP_SECONDS`` (0.2 s: measured on 2 cores,
   shorter polls cost more CPU than they saved; docs/deploy.md) while the site is busy: until
-  ``ACTIVE_SECONDS`` after its last message (``STARTING_SECONDS`` after it connects). A site
+  ``ACTIVE_SECONDS`` after its last message (``STARTING_SECONDS`` after its first ask). A site
   idle longer asks
   every ``IDLE_POLL_SECONDS`` (1 s; stock Flower: 3 s): each ask costs the SuperNode and the
   SuperLink ~10 ms of CPU, so three idle sites asking every 0.2 s kept 0.3 of a core busy.
@@ -34,9 +34,10 @@ ACTIVE_SECONDS = 10.0
 next message comes within it (the next SecAgg+ stage, the evaluation, the next round),
 unless the round waits for a slow site."""
 STARTING_SECONDS = 30.0
-"""How long after it connects (its first ask) a site asks every ``SLEEP_CAP_SECONDS``: the
-coordinator starts its run once enough sites are connected, and Flower's ServerApp takes
-seconds to start."""
+"""How long after its first ask (its first connection) a site asks every ``SLEEP_CAP_SECONDS``:
+the coordinator starts its run once enough sites are connected, and Flower's ServerApp takes
+seconds to start. A reconnection to a restarted coordinator is paced as any wait: its first
+message waits at most ``IDLE_POLL_SECONDS`` longer."""
 IDLE_POLL_SECONDS = 1.0
 """How often a site idle for longer than ``ACTIVE_SECONDS`` asks for a message."""
 STOCK_IDLE_SLEEP_SECONDS = 3.0
