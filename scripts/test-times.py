@@ -4,7 +4,11 @@
     python scripts/test-times.py [JUNIT_XML] [--top N]
 
 Each line: the file's seconds (its tests' calls plus their fixtures' setup and teardown, as
-pytest reports them), its share of the whole, and how many tests it ran.
+pytest reports them), its share of the whole, how many tests it ran, and the CPU its tests
+recorded (``tests/suite_costs.py``): ``cpu`` is the CPU of the test's process and the
+processes it waited for, ``machine`` the whole machine's busy CPU meanwhile (the test's own
+only in a one-process run on a quiet machine). A file whose CPU is near its seconds or above
+is bound by the machine; one far below waits.
 """
 
 from __future__ import annotations
@@ -37,17 +41,28 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     seconds: dict[str, float] = defaultdict(float)
     tests: dict[str, int] = defaultdict(int)
+    cpu: dict[str, dict[str, float]] = {measure: defaultdict(float) for measure in MEASURES}
     for case in ET.parse(path).getroot().iter("testcase"):
         name = file_of(case)
         seconds[name] += float(case.get("time", 0) or 0)
         tests[name] += 1
+        for prop in case.iter("property"):
+            if prop.get("name") in cpu:
+                cpu[prop.get("name")][name] += float(prop.get("value", 0) or 0)
     total = sum(seconds.values())
-    print(f"{total:8.0f} s in {sum(tests.values())} tests, {len(seconds)} files")
+    print(f"{total:8.0f} s in {sum(tests.values())} tests, {len(seconds)} files; CPU seconds: "
+          + ", ".join(f"{sum(cpu[m].values()):.0f} {label}" for m, label in MEASURES.items()))
+    print(f"{'seconds':>8}   share  tests  {'cpu':>6} {'machine':>7}  file")
     for name, secs in sorted(seconds.items(), key=lambda item: -item[1])[: args.top]:
         share = secs / total if total else 0.0
-        count = tests[name]
-        print(f"{secs:8.0f} s {share:6.1%} {count:4d} test{'s' if count != 1 else ' '}  {name}")
+        used = " ".join(f"{cpu[m][name]:{w}.0f}" if name in cpu[m] else " " * w
+                        for m, w in zip(MEASURES, (6, 7)))  # fmt: skip
+        print(f"{secs:8.0f} {share:7.1%} {tests[name]:6d}  {used}  {name}")
     return 0
+
+
+MEASURES = {"cpu_seconds": "cpu (test's processes)", "machine_cpu_seconds": "machine"}
+"""The CPU properties ``tests/suite_costs.py`` records on each test case, and their labels."""
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["suite_costs"]  # each test's CPU into the JUnit XML (suite_costs.py)
+
 PG_URL_ENVVAR = "FEDWEAVE_TEST_PG_URL"
 
 
@@ -144,3 +146,24 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
             return "deployments" if Path(path).name.startswith(DEPLOYED) else path
 
     return DeploymentsTakeTurns(config, log)
+
+
+def is_deployed(item: pytest.Item) -> bool:
+    return item.path.name.startswith(DEPLOYED)
+
+
+BESIDE_DEPLOYMENTS_NICE = 10
+"""Scheduling priority (nice) of the other tests while a pytest-xdist worker runs them."""
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """Under pytest-xdist workers, as root: the deployed tests run at normal priority and the
+    rest at nice 10, with every process they start (children inherit it). The deployments'
+    deadlines are seconds of wall time; the rest of the suite then takes the CPU they leave
+    idle (waiting on messages and polls) instead of stretching their rounds. Without root a
+    process may not lower its nice again, so there the priorities stay as they are."""
+    if hasattr(item.config, "workerinput") and os.geteuid() == 0:
+        nice = 0 if is_deployed(item) else BESIDE_DEPLOYMENTS_NICE
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+    yield
