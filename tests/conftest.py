@@ -30,15 +30,16 @@ PRIVATE_RAY_ENVVAR = "FEDWEAVE_TEST_PRIVATE_RAY"
 def pytest_configure(config: pytest.Config) -> None:
     """Keep Flower and Ray offline in tests that call the library, as ``fedweave`` does; start
     the session's shared Ray cluster (``ray_nodes.py``) unless ``RAY_ADDRESS`` already names
-    one. Not under pytest-xdist: Flower sizes a simulation's actors from the cluster's total
-    CPUs, so two simulations side by side on one cluster would wait for each other's sites.
+    one. Under pytest-xdist each worker starts its own, not the controller: Flower sizes a
+    simulation's actors from the cluster's total CPUs, so two simulations side by side on one
+    cluster would wait for each other's sites, and a worker runs one test at a time.
     A test that sets a fault by environment for an in-process simulation drops ``RAY_ADDRESS``:
     the head's actors started before it and never see the variable."""
     from fedweave.offline import make_flower_offline
 
     make_flower_offline()
-    if hasattr(config, "workerinput") or config.getoption("numprocesses", None):
-        return
+    if not hasattr(config, "workerinput") and config.getoption("numprocesses", None):
+        return  # the pytest-xdist controller runs no test
     if "RAY_ADDRESS" in os.environ or os.environ.get(PRIVATE_RAY_ENVVAR) == "1":
         return
     from ray_nodes import shared_cluster
@@ -140,30 +141,45 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     3.8 writes the group into an attribute pytest 9 no longer reads.)"""
     from xdist.scheduler import LoadScopeScheduling
 
+    junit = config.getoption("xmlpath", None) or ".test-artefacts/junit.xml"
+    seconds = previous_seconds(Path(junit))
+
     class DeploymentsTakeTurns(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
             return "deployments" if Path(path).name.startswith(DEPLOYED) else path
 
+        def _assign_work_unit(self, node) -> None:
+            """The longest unit left first (the deployments, then by the last run's seconds
+            where a JUnit XML of it is at hand, else by test count), so that no long file
+            starts last while the other worker has nothing left."""
+            def weight(scope: str) -> tuple[bool, float, int]:
+                return scope == "deployments", seconds.get(scope, 0.0), len(self.workqueue[scope])
+
+            self.workqueue.move_to_end(max(self.workqueue, key=weight), last=False)
+            super()._assign_work_unit(node)
+
     return DeploymentsTakeTurns(config, log)
 
 
-def is_deployed(item: pytest.Item) -> bool:
-    return item.path.name.startswith(DEPLOYED)
+def previous_seconds(junit: Path) -> dict[str, float]:
+    """Seconds per scheduling unit (a test file, or "deployments") in a previous run's JUnit
+    XML (``scripts/test`` writes one every run); empty when there is none."""
+    import xml.etree.ElementTree as ET  # our own pytest's output, never a network reply
 
+    try:
+        cases = list(ET.parse(junit).getroot().iter("testcase"))
+    except (OSError, ET.ParseError):
+        return {}
+    seconds: dict[str, float] = {}
+    for case in cases:
+        module = case.get("classname", "").split("[", 1)[0].split(".")
+        while module and not module[-1].startswith("test_"):
+            module.pop()  # a test class inside the module
+        if not module:
+            continue
+        path = "/".join(module) + ".py"
+        scope = "deployments" if Path(path).name.startswith(DEPLOYED) else path
+        seconds[scope] = seconds.get(scope, 0.0) + float(case.get("time", 0) or 0)
+    return seconds
 
-BESIDE_DEPLOYMENTS_NICE = 10
-"""Scheduling priority (nice) of the other tests while a pytest-xdist worker runs them."""
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
-    """Under pytest-xdist workers, as root: the deployed tests run at normal priority and the
-    rest at nice 10, with every process they start (children inherit it). The deployments'
-    deadlines are seconds of wall time; the rest of the suite then takes the CPU they leave
-    idle (waiting on messages and polls) instead of stretching their rounds. Without root a
-    process may not lower its nice again, so there the priorities stay as they are."""
-    if hasattr(item.config, "workerinput") and os.geteuid() == 0:
-        nice = 0 if is_deployed(item) else BESIDE_DEPLOYMENTS_NICE
-        os.setpriority(os.PRIO_PROCESS, 0, nice)
-    yield

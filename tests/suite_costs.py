@@ -3,8 +3,10 @@ the JUnit XML ``scripts/test`` writes, summed per file by ``scripts/test-times.p
 
 - ``cpu_seconds``: CPU used by the process running the test and by every process it started
   and waited for, children's children included (``getrusage``, the test's setup, call and
-  teardown). Processes left to outlive their parent (a killed coordinator's SuperLink) and
-  Ray's daemons are not in it. Valid with or without pytest-xdist workers.
+  teardown). Processes no one waited for are not in it: those killed or left behind with
+  their parent (a deployed test ends by killing each process group it started, so a site's
+  SuperNode and worker are missing), and Ray's daemons. Valid with or without pytest-xdist
+  workers.
 - ``machine_cpu_seconds``: CPU the whole machine was busy with meanwhile (``/proc/stat``);
   it counts everything, so it is the test's own only in a one-process run on a quiet machine.
 
