@@ -182,4 +182,3 @@ def previous_seconds(junit: Path) -> dict[str, float]:
         scope = "deployments" if Path(path).name.startswith(DEPLOYED) else path
         seconds[scope] = seconds.get(scope, 0.0) + float(case.get("time", 0) or 0)
     return seconds
-

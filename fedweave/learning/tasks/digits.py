@@ -54,7 +54,7 @@ def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     Read from the CSV scikit-learn ships (``sklearn/datasets/data/digits.csv.gz``, as
     ``load_digits`` reads it) without importing ``sklearn.datasets``, an import of ~2.3 s of
     CPU in every process that loads the task (a simulation's driver and its Ray workers,
-    ``fedweave data split``: 2.6 s of CPU, 0.4 s without it). Where the file is not there,
+    ``fedweave data split``: 2.6 s of CPU, 0.5 s without it). Where the file is not there,
     ``load_digits`` itself; ``tests/test_tasks.py`` checks that both give the same arrays.
     """
     spec = importlib.util.find_spec("sklearn")  # finds the package without importing it
