@@ -1,7 +1,12 @@
 """Where the test suite's time went: seconds per test file, slowest first, from the JUnit XML
-``scripts/test`` writes (``.test-artefacts/junit.xml``, or the path given).
+``scripts/test`` writes (``.test-artefacts/junit.xml`` and, after a run in two phases,
+``junit-alone.xml`` beside it; or the paths given).
 
-    python scripts/test-times.py [JUNIT_XML] [--top N]
+    python scripts/test-times.py [JUNIT_XML ...] [--top N]
+    python scripts/test-times.py --totals [JUNIT_XML ...]    one line: passed, failed, skipped
+    python scripts/test-times.py --save-seconds tests/file_seconds.json [JUNIT_XML ...]
+        seconds per file, for the order in which two workers take the files where no JUnit
+        XML of an earlier run is at hand (a fresh clone: CI)
 
 Each line: the file's seconds (its tests' calls plus their fixtures' setup and teardown, as
 pytest reports them), its share of the whole, how many tests it ran, and the CPU its tests
@@ -14,6 +19,7 @@ is bound by the machine; one far below waits.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import xml.etree.ElementTree as ET  # reads our own pytest's output, never a network reply
 from collections import defaultdict
@@ -31,24 +37,42 @@ def file_of(case: ET.Element) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("junit", nargs="?", default=".test-artefacts/junit.xml",
-                        help="JUnit XML from pytest (default: .test-artefacts/junit.xml)")
+    parser.add_argument("junit", nargs="*", type=Path,
+                        help="JUnit XML from pytest (default: .test-artefacts/junit.xml and "
+                             "junit-alone.xml beside it, where it exists)")  # fmt: skip
     parser.add_argument("--top", type=int, default=40, help="files to list (default 40)")
+    parser.add_argument("--totals", action="store_true",
+                        help="print only the tests passed, failed and skipped, summed")
+    parser.add_argument("--save-seconds", type=Path, metavar="JSON",
+                        help="write each file's seconds (5 s or more) to JSON and print nothing")
     args = parser.parse_args(argv)
-    path = Path(args.junit)
-    if not path.is_file():
-        print(f"error: no {path}: run scripts/test first (it writes it)", file=sys.stderr)
-        return 2
+    paths = args.junit or [path for path in DEFAULT_PATHS if path.is_file()] or DEFAULT_PATHS[:1]
+    for path in paths:
+        if not path.is_file():
+            print(f"error: no {path}: run scripts/test first (it writes it)", file=sys.stderr)
+            return 2
+    cases = [case for path in paths for case in ET.parse(path).getroot().iter("testcase")]
+    if args.totals:
+        print(totals_line(cases))
+        return 0
     seconds: dict[str, float] = defaultdict(float)
     tests: dict[str, int] = defaultdict(int)
     cpu: dict[str, dict[str, float]] = {measure: defaultdict(float) for measure in MEASURES}
-    for case in ET.parse(path).getroot().iter("testcase"):
+    for case in cases:
         name = file_of(case)
         seconds[name] += float(case.get("time", 0) or 0)
         tests[name] += 1
         for prop in case.iter("property"):
             if prop.get("name") in cpu:
                 cpu[prop.get("name")][name] += float(prop.get("value", 0) or 0)
+    if args.save_seconds:
+        slow = {name: round(secs, 1) for name, secs in sorted(seconds.items()) if secs >= 5}
+        args.save_seconds.write_text(json.dumps(
+            {"about": "seconds per test file in one run of scripts/test, written by "
+                      "`python scripts/test-times.py --save-seconds`; only the order in which "
+                      "pytest-xdist workers take the files reads it (tests/conftest.py)",
+             "seconds": slow}, indent=1) + "\n")  # fmt: skip
+        return 0
     total = sum(seconds.values())
     print(f"{total:8.0f} s in {sum(tests.values())} tests, {len(seconds)} files; CPU seconds: "
           + ", ".join(f"{sum(cpu[m].values()):.0f} {label}" for m, label in MEASURES.items()))
@@ -60,6 +84,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{secs:8.0f} {share:7.1%} {tests[name]:6d}  {used}  {name}")
     return 0
 
+
+def totals_line(cases: list[ET.Element]) -> str:
+    """``totals: N passed, N failed, N skipped`` over test cases of one or more JUnit files
+    (a case with a failure or an error counts as failed, so does an error in its teardown)."""
+    failed = skipped = passed = 0
+    for case in cases:
+        if case.find("failure") is not None or case.find("error") is not None:
+            failed += 1
+        elif case.find("skipped") is not None:
+            skipped += 1
+        else:
+            passed += 1
+    return f"totals: {passed} passed, {failed} failed, {skipped} skipped"
+
+
+DEFAULT_PATHS = [Path(".test-artefacts/junit.xml"), Path(".test-artefacts/junit-alone.xml")]
+"""What ``scripts/test`` writes: every test of a one-phase run, or phase 1's; phase 2's."""
 
 MEASURES = {"cpu_seconds": "cpu (test's processes)", "machine_cpu_seconds": "machine"}
 """The CPU properties ``tests/suite_costs.py`` records on each test case, and their labels."""

@@ -50,6 +50,25 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ["RAY_ADDRESS"] = node.address
 
 
+PHASE_ENVVAR = "FEDWEAVE_TEST_PHASE"
+"""Which tests a run of pytest keeps (``scripts/test`` sets it): ``shared``, the tests not
+marked ``alone`` (its phase with workers); ``alone``, only those (its phase in one process
+after it); unset, every test. Applied after ``-k``, ``-m`` and paths, so they compose."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    phase = os.environ.get(PHASE_ENVVAR, "")
+    if not phase:
+        return
+    if phase not in ("shared", "alone"):
+        raise pytest.UsageError(f"{PHASE_ENVVAR}={phase!r}: use 'shared', 'alone' or unset it")
+    keep = [item for item in items if (item.get_closest_marker("alone") is not None)
+            == (phase == "alone")]  # fmt: skip
+    if len(keep) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item not in keep])
+        items[:] = keep
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     node = config.stash.get(SHARED_RAY, None)
     if node is not None:
@@ -151,8 +170,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
         def _assign_work_unit(self, node) -> None:
             """The longest unit left first (the deployments, then by the last run's seconds
-            where a JUnit XML of it is at hand, else by test count), so that no long file
-            starts last while the other worker has nothing left."""
+            where a JUnit XML of it is at hand, else by ``FILE_SECONDS``, else by test count),
+            so that no long file starts last while the other worker has nothing left."""
             def weight(scope: str) -> tuple[bool, float, int]:
                 return scope == "deployments", seconds.get(scope, 0.0), len(self.workqueue[scope])
 
@@ -162,23 +181,36 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     return DeploymentsTakeTurns(config, log)
 
 
+FILE_SECONDS = Path(__file__).with_name("file_seconds.json")
+"""Seconds per test file of one earlier run (``scripts/test-times.py --save-seconds``): the
+workers' order where no JUnit XML of an earlier run is at hand, as in a fresh clone."""
+
+
 def previous_seconds(junit: Path) -> dict[str, float]:
     """Seconds per scheduling unit (a test file, or "deployments") in a previous run's JUnit
-    XML (``scripts/test`` writes one every run); empty when there is none."""
+    XML (``scripts/test`` writes one every run), else in ``FILE_SECONDS``; empty when neither
+    can be read."""
+    import json
     import xml.etree.ElementTree as ET  # our own pytest's output, never a network reply
 
+    per_file: dict[str, float] = {}
     try:
         cases = list(ET.parse(junit).getroot().iter("testcase"))
     except (OSError, ET.ParseError):
-        return {}
-    seconds: dict[str, float] = {}
+        try:
+            per_file = json.loads(FILE_SECONDS.read_text())["seconds"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return {}
+        cases = []
     for case in cases:
         module = case.get("classname", "").split("[", 1)[0].split(".")
         while module and not module[-1].startswith("test_"):
             module.pop()  # a test class inside the module
-        if not module:
-            continue
-        path = "/".join(module) + ".py"
+        if module:
+            path = "/".join(module) + ".py"
+            per_file[path] = per_file.get(path, 0.0) + float(case.get("time", 0) or 0)
+    seconds: dict[str, float] = {}
+    for path, secs in per_file.items():
         scope = "deployments" if Path(path).name.startswith(DEPLOYED) else path
-        seconds[scope] = seconds.get(scope, 0.0) + float(case.get("time", 0) or 0)
+        seconds[scope] = seconds.get(scope, 0.0) + float(secs)
     return seconds

@@ -28,6 +28,7 @@ CLOSING_SECONDS = 10.0
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # times the round's close against its deadline
 @pytest.mark.timeout(900)
 def test_a_hung_site_is_late_and_the_round_closes_at_its_deadline(tmp_path):
     make_deployment(tmp_path, SITES)

@@ -29,6 +29,7 @@ ROUNDS = 3
 SITES = 3
 
 @pytest.mark.slow
+@pytest.mark.alone  # the restarted site must rejoin by round 3: late under two-way load twice
 @pytest.mark.timeout(900)
 def test_three_sites_tls_auth_secagg_with_a_site_killed_in_round_2(tmp_path):
     make_deployment(tmp_path, SITES, unregistered=1)

@@ -30,6 +30,7 @@ ROUNDS = 8
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # the revocation must take under 5 s
 @pytest.mark.timeout(900)
 def test_removed_key_is_refused_within_seconds(tmp_path):
     make_deployment(tmp_path, SITES)  # --min-clients 2: rounds go on once site2 is revoked

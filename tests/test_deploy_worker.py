@@ -42,6 +42,7 @@ def worker_pids(data_file: str) -> list[int]:
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # times the round's close after the kill against its deadline
 @pytest.mark.timeout(900)
 def test_a_worker_killed_mid_message_is_restarted_and_the_message_recorded_failed(
     tmp_path, monkeypatch
