@@ -31,6 +31,7 @@ import typer
 from fedweave.addresses import free_port, parse_host_port
 from fedweave.config import Resolved, RunConfig, config_command
 from fedweave.flower_patches.launch import command as patched_flower
+from fedweave.flower_patches.refused_keys import KEYS_STILL_REGISTERING_STATUS
 from fedweave.private_files import open_private
 from fedweave.processes import raise_interrupt, stop_process_group, tied_to_us
 
@@ -180,7 +181,12 @@ class _SupernodeEvents:
         elif kind == "retrying":
             wait = _number(event.get("wait_s"))
             state.lost = state.connected
-            how = "lost; reconnecting" if state.connected else "unreachable; retrying"
+            if state.connected:
+                how = "lost; reconnecting"
+            elif event.get("http_status") == KEYS_STILL_REGISTERING_STATUS:
+                how = "still registering its sites' keys; trying again"
+            else:
+                how = "unreachable; retrying"
             _echo(f"coordinator {self.coordinator} {how} in {wait:.1f} s")
         elif kind == "recovered" and state.lost:
             state.lost, state.went_down = False, False
@@ -332,8 +338,10 @@ WORKER_INPUTS_TIMEOUT_S = 180.0
 import and a table's read: ~5 s on an idle 2-core machine) before it ends, naming the log."""
 REFUSED_PATIENCE_S = 8.0
 """How long a site that never connected tries again after its first refusal before it ends
-(the error then comes within 30 s of the start: a coordinator registers its sites' keys
-moments after it starts listening, so a site started with it may be refused at first)."""
+(the error then comes within 30 s of the start). A site that comes while its coordinator is
+still registering the sites' keys is not refused but told to try again (HTTP
+``KEYS_STILL_REGISTERING_STATUS``); this patience covers a key registered at a running
+coordinator's next look at ``DIR/sites`` and a retry that is slow to start."""
 RETRY_VERDICT_S = 15.0
 """A retry after a refusal gets at least this long from its SuperNode's start to be answered:
 starting a SuperNode took over 6 s on a loaded 2-core machine, and the patience above ran out
@@ -403,8 +411,7 @@ def run_site(
     state file beside the log (``fedweave.flower_patches.supernode_state``); the log itself
     is only copied. A site the coordinator refuses before it ever connected (its key is not
     registered) says so at once, naming the key file to send, tries again for
-    ``REFUSED_PATIENCE_S`` (a coordinator that is starting registers its sites' keys just
-    after it starts listening; each retry is heard out for ``RETRY_VERDICT_S``), then ends
+    ``REFUSED_PATIENCE_S`` (each retry is heard out for ``RETRY_VERDICT_S``), then ends
     with that line; one refused after it had taken
     part (its key revoked, or its clock off) tries again with growing waits until
     ``connect_timeout``.
@@ -485,7 +492,7 @@ def run_site(
                 left, until = connect_timeout - (now - started), "--connect-timeout"
             else:
                 left = min(REFUSED_PATIENCE_S, connect_timeout) - (now - first_refused)
-                until = "the coordinator may be registering keys as it starts"
+                until = "a key just added at the coordinator is registered within a second"
             if left <= 0:
                 break
             _echo(

@@ -426,3 +426,60 @@ def test_guard_reaps_orphans_that_exit():
         assert guard.wait(15) == 128 + signal.SIGTERM
     finally:
         os.killpg(guard.pid, signal.SIGKILL) if guard.poll() is None else None
+
+
+@pytest.mark.timeout(180)
+def test_a_site_that_comes_before_its_coordinator_registered_its_keys_waits_and_connects(
+    tmp_path,
+):
+    """A site that reaches the SuperLink before the coordinator has registered the sites' keys
+    (``docker compose up`` starts both together; a loaded host is slow to register) is told to
+    try again, says so, and connects once its key is registered: it is not refused. The
+    SuperLink is started as ``fedweave coordinator`` starts it (``launch_superlink`` with the
+    key-registration file named), and the test registers the key itself, as the coordinator
+    does, only after the site said it would try again."""
+    from fedweave.certs import TlsFiles
+    from fedweave.coordinator.command.superlink import (
+        SuperLinkOptions,
+        await_superlink,
+        child_env,
+        launch_superlink,
+    )
+    from fedweave.coordinator.command.supervisor import _sync_site_keys
+    from fedweave.flower_patches.refused_keys import KEYS_SYNCED_FILE_ENV, REFUSED_KEYS_FILE_ENV
+    from fedweave.processes import stop_process_group
+
+    make_deployment(tmp_path, sites=1)
+    port = free_port()
+    options = SuperLinkOptions(
+        "127.0.0.1", port, tmp_path / "state", TlsFiles.in_dir(tmp_path / "tls"), node_auth=True
+    )
+    synced = tmp_path / "state" / "site-keys-registered"
+    refusals = tmp_path / "state" / "refused-keys.jsonl"  # where a refused key is noted
+    link = launch_superlink(options, child_env(
+        {KEYS_SYNCED_FILE_ENV: str(synced), REFUSED_KEYS_FILE_ENV: str(refusals)}))
+    procs = Processes(tmp_path)
+    client = None
+    try:
+        client = await_superlink(options, link)
+        site = procs.start("site", "client", "--coordinator", f"127.0.0.1:{port}",
+                           "--data", "split/site-0.npz", "--ca-cert", "tls/ca.pem",
+                           "--site-key", "site0.key", "--log-file", "site0.log")  # fmt: skip
+        wait_for(
+            lambda: "still registering its sites' keys" in procs.output("site"), 90,
+            "the site to be told the keys are being registered", site,
+            lambda: procs.output("site"),
+        )  # fmt: skip
+        assert _sync_site_keys(client, tmp_path / "tls", {}, {})
+        synced.touch()
+        wait_for(lambda: "connected to" in procs.output("site"), 60, "the site to connect",
+                 site, lambda: procs.output("site"))  # fmt: skip
+    finally:
+        procs.close()
+        if client is not None:
+            client.close()
+        stop_process_group(link)
+    out = procs.output("site")
+    assert "refused this site" not in out, out
+    assert "unreachable" not in out, out
+    assert not refusals.exists(), refusals.read_text()  # the SuperLink refused no key

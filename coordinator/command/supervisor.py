@@ -40,7 +40,7 @@ from fedweave.coordinator.plan import (
     write_site_names,
 )
 from fedweave.errors import UserError
-from fedweave.flower_patches.refused_keys import REFUSED_KEYS_FILE_ENV
+from fedweave.flower_patches.refused_keys import KEYS_SYNCED_FILE_ENV, REFUSED_KEYS_FILE_ENV
 from fedweave.history.metrics import evaluation_lines, evaluation_of
 from fedweave.history.round_summary import shown
 from fedweave.processes import raise_interrupt, stop_process_group
@@ -306,7 +306,12 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
     )  # fmt: skip
     refused_notes = link_options.state_dir / "refused-keys.jsonl"
     refused_notes.unlink(missing_ok=True)
-    proc = launch_superlink(link_options, child_env({REFUSED_KEYS_FILE_ENV: str(refused_notes)}))
+    link_env = {REFUSED_KEYS_FILE_ENV: str(refused_notes)}
+    keys_synced = link_options.state_dir / "site-keys-registered"
+    keys_synced.unlink(missing_ok=True)
+    if link_options.node_auth:  # until it exists, a key not registered yet gets "try again"
+        link_env[KEYS_SYNCED_FILE_ENV] = str(keys_synced)
+    proc = launch_superlink(link_options, child_env(link_env))
     if not evaluating:
         # the SuperLink boots (~3.5 s) while a default deadline is sized (torch, ~4 s)
         try:
@@ -349,6 +354,7 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
             refused.poll()
 
         keys(first=True)
+        keys_synced.touch()
         _wait_for_sites(client, proc, min_clients, deployment.site_timeout or None, keys)
         flower_run = client.start_run(build_fab(plan.to_run_config()))
         secure_agg = plan.config.secure_aggregation.secure_agg

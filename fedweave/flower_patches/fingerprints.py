@@ -45,6 +45,10 @@ WRAPPED: dict[str, dict[str, str]] = {
     "refused_keys": {
         "flwr.superlink.servicer.fleet.fleet_handlers:activate_node": "0370edbbeb924eac",
         "flwr.superlink.routers.fleet.router:fleet_activate_node": "edb39539bc1a345a",
+        # the key-registration wait: Flower passes a fastapi HTTPException on as its status,
+        # and its SuperNode retries a 503 (the module holds the retried statuses)
+        "flwr.supercore.error.http:http_error_translator": "63e39a121204a42b",
+        "flwr.supercore.retry.http_retry:": "44a6170661312251",
     },
     "tls_suites": {
         "flwr.superlink.cli.flower_superlink:_run_superlink_http_api": "eb0d78b85f999576",

@@ -9,6 +9,14 @@ one JSON line, ``{"time": ..., "fingerprint": "SHA256:..."}``, to the file named
 ``FEDWEAVE_REFUSED_KEYS_FILE`` (set by ``fedweave coordinator``), which the coordinator reads
 (``coordinator/command/refused_key_notices.py``). Structured data in a file fedweave owns, not
 Flower's log.
+
+While the coordinator has not yet registered its sites' keys (it does so over the Control API
+just after the SuperLink starts listening, on the port the sites use), an unknown key is
+answered 503 instead of refused: the file named by ``FEDWEAVE_KEYS_SYNCED_FILE`` does not exist
+yet. Flower's SuperNode retries a 503 as it retries an unreachable SuperLink, and ``fedweave
+client`` says the coordinator is still registering its sites' keys, so a site started together
+with its coordinator (``docker compose up``, a loaded host) is not turned away. From the file's
+first sight on, an unknown key is refused at once, as before.
 """
 
 from __future__ import annotations
@@ -18,6 +26,14 @@ import os
 import time
 
 REFUSED_KEYS_FILE_ENV = "FEDWEAVE_REFUSED_KEYS_FILE"
+KEYS_SYNCED_FILE_ENV = "FEDWEAVE_KEYS_SYNCED_FILE"
+"""Names a file the coordinator creates once its first registration of site keys is done; unset
+(no site authentication, or a SuperLink not started by ``fedweave coordinator``): no wait."""
+KEYS_STILL_REGISTERING_STATUS = 503
+"""HTTP status of a site's ``ActivateNode`` until that file exists: Flower's SuperNode retries
+it, and ``fedweave client`` says the coordinator is still registering its sites' keys instead of
+taking it for a refusal of its key."""
+
 MAX_NOTED_KEYS = 1000
 """Distinct keys noted: anyone holding the CA certificate can sign with fresh keys, so the
 notes file must not grow with what an outsider sends."""
@@ -57,13 +73,26 @@ def install() -> None:
     if getattr(stock, "fedweave_patch", False):
         return
     path = os.environ.get(REFUSED_KEYS_FILE_ENV)
+    synced_file = os.environ.get(KEYS_SYNCED_FILE_ENV)
+    synced = not synced_file
     noted: set[bytes] = set()
 
     def activate_node(request, state):  # Flower's signature
+        nonlocal synced
         key = bytes(request.public_key)
+        unknown = state.get_node_id_by_public_key(request.public_key) is None
+        if unknown and not synced:
+            synced = os.path.exists(synced_file)  # once there, it stays: no more looks
+            if not synced:
+                from fastapi import HTTPException
+
+                raise HTTPException(
+                    KEYS_STILL_REGISTERING_STATUS, "the coordinator is registering its sites' keys",
+                    headers={"Retry-After": "1"},
+                )  # fmt: skip
         if not path:
             pass
-        elif state.get_node_id_by_public_key(request.public_key) is None:
+        elif unknown:
             note_refusal(path, key, noted)
         else:
             # Registered now: a later refusal (the key revoked) is news and noted again. Only
