@@ -369,12 +369,19 @@ def make_fedbuff_server_app(
             if outcome.change is not None:
                 pulls[node] = outcome.change
 
+        def registered(node: int) -> str | None:
+            return registered_names().get(str(node)) if registered_names else None
+
         def learn(node: int, outcome: _Outcome) -> None:
             """A site's name and examples, from its first result."""
             if node not in sites and outcome.res is not None:
-                bound = registered_names().get(str(node)) if registered_names else None
-                name = bound or str(outcome.res.metrics.get(SITE_NAME_METRIC) or node)
+                name = registered(node) or str(outcome.res.metrics.get(SITE_NAME_METRIC) or node)
                 sites[node] = _Site(name, int(outcome.res.num_examples))
+
+        def name_of(node: int) -> str:
+            """A site's name, also before a first result of it was taken (a site whose every
+            arrival is rejected is still recorded under the name its key is registered with)."""
+            return sites[node].name if node in sites else registered(node) or str(node)
 
         if speeds is None:
             for node in nodes:
@@ -499,7 +506,7 @@ def make_fedbuff_server_app(
                     job, outcome = next_real() if speeds is None else next_simulated()
                 learn(job.node, outcome)
                 answered.add(job.node)
-                name = sites[job.node].name if job.node in sites else str(job.node)
+                name = name_of(job.node)
                 staleness = version - job.version
                 res = outcome.res
                 if res is None:
