@@ -40,6 +40,11 @@ RETIRE_SECONDS = 2.0
 """Delay between dropping a neighbour's DEALER and closing it (see ``disconnect``)."""
 HEARTBEAT_MS = 1000
 """ZMTP heartbeat interval; a connection silent for 3 of them is closed (and seen lost)."""
+CURVE_FRAME_OVERHEAD = 33
+"""Bytes CURVE adds to every frame on the wire (``\\x07MESSAGE``, an 8-byte nonce, a flags
+byte and a 16-byte MAC), which libzmq counts against ``MAXMSGSIZE``: without them a frame
+exactly as large as the limit (a model's largest tensor, which every offer carries) broke the
+connection under CURVE, so a peer whose largest tensor is over 64 KiB never mixed."""
 MAX_MESSAGES_PER_POLL = 64
 """Drain at most this many messages per socket per poll, so one flooding peer cannot starve
 the others or the peer's own round."""
@@ -149,7 +154,7 @@ class Transport:
             return
         self.max_frame_bytes = limit
         self.inbox.unbind(self.address)
-        self.inbox.setsockopt(zmq.MAXMSGSIZE, limit)
+        self.inbox.setsockopt(zmq.MAXMSGSIZE, self._wire_frame_limit())
         deadline = time.monotonic() + 5.0
         while True:  # unbind closes the listener in libzmq's I/O thread, a moment later
             try:
@@ -169,7 +174,7 @@ class Transport:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, self.hwm)
         sock.setsockopt(zmq.RCVHWM, self.hwm)
-        sock.setsockopt(zmq.MAXMSGSIZE, self.max_frame_bytes)
+        sock.setsockopt(zmq.MAXMSGSIZE, self._wire_frame_limit())
         sock.setsockopt(zmq.RECONNECT_IVL, 100)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
         sock.setsockopt(zmq.HANDSHAKE_IVL, 5000)
@@ -177,6 +182,11 @@ class Transport:
         # as lost within HEARTBEAT_TIMEOUT instead of at the next missed deadline
         sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_MS)
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3 * HEARTBEAT_MS)
+
+    def _wire_frame_limit(self) -> int:
+        """``MAXMSGSIZE`` for a frame of ``max_frame_bytes``: libzmq counts a frame as it is
+        on the wire, encrypted under CURVE."""
+        return self.max_frame_bytes + (CURVE_FRAME_OVERHEAD if self.keyring is not None else 0)
 
     def _start_auth(self, keyring: KeyRing) -> None:
         from zmq.auth.thread import ThreadAuthenticator

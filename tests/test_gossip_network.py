@@ -658,3 +658,43 @@ def test_a_message_over_the_limit_in_frames_under_it_is_dropped_and_the_inbox_go
         sock.close(0)
         ctx.term()
         receiver.close()
+
+
+@pytest.mark.parametrize("curve", [False, True], ids=["plaintext", "curve"])
+def test_a_frame_as_large_as_the_largest_tensor_arrives_with_and_without_curve(
+    tmp_path: Path, curve: bool
+) -> None:
+    """A peer lowers ``MAXMSGSIZE`` to its largest tensor, and every offer carries a frame
+    that large. libzmq counts CURVE's 33 bytes a frame against the limit: before that was
+    allowed for, a model whose largest tensor is over 64 KiB (mnist5k's) broke the connection
+    on every exchange under CURVE, and such peers never mixed."""
+    from fedweave.gossip.keys import load_keyring
+    from fedweave.gossip.transport import Transport
+
+    tensor = np.arange(50_000, dtype=np.float32)  # 200,000 bytes, over the 64 KiB header cut
+    keyrings = [None, None]
+    if curve:
+        dirs = _keys(tmp_path, ["a", "b"])
+        _allow(dirs, "a", "b")
+        _allow(dirs, "b", "a")
+        keyrings = [load_keyring(dirs["a"]), load_keyring(dirs["b"])]
+    receiver = Transport("tcp://127.0.0.1:0", keyrings[0])
+    sender = Transport("tcp://127.0.0.1:0", keyrings[1])
+    try:
+        for transport in (receiver, sender):
+            transport.limit_frames(tensor.nbytes)
+        assert receiver.max_frame_bytes == tensor.nbytes
+        server_key = keyrings[0].identity.public_key if curve else None
+        sender.connect("a", receiver.address, server_key)
+        header = wire.encode(wire.Message(wire.HELLO, "b", "tcp://127.0.0.1:9"))[0]
+        assert sender.send("a", [header, tensor.tobytes()])
+        got: list = []
+        deadline = time.monotonic() + 10
+        while not got and time.monotonic() < deadline:
+            got = receiver.poll(0.1)
+        assert got, "the frame never arrived"
+        assert got[0].frames[-1].bytes == tensor.tobytes()
+        assert not sender.lost("a")
+    finally:
+        sender.close()
+        receiver.close()
