@@ -20,7 +20,11 @@ Prints each one's wall seconds (from its first step or round: neither counts sta
 ``--target`` and its final accuracy. Needs root (cgroups, namespaces).
 
     python bench/bench_uneven_sites.py [--clients 4] [--speeds pareto:1.5] [--target 0.9]
-        [--steps 30] [--buffer 2] [--gossip-rounds 30] [--secure]
+        [--steps 30] [--buffer 2] [--gossip-rounds 30] [--secure] [--gossip-only]
+        [--keep DIR] [--json FILE]
+
+Both take the task's own training defaults (``fedweave simulate`` and ``fedweave client``
+do); before 2026-12-01 gossip here trained with the generic SGD at 0.1.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from bench_deployment import prepare
 from bench_large_model import run as deployed_run
 
 from fedweave.config import RunConfig
+from fedweave.config.task_defaults import TASK_DEFAULTED, apply_task_defaults
 from fedweave.learning.site_speeds import SiteSpeeds
 from fedweave.simulations.cpu_quota import CpuQuota
 from fedweave.simulations.netns import Host
@@ -84,6 +89,10 @@ def main() -> None:
     parser.add_argument("--gossip-rounds", type=int, default=30)
     parser.add_argument("--secure", action="store_true", help="FedBuff under SecAgg+ too")
     parser.add_argument("--json", type=Path, help="also write the curves and gossip's rows here")
+    parser.add_argument("--gossip-only", action="store_true",
+                        help="run gossip alone (no FedBuff, no ratio)")  # fmt: skip
+    parser.add_argument("--keep", type=Path,
+                        help="work in this folder and keep it (peers' logs, records)")  # fmt: skip
     args = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("needs root: cgroup CPU quotas and network namespaces")
@@ -98,13 +107,18 @@ def main() -> None:
     tag = uuid.uuid4().hex[:6]
     env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
     curves: dict[str, list[tuple[float, float | None]]] = {}
-    with tempfile.TemporaryDirectory(prefix="fedweave-bench-uneven-") as tmp, ExitStack() as stack:
-        work = Path(tmp)
+    with ExitStack() as stack:
+        if args.keep:
+            args.keep.mkdir(parents=True, exist_ok=True)
+            work = args.keep
+        else:
+            temporary = tempfile.TemporaryDirectory(prefix="fedweave-bench-uneven-")
+            work = Path(stack.enter_context(temporary))
         quotas = [CpuQuota(f"fedweave-bench-{tag}-{i}", s) for i, s in enumerate(shares)]
         for quota in quotas:
             stack.callback(quota.remove)
         prepare(work, args.clients, env, args.task)
-        for secure in (False, True) if args.secure else (False,):
+        for secure in () if args.gossip_only else (False, True) if args.secure else (False,):
             rows = deployed_run(
                 work, args.clients, args.steps, secure, env, task=args.task,
                 coordinator_extra=["--schedule", "async", "--buffer", str(args.buffer)],
@@ -119,6 +133,9 @@ def main() -> None:
             task=args.task, clients=args.clients, partition="iid", seed=0,
             rounds=args.gossip_rounds, db="none", device="cpu",
         )  # fmt: skip
+        # the task's own training defaults, as `fedweave simulate` and FedBuff's sites take
+        # them (mnist5k: AdamW at 1e-3; the generic SGD at 0.1 made its CNN diverge alone)
+        config = apply_task_defaults(config, set(), {"task", *TASK_DEFAULTED})
         with bridged_hosts(args.clients) as hosts:
             throttled = [ThrottledHost(h.namespace, h.address, q) for h, q in zip(hosts, quotas)]
             report = run_gossip_simulation(GossipSimulation(config, hosts=throttled), work / "g")
@@ -132,6 +149,8 @@ def main() -> None:
             args.json.write_text(json.dumps({"curves": curves, "gossip": report}, default=str))
         print(line("gossip", own, args.target), flush=True)
         print(line("gossip (network)", network, args.target), flush=True)
+    if args.gossip_only:
+        return
     fedbuff = reached(curves["FedBuff"], args.target)
     for name in ("gossip", "gossip (network)"):
         mine = reached(curves[name], args.target)
