@@ -21,6 +21,11 @@ Variants:
                     once restarted a peer's distance history), then a fourth offers a
                     model at distance ``RESET_DISTANCE`` from zero (inside the outer limit of
                     a restarted history) with an honest-looking count
+  member-drift      the review's drift (issue 39): a member offers every peer, about once a
+                    round (``DRIFT_EVERY_S``), the model that peer last sent it moved a step along one fixed
+                    direction, claiming 10^6 examples; the step doubles after each
+                    accepted offer and halves after each refusal, so it rides just inside
+                    the distance bound, and every acceptance adds to the same pull
 
 Prints per variant the final accuracy (mean over the peers' own models), its difference to
 the unattacked run, the models the attacker got back (``ok`` replies) and the refusals the
@@ -29,6 +34,7 @@ handed to the outsider. Gossip is not deterministic (message timing): ``--repeat
 reference more than once to show the noise.
 
     python bench/bench_gossip_poison.py [--rounds 20] [--variants none,member,...]
+        [--mix pairwise|clipped|trimmed] [--task digits|mnist5k]
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ import zmq
 import zmq.auth
 
 from fedweave.config import RunConfig
+from fedweave.config.task_defaults import TASK_DEFAULTED, apply_task_defaults
 from fedweave.gossip import wire
 from fedweave.gossip.keys import load_keyring, new_keys
 from fedweave.learning.tasks import load_task
@@ -54,18 +61,23 @@ from fedweave.simulations.gossip_simulation import GossipSimulation, run_gossip_
 
 VARIANTS = (
     "none", "outsider", "outsider-4-ids", "member", "member-4-ids", "member-flood",
-    "insecure-4-ids", "insecure-reset",
+    "insecure-4-ids", "insecure-reset", "member-drift",
 )  # fmt: skip
 POISON = 1e30
 CLAIMED = 2**53
 RESET_DISTANCE = 948.0
 """The review's large model: its distance from zero (the peers' models are a few units long)."""
+DRIFT_EVERY_S = 0.3
+"""How often the drifting member offers to each peer: about a round of digits here."""
 
 
 class Outsider(threading.Thread):
     """The attacker: waits for the peers' addresses and round, then sends its offers."""
 
-    def __init__(self, work: Path, peers: int, variant: str, keys: Path, attack_round: int):
+    def __init__(
+        self, work: Path, peers: int, variant: str, keys: Path, attack_round: int,
+        task: str = "digits", seed: int = 0,
+    ) -> None:  # fmt: skip
         super().__init__(daemon=True)
         self.work, self.count, self.variant = work, peers, variant
         self.keys, self.attack_round = keys, attack_round
@@ -74,7 +86,15 @@ class Outsider(threading.Thread):
         self.statuses: dict[str, int] = {}
         self.models_received = 0
         self.error: str | None = None
-        specs = wire.tensor_specs(get_named_weights(load_task("digits").build_model()))
+        import torch
+
+        torch.manual_seed(seed)  # the peers' common start (gossip/learner.py)
+        self.start_model = get_named_weights(load_task(task).build_model())
+        rng = np.random.default_rng(1000 + seed)
+        direction = {n: rng.normal(size=a.shape) for n, a in self.start_model.items()}
+        length = np.sqrt(sum(float((d * d).sum()) for d in direction.values()))
+        self.direction = {n: d / length for n, d in direction.items()}
+        specs = wire.tensor_specs(self.start_model)
         self.poison = {n: np.full(s, POISON, dtype=np.dtype(d)) for n, d, s in specs}
         size = sum(int(np.prod(s)) for _, _, s in specs)
         level = RESET_DISTANCE / np.sqrt(size)
@@ -125,6 +145,8 @@ class Outsider(threading.Thread):
                 sock.curve_serverkey = zmq.auth.load_certificate(str(server_key))[0]
             sock.connect(addr)
             socks.append(sock)
+        if self.variant == "member-drift":
+            self._drift(socks, me.peer_id)
         rounds = 0
         while self.variant == "insecure-reset" and not self.stop.is_set():
             for sock in socks:
@@ -161,39 +183,75 @@ class Outsider(threading.Thread):
             sock.close(0)
         ctx.term()
 
-    def _offer_until_heard(self, sock: zmq.Socket, offer: wire.Message) -> None:
+    def _drift(self, socks: list[zmq.Socket], sender: str) -> None:
+        """Every ``DRIFT_EVERY_S`` until the run ends: offer each peer its own last model (from its last
+        reply) plus ``step`` along ``direction``; grow the step on acceptance, halve it on a
+        refusal. Each accepted offer pulls the peer the same way."""
+        bases = [dict(self.start_model) for _ in socks]
+        steps = [0.5 for _ in socks]
+        self.accepted_offers = 0
+        while not self.stop.is_set():
+            for i, sock in enumerate(socks):
+                model = {
+                    n: (bases[i][n] + steps[i] * self.direction[n]).astype(bases[i][n].dtype)
+                    for n in bases[i]
+                }
+                offer = wire.Message(
+                    wire.OFFER, sender, "", 1, 1000 + self.sent, num_examples=10**6,
+                    tensors=model,
+                )  # fmt: skip
+                reply = self._offer_until_heard(sock, offer)
+                if reply is not None and reply.status == "ok" and reply.tensors:
+                    bases[i] = {n: np.array(a) for n, a in reply.tensors.items()}
+                    steps[i] *= 2.0
+                    self.accepted_offers += 1
+                elif reply is not None and reply.status == "refused":
+                    steps[i] *= 0.5
+            self.stop.wait(DRIFT_EVERY_S)
+
+    def _offer_until_heard(self, sock: zmq.Socket, offer: wire.Message) -> wire.Message | None:
         """Send ``offer`` until the peer checks it: a ``busy`` answer (the peer is in an
         exchange) is sent again 0.1 s later, at most 30 times; 2 s without a reply ends it."""
+        reply = None
         for _ in range(30):
             sock.send_multipart(wire.encode(offer), copy=False)
             self.sent += 1
             deadline = time.monotonic() + 2.0
-            status = None
-            while status is None and time.monotonic() < deadline and not self.stop.is_set():
+            reply = None
+            while reply is None and time.monotonic() < deadline and not self.stop.is_set():
                 if sock.poll(20):
-                    status = self._answer(sock.recv_multipart())
-            if status != "busy":
-                return
+                    reply = self._reply(sock.recv_multipart())
+            if reply is None or reply.status != "busy":
+                return reply
             self.stop.wait(0.1)
+        return reply
 
     def _answer(self, frames: list[bytes]) -> str | None:
+        msg = self._reply(frames)
+        return None if msg is None else msg.status
+
+    def _reply(self, frames: list[bytes]) -> wire.Message | None:
         msg = wire.decode(frames, check_finite=False)
         if msg.type != wire.REPLY:
             return None
         self.statuses[msg.status] = self.statuses.get(msg.status, 0) + 1
         self.models_received += bool(msg.tensors)
-        return msg.status
+        return msg
 
 
-def run_variant(variant: str, rounds: int, seed: int, attack_round: int) -> dict[str, Any]:
+def run_variant(
+    variant: str, rounds: int, seed: int, attack_round: int, mix: str = "pairwise",
+    task: str = "digits",
+) -> dict[str, Any]:  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="bench-poison-") as tmp:
         work = Path(tmp)
         outsider_keys = work / "outsider"
         new_keys(outsider_keys)
         member = variant.startswith("member")
         config = RunConfig.of(
-            task="digits", clients=3, rounds=rounds, seed=seed, partition="iid", db="none"
+            task=task, clients=3, rounds=rounds, seed=seed, partition="iid", db="none", mix=mix
         )
+        config = apply_task_defaults(config, set(), {"task", *TASK_DEFAULTED})
         sim = GossipSimulation(
             config,
             secure=not variant.startswith("insecure"),
@@ -202,7 +260,9 @@ def run_variant(variant: str, rounds: int, seed: int, attack_round: int) -> dict
         )
         attacker = None
         if variant != "none":
-            attacker = Outsider(work / "run", 3, variant, outsider_keys, attack_round)
+            attacker = Outsider(
+                work / "run", 3, variant, outsider_keys, attack_round, task, seed
+            )
             attacker.start()
         started = time.monotonic()
         try:
@@ -224,6 +284,7 @@ def run_variant(variant: str, rounds: int, seed: int, attack_round: int) -> dict
             "sent": attacker.sent if attacker else 0,
             "answers": attacker.statuses if attacker else {},
             "models_to_attacker": attacker.models_received if attacker else 0,
+            "final_per_peer": [p["final_accuracy"] for p in report["peers"]],
             "attacker_error": attacker.error if attacker else None,
             "drops": drops,
         }
@@ -236,18 +297,20 @@ def main() -> None:
     parser.add_argument("--attack-round", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=2, help="runs of the reference")
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--mix", default="pairwise", help="the peers' --mix (default pairwise)")
+    parser.add_argument("--task", default="digits", help="digits or mnist5k (default digits)")
     args = parser.parse_args()
     variants = [v for v in args.variants.split(",") if v]
     unknown = set(variants) - set(VARIANTS)
     if unknown:
         raise SystemExit(f"unknown variants {sorted(unknown)}; pick from {', '.join(VARIANTS)}")
-    print(f"3 default peers (CURVE, pairwise) on digits, {args.rounds} rounds, seed {args.seed}; "
-          f"attack once a peer reaches round {args.attack_round}")  # fmt: skip
-    refs = [run_variant("none", args.rounds, args.seed, args.attack_round)
-            for _ in range(max(1, args.repeats))]  # fmt: skip
+    print(f"3 peers (CURVE, --mix {args.mix}) on {args.task}, {args.rounds} rounds, seed "
+          f"{args.seed}; attack once a peer reaches round {args.attack_round}")  # fmt: skip
+    common = (args.rounds, args.seed, args.attack_round, args.mix, args.task)
+    refs = [run_variant("none", *common) for _ in range(max(1, args.repeats))]
     reference = float(np.mean([r["final"] for r in refs]))
     results = refs + [
-        run_variant(v, args.rounds, args.seed, args.attack_round) for v in variants if v != "none"
+        run_variant(v, *common) for v in variants if v != "none"
     ]
     header = (f"{'variant':<16} {'final acc':>9} {'vs none':>8} {'worst':>6} {'sent':>5} "
               f"{'models to attacker':>18}  answers / refusals counted by the peers")  # fmt: skip
@@ -257,6 +320,7 @@ def main() -> None:
         print(
             f"{r['variant']:<16} {r['final']:>9.3f} {diff:>+7.1f}p {r['worst_after_attack']:>6.3f} "
             f"{r['sent']:>5} {r['models_to_attacker']:>18}  {r['answers']} / {r['drops']}"
+            + f"; each peer {', '.join(f'{a:.3f}' for a in r['final_per_peer'])}"
             + (f"  attacker error: {r['attacker_error']}" if r["attacker_error"] else "")
         )
     attacked = [r for r in results if r["variant"] != "none"]
