@@ -22,10 +22,11 @@ Variants:
                     model at distance ``RESET_DISTANCE`` from zero (inside the outer limit of
                     a restarted history) with an honest-looking count
   member-drift      the review's drift (issue 39): a member offers every peer, about once a
-                    round (``DRIFT_EVERY_S``), the model that peer last sent it moved a step along one fixed
-                    direction, claiming 10^6 examples; the step doubles after each
-                    accepted offer and halves after each refusal, so it rides just inside
-                    the distance bound, and every acceptance adds to the same pull
+                    round (``DRIFT_EVERY_S``), the model that peer last sent it moved a
+                    step along one fixed direction, claiming 10^6 examples; the step
+                    doubles after each accepted offer and halves after each refusal, so it
+                    rides just inside the distance bound, and every acceptance adds to the
+                    same pull
 
 Prints per variant the final accuracy (mean over the peers' own models), its difference to
 the unattacked run, the models the attacker got back (``ok`` replies) and the refusals the
@@ -184,9 +185,9 @@ class Outsider(threading.Thread):
         ctx.term()
 
     def _drift(self, socks: list[zmq.Socket], sender: str) -> None:
-        """Every ``DRIFT_EVERY_S`` until the run ends: offer each peer its own last model (from its last
-        reply) plus ``step`` along ``direction``; grow the step on acceptance, halve it on a
-        refusal. Each accepted offer pulls the peer the same way."""
+        """Every ``DRIFT_EVERY_S`` until the run ends: offer each peer its own last model
+        (from its last reply) plus ``step`` along ``direction``; double the step on
+        acceptance, halve it on a refusal. Each accepted offer pulls the peer the same way."""
         bases = [dict(self.start_model) for _ in socks]
         steps = [0.5 for _ in socks]
         self.accepted_offers = 0
