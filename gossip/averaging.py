@@ -30,10 +30,18 @@ def _float_keys(weights: Weights) -> list[str]:
     return [k for k, v in weights.items() if v.dtype.kind == "f"]
 
 
-def _share(n_self: int, n_other: int) -> float:
+def pairwise_share(n_self: int, n_other: int) -> float:
     """Fraction of the way to move toward the other model; equal shares when both are 0."""
     total = n_self + n_other
     return 0.5 if total <= 0 else n_other / total
+
+
+def bounded_scale(distance: float, radius: float) -> float:
+    """The part of a difference of length ``distance`` an exchange takes when no move may
+    span more than ``radius``: 1 within it, ``radius / distance`` beyond."""
+    if not distance > radius or distance <= 0:
+        return 1.0
+    return radius / distance
 
 
 def pairwise_update(
@@ -53,7 +61,7 @@ def pairwise_update(
     ``n_j / N`` per reply; PROTOCOL.md §5).
     """
     if share is None:
-        share = _share(n_self, n_other)
+        share = pairwise_share(n_self, n_other)
     out: OrderedDict[str, np.ndarray] = OrderedDict()
     floats = set(_float_keys(current))
     for key, value in current.items():

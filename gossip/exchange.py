@@ -24,6 +24,7 @@ list) gets a ``refused`` answer, never our model.
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
 from collections import OrderedDict
@@ -77,6 +78,8 @@ class _Pending:
     expires: float
     pull: bool = False
     group_total: int | None = None
+    radius: float = math.inf
+    """The radius our offer carried (``DistanceGuard.radius``): the reply's scale obeys it."""
 
 
 class Exchange:
@@ -222,6 +225,7 @@ class Exchange:
         xid = random.getrandbits(62) + 1
         state = self.state
         snapshot = state.weights
+        radius = self.guard.radius() if self.config.gossip.mix == "pairwise" else math.inf
         msg = state.message(
             wire.OFFER,
             xid,
@@ -231,6 +235,7 @@ class Exchange:
             pull=pull,
             tensors=OrderedDict() if pull else snapshot,
             share=None if group_total is None else state.num_examples / group_total,
+            radius=None if pull or not math.isfinite(radius) else radius,
             encoding=self.encoding,
         )
         if not self.transport.send(peer_id, wire.encode(msg)):
@@ -238,7 +243,7 @@ class Exchange:
         expires = time.monotonic() + 3 * self.config.gossip.exchange_timeout
         # mixing is a delta against what the neighbour decoded (exact sum under compression)
         sent = snapshot if pull else wire.as_received(snapshot, self.encoding)
-        self.pending[xid] = _Pending(peer_id, sent, expires, pull, group_total)
+        self.pending[xid] = _Pending(peer_id, sent, expires, pull, group_total, radius)
         return xid
 
     def wait_for(self, xids: Iterable[int], timeout: float) -> bool:
@@ -354,6 +359,17 @@ class Exchange:
                 self.refuse(route, msg, why)
                 return
             self.distances.append(self.guard.last_distance)
+        pairwise = self.config.gossip.mix == "pairwise" and not msg.pull
+        sent = wire.as_received(mine, self.encoding) if pairwise else mine  # offerer decoded
+        scale = 1.0
+        if pairwise:  # both ends take the same part of the move (the sum stays exact)
+            radius = min(self.guard.radius(), msg.radius or math.inf)
+            distance = (
+                self.guard.last_distance
+                if self.encoding == "raw"
+                else averaging.difference_norm(msg.tensors, sent)
+            )
+            scale = averaging.bounded_scale(distance, radius)
         reply = state.message(
             wire.REPLY,
             msg.xid,
@@ -361,17 +377,19 @@ class Exchange:
             num_examples=state.num_examples,
             schema=state.schema,
             tensors=mine,
+            scale=None if scale == 1.0 else scale,
             encoding=self.encoding,
         )
         if not self.transport.reply(route, wire.encode(reply)) or msg.pull:
             return  # no reply went out: do not mix either, so the sum stays exact
         self.mixes += 1
         n_other = self._counted(msg.num_examples)
-        if self.config.gossip.mix == "pairwise":
+        if pairwise:
             share = capped_share(msg.share, n_other, state.num_examples)
-            sent = wire.as_received(mine, self.encoding)  # what the offerer decoded
+            if share is None:
+                share = averaging.pairwise_share(state.num_examples, n_other)
             state.weights = averaging.pairwise_update(
-                mine, sent, msg.tensors, state.num_examples, n_other, share=share
+                mine, sent, msg.tensors, state.num_examples, n_other, share=share * scale
             )
         else:
             self.buffered[msg.sender] = (msg.tensors, n_other)
@@ -438,9 +456,15 @@ class Exchange:
             self.pulled.append((msg.round, msg.tensors))  # the joiner decides what to adopt
         elif self.config.gossip.mix == "pairwise":
             self.mixes += 1
-            share = None
             if pending.group_total:
                 share = min(1.0, n_other / pending.group_total)
+            else:
+                share = averaging.pairwise_share(self.state.num_examples, n_other)
+            # the part of the move the neighbour took, never more than our radius allows
+            scale = min(
+                msg.scale or 1.0, averaging.bounded_scale(self.guard.last_distance, pending.radius)
+            )
+            share *= scale
             self.state.weights = averaging.pairwise_update(
                 self.state.weights,
                 pending.snapshot,

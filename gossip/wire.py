@@ -111,6 +111,8 @@ class Message:
     pull: bool = False
     status: str = "ok"
     share: float | None = None
+    radius: float | None = None
+    scale: float | None = None
     slot: tuple[int, float, float] | None = None
     reason: str = ""
     done: bool = False
@@ -221,6 +223,10 @@ def encode(message: Message) -> list[Any]:
         header["pull"] = bool(message.pull)
         if message.share is not None:
             header["share"] = float(message.share)
+        if message.radius is not None:
+            header["radius"] = float(message.radius)
+        if message.scale is not None:
+            header["scale"] = float(message.scale)
         header["status"] = message.status
         if message.reason:
             header["reason"] = message.reason[:MAX_REASON_CHARS]
@@ -401,6 +407,19 @@ def decode(
         if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
             raise WireError("bad-header", "share must be a number in (0, 1]")
         message.share = float(share)
+    radius = header.get("radius")
+    if radius is not None:
+        if (
+            isinstance(radius, bool) or not isinstance(radius, (int, float))
+            or not 0 < radius < math.inf
+        ):  # fmt: skip
+            raise WireError("bad-header", "radius must be a positive finite number")
+        message.radius = float(radius)
+    scale = header.get("scale")
+    if scale is not None:
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale <= 1:
+            raise WireError("bad-header", "scale must be a number in (0, 1]")
+        message.scale = float(scale)
     encoding = header.get("encoding", "raw")
     if encoding not in ENCODINGS:
         raise WireError("bad-header", f"encoding must be one of {', '.join(ENCODINGS)}")

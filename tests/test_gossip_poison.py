@@ -4,6 +4,8 @@ defence: the distance bound, the example-count cap, the member check, CURVE iden
 
 from __future__ import annotations
 
+import math
+import time
 from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,8 +18,8 @@ from vector_peer import vector_learner
 import fedweave.gossip.peer as peer_module
 from fedweave.addresses import free_ports
 from fedweave.config import RunConfig
-from fedweave.gossip import wire
-from fedweave.gossip.guard import DistanceGuard, capped_share, counted_examples
+from fedweave.gossip import averaging, wire
+from fedweave.gossip.guard import RADIUS_FACTOR, DistanceGuard, capped_share, counted_examples
 from fedweave.gossip.keys import load_keyring, new_key_group
 from fedweave.gossip.peer import Peer
 
@@ -73,6 +75,37 @@ def test_made_up_ids_cannot_restart_the_distance_history() -> None:
         assert guard.check(sender, _model(1e6), ours) is not None
     assert len(guard.accepted) > 0  # the history stands
     assert guard.check("made-up-5", _model(1.0), ours) is not None  # still too far
+
+
+def test_one_sender_riding_the_bound_cannot_raise_it() -> None:
+    """Issue 39's drift: a member whose every model lay just inside the bound raised the
+    bound with its own accepted distances (they filled the window the 90th percentile is
+    taken from), so its next model could be farther still. The typical distance is now taken
+    sender by sender, and one sender does not move the median of senders."""
+    guard = DistanceGuard(factor=5.0)
+    ours = _model(0.0)  # a model of value v is 4 v away (16 entries)
+    rng = np.random.default_rng(0)
+    for index in range(300):
+        honest = _model(0.025 * (1 + 0.1 * rng.random()))  # about 0.1 away
+        assert guard.check("bcd"[index % 3], honest, ours) is None
+        guard.check("mallory", _model(0.99 * guard.bound(ours) / 4), ours)
+    assert guard.bound(ours) < 5 * 0.12  # five honest typical distances, not more
+
+
+def test_a_pairwise_move_spans_at_most_the_typical_distance() -> None:
+    """The radius a pairwise exchange mixes in full: none until three senders are known,
+    then ``RADIUS_FACTOR`` typical distances; a longer difference is taken in part."""
+    guard = DistanceGuard()
+    ours = _model(0.0)
+    assert guard.radius() == math.inf
+    for sender in ("b", "c"):
+        guard.check(sender, _model(0.025), ours)  # 0.1 away
+    assert guard.radius() == math.inf  # two senders: one of them could be the liar
+    guard.check("d", _model(0.05), ours)  # 0.2 away: the lower median of 0.1, 0.1, 0.2
+    assert guard.radius() == pytest.approx(RADIUS_FACTOR * 0.1)
+    assert averaging.bounded_scale(0.05, 0.1) == 1.0
+    assert averaging.bounded_scale(0.4, 0.1) == pytest.approx(0.25)
+    assert averaging.bounded_scale(0.4, math.inf) == 1.0
 
 
 def test_a_huge_example_count_weighs_at_most_ratio_times_ours() -> None:
@@ -166,6 +199,34 @@ def test_two_to_the_53_examples_do_not_drag_a_peer_all_the_way(
     moved = float(peer.state.weights["x"][0]) - 10.0
     # uncapped it would be 2.0 (the whole way); capped at 10x our 300 examples: 10/11 of it
     assert moved == pytest.approx(2.0 * 3000 / 3300)
+
+
+def test_both_ends_of_an_exchange_beyond_the_radius_take_the_same_part(
+    peer: Peer, sock: zmq.Socket
+) -> None:
+    """An offer says the radius its sender mixes in full; the receiver takes
+    ``min(its own, the offer's) / distance`` of the move and says how much in its reply; the
+    offerer applies that part (never more than its own radius allows), so both ends move by
+    the same part and the weighted sum stays exact."""
+    from fedweave.gossip.exchange import _Pending
+
+    _hello(peer, sock, "alice")
+    offer = wire.Message(wire.OFFER, "alice", OUTSIDER_ADDR, 3, 11, num_examples=300,
+                         tensors=_model(12.0), radius=4.0)  # fmt: skip
+    reply = _ask(peer, wire.encode(offer), sock)  # 8 away: half of the move
+    assert reply is not None and reply.status == "ok"
+    assert reply.scale == pytest.approx(0.5)
+    np.testing.assert_array_equal(reply.tensors["x"], np.full(16, 10.0))  # before its mix
+    # equal counts: each end would move half of the 2.0 between them; it moves half of that
+    np.testing.assert_allclose(peer.state.weights["x"], np.full(16, 10.5))
+    # the offerer's end: a reply claiming a larger part than our radius allows gets ours
+    exchange = peer.exchange
+    for claimed, expected in ((1.0, 0.5), (0.25, 0.25)):
+        peer.state.weights = _model(10.0)
+        exchange.pending[77] = _Pending("bob", _model(10.0), time.monotonic() + 30, radius=4.0)
+        exchange.on_reply(wire.Message(wire.REPLY, "bob", OUTSIDER_ADDR, 3, 77, num_examples=300,
+                                       tensors=_model(12.0), scale=claimed))  # fmt: skip
+        np.testing.assert_allclose(peer.state.weights["x"], np.full(16, 10.0 + expected))
 
 
 def test_with_curve_a_member_cannot_speak_for_made_up_ids(

@@ -89,6 +89,8 @@ def _malformed_cases() -> dict[str, list[bytes]]:
             *good[1:],
         ],
         "bad-share": [_header(head, share=2.5), *good[1:]],
+        "bad-radius": [_header(head, radius=0), *good[1:]],
+        "bad-scale": [_header(head, scale=1.5), *good[1:]],
         "bad-schema": [_header(head, schema="0" * 64), *good[1:]],
         "huge-shape": [_header(head, tensors=[["w", "<f4", [2**39, 2**39]]]), good[1]],
         "header-too-large": [head[:6] + b" " * (wire.MAX_HEADER_BYTES + 1)],
@@ -102,6 +104,17 @@ def test_malformed_messages_raise_wire_error(case: str) -> None:
     frames = _malformed_cases()[case]
     with pytest.raises(WireError):
         wire.decode(frames, expected_schema=wire.schema_hash(_model()))
+
+
+def test_an_exchanges_radius_and_scale_travel_and_are_absent_by_default() -> None:
+    """``radius`` (an offer) and ``scale`` (a reply) bound a pairwise move (PROTOCOL.md
+    §5.1); absent, they say nothing."""
+    plain = wire.decode([bytes(f) for f in wire.encode(_offer())])
+    assert plain.radius is None and plain.scale is None
+    bounded = _offer()
+    bounded.radius, bounded.scale = 0.375, 0.5
+    back = wire.decode([bytes(f) for f in wire.encode(bounded)])
+    assert (back.radius, back.scale) == (0.375, 0.5)
 
 
 def test_schema_mismatch_and_size_limit() -> None:
