@@ -27,6 +27,7 @@ Variants:
                     doubles after each accepted offer and halves after each refusal, so it
                     rides just inside the distance bound, and every acceptance adds to the
                     same pull
+  member-drift-flood  the same, each offer sent ``FLOOD_BURST`` times at once
 
 Prints per variant the final accuracy (mean over the peers' own models), its difference to
 the unattacked run, the models the attacker got back (``ok`` replies) and the refusals the
@@ -62,7 +63,7 @@ from fedweave.simulations.gossip_simulation import GossipSimulation, run_gossip_
 
 VARIANTS = (
     "none", "outsider", "outsider-4-ids", "member", "member-4-ids", "member-flood",
-    "insecure-4-ids", "insecure-reset", "member-drift",
+    "insecure-4-ids", "insecure-reset", "member-drift", "member-drift-flood",
 )  # fmt: skip
 POISON = 1e30
 CLAIMED = 2**53
@@ -70,6 +71,9 @@ RESET_DISTANCE = 948.0
 """The review's large model: its distance from zero (the peers' models are a few units long)."""
 DRIFT_EVERY_S = 0.3
 """How often the drifting member offers to each peer: about a round of digits here."""
+FLOOD_BURST = 8
+"""Offers ``member-drift-flood`` sends each peer at once, without waiting for replies: they
+queue in the peer's inbox while it trains and are answered one after the other."""
 
 
 class Outsider(threading.Thread):
@@ -146,8 +150,9 @@ class Outsider(threading.Thread):
                 sock.curve_serverkey = zmq.auth.load_certificate(str(server_key))[0]
             sock.connect(addr)
             socks.append(sock)
-        if self.variant == "member-drift":
-            self._drift(socks, me.peer_id)
+        if self.variant.startswith("member-drift"):
+            burst = FLOOD_BURST if self.variant.endswith("flood") else 1
+            self._drift(socks, me.peer_id, burst)
         rounds = 0
         while self.variant == "insecure-reset" and not self.stop.is_set():
             for sock in socks:
@@ -184,10 +189,12 @@ class Outsider(threading.Thread):
             sock.close(0)
         ctx.term()
 
-    def _drift(self, socks: list[zmq.Socket], sender: str) -> None:
+    def _drift(self, socks: list[zmq.Socket], sender: str, burst: int) -> None:
         """Every ``DRIFT_EVERY_S`` until the run ends: offer each peer its own last model
         (from its last reply) plus ``step`` along ``direction``; double the step on
-        acceptance, halve it on a refusal. Each accepted offer pulls the peer the same way."""
+        acceptance, halve it on a refusal. Each accepted offer pulls the peer the same way.
+        With ``burst`` > 1 the offer goes out that many times at once (distinct exchange
+        ids), and every copy mixed pulls the peer again."""
         bases = [dict(self.start_model) for _ in socks]
         steps = [0.5 for _ in socks]
         self.accepted_offers = 0
@@ -201,14 +208,34 @@ class Outsider(threading.Thread):
                     wire.OFFER, sender, "", 1, 1000 + self.sent, num_examples=10**6,
                     tensors=model,
                 )  # fmt: skip
-                reply = self._offer_until_heard(sock, offer)
-                if reply is not None and reply.status == "ok" and reply.tensors:
-                    bases[i] = {n: np.array(a) for n, a in reply.tensors.items()}
+                if burst == 1:
+                    replies = [self._offer_until_heard(sock, offer)]
+                else:
+                    replies = self._offer_burst(sock, offer, burst)
+                oks = [r for r in replies if r is not None and r.status == "ok" and r.tensors]
+                if oks:
+                    bases[i] = {n: np.array(a) for n, a in oks[-1].tensors.items()}
                     steps[i] *= 2.0
-                    self.accepted_offers += 1
-                elif reply is not None and reply.status == "refused":
+                    self.accepted_offers += len(oks)
+                elif any(r is not None and r.status == "refused" for r in replies):
                     steps[i] *= 0.5
             self.stop.wait(DRIFT_EVERY_S)
+
+    def _offer_burst(
+        self, sock: zmq.Socket, offer: wire.Message, burst: int
+    ) -> list[wire.Message | None]:
+        """Send ``burst`` copies of ``offer`` (distinct exchange ids) back to back, then
+        collect their replies for at most 2 s."""
+        for _ in range(burst):
+            offer.xid = 1000 + self.sent
+            sock.send_multipart(wire.encode(offer), copy=False)
+            self.sent += 1
+        replies: list[wire.Message | None] = []
+        deadline = time.monotonic() + 2.0
+        while len(replies) < burst and time.monotonic() < deadline and not self.stop.is_set():
+            if sock.poll(20):
+                replies.append(self._reply(sock.recv_multipart()))
+        return replies
 
     def _offer_until_heard(self, sock: zmq.Socket, offer: wire.Message) -> wire.Message | None:
         """Send ``offer`` until the peer checks it: a ``busy`` answer (the peer is in an
