@@ -66,6 +66,30 @@ def test_hospital_files_train_together_under_secagg(hospitals, tmp_path):
     assert rounds[-1]["extra"]["evaluation"]["federated"]["auc"] >= 0.95
 
 
+def test_local_dp_noises_the_updates_not_the_tables_statistics(hospitals, tmp_path):
+    """Issue 33: ``--dp local`` also noised the statistics the sites send before round 1
+    (Flower's ``LocalDpMod`` on every fit message): under SecAgg+ every site refused them
+    (``4.84e+23 after weighting exceeds the secure-aggregation range``) and the run
+    failed; without it, feature means of -6.5e13 were recorded and trained on."""
+    root, sites, test = hospitals
+    db = f"sqlite:///{tmp_path / 'h.db'}"
+    result = simulate(
+        "--task", "breast-cancer", "--data-dir", str(root / "sites"), "--test-data", str(test),
+        "--rounds", "1", "--dp", "local", "--db", db, "--out", str(tmp_path / "out"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "SecAgg+ on" in result.stderr
+    assert "DP local clipping norm 1 epsilon per round 10 delta per round 1e-05" in result.stderr
+    with open_store(db) as store:
+        (round_1,) = store.rounds(store.list_runs()[0].run_id)
+    frames = [pd.read_csv(p) for p in sites]
+    pooled = pd.concat([f.iloc[held_out_indices(len(f), 0.1)[0]] for f in frames])
+    names = [c for c in pd.read_csv(sites[0]).columns if c != "diagnosis"]
+    statistics = round_1["extra"]["statistics"]
+    assert np.allclose(statistics["means"], pooled[names].mean().to_numpy(), rtol=1e-3)
+    assert round_1["replied"] == 3
+
+
 def _with_cell(text: str, line: int, column: int, value: str) -> str:
     lines = text.splitlines()
     cells = lines[line].split(",")

@@ -51,8 +51,10 @@ def protections(
     if privacy.dp == "central":
         dp.update(noise_multiplier=privacy.noise_multiplier, clipping_norm=privacy.clipping_norm)
     elif privacy.dp == "local":
-        dp.update(
-            clipping_norm=privacy.clipping_norm, epsilon=privacy.dp_epsilon, delta=privacy.dp_delta
+        dp.update(  # what LocalDpMod is given each round; nothing composes them yet
+            clipping_norm=privacy.clipping_norm,
+            epsilon_per_round=privacy.dp_epsilon,
+            delta_per_round=privacy.dp_delta,
         )
     federation = config.federation
     return {

@@ -158,7 +158,7 @@ def make_server_app(
                 lambda: make_fit_workflow(settings.min_clients),
                 task,
                 settings.min_clients,
-                settings.fit_config(-settings.round_offset, deadline.seconds),  # round 0
+                settings.statistics_config(deadline.seconds),
                 sink,
             )
         evaluate_workflow = (

@@ -22,6 +22,7 @@ from fedweave.contract import (
     COMPRESS_KEY,
     DELIVERY_ALLOWANCE_KEY,
     DROPS_PARTIAL_WORK_KEY,
+    LOCAL_DP_KEYS,
     LOCAL_EPOCHS_KEY,
     LR_KEY,
     MAX_CLOCK_SKEW_KEY,
@@ -168,6 +169,17 @@ class ServerSettings:
         if self.compression.active:
             config[COMPRESS_KEY] = self.compression.spec
         config.update(local_dp_config(self.config.privacy))
+        return config
+
+    def statistics_config(self, round_timeout: float) -> dict[str, int | float | str]:
+        """What the sites are told for the federated statistics before round 1 (a round-0
+        fit config): never ``--dp local``'s noise, which is sized for a model update (a
+        clipping norm of 1 and noise for it) and turned a table's feature means into
+        values like -6.5e13. So ``--dp local`` noises model updates only; under SecAgg+
+        the coordinator sees the statistics as their mean across sites."""
+        config = self.fit_config(-self.round_offset, round_timeout)
+        for key in LOCAL_DP_KEYS:
+            config.pop(key, None)
         return config
 
 
