@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import tempfile
 import uuid
@@ -94,6 +95,8 @@ def main() -> None:
     parser.add_argument("--keep", type=Path,
                         help="work in this folder and keep it (peers' logs, records)")  # fmt: skip
     args = parser.parse_args()
+    # a kill ends the bench through its finally blocks, which remove namespaces and cgroups
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     if os.geteuid() != 0:
         raise SystemExit("needs root: cgroup CPU quotas and network namespaces")
     from fedweave.simulations.netns import bridged_hosts, why_namespaces_unavailable
