@@ -22,7 +22,6 @@ from fedweave.contract import (
     COMPRESS_KEY,
     DELIVERY_ALLOWANCE_KEY,
     DROPS_PARTIAL_WORK_KEY,
-    LOCAL_DP_KEYS,
     LOCAL_EPOCHS_KEY,
     LR_KEY,
     MAX_CLOCK_SKEW_KEY,
@@ -138,7 +137,24 @@ class ServerSettings:
 
     def fit_config(self, server_round: int, round_timeout: float) -> dict[str, int | float | str]:
         """What every sampled site is told for ``server_round`` (Flower's numbering), in a
-        round that closes ``round_timeout`` seconds after it starts."""
+        round that closes ``round_timeout`` seconds after it starts: ``_exchange_config``
+        and, under ``--dp local``, the noise its update gets."""
+        config = self._exchange_config(server_round, round_timeout)
+        config.update(local_dp_config(self.config.privacy))
+        return config
+
+    def statistics_config(self, round_timeout: float) -> dict[str, int | float | str]:
+        """What the sites are told for the federated statistics before round 1 (round 0):
+        never ``--dp local``'s noise, which is sized for a model update (a clipping norm of
+        1 and noise for it) and turned a table's feature means into values like -6.5e13.
+        So ``--dp local`` noises model updates only; under SecAgg+ the coordinator sees the
+        statistics as their mean across sites."""
+        return self._exchange_config(-self.round_offset, round_timeout)
+
+    def _exchange_config(
+        self, server_round: int, round_timeout: float
+    ) -> dict[str, int | float | str]:
+        """The config of one fit exchange: training, SecAgg+, clock and compression."""
         training = self.config.training
         config: dict[str, int | float | str] = {
             ROUND_KEY: server_round + self.round_offset,
@@ -168,18 +184,6 @@ class ServerSettings:
                 config[DROPS_PARTIAL_WORK_KEY] = self.config.federation.strategy != "fedprox"
         if self.compression.active:
             config[COMPRESS_KEY] = self.compression.spec
-        config.update(local_dp_config(self.config.privacy))
-        return config
-
-    def statistics_config(self, round_timeout: float) -> dict[str, int | float | str]:
-        """What the sites are told for the federated statistics before round 1 (a round-0
-        fit config): never ``--dp local``'s noise, which is sized for a model update (a
-        clipping norm of 1 and noise for it) and turned a table's feature means into
-        values like -6.5e13. So ``--dp local`` noises model updates only; under SecAgg+
-        the coordinator sees the statistics as their mean across sites."""
-        config = self.fit_config(-self.round_offset, round_timeout)
-        for key in LOCAL_DP_KEYS:
-            config.pop(key, None)
         return config
 
 
