@@ -126,7 +126,7 @@ PLAN_SETTINGS = (
     "fraction_evaluate", "evaluate_every", "cross_site", "private_evaluation", "select_metric",
     "select_mode", "run",
     "secure_agg", "secagg_timeout", "dp", "noise_multiplier", "clipping_norm", "dp_epsilon",
-    "dp_delta", "checkpoint_dir", "track",
+    "dp_delta", "target_epsilon", "max_epsilon", "checkpoint_dir", "track",
 )  # fmt: skip
 """The settings the ServerApp runs with; the rest (address, TLS, database) stay with the CLI."""
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from fedweave.coordinator.rounds.round_settings import ServerSettings
 from fedweave.history.round_summary import RoundListener, RoundStartListener, RoundSummary
 from fedweave.learning.data import load_site_data
 from fedweave.learning.tasks import load_task
+from fedweave.privacy_accounting import with_planned_noise
 from fedweave.simulations.site_files import (
     check_site_files,
     site_name,
@@ -57,6 +58,11 @@ class _Collector:
                 "seconds": summary.seconds,
                 "replied": summary.replied,
                 "failed": summary.sampled - summary.replied,
+                **(
+                    {"epsilon": summary.privacy["epsilon"]}
+                    if summary.privacy is not None
+                    else {}
+                ),
                 **(
                     {"simulated_clock": summary.simulated_clock}
                     if summary.simulated_clock is not None
@@ -110,6 +116,8 @@ def run_federated_simulation(
     test_data: Any = None,
     round_starts: Sequence[RoundStartListener] = (),
     clock_start: float = 0.0,
+    privacy: dict | None = None,
+    ended_early: Callable[[str], None] | None = None,
 ) -> list[dict]:
     """Split the data, run ``rounds - round_offset`` rounds, return the report rows.
 
@@ -125,6 +133,8 @@ def run_federated_simulation(
         round_starts: told as each round's sites are asked (the history's round in flight).
         clock_start: the simulated clock a resumed run's rounds continue from
             (``--site-speeds``).
+        privacy: the privacy ledger a resumed DP run recorded, which its rounds continue.
+        ended_early: told why, when ``--max-epsilon`` ends the run before its last round.
     """
     from flwr.simulation import run_simulation
 
@@ -136,6 +146,7 @@ def run_federated_simulation(
     verbose = config.output.verbose
     quiet_flower(verbose)
     check_settings(config, "simulate")  # a caller in code gets the command's checks too
+    config = with_planned_noise(config)  # --target-epsilon (the command did it already)
     settings = server_settings(config, round_offset)
     data = config.data
     task = load_task(data.task)
@@ -164,7 +175,7 @@ def run_federated_simulation(
         )
         server_app = make_server_app(
             settings, test_data, weights, [collector, *listeners], statistics, round_starts,
-            clock_start,
+            clock_start, privacy=privacy, ended_early=ended_early,
         )
         client_app = make_client_app(
             ClientSettings(

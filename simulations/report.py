@@ -13,7 +13,7 @@ from rich.table import Table
 
 from fedweave.errors import UserError
 from fedweave.history.metrics import evaluation_lines
-from fedweave.history.round_summary import shown
+from fedweave.history.round_summary import privacy_spent, shown
 from fedweave.private_files import write_private_text
 
 ROUND_COLUMNS = ("round", "accuracy", "loss", "seconds")
@@ -102,7 +102,7 @@ class RoundProgress:
         status = f"acc {shown(row['accuracy'], 3)}  loss {shown(row['loss'], 3)}"
         self.progress.console.print(
             f"round {row['round']:>4}  accuracy {shown(row['accuracy'])}  loss {shown(row['loss'])}"
-            f"  {row['seconds']:.2f}s"
+            f"  {row['seconds']:.2f}s" + privacy_spent(row.get("privacy"))
         )
         for line in evaluation_lines(row.get("evaluation") or {}):
             self.progress.console.print(f"  {line}", highlight=False, soft_wrap=True)

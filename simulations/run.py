@@ -10,10 +10,17 @@ from rich.console import Console
 from fedweave.config import Resolved, RunConfig
 from fedweave.coordinator.command.run_header import header_line, protections
 from fedweave.coordinator.rounds.history_listener import evaluation_extra
-from fedweave.history.metrics import recorded_clock, recorded_statistics
-from fedweave.history.round_summary import RoundSummary, shown
+from fedweave.coordinator.rounds.privacy_ledger import check_resumable
+from fedweave.history.metrics import (
+    final_privacy,
+    recorded_clock,
+    recorded_privacy,
+    recorded_statistics,
+)
+from fedweave.history.round_summary import RoundSummary, privacy_spent, shown
 from fedweave.learning.statistics import pinned_schema
 from fedweave.learning.tasks import load_task
+from fedweave.privacy_accounting import with_planned_noise
 from fedweave.simulations.federated import run_federated_simulation, server_settings
 from fedweave.simulations.report import RoundProgress, build_report, rounds_table, write_report
 from fedweave.simulations.run_checks import checked_test_data
@@ -32,6 +39,7 @@ class _ProgressListener:
                 "seconds": summary.seconds,
                 "warnings": summary.warnings,
                 "evaluation": evaluation_extra(summary).get("evaluation"),
+                "privacy": summary.privacy,
             }
         )
 
@@ -61,18 +69,21 @@ def run_and_report(config: RunConfig, resolved: Resolved) -> dict:
     console = Console(stderr=True)
     resume = config.history.resume
     store = open_store(config.history.db)  # an unreachable DB fails here, before any training
-    start_weights, offset = None, 0
+    start_weights, offset, privacy = None, 0, None
     if resume:
         run = store.get_run(resume)
         config = merge_for_resume(run, config, resolved)
         check_settings(config, resolved.command)  # the stored settings with the given ones
         run_id = run.run_id
         start_weights, offset = resume_point(store, run_id)
+        privacy = recorded_privacy(store.rounds(run_id) if offset else [], config.privacy.dp)
+        check_resumable(config.privacy, privacy, offset)
         store.mark_running(run_id)
         console.print(f"resuming run {run_id} after round {offset} of {config.training.rounds}")
     task_name, clients = config.data.task, config.data.clients
     task = load_task(task_name)
     test = checked_test_data(config, task)  # before the run is recorded
+    config = with_planned_noise(config)  # --target-epsilon: the noise it stands for
     stored = stored_run_config(config, "simulate")
     schema = pinned_schema(task)
     if schema is not None:
@@ -89,6 +100,7 @@ def run_and_report(config: RunConfig, resolved: Resolved) -> dict:
         HistoryRecorder(store, run_id, config.history.checkpoint_dir, tracker=tracker)
     )
     started = time.perf_counter()
+    ended: list[str] = []  # why --max-epsilon ended the run early
     try:
         with RoundProgress(config.training.rounds, f"federated {task_name}", console) as progress:
             progress.set_completed(offset)
@@ -101,6 +113,8 @@ def run_and_report(config: RunConfig, resolved: Resolved) -> dict:
                 test_data=test if config.data.data_dir is not None else None,
                 round_starts=[recorder],
                 clock_start=recorded_clock(store.rounds(run_id)) if offset else 0.0,
+                privacy=privacy,
+                ended_early=ended.append,
             )
         recorder.flush()
     except KeyboardInterrupt:
@@ -122,10 +136,15 @@ def run_and_report(config: RunConfig, resolved: Resolved) -> dict:
             "accuracy": r["eval_accuracy"],
             "loss": r["eval_loss"],
             "seconds": (r.get("extra") or {}).get("seconds"),
+            **(
+                {"epsilon": r["extra"]["privacy"]["epsilon"]}
+                if (r.get("extra") or {}).get("privacy")
+                else {}
+            ),
         }
         for r in store.rounds(run_id)
     ]
-    store.finish_run(run_id, "completed")
+    store.finish_run(run_id, "completed", ended[0] if ended else None)
     report = build_report(
         "federated",
         task_name,
@@ -136,11 +155,17 @@ def run_and_report(config: RunConfig, resolved: Resolved) -> dict:
         wall_seconds=time.perf_counter() - started,
     )
     report["protections"] = stored["protections"]
+    report["privacy"] = final_privacy(store.rounds(run_id), config.privacy.dp)
+    if ended:
+        report["ended_early"] = ended[0]
+        console.print(f"run {run_id} ended before its last round: {ended[0]}", highlight=False)
     out = config.simulation.out
     write_report(out, report)
     console.print(rounds_table(report["rounds"], title=f"federated {task_name}: {clients} sites"))
     console.print(
-        f"final accuracy {shown(report['final_accuracy'])}; run {run_id}; report written to {out}"
+        f"final accuracy {shown(report['final_accuracy'])}"
+        f"{privacy_spent(report['privacy']).replace('  ', '; ', 1)}; run {run_id}; report "
+        f"written to {out}"
     )
     store.close()
     return report

@@ -18,7 +18,7 @@ from fedweave.config import COMMAND_SETTINGS, SETTINGS, RunConfig
 from fedweave.config.commands import Resolved, config_command
 from fedweave.config.files import read_config_file
 from fedweave.config.resume import config_as_toml, merge_for_resume, stored_run_config
-from fedweave.config.sections import EvaluationSection, TrainingSection
+from fedweave.config.sections import EvaluationSection, PrivacySection, TrainingSection
 from fedweave.errors import UserError
 
 RUN_COMMANDS = ("simulate", "coordinator", "evaluate", "client", "peer")
@@ -134,6 +134,8 @@ def test_the_deployed_server_app_gets_every_training_setting():
         "select_metric", "select_mode",
     }  # fmt: skip
     assert coordinator <= set(PLAN_SETTINGS)
+    # and every privacy setting (a --max-epsilon left with the CLI was never enforced)
+    assert {f.name for f in dataclasses.fields(PrivacySection)} <= set(PLAN_SETTINGS)
 
 
 def test_flags_override_the_file_and_the_file_overrides_defaults(tmp_path):

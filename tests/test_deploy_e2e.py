@@ -188,7 +188,8 @@ def test_the_deployed_coordinator_runs_robust_strategies_and_central_dp(tmp_path
     """Options that only `fedweave simulate` had before the one-config redesign: Krum from a
     config file, and central DP that freezes the model when its clipping norm is tiny. The
     same three sites take part in both runs, one coordinator after the other on one port:
-    a site outlives a finished coordinator and joins the next at once."""
+    a site outlives a finished coordinator and joins the next at once. The DP run's privacy
+    ledger and budget (issue 33) are checked on it too."""
     make_deployment(tmp_path, SITES)
     (tmp_path / "krum.toml").write_text(
         '[federation]\nstrategy = "krum"\n\n[secure_aggregation]\nsecure_agg = false\n'
@@ -205,18 +206,37 @@ def test_the_deployed_coordinator_runs_robust_strategies_and_central_dp(tmp_path
 
         rounds, run, out = _run_on(
             procs, port, tmp_path, "dp",
-            "--dp", "central", "--clipping-norm", "1e-4", "--noise-multiplier", "0",
+            "--dp", "central", "--clipping-norm", "1e-4", "--noise-multiplier", "0.5",
+            "--rounds", "3", "--max-epsilon", "20",
         )  # fmt: skip
         assert all(site.poll() is None for site in sites), "a site ended with its coordinator"
         for i in range(SITES):
             assert "restarted; rejoining now" in procs.output(f"site{i}")
     finally:
         procs.close()
+    # --max-epsilon 20: two rounds of multiplier 0.5 spend 16.5, a third would reach 21.4,
+    # so the run ends, completed, before round 3, and says why on the console and in the run
     assert [r["round"] for r in rounds] == [1, 2] and run.status == "completed"
+    assert run.reason.startswith("privacy budget: stopped before round 3, which would take")
+    assert f"ended before its last round: {run.reason}" in out
+    # only what central DP uses is stored (no local DP's epsilon)
     assert run.config["settings"]["privacy"] == {
-        "dp": "central", "noise_multiplier": 0.0, "clipping_norm": 1e-4, "dp_epsilon": 10.0,
-        "dp_delta": 1e-5,
+        "dp": "central", "noise_multiplier": 0.5, "clipping_norm": 1e-4, "dp_delta": 1e-5,
+        "max_epsilon": 20.0,
     }
     assert "DP central" in out
+    # the ledger (issue 33): a round whose mean n of the 3 sites made is one Gaussian release
+    # of multiplier 0.5 * n / 3, composed as dp-accounting itself does, on the coordinator's
+    # console line and in the history
+    import dp_accounting
+
+    accountant = dp_accounting.rdp.RdpAccountant()
+    for round_row in rounds:
+        spent = round_row["extra"]["privacy"]
+        assert spent["round_noise_multiplier"] == 0.5 * round_row["replied"] / 3
+        accountant.compose(dp_accounting.GaussianDpEvent(spent["round_noise_multiplier"]))
+        assert spent["delta"] == 1e-5
+        assert abs(spent["epsilon"] - accountant.get_epsilon(1e-5)) < 1e-9
+        assert f"epsilon {spent['epsilon']:.3f} (delta 1e-05)" in out
     # the sites' updates were clipped to 1e-4 (under SecAgg+ the sites clip): nothing learned
     assert rounds[-1]["eval_accuracy"] < 0.3

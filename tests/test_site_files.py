@@ -4,6 +4,7 @@ of a centrally trained model; bad files refused before anything is recorded."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -70,24 +71,53 @@ def test_local_dp_noises_the_updates_not_the_tables_statistics(hospitals, tmp_pa
     """Issue 33: ``--dp local`` also noised the statistics the sites send before round 1
     (Flower's ``LocalDpMod`` on every fit message): under SecAgg+ every site refused them
     (``4.84e+23 after weighting exceeds the secure-aggregation range``) and the run
-    failed; without it, feature means of -6.5e13 were recorded and trained on."""
+    failed; without it, feature means of -6.5e13 were recorded and trained on.
+
+    The same run keeps its privacy ledger: each round's epsilon on the console line, in the
+    history (``history show``, table and JSON) and the report, and ``--max-epsilon 20`` ends
+    it, completed with the reason, after round 2 of 3 (a round of LocalDpMod's noise for
+    epsilon 10 spends 11.15 by the RDP account; two 17.19, three 22.34)."""
     root, sites, test = hospitals
     db = f"sqlite:///{tmp_path / 'h.db'}"
+    out = tmp_path / "out"
     result = simulate(
         "--task", "breast-cancer", "--data-dir", str(root / "sites"), "--test-data", str(test),
-        "--rounds", "1", "--dp", "local", "--db", db, "--out", str(tmp_path / "out"),
+        "--rounds", "3", "--dp", "local", "--max-epsilon", "20", "--db", db, "--out", str(out),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "SecAgg+ on" in result.stderr
     assert "DP local clipping norm 1 epsilon per round 10 delta per round 1e-05" in result.stderr
     with open_store(db) as store:
-        (round_1,) = store.rounds(store.list_runs()[0].run_id)
+        run = store.list_runs()[0]
+        round_1, round_2 = store.rounds(run.run_id)
     frames = [pd.read_csv(p) for p in sites]
     pooled = pd.concat([f.iloc[held_out_indices(len(f), 0.1)[0]] for f in frames])
     names = [c for c in pd.read_csv(sites[0]).columns if c != "diagnosis"]
     statistics = round_1["extra"]["statistics"]
     assert np.allclose(statistics["means"], pooled[names].mean().to_numpy(), rtol=1e-3)
     assert round_1["replied"] == 3
+    spent = [r["extra"]["privacy"]["epsilon"] for r in (round_1, round_2)]
+    assert [round(e, 2) for e in spent] == [11.15, 17.19]
+    assert "epsilon 11.146 (delta 1e-05)" in result.stderr
+    assert run.status == "completed"
+    assert run.reason.startswith("privacy budget: stopped before round 3, which would take")
+    report = json.loads(out.read_text())
+    assert report["privacy"] == {"mechanism": "local", "epsilon": spent[1], "delta": 1e-5,
+                                 "rounds": 2}  # fmt: skip
+    assert report["ended_early"] == run.reason
+    shown = subprocess.run(
+        [*FEDWEAVE, "history", "show", run.run_id, "--db", db, "--format", "json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    rounds = json.loads(shown.stdout)["rounds"]
+    assert [(r["epsilon"], r["delta"]) for r in rounds] == [(e, 1e-5) for e in spent]
+    table = subprocess.run(
+        [*FEDWEAVE, "history", "show", run.run_id, "--db", db],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    assert "differential privacy local: epsilon 17.190 at delta 1e-05 after round 2" in (
+        table.stdout
+    )
 
 
 def _with_cell(text: str, line: int, column: int, value: str) -> str:

@@ -59,6 +59,20 @@ def test_a_site_claiming_a_trillion_zero_weights_cannot_drag_fedavg_to_zero():
     ]
 
 
+def test_under_central_dp_every_update_weighs_the_same_whatever_its_count():
+    """Issue 33: central DP's noise is sized for a mean of equals (the ledger assumes it), so
+    with ``equal_weights`` a site claiming 10**12 examples weighs as much as one claiming 1;
+    the history still records the counts claimed."""
+    reporting = ReportingStrategy(FedAvg(), evaluator=None, equal_weights=True)
+    reporting._global = parameters_to_ndarrays(_fit(0.0, 1).parameters)
+    reporting._sampled = [1, 2, 3, 4]
+    results = [(SimpleNamespace(node_id=i), _fit(1.0, 1)) for i in (1, 2, 3)]
+    results.append((SimpleNamespace(node_id=4), _fit(0.0, 10**12)))
+    parameters, _ = reporting.aggregate_fit(1, results, [])
+    assert all(np.allclose(array, 3 / 4) for array in parameters_to_ndarrays(parameters))
+    assert {int(s.site_id): s.num_examples for s in reporting._sites}[4] == 10**12
+
+
 class _Evaluated:
     def __init__(self, loss: float, n: int, accuracy: float) -> None:
         self.loss, self.num_examples, self.metrics = loss, n, {"accuracy": accuracy}

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from fedweave.config import RunConfig
 from fedweave.coordinator.rounds.deadlines import MEASURED_FACTOR
+from fedweave.coordinator.rounds.privacy_ledger import ledger_facts
 
 if TYPE_CHECKING:
     from fedweave.coordinator.rounds.deadlines import RoundDeadline
@@ -49,13 +50,20 @@ def protections(
     privacy = config.privacy
     dp: dict[str, Any] = {"mode": privacy.dp}
     if privacy.dp == "central":
-        dp.update(noise_multiplier=privacy.noise_multiplier, clipping_norm=privacy.clipping_norm)
+        dp.update(
+            noise_multiplier=privacy.noise_multiplier, clipping_norm=privacy.clipping_norm,
+            delta=privacy.dp_delta,
+        )  # fmt: skip
     elif privacy.dp == "local":
-        dp.update(  # what LocalDpMod is given each round; nothing composes them yet
+        dp.update(  # what LocalDpMod is given each round; the ledger composes the rounds
             clipping_norm=privacy.clipping_norm,
             epsilon_per_round=privacy.dp_epsilon,
             delta_per_round=privacy.dp_delta,
         )
+    if privacy.dp != "none":
+        budget = {"target_epsilon": privacy.target_epsilon, "max_epsilon": privacy.max_epsilon}
+        dp.update({name: value for name, value in budget.items() if value is not None})
+        dp["ledger"] = ledger_facts(privacy)
     federation = config.federation
     return {
         "secure_aggregation": secagg,
@@ -116,8 +124,15 @@ def header_line(facts: dict[str, Any]) -> str:
     )
     dp = facts["differential_privacy"]
     dp_text = dp["mode"] + "".join(
-        f" {k.replace('_', ' ')} {v:g}" for k, v in dp.items() if k != "mode"
+        f" {k.replace('_', ' ')} {v:g}" for k, v in dp.items() if k not in ("mode", "ledger")
     )
+    ledger = dp.get("ledger")
+    if ledger:
+        dp_text += (
+            f" (epsilon composed over the rounds by {ledger['accountant']} at delta "
+            f"{ledger['delta']:g}, one {ledger['unit']} as the unit, no amplification by "
+            "sampling claimed)"
+        )
     evaluation = facts.get("evaluation") or {"central": True, "federated_every": 0}
     deadline = f"{facts['round_timeout']:g} s" + (
         ""

@@ -42,7 +42,7 @@ from fedweave.coordinator.plan import (
 from fedweave.errors import UserError
 from fedweave.flower_patches.refused_keys import KEYS_SYNCED_FILE_ENV, REFUSED_KEYS_FILE_ENV
 from fedweave.history.metrics import evaluation_lines, evaluation_of
-from fedweave.history.round_summary import shown
+from fedweave.history.round_summary import privacy_spent, shown
 from fedweave.processes import raise_interrupt, stop_process_group
 
 POLL_S = 0.5
@@ -113,6 +113,7 @@ class _Watcher:
                 f"round {row['round']}/{self.rounds}: accuracy {shown(row['eval_accuracy'])} "
                 f"loss {shown(row['eval_loss'])}, sites {row['replied']}/{row['sampled']} ok"
                 + (f", {seconds:.1f} s" if seconds is not None else "")
+                + privacy_spent((row.get("extra") or {}).get("privacy")).replace("  ", ", ", 1)
                 + (f"; FAILED: {failed}" if failed else "")
             )
             site_rows = self.store.site_results(self.plan.run_id, row["round"])
@@ -398,7 +399,12 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
             return 1
         rows = store.rounds(plan.run_id)
         final = rows[-1]["eval_accuracy"] if rows else None
-        _echo(f"run {plan.run_id} completed: {len(rows)} rounds, final accuracy {shown(final)}")
+        _echo(
+            f"run {plan.run_id} completed: {len(rows)} rounds, final accuracy {shown(final)}"
+            + privacy_spent((rows[-1].get("extra") or {}).get("privacy") if rows else None)
+            .replace("  ", ", ", 1)
+            + (f"; ended before its last round: {run.reason}" if run.reason else "")
+        )
         if evaluating:
             for line in evaluation_setup.matrix_lines(store, plan.run_id):
                 _echo(line)

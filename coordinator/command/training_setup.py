@@ -71,15 +71,21 @@ def check_run_input(store, config: RunConfig, resolved: Resolved) -> CheckedRun:
     data) as a ``UserError``, before anything starts; cheap (no torch)."""
     from fedweave.config.commands import check_settings
     from fedweave.config.resume import merge_for_resume, stored_run_config
+    from fedweave.coordinator.rounds.privacy_ledger import check_resumable
     from fedweave.coordinator.rounds.round_settings import test_data_of
+    from fedweave.history.metrics import recorded_privacy
     from fedweave.learning.statistics import pinned_schema
     from fedweave.learning.tasks import load_task
+    from fedweave.privacy_accounting import with_planned_noise
 
     config = _absolute_paths(config)  # stored paths are absolute: compare like with like
     run = store.get_run(config.history.resume) if config.history.resume else None
     if run is not None:
         config = merge_for_resume(run, config, resolved)
         check_settings(config, resolved.command)  # the stored settings with the given ones
+        rows = store.rounds(run.run_id)  # a DP run's ledger: continuable, budget left?
+        check_resumable(config.privacy, recorded_privacy(rows, config.privacy.dp), len(rows))
+    config = with_planned_noise(config)  # --target-epsilon: the noise it stands for
     stored = stored_run_config(config, "coordinator")
     schema = pinned_schema(load_task(config.data.task))
     if schema is not None:

@@ -139,6 +139,7 @@ class HistoryRecorder:
                 "warnings": summary.warnings,
                 **({"failed": summary.failed} if summary.failed else {}),
                 **({"statistics": summary.statistics} if summary.statistics else {}),
+                **({"privacy": summary.privacy} if summary.privacy is not None else {}),
                 **evaluation_extra(summary),
             },
         )

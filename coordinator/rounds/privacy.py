@@ -6,15 +6,18 @@
   + ``fixedclipping_mod``, applied by the site when asked).
 - ``local``: every site clips and noises its own update (``LocalDpMod``), with the
   parameters the coordinator sends in each round's config.
+
+Under central DP every site weighs in equally (the noise is sized for a mean of ``cohort``
+clipped updates): without SecAgg+ the coordinator weighs them so (``ReportingStrategy``'s
+``equal_weights``), with it SecAgg+'s ``max_weight`` is 1 (``equal_site_weights``), so each
+site scales its masked vector by 1 and a higher count is refused before the sum. What the
+rounds spend together: ``privacy_ledger.py``.
 """
 
 from __future__ import annotations
 
 from fedweave.config.sections import PrivacySection
 from fedweave.contract import LOCAL_DP_KEYS
-
-LOCAL_DP_SENSITIVITY = 1.0
-"""Local DP: L2 sensitivity of one clipped update (``LocalDpMod``'s parameter)."""
 
 
 def wrap_for_central_dp(strategy, settings: PrivacySection, secure_agg: bool, sampled: int):
@@ -38,5 +41,9 @@ def local_dp_config(settings: PrivacySection) -> dict[str, float]:
     """Fit-config entries that switch on ``LocalDpMod`` at the sites."""
     if settings.dp != "local":
         return {}
-    values = (settings.clipping_norm, LOCAL_DP_SENSITIVITY, settings.dp_epsilon, settings.dp_delta)
+    # the clipped update moves at most the clipping norm: that is its sensitivity (Flower's
+    # mod takes the two apart; with a fixed 1, a norm of 5 got a fifth of its noise)
+    values = (
+        settings.clipping_norm, settings.clipping_norm, settings.dp_epsilon, settings.dp_delta
+    )
     return dict(zip(LOCAL_DP_KEYS, values))

@@ -46,6 +46,7 @@ from fedweave.coordinator.rounds.federated_evaluation import (
     site_evaluations,
     weighted_evaluation,
 )
+from fedweave.coordinator.rounds.privacy_ledger import BudgetSpent
 from fedweave.coordinator.rounds.site_outcomes import SiteReplies, failure_said
 from fedweave.coordinator.rounds.site_weights import bounded_results
 from fedweave.coordinator.rounds.traffic import Traffic
@@ -103,6 +104,15 @@ def arrival_independent_order(
         return hasher.digest()
 
     return sorted(results, key=digest)
+
+
+def _weighed_equally(
+    results: list[tuple[ClientProxy, FitRes]],
+) -> list[tuple[ClientProxy, FitRes]]:
+    """``results`` with a count of 1 each, so a mean weighs them alike."""
+    return [
+        (proxy, FitRes(res.status, res.parameters, 1, res.metrics)) for proxy, res in results
+    ]
 
 
 def _site_ok(proxy: ClientProxy, res: FitRes) -> SiteResult:
@@ -171,6 +181,14 @@ class ReportingStrategy(Strategy):
     traffic : Traffic | None (default: None)
         The bytes the run's grid counted (``traffic.py``): each site's result gets its
         uplink bytes and the round its bytes in and out. ``None``: not recorded.
+    privacy_budget : PrivacyLedger | None (default: None)
+        The run's ledger under ``--max-epsilon`` (``privacy_ledger.py``): a round it says
+        would cross the budget is not started (``BudgetSpent`` ends the run), and an
+        aggregate whose mean would is not released (the round fails, the model is kept).
+    equal_weights : bool (default: False)
+        Every accepted update weighs the same in the mean, whatever its count (central DP's
+        noise is sized for that: ``privacy.py``); the counts are still recorded. Under SecAgg+
+        the sites weigh their own vectors (``ServerSettings.training_secagg``).
     """
 
     def __init__(
@@ -191,8 +209,12 @@ class ReportingStrategy(Strategy):
         site_replies: SiteReplies | None = None,
         compression: Compression | None = None,
         traffic: Traffic | None = None,
+        equal_weights: bool = False,
+        privacy_budget: Any = None,
     ) -> None:
         super().__init__()
+        self.equal_weights = equal_weights
+        self.privacy_budget = privacy_budget
         self.compression = compression if compression is not None and compression.active else None
         self.traffic = traffic
         self.site_replies = site_replies if site_replies is not None else SiteReplies()
@@ -235,7 +257,12 @@ class ReportingStrategy(Strategy):
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, FitIns]]:
-        """Start the round's clock and records, then let the wrapped strategy sample sites."""
+        """Start the round's clock and records, then let the wrapped strategy sample sites
+        (unless the privacy budget ends the run here: ``BudgetSpent``)."""
+        if self.privacy_budget is not None:
+            spent = self.privacy_budget.next_round_problem(server_round + self.round_offset)
+            if spent is not None:
+                raise BudgetSpent(spent)
         self._round_started = (time.perf_counter(), datetime.now(timezone.utc))
         self._global = parameters_to_ndarrays(parameters)
         self._sites, self._warnings, self._train_metrics = [], [], {}
@@ -380,7 +407,10 @@ class ReportingStrategy(Strategy):
             self._train_metrics = weighted_train_metrics(results)
             accepted = self._check_secure_aggregate(results)
         else:
-            accepted, notes = bounded_results(self._check_each_update(results))
+            checked = self._check_each_update(results)
+            accepted, notes = (
+                (_weighed_equally(checked), []) if self.equal_weights else bounded_results(checked)
+            )
             for note in notes:  # no site weighs in by its word alone (site_weights.py)
                 log.warning("round %s: %s", server_round + self.round_offset, note)
             self._warnings.extend(notes)
@@ -397,6 +427,15 @@ class ReportingStrategy(Strategy):
             log.warning("round %s failed: %s", server_round + self.round_offset, self._failed)
             return None, {}
         if not accepted:
+            return None, {}
+        held_back = (
+            self.privacy_budget.release_problem(server_round + self.round_offset, replied)
+            if self.privacy_budget is not None
+            else None
+        )
+        if held_back is not None:
+            self._failed = held_back
+            log.warning("round %s: %s", server_round + self.round_offset, held_back)
             return None, {}
         return self.strategy.aggregate_fit(
             server_round, arrival_independent_order(accepted), failures

@@ -11,6 +11,7 @@ SecAgg+ (``SecAggPlusWorkflow``) only plugs into that API.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -31,6 +32,7 @@ from fedweave.coordinator.rounds.federated_statistics import (
 )
 from fedweave.coordinator.rounds.model_health import ModelHealth
 from fedweave.coordinator.rounds.privacy import wrap_for_central_dp
+from fedweave.coordinator.rounds.privacy_ledger import BudgetSpent, PrivacyLedger
 from fedweave.coordinator.rounds.private_evaluation import private_evaluate_workflow
 from fedweave.coordinator.rounds.round_settings import (
     ServerSettings,
@@ -50,6 +52,8 @@ from fedweave.learning.tasks import load_task
 from fedweave.learning.training import seed_everything
 from fedweave.learning.weights import get_weights
 
+log = logging.getLogger(__name__)
+
 
 def initial_weights(task_spec: str, seed: int) -> list[np.ndarray]:
     """The global model before round 1: the task's model built under ``seed``."""
@@ -66,6 +70,8 @@ def make_server_app(
     round_starts: Sequence[RoundStartListener] = (),
     clock_start: float = 0.0,
     registered_names: Callable[[], Mapping[str, str]] | None = None,
+    privacy: dict[str, Any] | None = None,
+    ended_early: Callable[[str], None] | None = None,
 ) -> ServerApp:
     """A ServerApp that runs ``settings.rounds`` rounds from ``start_weights``; a task that
     needs federated statistics gathers them first, unless ``statistics`` (a resumed run's
@@ -74,7 +80,10 @@ def make_server_app(
     (``--site-speeds``). ``--schedule async`` runs ``fedbuff.py``'s app instead. The command
     that planned the run checked its options and inputs before (``check_settings``; the
     command's ``run_checks.py``). ``registered_names``: node id → the name its site key is
-    registered under (deployed: ``plan.registered_site_names``; sites are recorded by it)."""
+    registered under (deployed: ``plan.registered_site_names``; sites are recorded by it).
+    ``privacy``: a resumed DP run's recorded ledger (``history.metrics.recorded_privacy``),
+    which its rounds continue. ``ended_early`` is told why, when ``--max-epsilon`` ends the
+    run before its last round (the run is then complete: nothing more may be spent)."""
     config = settings.config
     deadline = settings.deadline(test_data)
     task = load_task(config.data.task)
@@ -86,9 +95,11 @@ def make_server_app(
             settings, test_data, start_weights, listeners, round_starts, clock_start, deadline,
             registered_names,
         )
-    named = [
-        SiteNames([ModelHealth(listeners, int(getattr(task, "num_classes", 0)))], registered_names)
-    ]
+    ledger = PrivacyLedger(
+        [ModelHealth(listeners, int(getattr(task, "num_classes", 0)))],
+        config.privacy, settings.cohort, privacy,
+    )  # fmt: skip
+    named = [SiteNames([ledger], registered_names)]
     if settings.site_speeds is not None:
         named = [SimulatedClock(named, config.simulation.simulated_deadline, clock_start)]
     listeners = [deadline, WithStatistics(named, sink)]
@@ -125,6 +136,8 @@ def make_server_app(
             site_replies=site_replies,
             compression=settings.compression,
             traffic=traffic,
+            equal_weights=config.privacy.dp == "central",
+            privacy_budget=ledger if ledger.max_epsilon is not None else None,
             fraction_evaluate=config.evaluation.fraction_evaluate,
             min_evaluate_clients=1,
             initial_parameters=ndarrays_to_parameters(start_weights),
@@ -146,16 +159,16 @@ def make_server_app(
             strategy=strategy,
         )
 
-        def make_fit_workflow(cohort: int):
+        def make_fit_workflow(cohort: int, secagg):
             if settings.secure_agg:
-                return make_secagg_workflow(settings.secagg, cohort, deadline)
+                return make_secagg_workflow(secagg, cohort, deadline)
             return deadline_fit_workflow(deadline)
 
-        fit_workflow = make_fit_workflow(settings.cohort)
+        fit_workflow = make_fit_workflow(settings.cohort, settings.training_secagg)
         if needs_statistics(task):
             fit_workflow = StatisticsFirst(
                 fit_workflow,
-                lambda: make_fit_workflow(settings.min_clients),
+                lambda: make_fit_workflow(settings.min_clients, settings.secagg),
                 task,
                 settings.min_clients,
                 settings.statistics_config(deadline.seconds),
@@ -172,8 +185,14 @@ def make_server_app(
             if config.evaluation.private_evaluation
             else federated_evaluate_workflow(deadline, site_replies)
         )
-        DefaultWorkflow(fit_workflow=fit_workflow, evaluate_workflow=evaluate_workflow)(
-            grid, legacy
-        )
+        try:
+            DefaultWorkflow(fit_workflow=fit_workflow, evaluate_workflow=evaluate_workflow)(
+                grid, legacy
+            )
+        except BudgetSpent as spent:
+            if ended_early is not None:
+                ended_early(str(spent))
+            else:
+                log.warning("run ended before its last round: %s", spent)
 
     return app

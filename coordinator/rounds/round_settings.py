@@ -11,7 +11,7 @@ only computes from the config and the task: no round runs here, and nothing is c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fedweave.config import RunConfig
@@ -78,6 +78,14 @@ class ServerSettings:
         return SecAggSettings(timeout=self.config.secure_aggregation.secagg_timeout)
 
     @property
+    def training_secagg(self) -> SecAggSettings:
+        """SecAgg+ for training rounds: under central DP ``max_weight`` 1, so every site's
+        update weighs the same in the sum (the noise is sized for a mean of equals)."""
+        if self.config.privacy.dp != "central":
+            return self.secagg
+        return replace(self.secagg, max_weight=1.0)
+
+    @property
     def site_speeds(self):
         """The run's ``SiteSpeeds`` (``--site-speeds``), or None: no simulated clock."""
         from fedweave.learning.site_speeds import SiteSpeeds
@@ -139,7 +147,7 @@ class ServerSettings:
         """What every sampled site is told for ``server_round`` (Flower's numbering), in a
         round that closes ``round_timeout`` seconds after it starts: ``_exchange_config``
         and, under ``--dp local``, the noise its update gets."""
-        config = self._exchange_config(server_round, round_timeout)
+        config = self._exchange_config(server_round, round_timeout, self.training_secagg)
         config.update(local_dp_config(self.config.privacy))
         return config
 
@@ -149,12 +157,13 @@ class ServerSettings:
         1 and noise for it) and turned a table's feature means into values like -6.5e13.
         So ``--dp local`` noises model updates only; under SecAgg+ the coordinator sees the
         statistics as their mean across sites."""
-        return self._exchange_config(-self.round_offset, round_timeout)
+        return self._exchange_config(-self.round_offset, round_timeout, self.secagg)
 
     def _exchange_config(
-        self, server_round: int, round_timeout: float
+        self, server_round: int, round_timeout: float, secagg: SecAggSettings
     ) -> dict[str, int | float | str]:
-        """The config of one fit exchange: training, SecAgg+, clock and compression."""
+        """The config of one fit exchange: training, SecAgg+ (``secagg``), clock and
+        compression."""
         training = self.config.training
         config: dict[str, int | float | str] = {
             ROUND_KEY: server_round + self.round_offset,
@@ -173,8 +182,8 @@ class ServerSettings:
         if max_update_norm is not None:
             config[MAX_NORM_KEY] = max_update_norm
         if self.secure_agg:
-            config[SECAGG_CLIP_KEY] = self.secagg.clipping_range
-            config[SECAGG_MAX_WEIGHT_KEY] = self.secagg.max_weight
+            config[SECAGG_CLIP_KEY] = secagg.clipping_range
+            config[SECAGG_MAX_WEIGHT_KEY] = secagg.max_weight
         speeds = self.site_speeds
         if speeds is not None:
             config[SITE_SPEEDS_KEY] = speeds.spec

@@ -33,7 +33,7 @@ def run_plan(plan: DeployPlan, grid, context) -> None:
     )
     from fedweave.coordinator.rounds.round_app import initial_weights, make_server_app
     from fedweave.coordinator.rounds.round_settings import ServerSettings, test_data_of
-    from fedweave.history.metrics import recorded_statistics
+    from fedweave.history.metrics import recorded_privacy, recorded_statistics
     from fedweave.history.tracking import make_tracker
 
     if plan.config.evaluation.run:  # `fedweave evaluate`: an evaluation-only run
@@ -41,8 +41,8 @@ def run_plan(plan: DeployPlan, grid, context) -> None:
 
         run_evaluation(plan, grid, context)
         return
-    with recording_run(plan) as store:
-        config = plan.config
+    with recording_run(plan) as recording:
+        store, config = recording.store, plan.config
         weights, offset = resume_point(store, plan.run_id)
         remaining = config.training.rounds - offset
         if remaining <= 0:
@@ -65,10 +65,13 @@ def run_plan(plan: DeployPlan, grid, context) -> None:
             HistoryRecorder(store, plan.run_id, config.history.checkpoint_dir, tracker=tracker)
         )
         try:
-            statistics = recorded_statistics(store.rounds(plan.run_id)) if offset else None
+            recorded = store.rounds(plan.run_id) if offset else []
             app = make_server_app(
-                settings, test_data_of(config), start, [recorder], statistics, [recorder],
+                settings, test_data_of(config), start, [recorder],
+                recorded_statistics(recorded) if offset else None, [recorder],
                 registered_names=registered_site_names(plan.deployment_file),
+                privacy=recorded_privacy(recorded, config.privacy.dp),
+                ended_early=recording.ended_early.append,
             )  # fmt: skip
             app(grid=grid, context=context)
             recorder.flush()

@@ -121,8 +121,8 @@ def run_evaluation(plan: Any, grid: Any, context: Any) -> None:
     from fedweave.history.metrics import recorded_statistics
     from fedweave.history.model_export import checkpoint_weights, evaluated_models
 
-    with recording_run(plan) as store:
-        config = plan.config
+    with recording_run(plan) as recording:
+        store, config = recording.store, plan.config
         evaluated = store.get_run(str(config.evaluation.run))
         rows = store.rounds(evaluated.run_id)
         models = [

@@ -11,6 +11,7 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 from fedweave.coordinator.plan import DeployPlan, read_deployment_file
@@ -40,13 +41,24 @@ def exit_with_coordinator(pid: int, poll_s: float = 0.2) -> None:
     threading.Thread(target=watch, name="coordinator-watch", daemon=True).start()
 
 
+@dataclass
+class Recording:
+    """What a ServerApp body records into: ``store``, and ``ended_early``, where the body
+    says why the run ended before its last round (``--max-epsilon``), the completed run's
+    reason."""
+
+    store: Any
+    ended_early: list[str] = field(default_factory=list)
+
+
 @contextmanager
-def recording_run(plan: DeployPlan) -> Iterator[Any]:
-    """The history store this ServerApp records ``plan``'s run into (the process leaves with
-    the coordinator's: ``exit_with_coordinator``). The run is marked completed when the body
-    ends, failed with the first line of its error when it raises (a stop signal is the CLI's
-    to record, as interrupted); the store is closed either way. Without a deployment file (a
-    run config written by hand) the history is the default one."""
+def recording_run(plan: DeployPlan) -> Iterator[Recording]:
+    """The history this ServerApp records ``plan``'s run into (the process leaves with the
+    coordinator's: ``exit_with_coordinator``). The run is marked completed when the body
+    ends (with the reason it ``ended_early`` for, if any), failed with the first line of its
+    error when it raises (a stop signal is the CLI's to record, as interrupted); the store
+    is closed either way. Without a deployment file (a run config written by hand) the
+    history is the default one."""
     from fedweave.history import open_store
 
     deployment = (
@@ -54,9 +66,11 @@ def recording_run(plan: DeployPlan) -> Iterator[Any]:
     )
     exit_with_coordinator(deployment.coordinator_pid if deployment else 0)
     store = open_store(deployment.db_url if deployment else None)
+    recording = Recording(store)
     try:
-        yield store
-        store.finish_run(plan.run_id, "completed")
+        yield recording
+        early = recording.ended_early
+        store.finish_run(plan.run_id, "completed", early[0] if early else None)
     except Exception as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         store.finish_run(plan.run_id, "failed", reason)

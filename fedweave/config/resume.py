@@ -15,13 +15,17 @@ from typing import Any
 from fedweave.config.commands import Resolved
 from fedweave.config.files import to_toml
 from fedweave.config.run_config import SETTINGS, RunConfig, coerce
-from fedweave.config.sections import COMMAND_SETTINGS
+from fedweave.config.sections import COMMAND_SETTINGS, PRIVACY_SETTINGS_APPLYING
 from fedweave.errors import UserError
 
 
 def stored_run_config(config: RunConfig, command: str) -> dict[str, Any]:
-    """What the history keeps as a run's config: the command and its stored settings."""
-    return {"command": command, "settings": config.stored(COMMAND_SETTINGS[command])}
+    """What the history keeps as a run's config: the command and its stored settings (of the
+    privacy settings, only those its ``--dp`` mechanism uses)."""
+    unused = set(PRIVACY_SETTINGS_APPLYING["central"] + PRIVACY_SETTINGS_APPLYING["local"])
+    unused -= set(PRIVACY_SETTINGS_APPLYING.get(config.privacy.dp, ()))
+    names = [name for name in COMMAND_SETTINGS[command] if name not in unused]
+    return {"command": command, "settings": config.stored(names)}
 
 
 def _legacy_command(stored: dict[str, Any]) -> str:

@@ -228,6 +228,97 @@ def _dp_clips(o: Options) -> str | None:
     return None
 
 
+@_rule("dp", "noise_multiplier", "target_epsilon", federated=True,
+       says="central DP adds noise (> 0)")  # fmt: skip
+def _central_dp_noises(o: Options) -> str | None:
+    if o["dp"] == "central" and o["target_epsilon"] is None and not o["noise_multiplier"] > 0:
+        return (
+            f"--noise-multiplier {o['noise_multiplier']:g} adds no noise, so --dp central "
+            "would protect nothing (its epsilon is infinite); give a noise multiplier > 0, "
+            "or --dp none"
+        )
+    return None
+
+
+@_rule("dp", "dp_epsilon", federated=True, says="local DP sizes its noise for an epsilon > 0")
+def _local_dp_epsilon(o: Options) -> str | None:
+    if o["dp"] == "local" and not o["dp_epsilon"] > 0:
+        return "--dp-epsilon must be > 0 for --dp local (its noise is sized for it)"
+    return None
+
+
+@_rule("dp", "dp_delta", federated=True,
+       says="a DP delta is between 0 and 1, and under central DP below 1 / the sites")  # fmt: skip
+def _dp_delta(o: Options) -> str | None:
+    delta = o["dp_delta"]
+    if o["dp"] == "none":
+        return None
+    if not 0 < delta < 1:
+        return f"--dp-delta {delta:g} must be between 0 and 1 (say 1e-5)"
+    if o["dp"] == "central" and delta >= 1 / o.sites:
+        return (
+            f"--dp-delta {delta:g} is at least 1 / the {o.sites} sites: a guarantee that may "
+            f"fail for one site in {o.sites} protects none; give --dp-delta below {1 / o.sites:g}"
+        )
+    return None
+
+
+@_rule("dp", "target_epsilon", "max_epsilon", federated=True,
+       says="a privacy budget is for a DP run")  # fmt: skip
+def _budget_needs_dp(o: Options) -> str | None:
+    given = [f for f in ("target_epsilon", "max_epsilon") if o[f] is not None]
+    if o["dp"] == "none" and given:
+        return (
+            f"{flag_name(given[0])} is a privacy budget, but the run has no differential "
+            "privacy; add --dp central or --dp local"
+        )
+    return None
+
+
+@_rule("dp", "max_epsilon", "target_epsilon", "noise_multiplier", "dp_epsilon", "dp_delta",
+       "rounds", federated=True, says="--max-epsilon allows at least one round")  # fmt: skip
+def _budget_allows_a_round(o: Options) -> str | None:
+    budget = o["max_epsilon"]
+    if o["dp"] == "none" or budget is None or not 0 < o["dp_delta"] < 1:
+        return None
+    from fedweave.privacy_accounting import planned, round_multiplier, spent
+
+    privacy = o.config.privacy
+    if o["target_epsilon"] is not None:
+        privacy = o.config.replace(**planned(privacy, o["rounds"])).privacy
+    if not round_multiplier(privacy) > 0:
+        return None  # the noise's own rule says why
+    one_round = spent([(round_multiplier(privacy), 1)], o["dp_delta"])
+    if one_round > budget:
+        return (
+            f"--max-epsilon {budget:g} is below what one round spends ({one_round:.3f} at "
+            f"delta {o['dp_delta']:g}), so no round could run; raise it, or add noise"
+        )
+    return None
+
+
+@_rule("dp", "strategy", federated=True, says="central DP's accountant assumes a mean")
+def _central_dp_mean(o: Options) -> str | None:
+    if o["dp"] == "central" and o["strategy"] in ROBUST_STRATEGIES:
+        return (
+            f"--strategy {o['strategy']} is not a mean of the clipped updates, which is what "
+            "--dp central's noise and its privacy ledger are sized for; use fedavg, fedprox, "
+            "fedadam or fedyogi with --dp central"
+        )
+    return None
+
+
+@_rule("schedule", "dp", federated=True, says="the privacy ledger counts synchronous rounds")
+def _async_dp(o: Options) -> str | None:
+    if o["schedule"] == "async" and o["dp"] == "local":
+        return (
+            "--dp local with --schedule async: the privacy ledger composes one noised update "
+            "per site and round, which an asynchronous schedule does not keep to; use "
+            "--schedule sync"
+        )
+    return None
+
+
 @_rule("secure_agg", "clients_per_round", federated=True,
        says=f"a SecAgg+ round samples at least {MIN_SECAGG_COHORT} sites")  # fmt: skip
 def _secagg_cohort(o: Options) -> str | None:

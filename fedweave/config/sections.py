@@ -252,10 +252,38 @@ class PrivacySection:
         "(every site clips and noises).",
         choices=("none", "central", "local"),
     )
-    noise_multiplier: float = setting(1.0, "Central DP: noise std / clipping norm.", minimum=0)
+    noise_multiplier: float = setting(
+        1.0, "Central DP: noise std / clipping norm (> 0; the privacy ledger composes it over "
+        "the rounds).", minimum=0,
+    )
     clipping_norm: float = setting(1.0, "DP: L2 bound on each site's update.", minimum=0)
-    dp_epsilon: float = setting(10.0, "Local DP: epsilon per round.", minimum=0)
-    dp_delta: float = setting(1e-5, "Local DP: delta per round.", minimum=0)
+    dp_epsilon: float = setting(
+        10.0, "Local DP: the epsilon each site's noise is sized for, per round (Flower's "
+        "LocalDpMod); the ledger reports what the rounds spend together.", minimum=0,
+    )
+    dp_delta: float = setting(
+        1e-5, "DP: delta, between 0 and 1: the delta the ledger reports epsilon at (and, "
+        "under local DP, each round's noise is sized for).", minimum=0,
+    )
+    target_epsilon: float | None = setting(
+        None, "DP: size the noise so the planned --rounds spend at most this epsilon (at "
+        "--dp-delta) by the privacy ledger's account; replaces --noise-multiplier (central) "
+        "or --dp-epsilon (local). The run header prints what it chose.", above=0,
+    )
+    max_epsilon: float | None = setting(
+        None, "DP: end the run, as completed with the reason, before a round would take the "
+        "ledger's epsilon past this (also after a resume).", above=0,
+    )
+
+
+PRIVACY_SETTINGS_APPLYING: dict[str, tuple[str, ...]] = {
+    "none": ("dp",),
+    "central": (
+        "dp", "noise_multiplier", "clipping_norm", "dp_delta", "target_epsilon", "max_epsilon",
+    ),
+    "local": ("dp", "clipping_norm", "dp_epsilon", "dp_delta", "target_epsilon", "max_epsilon"),
+}
+"""``--dp`` mode → the privacy settings its mechanism uses: the only ones a run stores."""
 
 
 @dataclass(frozen=True)
@@ -603,7 +631,10 @@ _EVALUATION = (
     "fraction_evaluate", "evaluate_every", "cross_site", "private_evaluation", "select_metric",
     "select_mode",
 )  # fmt: skip
-_PRIVACY = ("dp", "noise_multiplier", "clipping_norm", "dp_epsilon", "dp_delta")
+_PRIVACY = (
+    "dp", "noise_multiplier", "clipping_norm", "dp_epsilon", "dp_delta", "target_epsilon",
+    "max_epsilon",
+)
 
 COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
     "simulate": (

@@ -367,7 +367,10 @@ def show_command(
 
             payload = {
                 "run": run_dict(info),
-                "rounds": [{**plain(row), "metrics": round_metrics(row)} for row in rounds],
+                "rounds": [
+                    {**plain(row), "metrics": round_metrics(row), **_privacy_of(row)}
+                    for row in rounds
+                ],
             }
             if sites:
                 payload["sites"] = plain(site_rows)
@@ -376,6 +379,31 @@ def show_command(
             write_csv(sys.stdout, *(sites_table(site_rows) if sites else rounds_table(rounds)))
         else:
             _print_run(info, rounds, site_rows if sites else None)
+
+
+def _privacy_of(row: dict[str, Any]) -> dict[str, Any]:
+    """``epsilon`` and ``delta`` spent by a DP run up to ``row``'s round (the ledger in its
+    ``extra``); ``{}`` for a run without DP."""
+    privacy = (row.get("extra") or {}).get("privacy")
+    if not isinstance(privacy, dict):
+        return {}
+    return {"epsilon": privacy.get("epsilon"), "delta": privacy.get("delta")}
+
+
+def _privacy_line(info: RunInfo, rounds: list[dict[str, Any]]) -> str:
+    """What the run spent of privacy, in words: ``no differential privacy``, or its ledger
+    after the last recorded round."""
+    mode = ((info.config.get("settings") or {}).get("privacy") or {}).get("dp", "none")
+    if mode == "none":
+        return "no differential privacy"
+    spent = _privacy_of(rounds[-1]) if rounds else {}
+    if not spent:
+        return f"differential privacy {mode}: no round spent any yet"
+    return (
+        f"differential privacy {mode}: epsilon {spent['epsilon']:.3f} at delta "
+        f"{spent['delta']:g} after round {rounds[-1]['round']} (composed by the run's ledger; "
+        "see its protections for the accountant and unit)"
+    )
 
 
 def _drops(counts: dict[str, int] | None) -> str:
@@ -420,11 +448,19 @@ def _print_run(
         _print_left_out(console, left_out, "--format json/csv")
     else:
         console.print("no rounds recorded yet")
+    if info.mode == "federated":
+        console.print(_privacy_line(info, rounds), soft_wrap=True, highlight=False)
     _print_best(console, info, rounds)
     _print_cross_site(console, info, rounds)
     if site_rows is not None:
         _print_site_results(console, site_rows)
         _print_site_evaluations(console, rounds)
+
+
+def _epsilon(row: dict[str, Any]) -> float | None:
+    """A DP run's cumulative epsilon after ``row``'s round (``None``: not a DP run)."""
+    privacy = (row.get("extra") or {}).get("privacy")
+    return privacy.get("epsilon") if isinstance(privacy, dict) else None
 
 
 def _round_columns(info: RunInfo, rounds: list[dict[str, Any]]) -> list[_Column]:
@@ -475,6 +511,11 @@ def _round_columns(info: RunInfo, rounds: list[dict[str, Any]]) -> list[_Column]
             numbers("eval acc", [_num(row["eval_accuracy"]) for row in rounds], 0),
             numbers("train loss", [train_loss(row) for row in rounds], 2),
         ]
+        + (
+            [numbers("epsilon", [_num(_epsilon(row)) for row in rounds], 1)]
+            if any(_epsilon(row) is not None for row in rounds)
+            else []
+        )
         + (
             [
                 numbers("bytes in", [_bytes(row["bytes_in"]) for row in rounds], 10),

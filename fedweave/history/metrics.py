@@ -19,6 +19,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from fedweave.errors import UserError
+
 SOURCES = ("federated", "central", "train")
 
 LOWER_IS_BETTER = ("loss", "mae", "mse", "rmse", "error")
@@ -159,6 +161,39 @@ def recorded_statistics(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
         if statistics:
             return statistics
     return None
+
+
+def recorded_privacy(rows: list[dict[str, Any]], dp: str) -> dict[str, Any] | None:
+    """The privacy ledger of a run's last recorded round (``store.rounds``), which a resume
+    continues; ``None`` for a run without DP or before round 1. A DP run whose last round
+    recorded no ledger cannot be resumed without losing what it spent: its one line."""
+    if dp == "none" or not rows:
+        return None
+    privacy = (rows[-1].get("extra") or {}).get("privacy")
+    if not isinstance(privacy, dict):
+        raise UserError(
+            f"round {rows[-1]['round']} of this --dp {dp} run recorded no privacy ledger "
+            "(recorded before fedweave kept one, or edited), so what the run spent cannot be "
+            "continued; start a new run"
+        )
+    return privacy
+
+
+def final_privacy(rows: list[dict[str, Any]], dp: str) -> dict[str, Any] | None:
+    """What a run's report and exported model say it spent: ``{"mechanism", "epsilon",
+    "delta", "rounds"}`` after its last recorded round; ``None`` without DP (``no
+    differential privacy``)."""
+    if dp == "none":
+        return None
+    privacy = (rows[-1].get("extra") or {}).get("privacy") if rows else None
+    if not isinstance(privacy, dict):
+        return {"mechanism": dp, "epsilon": 0.0, "delta": None, "rounds": 0}
+    return {
+        "mechanism": dp,
+        "epsilon": privacy.get("epsilon"),
+        "delta": privacy.get("delta"),
+        "rounds": rows[-1]["round"],
+    }
 
 
 def recorded_clock(rows: list[dict[str, Any]]) -> float:

@@ -124,6 +124,8 @@ def export_models(
     ``rows`` (one actor's); returns the files written (none without a checkpoint)."""
     from safetensors.numpy import save_file
 
+    from fedweave.history.metrics import final_privacy
+
     final, best, chosen = chosen_rounds(info, rows)
     if final is None:
         return []
@@ -136,6 +138,11 @@ def export_models(
         "best": chosen,
         "schema": info.config.get("schema"),
         "statistics": statistics,
+        # what the run had spent when its final model was made (the best one spent no more)
+        "differential_privacy": final_privacy(
+            [row for row in rows if row["round"] <= final["round"]],
+            ((info.config.get("settings") or {}).get("privacy") or {}).get("dp", "none"),
+        ) or "none",
         "load": "model = load_task(task).build_model(); "
         "model.load_state_dict(safetensors.torch.load_file(FILE))",
     }

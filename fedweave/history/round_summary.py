@@ -51,6 +51,10 @@ class RoundSummary:
         bytes_in / bytes_out: data bytes the coordinator received from / sent to the sites
             in this round, training and evaluation (``coordinator/rounds/traffic.py``; ``None``: not
             counted).
+        privacy: under ``--dp``, the run's cumulative spend after this round
+            (``coordinator/rounds/privacy_ledger.py``): ``epsilon``, ``delta``, ``releases``
+            (rounds composed), ``round_noise_multiplier`` (``None``: the round released
+            nothing) and ``composed`` (the ledger's state); ``None`` without DP.
     """
 
     round: int
@@ -74,6 +78,7 @@ class RoundSummary:
     simulated_clock: float | None = None
     bytes_in: int | None = None
     bytes_out: int | None = None
+    privacy: dict[str, Any] | None = None
 
     @property
     def sampled(self) -> int:
@@ -87,6 +92,15 @@ class RoundSummary:
 def shown(value: float | None, digits: int = 4) -> str:
     """A metric for a console line: ``-`` when the task has none (accuracy in a regression)."""
     return "-" if value is None else f"{value:.{digits}f}"
+
+
+def privacy_spent(privacy: dict[str, Any] | None) -> str:
+    """A DP run's ledger after a round (``RoundSummary.privacy``, as recorded), for a console
+    line: ``  epsilon 1.234 (delta 1e-05)``; empty without DP."""
+    if not privacy:
+        return ""
+    delta = privacy.get("delta")
+    return f"  epsilon {privacy['epsilon']:.3f}" + (f" (delta {delta:g})" if delta else "")
 
 
 class RoundListener(Protocol):
