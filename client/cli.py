@@ -47,6 +47,26 @@ def _echo(message: str) -> None:
     typer.echo(message, err=True)
 
 
+def privacy_floor(config) -> dict[str, str]:
+    """This site's privacy floor (``--require-secure-agg``, ``--require-dp``,
+    ``--max-epsilon``) as node-config entries, which ``client/mods.py``'s ``privacy_floor``
+    enforces on every training round; ``{}``: no floor."""
+    from fedweave.contract import (
+        NODE_MAX_EPSILON_KEY,
+        NODE_REQUIRE_DP_KEY,
+        NODE_REQUIRE_SECURE_AGG_KEY,
+    )
+
+    floor: dict[str, str] = {}
+    if config.site.require_secure_agg:
+        floor[NODE_REQUIRE_SECURE_AGG_KEY] = "true"
+    if config.site.require_dp != "off":
+        floor[NODE_REQUIRE_DP_KEY] = config.site.require_dp
+    if config.privacy.max_epsilon is not None:
+        floor[NODE_MAX_EPSILON_KEY] = repr(float(config.privacy.max_epsilon))
+    return floor
+
+
 def supernode_command(
     coordinator: str,
     task: str,
@@ -61,9 +81,11 @@ def supernode_command(
     name: str | None = None,
     eval_data: Path | None = None,
     eval_fraction: float = 0.1,
+    floor: dict[str, str] | None = None,
 ) -> list[str]:
     """The ``flower-supernode`` command line for this site (``external_worker``: its
-    ClientApps run in ``fedweave.client.worker``, not in a new process per message)."""
+    ClientApps run in ``fedweave.client.worker``, not in a new process per message;
+    ``floor``: the site's privacy floor as node-config entries, ``privacy_floor``)."""
     from fedweave.contract import (
         NODE_DATA_PATH_KEY,
         NODE_DEVICE_KEY,
@@ -84,6 +106,8 @@ def supernode_command(
     if eval_data is not None:
         node_config += f" {NODE_EVAL_DATA_KEY}='{eval_data.resolve()}'"
     node_config += f" {NODE_EVAL_FRACTION_KEY}='{eval_fraction:g}'"
+    for key, value in (floor or {}).items():
+        node_config += f" {key}='{value}'"
     cmd = [
         *patched_flower("flower-supernode"),
         "--superlink",
@@ -608,12 +632,17 @@ def _client(config: RunConfig, _resolved: Resolved) -> None:
         name=name,
         eval_data=config.evaluation.eval_data,
         eval_fraction=config.evaluation.eval_fraction,
+        floor=privacy_floor(config),
     )
     journal = status = None
     if config.monitoring.status_address is not None:
         from fedweave.client.site_status import SiteJournal, serve_status
 
-        journal = SiteJournal(name, coordinator)
+        journal = SiteJournal(
+            name, coordinator,
+            {"require_secure_agg": config.site.require_secure_agg,
+             "require_dp": config.site.require_dp, "max_epsilon": config.privacy.max_epsilon},
+        )  # fmt: skip
         serving, status = serve_status(config.monitoring.status_address, journal)
         _echo(f"this site's status at {serving.url}/")
     worker = None
@@ -627,6 +656,17 @@ def _client(config: RunConfig, _resolved: Resolved) -> None:
             "warning: Flower's own executor runs this site's ClientApps (FEDWEAVE_STOCK_FLOWER=1, "
             "or Flower's per-message functions differ from flwr 1.41.0's): it loads whatever app "
             "a run names, without fedweave's check that only fedweave's own app runs here"
+        )
+    floor = privacy_floor(config)
+    if floor:
+        _echo(
+            "privacy floor: this site trains only in runs with "
+            + ", ".join(
+                (["SecAgg+"] if config.site.require_secure_agg else [])
+                + ([f"--dp {config.site.require_dp}"] if config.site.require_dp != "off" else [])
+                + ([f"a ledger at most epsilon {config.privacy.max_epsilon:g}"]
+                   if config.privacy.max_epsilon is not None else [])
+            )  # fmt: skip
         )
     try:
         code = run_site(

@@ -12,6 +12,10 @@ SecAgg+ could mix it into the state of the round in progress.
 ``clock_guard`` refuses a round's training instruction when this site's clock is further from
 the coordinator's than ``--max-clock-skew`` allows, with the difference it measured.
 
+``privacy_floor`` refuses a training message below the site's own privacy floor
+(``fedweave client --require-secure-agg``, ``--require-dp``, ``--max-epsilon``), before the
+site trains, with the setting named.
+
 ``update_check_mod`` sits inside ``secaggplus_mod`` (so it sees the plaintext update before
 it is masked): it refuses an invalid update, which makes the site a dropout that SecAgg+
 recovers from, and it reports values that SecAgg+ would clip instead of letting them
@@ -21,6 +25,7 @@ silently distort the model.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 
@@ -34,10 +39,17 @@ from fedweave.contract import (
     COMPRESSION_METRIC,
     DELIVER_KEY,
     DELIVERY_ALLOWANCE_KEY,
+    DP_DELTA_KEY,
+    DP_EPSILON_AFTER_KEY,
+    DP_MODE_KEY,
     HELD_METRIC,
+    HOLD_KEY,
     LOCAL_DP_KEYS,
     MAX_CLOCK_SKEW_KEY,
     MAX_NORM_KEY,
+    NODE_MAX_EPSILON_KEY,
+    NODE_REQUIRE_DP_KEY,
+    NODE_REQUIRE_SECURE_AGG_KEY,
     NODE_SITE_NAME_KEY,
     PRIVATE_EVALUATION_KEY,
     SECAGG_CLIP_KEY,
@@ -147,6 +159,75 @@ def clock_guard(msg: Message, context: Context, call_next: ClientAppCallable) ->
         float(config[MAX_CLOCK_SKEW_KEY]),
         float(config.get(DELIVERY_ALLOWANCE_KEY, 0.0)),
     )
+    if problem is not None:
+        log.warning("round refused: %s", problem)
+        raise SiteRefusal(problem)
+    return call_next(msg, context)
+
+
+FLOOR_KEYS = (NODE_REQUIRE_SECURE_AGG_KEY, NODE_REQUIRE_DP_KEY, NODE_MAX_EPSILON_KEY)
+"""The node-config entries of a site's privacy floor (``fedweave client``'s ``privacy_floor``)."""
+
+
+def floor_problem(floor: dict, config: dict, secure: bool) -> str | None:
+    """Why this site's privacy ``floor`` (its node config: ``--require-secure-agg``,
+    ``--require-dp``, ``--max-epsilon``) refuses a training message with fit ``config``;
+    ``secure``: the message carries SecAgg+'s own records (checked on the message itself, not
+    on the coordinator's word). ``None``: the floor holds.
+
+    SecAgg+ covers everything a training message sends (statistics, updates, private
+    evaluation); an update held for a later SecAgg+ buffer sends nothing now. The DP floor
+    covers model updates (the statistics exchange and evaluation are not DP releases), and
+    rests on the coordinator's stated mechanism and ledger: under central DP it adds the noise."""
+    fix = "restart this site without that floor to take part"
+    if str(floor.get(NODE_REQUIRE_SECURE_AGG_KEY, "")).lower() == "true":
+        if not secure and not config.get(HOLD_KEY):
+            return (
+                "this site requires secure aggregation (--require-secure-agg), but the run "
+                f"sends its updates unmasked; run the coordinator with SecAgg+, or {fix}"
+            )
+    if STATISTICS_STAGE_KEY in config or PRIVATE_EVALUATION_KEY in config:
+        return None
+    mode = str(config.get(DP_MODE_KEY, "none"))
+    required = str(floor.get(NODE_REQUIRE_DP_KEY, "off"))
+    if required == "any" and mode not in ("central", "local"):
+        return (
+            f"this site requires differential privacy (--require-dp any), but the run has "
+            f"--dp {mode}; run the coordinator with --dp central or local, or {fix}"
+        )
+    if required == "local" and mode != "local":
+        return (
+            f"this site requires local differential privacy (--require-dp local), but the run "
+            f"has --dp {mode}; run the coordinator with --dp local, or {fix}"
+        )
+    budget = floor.get(NODE_MAX_EPSILON_KEY)
+    if budget is None:
+        return None
+    budget = float(budget)
+    if mode not in ("central", "local"):
+        return (
+            f"this site allows at most epsilon {budget:g} (--max-epsilon), but the run has no "
+            f"differential privacy; run the coordinator with --dp central or local, or {fix}"
+        )
+    after = float(config.get(DP_EPSILON_AFTER_KEY, math.inf))
+    if not after <= budget:
+        return (
+            f"this site allows at most epsilon {budget:g} (--max-epsilon), but this round "
+            f"would take the run's ledger to {after:.3f} (delta "
+            f"{float(config.get(DP_DELTA_KEY, 0)):g}); {fix}, or give the run --max-epsilon"
+        )
+    return None
+
+
+def privacy_floor(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """Refuse a training message below this site's privacy floor (``floor_problem``)."""
+    from fedweave.flower_patches.message_records import RECORD_KEY_CONFIGS
+
+    config = _fit_config(msg) if msg.metadata.message_type == MessageType.TRAIN else None
+    if config is None:
+        return call_next(msg, context)
+    floor = {k: v for k, v in context.node_config.items() if k in FLOOR_KEYS}
+    problem = floor_problem(floor, config, RECORD_KEY_CONFIGS in msg.content.config_records)
     if problem is not None:
         log.warning("round refused: %s", problem)
         raise SiteRefusal(problem)
@@ -376,14 +457,16 @@ def local_dp_when_asked(msg: Message, context: Context, call_next: ClientAppCall
 
 def site_mods(site_name_of: SiteNameOf = node_site_name) -> list[Mod]:
     """Every site mod, outermost first: every outcome becomes a reply with its code and the
-    site's name (``site_name_of``); late rounds and a wrong clock are refused before anything
-    else; SecAgg+ masks what the update check has passed, after DP has clipped or noised it;
-    ``--compress`` compresses the same (never under SecAgg+: the coordinator refuses both)."""
+    site's name (``site_name_of``); late rounds, a wrong clock and a round below the site's
+    privacy floor are refused before anything else; SecAgg+ masks what the update check has
+    passed, after DP has clipped or noised it; ``--compress`` compresses the same (never
+    under SecAgg+: the coordinator refuses both)."""
 
     return [
         answering_outcomes(site_name_of),
         stale_round_guard,
         clock_guard,
+        privacy_floor,
         secagg_when_asked,
         site_console_mod,
         holding_updates_when_asked,

@@ -43,10 +43,15 @@ class SiteJournal:
     Args:
         site: the site's name (``--name``).
         coordinator: the coordinator's ``HOST:PORT``.
+        floor: the site's privacy floor (``require_secure_agg``, ``require_dp``,
+            ``max_epsilon``), shown as it was given.
     """
 
-    def __init__(self, site: str, coordinator: str) -> None:
+    def __init__(
+        self, site: str, coordinator: str, floor: dict[str, Any] | None = None
+    ) -> None:
         self.site, self.coordinator = site, coordinator
+        self.floor = dict(floor or {})
         self.started_at = _now()
         self.connection = {"state": "connecting", "since": self.started_at, "detail": None}
         self.totals: Counter = Counter()
@@ -107,6 +112,7 @@ class SiteJournal:
             return {
                 "site": self.site,
                 "coordinator": self.coordinator,
+                "privacy_floor": dict(self.floor),
                 "started_at": self.started_at,
                 "server_time": _now(),
                 "connection": dict(self.connection),

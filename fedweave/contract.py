@@ -41,6 +41,14 @@ site's word is bounded; the history's column holds 255 characters)."""
 SITE_NAME_METRIC = "fw-site-name"
 """Fit metrics: the site's name, which the coordinator records instead of Flower's node id
 (a node id changes when a site reconnects; its name does not)."""
+NODE_REQUIRE_SECURE_AGG_KEY = "require-secure-agg"
+"""Node config: ``true`` when the site trains only in rounds its update is masked by SecAgg+
+(``fedweave client --require-secure-agg``)."""
+NODE_REQUIRE_DP_KEY = "require-dp"
+"""Node config: the differential privacy the site requires of a run (``--require-dp``:
+``any`` or ``local``; absent: none)."""
+NODE_MAX_EPSILON_KEY = "max-epsilon"
+"""Node config: the most epsilon the site lets a run's ledger reach (``--max-epsilon``)."""
 NODE_PARTITION_KEY = "partition-id"
 """Node config (simulation only): which ``site-<i>.npz`` of the split a simulated site holds."""
 
@@ -128,6 +136,13 @@ COMPRESSION_METRIC = "compression"
 """Fit metric: the compression the site's update is in (the coordinator refuses any other)."""
 UPLINK_BYTES_METRIC = "uplink_bytes"
 """Site result metric, measured by the coordinator: data bytes of the site's reply."""
+DP_MODE_KEY = "fw-dp"
+"""Fit config: the run's ``--dp`` mechanism (``none``, ``central``, ``local``), which a site's
+privacy floor checks."""
+DP_EPSILON_AFTER_KEY = "fw-dp-epsilon-after"
+"""Fit config (DP runs): the run's ledger epsilon after this round, every sampled site in it."""
+DP_DELTA_KEY = "fw-dp-delta"
+"""Fit config (DP runs): the delta the ledger's epsilon is at."""
 MAX_CLOCK_SKEW_KEY = "fw-max-clock-skew"
 """Fit config: seconds a site's clock may differ from the coordinator's (``--max-clock-skew``)."""
 DELIVERY_ALLOWANCE_KEY = "fw-delivery-allowance"

@@ -360,7 +360,7 @@ def test_served_over_tls_with_a_credential(tmp_path: Path) -> None:
 def test_the_site_journal_keeps_what_the_site_did() -> None:
     from fedweave.client.site_status import SiteJournal, status_app
 
-    journal = SiteJournal("hospital-a", "coord:9092")
+    journal = SiteJournal("hospital-a", "coord:9092", {"require_secure_agg": True})
     journal.connected("connected", "node 7")
     journal.add({"kind": "train", "part": "training", "run": 5, "round": "1", "outcome": "ok",
                  "examples": 120, "metrics": {"train_loss": 0.4}, "masked": True})  # fmt: skip
@@ -382,6 +382,7 @@ def test_the_site_journal_keeps_what_the_site_did() -> None:
     assert view["connection"]["state"] == "connected"
     client = TestClient(status_app(journal))
     assert client.get("/api/status").json()["site"] == "hospital-a"
+    assert client.get("/api/status").json()["privacy_floor"] == {"require_secure_agg": True}
     assert 'data-page="status"' in client.get("/").text
     assert client.post("/api/status").status_code == 405
 

@@ -167,6 +167,9 @@ def test_a_live_run_in_a_browser(tmp_path: Path) -> None:
             page.goto(f"http://127.0.0.1:{status_port}/")
             expect(page.locator("#connection")).to_have_text("connected")
             expect(page.locator("#site-runs tbody tr")).to_have_count(1)
+            expect(page.locator("#privacy-floor")).to_have_text(
+                "privacy floor: none (takes part in any run)"
+            )
             page.screenshot(path=ARTEFACTS / "site-status.png", full_page=True)
 
             out = wait_for_success(procs, coordinator, "the run to complete", timeout=300)

@@ -197,8 +197,22 @@ def test_the_deployed_coordinator_runs_robust_strategies_and_central_dp(tmp_path
     port = free_port()
     procs = Processes(tmp_path)
     try:
-        sites = [procs.start(f"site{i}", *site_args(port, i)) for i in range(SITES)]
+        # site 0's own privacy floor (issue 33): it trains only under SecAgg+, so it refuses
+        # the Krum run's rounds (plain), recorded with its name and reason, and takes part
+        # in the DP run (SecAgg+)
+        floors = {0: ("--require-secure-agg",)}
+        sites = [
+            procs.start(f"site{i}", *site_args(port, i, None, *floors.get(i, ())))
+            for i in range(SITES)
+        ]
         rounds, run, out = _run_on(procs, port, tmp_path, "krum", "--config", "krum.toml")
+        site_rows = recorded(f"sqlite:///{tmp_path / 'krum.db'}")[1]
+        refused = [site for site in site_rows if site["status"] == "refused"]
+        assert {site["site_id"] for site in refused} == {"site0"}
+        assert all("requires secure aggregation (--require-secure-agg)" in site["reason"]
+                   for site in refused)  # fmt: skip
+        assert "site site0 refused: this site requires secure aggregation" in out
+        assert "privacy floor: this site trains only in runs with SecAgg+" in procs.output("site0")
         assert [r["round"] for r in rounds] == [1, 2] and run.status == "completed"
         assert run.config["settings"]["federation"]["strategy"] == "krum"
         assert "strategy krum, SecAgg+ off" in out

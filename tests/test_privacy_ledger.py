@@ -163,3 +163,36 @@ def test_history_show_says_what_a_run_spent_or_that_it_had_no_dp():
     assert _privacy_line(run("central"), [row]).startswith(
         "differential privacy central: epsilon 2.500 at delta 1e-06 after round 4"
     )
+
+
+@pytest.mark.parametrize(
+    "floor, config, secure, refused",
+    [
+        ({"require-secure-agg": "true"}, {"fw-dp": "none"}, False, "--require-secure-agg"),
+        ({"require-secure-agg": "true"}, {"fw-dp": "none"}, True, None),
+        ({"require-secure-agg": "true"}, {"fw-hold": True}, False, None),  # held for SecAgg+
+        ({"require-secure-agg": "true"}, {"fw-statistics-stage": "moments"}, False,
+         "--require-secure-agg"),
+        ({"require-dp": "any"}, {"fw-dp": "none"}, True, "--require-dp any"),
+        ({"require-dp": "any"}, {"fw-dp": "central"}, True, None),
+        ({"require-dp": "local"}, {"fw-dp": "central"}, True, "--require-dp local"),
+        ({"require-dp": "local"}, {}, True, "the run has --dp none"),  # says nothing: no DP
+        ({"require-dp": "any"}, {"fw-statistics-stage": "moments"}, True, None),
+        ({"max-epsilon": "5.0"}, {"fw-dp": "none"}, True, "has no differential privacy"),
+        ({"max-epsilon": "5.0"}, {"fw-dp": "central", "fw-dp-epsilon-after": 4.9}, True, None),
+        ({"max-epsilon": "5.0"}, {"fw-dp": "local", "fw-dp-epsilon-after": 5.1,
+                                  "fw-dp-delta": 1e-5}, True, "the run's ledger to 5.100"),
+        ({"max-epsilon": "5.0"}, {"fw-dp": "central"}, True, "would take the run's ledger to inf"),
+        ({}, {"fw-dp": "none"}, False, None),
+    ],
+)  # fmt: skip
+def test_a_sites_privacy_floor_refuses_a_round_below_it_with_the_setting_named(
+    floor, config, secure, refused
+):
+    from fedweave.client.mods import floor_problem
+
+    problem = floor_problem(floor, config, secure)
+    if refused is None:
+        assert problem is None
+    else:
+        assert refused in problem and "restart this site without that floor" in problem

@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fedweave.config.sections import PrivacySection
+from fedweave.contract import DP_DELTA_KEY, DP_EPSILON_AFTER_KEY, DP_MODE_KEY
 from fedweave.errors import UserError
 from fedweave.privacy_accounting import ACCOUNTANT, accountant, compose, round_multiplier
 
@@ -126,6 +127,18 @@ class PrivacyLedger:
         for earlier, count in [*self.releases, (multiplier, 1)]:
             compose(projected, self.cohort, earlier, count)
         return projected.get_privacy_spent().epsilon
+
+    def fit_config(self) -> dict[str, str | float]:
+        """What every training instruction says of the run's privacy, for the sites' own
+        floors (``client/mods.py``'s ``privacy_floor``): the mechanism and, under DP, the
+        ledger's epsilon after the coming round with every sampled site in it."""
+        if self.accountant is None:
+            return {DP_MODE_KEY: "none"}
+        return {
+            DP_MODE_KEY: self.settings.dp,
+            DP_EPSILON_AFTER_KEY: self.epsilon_after(round_multiplier(self.settings)),
+            DP_DELTA_KEY: self.settings.dp_delta,
+        }
 
     def next_round_problem(self, round_number: int) -> str | None:
         """Why round ``round_number`` must not start under ``--max-epsilon`` (``None``: it

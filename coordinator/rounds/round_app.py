@@ -143,6 +143,7 @@ def make_server_app(
             initial_parameters=ndarrays_to_parameters(start_weights),
             on_fit_config_fn=lambda server_round: {
                 **settings.fit_config(server_round, deadline.seconds), **sink.config(),
+                **ledger.fit_config(),
             },
             on_evaluate_config_fn=lambda server_round: {
                 **settings.evaluate_config(server_round), **sink.config(),

@@ -271,8 +271,9 @@ class PrivacySection:
         "or --dp-epsilon (local). The run header prints what it chose.", above=0,
     )
     max_epsilon: float | None = setting(
-        None, "DP: end the run, as completed with the reason, before a round would take the "
-        "ledger's epsilon past this (also after a resume).", above=0,
+        None, "DP budget: a coordinator ends the run, as completed with the reason, before a "
+        "round would take the ledger's epsilon past this (also after a resume); a site "
+        "(fedweave client) refuses to train in such a round, and in runs without DP.", above=0,
     )
 
 
@@ -519,6 +520,15 @@ class SiteSection:
     )
     log_file: Path = setting(Path("site.log"), "Where the SuperNode's full log goes.",
                              identity=False)
+    require_secure_agg: bool = setting(
+        False, "Train only in rounds whose update SecAgg+ masks (or holds for a SecAgg+ "
+        "buffer); refuse the others, with the reason, before training.", identity=False,
+    )
+    require_dp: str = setting(
+        "off", "Differential privacy this site requires of a run, refused otherwise before "
+        "training: off, any (central or local) or local (this site noises its own update).",
+        choices=("off", "any", "local"), identity=False,
+    )
 
 
 @dataclass(frozen=True)
@@ -661,6 +671,7 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         "coordinator", "name", "task", "data", "label_column", "eval_data", "eval_fraction",
         "device", "insecure", "ca_cert",
         "site_key", "connect_timeout", "runtime_port", "log_file", "status_address", "verbose",
+        "require_secure_agg", "require_dp", "max_epsilon",
     ),
     "peer": (
         "listen", "advertise", "seeds", "task", "data", "label_column", "test_data", *_TRAINING,

@@ -444,12 +444,20 @@
     function metricsText(m) {
       return Object.keys(m || {}).sort().map((k) => `${k} ${num(m[k])}`).join(", ") || "–";
     }
+    function floorText(f) {
+      const parts = [];
+      if (f.require_secure_agg) parts.push("requires SecAgg+");
+      if (f.require_dp && f.require_dp !== "off") parts.push(`requires DP (${f.require_dp})`);
+      if (f.max_epsilon != null) parts.push(`at most epsilon ${f.max_epsilon}`);
+      return parts.join(" · ") || "none (takes part in any run)";
+    }
     function draw(d) {
       const c = d.connection;
       const now = Date.now();
       put(main,
         el("h1", {}, `site ${d.site} `, el("span", { class: `badge s-${c.state === "connected" ? "running" : "failed"}`, id: "connection", text: c.state })),
         el("p", { text: `coordinator ${d.coordinator} · ${c.state} since ${ago(c.since, now)}${c.detail ? ` (${c.detail})` : ""} · started ${when(d.started_at)}` }),
+        el("p", { id: "privacy-floor", text: `privacy floor: ${floorText(d.privacy_floor || {})}` }),
         el("h2", { text: "runs" }),
         d.runs.length ? table(["run", "rounds trained", "examples", "evaluations", "last round", "training metrics", "evaluation metrics", ""],
           d.runs.map((r) => el("tr", {}, el("td", { text: r.run }), el("td", { text: r.rounds_trained }), el("td", { text: num(r.examples) }),
