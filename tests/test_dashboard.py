@@ -66,7 +66,8 @@ def _history(url: str, rounds: int = 6, late_from: int = 4) -> str:
         store.record_round(run_id, RoundRecord(
             number, "coordinator", began, began + timedelta(seconds=5), 3, 3 - late, late,
             {"train_loss": 1 / number}, 1 / number, None,
-            extra={"seconds": 5.0, "deadline_seconds": 30.0, "evaluation": evaluation},
+            extra={"seconds": 5.0, "deadline_seconds": 30.0, "evaluation": evaluation,
+                   "privacy": {"epsilon": 0.5 * number, "delta": 1e-5}},
         ), sites)  # fmt: skip
     store.note_round_started(run_id, RoundInFlight(rounds + 1, NOW - timedelta(minutes=10),
                                                    30.0, 3, 2))  # fmt: skip
@@ -201,6 +202,10 @@ def test_the_web_app_serves_pages_json_and_metrics_read_only(tmp_path: Path) -> 
     assert value[("fedweave_round_metric", (("metric", "federated.auc"), ("run_id", run_id)))] \
         == pytest.approx(1 - 0.5 / 6)
     assert value[("fedweave_sites_connected", run)] == 2
+    # a DP run's ledger (issue 33): a curve of the run page and a gauge
+    assert value[("fedweave_round_metric", (("metric", "privacy.epsilon"), ("run_id", run_id)))] \
+        == 3.0
+    assert "privacy.epsilon" in client.get(f"/api/runs/{run_id}").json()["metric_names"]
     store.close()
 
 

@@ -9,8 +9,9 @@ A federated round keeps its evaluations in ``Round.extra["evaluation"]`` (writte
 
 ``eval_loss`` / ``eval_accuracy`` stay the round's headline figures (central when the
 coordinator has test data, else federated). Metric names here are ``central.<name>``,
-``federated.<name>`` and ``train.<name>`` (a site's ``train_loss`` is ``train.loss``); each
-site's own evaluation is ``site_metrics``. A bare name (``auc``) means the federated one
+``federated.<name>`` and ``train.<name>`` (a site's ``train_loss`` is ``train.loss``), and a
+DP run's ledger ``privacy.epsilon`` (``Round.extra["privacy"]``); each site's own evaluation
+is ``site_metrics``. A bare name (``auc``) means the federated one
 when the run has it, else the central one.
 """
 
@@ -54,6 +55,10 @@ def round_metrics(row: dict[str, Any]) -> dict[str, float]:
             found["central.accuracy"] = float(row["eval_accuracy"])
     for name, value in _numeric(row.get("train_metrics")).items():
         found[f"train.{name.removeprefix('train_')}"] = value
+    privacy = (row.get("extra") or {}).get("privacy")
+    if isinstance(privacy, dict):  # a DP run's ledger: a curve on the dashboard, /metrics
+        for name, value in _numeric({"epsilon": privacy.get("epsilon")}).items():
+            found[f"privacy.{name}"] = value
     return found
 
 

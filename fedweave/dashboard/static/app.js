@@ -338,7 +338,8 @@
     }
     function drawRecent() {
       const all = [...rounds.values()].sort((a, b) => b.round - a.round).slice(0, 20);
-      const headline = (r) => ["accuracy", "loss"].map((m) => `${m} ${num(r.metrics[m])}`).join(", ");
+      const headline = (r) => ["accuracy", "loss"].map((m) => `${m} ${num(r.metrics[m])}`).join(", ")
+        + (r.metrics["privacy.epsilon"] != null ? `, epsilon ${num(r.metrics["privacy.epsilon"])}` : "");
       put(recent, el("h2", { text: "latest rounds" }), table(
         gossip ? ["round", "peers", "seconds", "exchanges", "missed", "drops", "mean accuracy / loss", "consensus"]
           : ["round", "ended", "seconds", "sites ok", "late", "failed / rejected", "headline", "notes"],
