@@ -49,10 +49,12 @@ def _echo(message: str) -> None:
 
 def privacy_floor(config) -> dict[str, str]:
     """This site's privacy floor (``--require-secure-agg``, ``--require-dp``,
-    ``--max-epsilon``) as node-config entries, which ``client/mods.py``'s ``privacy_floor``
-    enforces on every training round; ``{}``: no floor."""
+    ``--max-epsilon``) and its own ledger (``--privacy-ledger``) as node-config entries,
+    which ``client/mods.py``'s ``privacy_floor`` and the sample-DP trainer enforce on every
+    training round."""
     from fedweave.contract import (
         NODE_MAX_EPSILON_KEY,
+        NODE_PRIVACY_LEDGER_KEY,
         NODE_REQUIRE_DP_KEY,
         NODE_REQUIRE_SECURE_AGG_KEY,
     )
@@ -64,7 +66,18 @@ def privacy_floor(config) -> dict[str, str]:
         floor[NODE_REQUIRE_DP_KEY] = config.site.require_dp
     if config.privacy.max_epsilon is not None:
         floor[NODE_MAX_EPSILON_KEY] = repr(float(config.privacy.max_epsilon))
+    floor[NODE_PRIVACY_LEDGER_KEY] = str(site_ledger_path(config).resolve())
     return floor
+
+
+def site_ledger_path(config) -> Path:
+    """This site's own sample-DP ledger: ``--privacy-ledger``, else beside its data file (the
+    ledger is that data's: what it has spent across every run)."""
+    given = config.site.privacy_ledger
+    if given is not None:
+        return given
+    data = config.data.data
+    return data.with_name(data.name + ".privacy-ledger.json")
 
 
 def supernode_command(
@@ -657,8 +670,10 @@ def _client(config: RunConfig, _resolved: Resolved) -> None:
             "or Flower's per-message functions differ from flwr 1.41.0's): it loads whatever app "
             "a run names, without fedweave's check that only fedweave's own app runs here"
         )
-    floor = privacy_floor(config)
-    if floor:
+    if (
+        config.site.require_secure_agg or config.site.require_dp != "off"
+        or config.privacy.max_epsilon is not None
+    ):  # fmt: skip
         _echo(
             "privacy floor: this site trains only in runs with "
             + ", ".join(

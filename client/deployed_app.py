@@ -28,6 +28,8 @@ from fedweave.contract import (
     NODE_EVAL_DATA_KEY,
     NODE_EVAL_FRACTION_KEY,
     NODE_LABEL_COLUMN_KEY,
+    NODE_MAX_EPSILON_KEY,
+    NODE_PRIVACY_LEDGER_KEY,
     NODE_SITE_NAME_KEY,
     NODE_TASK_KEY,
     RUN_TASK_KEY,
@@ -78,7 +80,15 @@ def site_client(context: Context):
         cached_task(run_task), data, config, site_index=context.node_id % 1_000_003,
         node_id=context.node_id,
         site_name=_config_str(context.node_config, NODE_SITE_NAME_KEY), evaluation=evaluation,
+        ledger_path=_config_str(context.node_config, NODE_PRIVACY_LEDGER_KEY),
+        max_epsilon=_max_epsilon(context),
     ).to_client()
+
+
+def _max_epsilon(context: Context) -> float | None:
+    """The site's ``--max-epsilon`` floor (its node config), or ``None``."""
+    value = _config_str(context.node_config, NODE_MAX_EPSILON_KEY)
+    return float(value) if value is not None else None
 
 
 app = ClientApp(client_fn=site_client, mods=site_mods())

@@ -166,6 +166,12 @@ def clock_guard(msg: Message, context: Context, call_next: ClientAppCallable) ->
 
 
 FLOOR_KEYS = (NODE_REQUIRE_SECURE_AGG_KEY, NODE_REQUIRE_DP_KEY, NODE_MAX_EPSILON_KEY)
+REQUIRED_DP = {
+    "any": ("central", "local", "sample"),
+    "local": ("local", "sample"),
+    "sample": ("sample",),
+}
+"""``--require-dp`` → the run mechanisms it accepts (``local``: this site adds the noise)."""
 """The node-config entries of a site's privacy floor (``fedweave client``'s ``privacy_floor``)."""
 
 
@@ -178,7 +184,8 @@ def floor_problem(floor: dict, config: dict, secure: bool) -> str | None:
     SecAgg+ covers everything a training message sends (statistics, updates, private
     evaluation); an update held for a later SecAgg+ buffer sends nothing now. The DP floor
     covers model updates (the statistics exchange and evaluation are not DP releases), and
-    rests on the coordinator's stated mechanism and ledger: under central DP it adds the noise."""
+    rests on the coordinator's stated mechanism and ledger: under central DP it adds the
+    noise. Under sample DP the site's own ledger decides ``--max-epsilon`` (``site_app.py``)."""
     fix = "restart this site without that floor to take part"
     if str(floor.get(NODE_REQUIRE_SECURE_AGG_KEY, "")).lower() == "true":
         if not secure and not config.get(HOLD_KEY):
@@ -190,24 +197,21 @@ def floor_problem(floor: dict, config: dict, secure: bool) -> str | None:
         return None
     mode = str(config.get(DP_MODE_KEY, "none"))
     required = str(floor.get(NODE_REQUIRE_DP_KEY, "off"))
-    if required == "any" and mode not in ("central", "local"):
+    accepted = REQUIRED_DP.get(required)
+    if accepted is not None and mode not in accepted:
         return (
-            f"this site requires differential privacy (--require-dp any), but the run has "
-            f"--dp {mode}; run the coordinator with --dp central or local, or {fix}"
-        )
-    if required == "local" and mode != "local":
-        return (
-            f"this site requires local differential privacy (--require-dp local), but the run "
-            f"has --dp {mode}; run the coordinator with --dp local, or {fix}"
+            f"this site requires differential privacy (--require-dp {required}), but the run "
+            f"has --dp {mode}; run the coordinator with --dp {' or '.join(accepted)}, or {fix}"
         )
     budget = floor.get(NODE_MAX_EPSILON_KEY)
-    if budget is None:
+    if budget is None or mode == "sample":  # sample: the site's own ledger (site_app.py)
         return None
     budget = float(budget)
     if mode not in ("central", "local"):
         return (
             f"this site allows at most epsilon {budget:g} (--max-epsilon), but the run has no "
-            f"differential privacy; run the coordinator with --dp central or local, or {fix}"
+            f"differential privacy; run the coordinator with --dp central, local or sample, "
+            f"or {fix}"
         )
     after = float(config.get(DP_EPSILON_AFTER_KEY, math.inf))
     if not after <= budget:

@@ -33,6 +33,7 @@ from fedweave.contract import (
     PRIVATE_EVALUATION_KEY,
     PROXIMAL_MU_KEY,
     ROUND_KEY,
+    SAMPLE_DP_KEYS,
     SECAGG_CLIP_KEY,
     SECAGG_MAX_WEIGHT_KEY,
     SEED_KEY,
@@ -47,6 +48,7 @@ from fedweave.contract import (
     LateWork,
     SiteRefusal,
 )
+from fedweave.errors import UserError
 from fedweave.learning.compression import Compression
 from fedweave.learning.data import load_site_data
 from fedweave.learning.evaluation_split import hold_out
@@ -74,6 +76,8 @@ class ClientSettings:
             evaluation file (default 0.1; 0: the site does not evaluate).
         device: ``cuda``/``cpu``/``None`` (auto).
         torch_threads: intra-op threads per client (simulations run several per machine).
+        ledger_dir: where simulated site ``i`` keeps its own sample-level DP ledger
+            (``site-<i>.privacy-ledger.json``; default: none, in memory for one message).
     """
 
     task: str
@@ -86,6 +90,7 @@ class ClientSettings:
     eval_fraction: float = 0.1
     device: str | None = None
     torch_threads: int | None = None
+    ledger_dir: str | None = None
 
 
 @lru_cache(maxsize=4)
@@ -162,7 +167,11 @@ class TaskClient(NumPyClient):
         node_id: int = 0,
         site_name: str | None = None,
         evaluation: Any | None = None,
+        ledger_path: str | None = None,
+        max_epsilon: float | None = None,
     ) -> None:
+        self.ledger_path = ledger_path
+        self.max_epsilon = max_epsilon
         self.task = task
         self.data = data
         self.evaluation = evaluation
@@ -212,12 +221,52 @@ class TaskClient(NumPyClient):
             proximal_mu=float(config.get(PROXIMAL_MU_KEY, 0.0)),
             work_fraction=work,
         )
-        metrics = dict(self.task.train(self.model, data, train_config))
+        if SAMPLE_DP_KEYS[0] in config:
+            metrics = self._train_with_sample_dp(data, train_config, config)
+        else:
+            metrics = dict(self.task.train(self.model, data, train_config))
         if self.site_name:
             metrics[SITE_NAME_METRIC] = self.site_name
         if simulated is not None:
             metrics[SIMULATED_SECONDS_METRIC] = simulated
         return get_weights(self.model), count_as_sent(len(data), config), metrics
+
+    def _train_with_sample_dp(self, data: Any, train_config: TrainConfig, config: dict) -> dict:
+        """DP-SGD (``--dp sample``) under this site's own ledger: refused, before training,
+        when the run's delta guarantees nothing for this site's examples or when the round
+        would take the ledger past the site's ``--max-epsilon``."""
+        from fedweave.learning.sample_dp import (
+            SampleDp,
+            SiteLedger,
+            delta_problem,
+            round_steps,
+            train_with_sample_dp,
+        )
+        from fedweave.learning.training import objective_of
+
+        multiplier, max_grad_norm, delta = (float(config[key]) for key in SAMPLE_DP_KEYS)
+        problem = delta_problem(delta, len(data))
+        if problem is not None:
+            raise SiteRefusal(problem)
+        try:
+            ledger = SiteLedger(Path(self.ledger_path) if self.ledger_path else None)
+            ledger.record(ledger.history)  # writable before training, not after
+        except UserError as exc:
+            raise SiteRefusal(str(exc)) from None
+        if self.max_epsilon is not None:
+            rate, steps = round_steps(len(data), train_config)
+            after = ledger.epsilon(delta, [(multiplier, rate, steps)])
+            if after > self.max_epsilon:
+                raise SiteRefusal(
+                    f"this site allows at most epsilon {self.max_epsilon:g} (--max-epsilon), "
+                    f"but this round would take its own ledger from "
+                    f"{ledger.epsilon(delta):.3f} to {after:.3f} (delta {delta:g}); restart "
+                    "this site without that floor to take part"
+                )
+        return train_with_sample_dp(
+            self.model, data, replace(train_config, proximal_mu=0.0), objective_of(self.task),
+            SampleDp(multiplier, max_grad_norm, delta), ledger,
+        )  # fmt: skip
 
     def _simulated_job(self, parameters: list[np.ndarray], config: dict) -> tuple[float, float]:
         """(share of its local work this site does, simulated seconds its job takes) on the
@@ -378,10 +427,16 @@ def make_client_app(settings: ClientSettings) -> ClientApp:
         )  # fmt: skip
         site_index = int(context.node_config.get(NODE_PARTITION_KEY, 0))
         names = settings.site_names
+        ledger = (
+            str(Path(settings.ledger_dir) / f"site-{site_index}.privacy-ledger.json")
+            if settings.ledger_dir
+            else None
+        )
         client = TaskClient(
             cached_task(settings.task), data,
             TrainConfig.for_task(cached_task(settings.task), device=settings.device), site_index,
             context.node_id, names[site_index] if site_index < len(names) else None, evaluation,
+            ledger_path=ledger,
         )  # fmt: skip
         return client.to_client()
 

@@ -157,6 +157,19 @@ LOCAL_DP_KEYS = (
     "fw-local-dp-delta",
 )
 
+SAMPLE_DP_KEYS = (
+    "fw-sample-dp-noise-multiplier",
+    "fw-sample-dp-max-grad-norm",
+    "fw-sample-dp-delta",
+)
+"""Fit config (``--dp sample``): DP-SGD's noise multiplier, per-example clipping norm and
+delta, which switch on Opacus at the site (``fedweave/learning/sample_dp.py``)."""
+SAMPLE_DP_EPSILON_METRIC = "dp_epsilon"
+"""Fit metric (``--dp sample``): the site's cumulative epsilon by its own ledger, at the run's
+delta."""
+NODE_PRIVACY_LEDGER_KEY = "privacy-ledger"
+"""Node config: the file a site keeps its own sample-level DP ledger in (``--privacy-ledger``)."""
+
 CLIPPED_FRACTION_METRIC = "secagg_clipped_fraction"
 """Fit metric: share of a site's weights SecAgg+ will clip (reported, never silent)."""
 SECONDS_METRIC = "seconds"

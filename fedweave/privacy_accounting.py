@@ -38,7 +38,9 @@ def round_multiplier(privacy: Any) -> float:
     run's privacy settings (``PrivacySection``; ``--dp`` central or local)."""
     if privacy.dp == "central":
         return privacy.noise_multiplier
-    return local_noise_multiplier(privacy.dp_epsilon, privacy.dp_delta)
+    if privacy.dp == "local":
+        return local_noise_multiplier(privacy.dp_epsilon, privacy.dp_delta)
+    raise ValueError(f"--dp {privacy.dp} has no per-round release at the coordinator")
 
 
 def accountant(delta: float, sites: int):
@@ -94,7 +96,7 @@ def calibrated_multiplier(target_epsilon: float, delta: float, rounds: int) -> f
 def planned(privacy: Any, rounds: int) -> dict[str, float]:
     """The settings ``--target-epsilon`` stands for over ``rounds`` rounds: ``{"noise_multiplier":
     ...}`` (central) or ``{"dp_epsilon": ...}`` (local); ``{}`` without a target or DP."""
-    if privacy.dp == "none" or privacy.target_epsilon is None:
+    if privacy.dp not in ("central", "local") or privacy.target_epsilon is None:
         return {}
     multiplier = calibrated_multiplier(privacy.target_epsilon, privacy.dp_delta, rounds)
     if privacy.dp == "central":

@@ -118,6 +118,7 @@ def run_federated_simulation(
     clock_start: float = 0.0,
     privacy: dict | None = None,
     ended_early: Callable[[str], None] | None = None,
+    site_ledgers: Path | None = None,
 ) -> list[dict]:
     """Split the data, run ``rounds - round_offset`` rounds, return the report rows.
 
@@ -135,6 +136,9 @@ def run_federated_simulation(
             (``--site-speeds``).
         privacy: the privacy ledger a resumed DP run recorded, which its rounds continue.
         ended_early: told why, when ``--max-epsilon`` ends the run before its last round.
+        site_ledgers: where the simulated sites keep their own sample-DP ledgers
+            (``--dp sample``; a recorded run's, so a resume continues them); default: the
+            split directory.
     """
     from flwr.simulation import run_simulation
 
@@ -182,6 +186,7 @@ def run_federated_simulation(
                 task=data.task, split_dir=str(out_dir), site_files=own_files, site_names=names,
                 device=config.training.device, torch_threads=1,
                 eval_fraction=config.evaluation.eval_fraction,
+                ledger_dir=str(site_ledgers or out_dir / "site-ledgers"),
             )
         )
         run_simulation(

@@ -115,6 +115,7 @@ def run_and_report(config: RunConfig, resolved: Resolved) -> dict:
                 clock_start=recorded_clock(store.rounds(run_id)) if offset else 0.0,
                 privacy=privacy,
                 ended_early=ended.append,
+                site_ledgers=config.history.checkpoint_dir / run_id / "site-ledgers",
             )
         recorder.flush()
     except KeyboardInterrupt:

@@ -176,6 +176,9 @@ def test_history_show_says_what_a_run_spent_or_that_it_had_no_dp():
         ({"require-dp": "any"}, {"fw-dp": "none"}, True, "--require-dp any"),
         ({"require-dp": "any"}, {"fw-dp": "central"}, True, None),
         ({"require-dp": "local"}, {"fw-dp": "central"}, True, "--require-dp local"),
+        ({"require-dp": "local"}, {"fw-dp": "sample"}, True, None),
+        ({"require-dp": "sample"}, {"fw-dp": "local"}, True, "--dp sample, or restart"),
+        ({"max-epsilon": "5.0"}, {"fw-dp": "sample"}, True, None),  # its own ledger decides
         ({"require-dp": "local"}, {}, True, "the run has --dp none"),  # says nothing: no DP
         ({"require-dp": "any"}, {"fw-statistics-stage": "moments"}, True, None),
         ({"max-epsilon": "5.0"}, {"fw-dp": "none"}, True, "has no differential privacy"),

@@ -54,6 +54,11 @@ def protections(
             noise_multiplier=privacy.noise_multiplier, clipping_norm=privacy.clipping_norm,
             delta=privacy.dp_delta,
         )  # fmt: skip
+    elif privacy.dp == "sample":  # DP-SGD at every site; clipping is per example
+        dp.update(
+            noise_multiplier=privacy.noise_multiplier, clipping_norm=privacy.clipping_norm,
+            delta=privacy.dp_delta,
+        )  # fmt: skip
     elif privacy.dp == "local":
         dp.update(  # what LocalDpMod is given each round; the ledger composes the rounds
             clipping_norm=privacy.clipping_norm,
@@ -128,11 +133,14 @@ def header_line(facts: dict[str, Any]) -> str:
     )
     ledger = dp.get("ledger")
     if ledger:
+        amplification = ledger["sampling_amplification"]
         dp_text += (
             f" (epsilon composed over the rounds by {ledger['accountant']} at delta "
-            f"{ledger['delta']:g}, one {ledger['unit']} as the unit, no amplification by "
-            "sampling claimed)"
-        )
+            f"{ledger['delta']:g}, one {ledger['unit']} as the unit, "
+            + ("no amplification by sampling claimed" if amplification == "not claimed"
+               else f"amplification by {amplification}")
+            + ")"
+        )  # fmt: skip
     evaluation = facts.get("evaluation") or {"central": True, "federated_every": 0}
     deadline = f"{facts['round_timeout']:g} s" + (
         ""

@@ -6,6 +6,8 @@
   + ``fixedclipping_mod``, applied by the site when asked).
 - ``local``: every site clips and noises its own update (``LocalDpMod``), with the
   parameters the coordinator sends in each round's config.
+- ``sample``: every site trains with DP-SGD (Opacus: each example's gradient clipped, noise
+  on every step) and keeps its own ledger (``fedweave/learning/sample_dp.py``).
 
 Under central DP every site weighs in equally (the noise is sized for a mean of ``cohort``
 clipped updates): without SecAgg+ the coordinator weighs them so (``ReportingStrategy``'s
@@ -17,7 +19,7 @@ rounds spend together: ``privacy_ledger.py``.
 from __future__ import annotations
 
 from fedweave.config.sections import PrivacySection
-from fedweave.contract import LOCAL_DP_KEYS
+from fedweave.contract import LOCAL_DP_KEYS, SAMPLE_DP_KEYS
 
 
 def wrap_for_central_dp(strategy, settings: PrivacySection, secure_agg: bool, sampled: int):
@@ -47,3 +49,11 @@ def local_dp_config(settings: PrivacySection) -> dict[str, float]:
         settings.clipping_norm, settings.clipping_norm, settings.dp_epsilon, settings.dp_delta
     )
     return dict(zip(LOCAL_DP_KEYS, values))
+
+
+def sample_dp_config(settings: PrivacySection) -> dict[str, float]:
+    """Fit-config entries that switch on DP-SGD at the sites (``--dp sample``)."""
+    if settings.dp != "sample":
+        return {}
+    values = (settings.noise_multiplier, settings.clipping_norm, settings.dp_delta)
+    return dict(zip(SAMPLE_DP_KEYS, values))

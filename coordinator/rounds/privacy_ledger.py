@@ -30,17 +30,23 @@ the mechanism and are not in the ledger (docs/privacy.md).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
 from fedweave.config.sections import PrivacySection
-from fedweave.contract import DP_DELTA_KEY, DP_EPSILON_AFTER_KEY, DP_MODE_KEY
+from fedweave.contract import (
+    DP_DELTA_KEY,
+    DP_EPSILON_AFTER_KEY,
+    DP_MODE_KEY,
+    SAMPLE_DP_EPSILON_METRIC,
+)
 from fedweave.errors import UserError
 from fedweave.privacy_accounting import ACCOUNTANT, accountant, compose, round_multiplier
 
-UNIT = {"central": "site", "local": "site"}
-"""``--dp`` mode → whose data one guarantee covers."""
 RELATION = "add-or-remove-one"
+SITE_ACCOUNTANT = "rdp (Opacus's RDPAccountant at each site, on its own ledger)"
+"""Sample DP: who accounts (each site, for its own examples, across all its runs)."""
 
 
 def round_noise_multiplier(settings: PrivacySection, cohort: int, summary: Any) -> float | None:
@@ -60,9 +66,17 @@ def ledger_facts(settings: PrivacySection) -> dict[str, Any]:
     """What the run header and report say about the ledger (empty without DP)."""
     if settings.dp == "none":
         return {}
+    if settings.dp == "sample":
+        return {
+            "accountant": SITE_ACCOUNTANT,
+            "unit": "example",
+            "neighbouring": RELATION,
+            "sampling_amplification": "Poisson sampling of each batch (Opacus)",
+            "delta": settings.dp_delta,
+        }
     return {
         "accountant": ACCOUNTANT,
-        "unit": UNIT[settings.dp],
+        "unit": "site",
         "neighbouring": RELATION,
         "sampling_amplification": "not claimed",
         "delta": settings.dp_delta,
@@ -100,19 +114,48 @@ class PrivacyLedger:
         self.listeners = list(listeners)
         self.settings = settings
         self.cohort = cohort
-        self.max_epsilon = settings.max_epsilon if settings.dp != "none" else None
+        composed = settings.dp in ("central", "local")  # sample: the sites account
+        self.max_epsilon = settings.max_epsilon if composed else None
         self._refused: str | None = None
-        self.accountant = None if settings.dp == "none" else accountant(settings.dp_delta, cohort)
+        self.accountant = accountant(settings.dp_delta, cohort) if composed else None
         self.releases: list[list[float | int]] = []  # [noise multiplier, rounds] in order
+        self.site_epsilon: dict[str, float] = {}  # sample DP: each site's latest own word
         if self.accountant is not None and recorded:
             for multiplier, count in _recorded_releases(recorded):
                 self._compose(multiplier, count)
+        if settings.dp == "sample" and recorded:
+            self.site_epsilon = _recorded_sites(recorded)
 
     def on_round(self, summary: Any) -> None:
         if self.accountant is not None:
             summary.privacy = self._spend(summary)
+        elif self.settings.dp == "sample":
+            summary.privacy = self._sites_spent(summary)
         for listener in self.listeners:
             listener.on_round(summary)
+
+    def _sites_spent(self, summary: Any) -> dict[str, Any]:
+        """Sample DP: the epsilon each site reported (its own ledger); the run's is the most
+        any site's data has spent. A figure that is not a finite number >= 0 is not taken
+        (the round says so); the site's earlier one stands."""
+        for site in summary.sites:
+            said = site.metrics.get(SAMPLE_DP_EPSILON_METRIC) if site.status == "ok" else None
+            if said is None:
+                continue
+            if isinstance(said, (int, float)) and math.isfinite(said) and said >= 0:
+                self.site_epsilon[site.site_id] = float(said)
+            else:
+                summary.warnings = [
+                    *summary.warnings,
+                    f"site {site.site_id} reported epsilon {said!r}, not a number >= 0; its "
+                    "earlier figure stands",
+                ]
+        return {
+            "epsilon": max(self.site_epsilon.values(), default=0.0),
+            "delta": self.settings.dp_delta,
+            "sites": dict(sorted(self.site_epsilon.items())),
+            "round_noise_multiplier": None,
+        }
 
     @property
     def epsilon(self) -> float:
@@ -132,6 +175,8 @@ class PrivacyLedger:
         """What every training instruction says of the run's privacy, for the sites' own
         floors (``client/mods.py``'s ``privacy_floor``): the mechanism and, under DP, the
         ledger's epsilon after the coming round with every sampled site in it."""
+        if self.settings.dp == "sample":
+            return {DP_MODE_KEY: "sample", DP_DELTA_KEY: self.settings.dp_delta}
         if self.accountant is None:
             return {DP_MODE_KEY: "none"}
         return {
@@ -219,3 +264,13 @@ def check_resumable(settings: PrivacySection, recorded: dict[str, Any] | None, r
     problem = PrivacyLedger([], settings, 1, recorded).next_round_problem(rounds + 1)
     if problem is not None:
         raise UserError(f"nothing to resume: {problem}")
+
+
+def _recorded_sites(recorded: dict[str, Any]) -> dict[str, float]:
+    """Sample DP: each site's epsilon as the run's last recorded round kept it."""
+    sites = recorded.get("sites")
+    if not isinstance(sites, dict):
+        raise UserError(
+            "the run's recorded privacy ledger holds no site's epsilon; it cannot be continued"
+        )
+    return {str(k): float(v) for k, v in sites.items() if isinstance(v, (int, float))}

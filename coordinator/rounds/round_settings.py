@@ -40,7 +40,7 @@ from fedweave.coordinator.rounds.deadlines import (
     RoundDeadline,
     default_round_timeout,
 )
-from fedweave.coordinator.rounds.privacy import local_dp_config
+from fedweave.coordinator.rounds.privacy import local_dp_config, sample_dp_config
 from fedweave.coordinator.rounds.secure_agg import SecAggSettings
 from fedweave.learning.compression import Compression
 from fedweave.learning.statistics import prepared
@@ -146,9 +146,10 @@ class ServerSettings:
     def fit_config(self, server_round: int, round_timeout: float) -> dict[str, int | float | str]:
         """What every sampled site is told for ``server_round`` (Flower's numbering), in a
         round that closes ``round_timeout`` seconds after it starts: ``_exchange_config``
-        and, under ``--dp local``, the noise its update gets."""
+        and, under ``--dp local``, the noise its update gets (``--dp sample``: DP-SGD's)."""
         config = self._exchange_config(server_round, round_timeout, self.training_secagg)
         config.update(local_dp_config(self.config.privacy))
+        config.update(sample_dp_config(self.config.privacy))
         return config
 
     def statistics_config(self, round_timeout: float) -> dict[str, int | float | str]:

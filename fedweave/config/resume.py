@@ -22,7 +22,7 @@ from fedweave.errors import UserError
 def stored_run_config(config: RunConfig, command: str) -> dict[str, Any]:
     """What the history keeps as a run's config: the command and its stored settings (of the
     privacy settings, only those its ``--dp`` mechanism uses)."""
-    unused = set(PRIVACY_SETTINGS_APPLYING["central"] + PRIVACY_SETTINGS_APPLYING["local"])
+    unused = {name for names in PRIVACY_SETTINGS_APPLYING.values() for name in names}
     unused -= set(PRIVACY_SETTINGS_APPLYING.get(config.privacy.dp, ()))
     names = [name for name in COMMAND_SETTINGS[command] if name not in unused]
     return {"command": command, "settings": config.stored(names)}

@@ -229,13 +229,35 @@ def _dp_clips(o: Options) -> str | None:
 
 
 @_rule("dp", "noise_multiplier", "target_epsilon", federated=True,
-       says="central DP adds noise (> 0)")  # fmt: skip
-def _central_dp_noises(o: Options) -> str | None:
-    if o["dp"] == "central" and o["target_epsilon"] is None and not o["noise_multiplier"] > 0:
+       says="central and sample DP add noise (> 0)")  # fmt: skip
+def _dp_noises(o: Options) -> str | None:
+    sized = o["dp"] == "central" and o["target_epsilon"] is not None
+    if o["dp"] in ("central", "sample") and not sized and not o["noise_multiplier"] > 0:
         return (
-            f"--noise-multiplier {o['noise_multiplier']:g} adds no noise, so --dp central "
+            f"--noise-multiplier {o['noise_multiplier']:g} adds no noise, so --dp {o['dp']} "
             "would protect nothing (its epsilon is infinite); give a noise multiplier > 0, "
             "or --dp none"
+        )
+    return None
+
+
+@_rule("dp", "strategy", "target_epsilon", "max_epsilon", federated=True,
+       says="sample DP: plain local steps, budgets at the sites")  # fmt: skip
+def _sample_dp(o: Options) -> str | None:
+    if o["dp"] != "sample":
+        return None
+    if o["strategy"] == "fedprox":
+        return (
+            "--strategy fedprox adds a proximal term to each site's loss, which DP-SGD's "
+            "per-example clipping does not see (its gradient would go unclipped and "
+            "unaccounted); use fedavg, fedadam or fedyogi with --dp sample"
+        )
+    given = [f for f in ("target_epsilon", "max_epsilon") if o[f] is not None]
+    if given:
+        return (
+            f"{flag_name(given[0])} with --dp sample: each site accounts its own examples "
+            "(its epsilon depends on its size), so the budget is each site's: fedweave "
+            "client --max-epsilon E; drop it here"
         )
     return None
 
@@ -279,7 +301,7 @@ def _budget_needs_dp(o: Options) -> str | None:
        "rounds", federated=True, says="--max-epsilon allows at least one round")  # fmt: skip
 def _budget_allows_a_round(o: Options) -> str | None:
     budget = o["max_epsilon"]
-    if o["dp"] == "none" or budget is None or not 0 < o["dp_delta"] < 1:
+    if o["dp"] not in ("central", "local") or budget is None or not 0 < o["dp_delta"] < 1:
         return None
     from fedweave.privacy_accounting import planned, round_multiplier, spent
 
@@ -310,11 +332,11 @@ def _central_dp_mean(o: Options) -> str | None:
 
 @_rule("schedule", "dp", federated=True, says="the privacy ledger counts synchronous rounds")
 def _async_dp(o: Options) -> str | None:
-    if o["schedule"] == "async" and o["dp"] == "local":
+    if o["schedule"] == "async" and o["dp"] in ("local", "sample"):
         return (
-            "--dp local with --schedule async: the privacy ledger composes one noised update "
-            "per site and round, which an asynchronous schedule does not keep to; use "
-            "--schedule sync"
+            f"--dp {o['dp']} with --schedule async: the privacy ledger counts the sites' "
+            "noised updates round by round, which an asynchronous schedule does not keep "
+            "to; use --schedule sync"
         )
     return None
 

@@ -248,15 +248,19 @@ class PrivacySection:
     """Differential privacy through Flower's wrappers and mods (see docs)."""
 
     dp: str = setting(
-        "none", "Differential privacy: none, central (coordinator adds noise) or local "
-        "(every site clips and noises).",
-        choices=("none", "central", "local"),
+        "none", "Differential privacy: none, central (coordinator adds noise), local (every "
+        "site clips and noises its update) or sample (DP-SGD at every site: each example "
+        "clipped to --clipping-norm, noise --noise-multiplier; Opacus).",
+        choices=("none", "central", "local", "sample"),
     )
     noise_multiplier: float = setting(
-        1.0, "Central DP: noise std / clipping norm (> 0; the privacy ledger composes it over "
-        "the rounds).", minimum=0,
+        1.0, "Central and sample DP: noise std / clipping norm (> 0; central: per round, "
+        "sample: per DP-SGD step).", minimum=0,
     )
-    clipping_norm: float = setting(1.0, "DP: L2 bound on each site's update.", minimum=0)
+    clipping_norm: float = setting(
+        1.0, "DP: L2 bound on each site's update (sample DP: on each example's gradient).",
+        minimum=0,
+    )
     dp_epsilon: float = setting(
         10.0, "Local DP: the epsilon each site's noise is sized for, per round (Flower's "
         "LocalDpMod); the ledger reports what the rounds spend together.", minimum=0,
@@ -283,6 +287,7 @@ PRIVACY_SETTINGS_APPLYING: dict[str, tuple[str, ...]] = {
         "dp", "noise_multiplier", "clipping_norm", "dp_delta", "target_epsilon", "max_epsilon",
     ),
     "local": ("dp", "clipping_norm", "dp_epsilon", "dp_delta", "target_epsilon", "max_epsilon"),
+    "sample": ("dp", "noise_multiplier", "clipping_norm", "dp_delta"),
 }
 """``--dp`` mode → the privacy settings its mechanism uses: the only ones a run stores."""
 
@@ -526,8 +531,15 @@ class SiteSection:
     )
     require_dp: str = setting(
         "off", "Differential privacy this site requires of a run, refused otherwise before "
-        "training: off, any (central or local) or local (this site noises its own update).",
-        choices=("off", "any", "local"), identity=False,
+        "training: off; any (central, local or sample); local (this site noises its own "
+        "update: local or sample); sample (per-example DP-SGD here).",
+        choices=("off", "any", "local", "sample"), identity=False,
+    )
+    privacy_ledger: Path | None = setting(
+        None, "Where this site keeps its own sample-level DP ledger (--dp sample runs): every "
+        "DP-SGD step its data went through, across runs and restarts; the epsilon it reports "
+        "is read from it (default: DATA.privacy-ledger.json beside its --data file).",
+        identity=False,
     )
 
 
@@ -671,7 +683,7 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         "coordinator", "name", "task", "data", "label_column", "eval_data", "eval_fraction",
         "device", "insecure", "ca_cert",
         "site_key", "connect_timeout", "runtime_port", "log_file", "status_address", "verbose",
-        "require_secure_agg", "require_dp", "max_epsilon",
+        "require_secure_agg", "require_dp", "max_epsilon", "privacy_ledger",
     ),
     "peer": (
         "listen", "advertise", "seeds", "task", "data", "label_column", "test_data", *_TRAINING,

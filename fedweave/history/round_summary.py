@@ -52,9 +52,10 @@ class RoundSummary:
             in this round, training and evaluation (``coordinator/rounds/traffic.py``; ``None``: not
             counted).
         privacy: under ``--dp``, the run's cumulative spend after this round
-            (``coordinator/rounds/privacy_ledger.py``): ``epsilon``, ``delta``, ``releases``
-            (rounds composed), ``round_noise_multiplier`` (``None``: the round released
-            nothing) and ``composed`` (the ledger's state); ``None`` without DP.
+            (``coordinator/rounds/privacy_ledger.py``): ``epsilon``, ``delta`` and, central
+            and local, ``releases`` (rounds composed), ``round_noise_multiplier`` (``None``:
+            the round released nothing) and ``composed`` (the ledger's state); sample,
+            ``sites`` (each site's own epsilon); ``None`` without DP.
     """
 
     round: int
