@@ -69,6 +69,11 @@ def protections(
         budget = {"target_epsilon": privacy.target_epsilon, "max_epsilon": privacy.max_epsilon}
         dp.update({name: value for name, value in budget.items() if value is not None})
         dp["ledger"] = ledger_facts(privacy)
+        from fedweave.learning.statistics import needs_statistics
+        from fedweave.learning.tasks import load_task
+
+        if needs_statistics(load_task(config.data.task)):
+            dp["ledger"]["not_covered"] = "the federated statistics sent before round 1"
     federation = config.federation
     return {
         "secure_aggregation": secagg,
@@ -139,6 +144,7 @@ def header_line(facts: dict[str, Any]) -> str:
             f"{ledger['delta']:g}, one {ledger['unit']} as the unit, "
             + ("no amplification by sampling claimed" if amplification == "not claimed"
                else f"amplification by {amplification}")
+            + (f"; not covered: {ledger['not_covered']}" if ledger.get("not_covered") else "")
             + ")"
         )  # fmt: skip
     evaluation = facts.get("evaluation") or {"central": True, "federated_every": 0}
