@@ -248,8 +248,13 @@ class TaskClient(NumPyClient):
         problem = delta_problem(delta, len(data))
         if problem is not None:
             raise SiteRefusal(problem)
+        if not self.ledger_path:  # in memory, each round would count from zero
+            raise SiteRefusal(
+                "this site keeps no privacy ledger, so it cannot account for --dp sample; "
+                "give it one: fedweave client --privacy-ledger PATH"
+            )
         try:
-            ledger = SiteLedger(Path(self.ledger_path) if self.ledger_path else None)
+            ledger = SiteLedger(Path(self.ledger_path))
             ledger.record(ledger.history)  # writable before training, not after
         except UserError as exc:
             raise SiteRefusal(str(exc)) from None

@@ -224,6 +224,12 @@ def test_the_deployed_coordinator_runs_robust_strategies_and_central_dp(tmp_path
             "--rounds", "3", "--max-epsilon", "20",
         )  # fmt: skip
         assert all(site.poll() is None for site in sites), "a site ended with its coordinator"
+        # --dp sample on the same sites (issue 33): DP-SGD at each, each keeping its own
+        # ledger beside its data file and reporting its epsilon with its reply
+        sample_rounds, sample_run, sample_out = _run_on(
+            procs, port, tmp_path, "sample", "--dp", "sample", "--noise-multiplier", "1.0",
+            "--rounds", "1",
+        )  # fmt: skip
         for i in range(SITES):
             assert "restarted; rejoining now" in procs.output(f"site{i}")
     finally:
@@ -252,5 +258,15 @@ def test_the_deployed_coordinator_runs_robust_strategies_and_central_dp(tmp_path
         assert spent["delta"] == 1e-5
         assert abs(spent["epsilon"] - accountant.get_epsilon(1e-5)) < 1e-9
         assert f"epsilon {spent['epsilon']:.3f} (delta 1e-05)" in out
+    from fedweave.learning.sample_dp import SiteLedger
+
+    assert sample_run.status == "completed" and "DP sample noise multiplier 1" in sample_out
+    sample_sites = recorded(f"sqlite:///{tmp_path / 'sample.db'}")[1]
+    reported = {site["site_id"]: site["metrics"]["dp_epsilon"] for site in sample_sites}
+    assert len(reported) == SITES and all(0 < e < 50 for e in reported.values())
+    assert sample_rounds[0]["extra"]["privacy"]["sites"] == reported
+    for i in range(SITES):
+        ledger = tmp_path / "split" / f"site-{i}.npz.privacy-ledger.json"
+        assert SiteLedger(ledger).epsilon(1e-5) == reported[f"site{i}"]
     # the sites' updates were clipped to 1e-4 (under SecAgg+ the sites clip): nothing learned
     assert rounds[-1]["eval_accuracy"] < 0.3
