@@ -96,8 +96,8 @@ def main() -> int:
                 "--noise-multiplier", f"{multiplier:.4f}", "--clipping-norm",
                 str(args.clipping_norm), "--dp-delta", str(args.dp_delta),
             )  # fmt: skip
-            spent = report["privacy"]["epsilon"]
-            print(f"{target:>10g} {multiplier:>8.4f} {spent:>8.3f} {report['final_accuracy']:>9.4f}")
+            spent, accuracy = report["privacy"]["epsilon"], report["final_accuracy"]
+            print(f"{target:>10g} {multiplier:>8.4f} {spent:>8.3f} {accuracy:>9.4f}")
     return 0
 
 
