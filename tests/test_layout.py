@@ -68,6 +68,7 @@ FLOWER_PUBLIC: dict[str, str] = {
     "flwr.server.strategy": "the legacy strategies fedweave wraps (FedAvg, ...)",
     "flwr.server.workflow": "DefaultWorkflow, SecAggPlusWorkflow",
     "flwr.simulation": "run_simulation (fedweave simulate)",
+    "flwr.serverapp": "the privacy accountant (RdpAccountant, PrivacyConfig, its events)",
 }
 """Flower packages a module outside ``GUARDED_FLOWER_USES`` may import from → what fedweave
 takes there; of each, only the names its ``__init__`` lists in ``__all__`` (Flower's

@@ -57,7 +57,10 @@ NEED_TORCH = [
 # use); everything else in [project] dependencies and the simulation extra is installed with
 # its declared range (Flower with its own simulation extra: Ray, whose engine the patches
 # fingerprint).
-NOT_NEEDED = {"torch", "flwr-datasets", "scikit-learn", "matplotlib", "pillow", "safetensors"}
+NOT_NEEDED = {
+    "torch", "flwr-datasets", "scikit-learn", "matplotlib", "pillow", "safetensors",
+    "opacus",  # DP-SGD at a site (it brings torch)
+}
 
 
 def claimed_versions() -> list[str]:
