@@ -37,6 +37,8 @@ TASK = "fault_tasks:MarkedDigits"
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # the zeros site trains nothing, so under load it is in every buffer, where
+# it weighs two medians: the last rounds fell to 0.10 in a two-worker CI run (2026-12-02)
 @pytest.mark.timeout(900)
 def test_two_insiders_cannot_carry_a_deployed_fedbuff_run_off(tmp_path, monkeypatch):
     paths = [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]
