@@ -166,13 +166,13 @@ def clock_guard(msg: Message, context: Context, call_next: ClientAppCallable) ->
 
 
 FLOOR_KEYS = (NODE_REQUIRE_SECURE_AGG_KEY, NODE_REQUIRE_DP_KEY, NODE_MAX_EPSILON_KEY)
+"""The node-config entries of a site's privacy floor (``fedweave client``'s ``privacy_floor``)."""
 REQUIRED_DP = {
     "any": ("central", "local", "sample"),
     "local": ("local", "sample"),
     "sample": ("sample",),
 }
 """``--require-dp`` → the run mechanisms it accepts (``local``: this site adds the noise)."""
-"""The node-config entries of a site's privacy floor (``fedweave client``'s ``privacy_floor``)."""
 
 
 def floor_problem(floor: dict, config: dict, secure: bool) -> str | None:
@@ -322,9 +322,7 @@ def site_console_mod(msg: Message, context: Context, call_next: ClientAppCallabl
     if HELD_METRIC in metrics:
         fate = f"held for a SecAgg+ buffer (job {metrics[HELD_METRIC]})"
     if stage:
-        SITE_CONSOLE.info(
-            "statistics (%s) of %d examples sent %s", stage, num_examples, sent
-        )
+        SITE_CONSOLE.info("statistics (%s) of %d examples sent %s", stage, num_examples, sent)
         site_record(msg, outcome="ok", part="statistics", examples=num_examples, masked=masked)
         return reply
     if config.get(PRIVATE_EVALUATION_KEY):

@@ -11,6 +11,7 @@ import pytest
 
 from fedweave.config.resume import stored_run_config
 from fedweave.config.run_config import RunConfig
+from fedweave.contract import SAMPLE_DP_EPSILON_METRIC
 from fedweave.coordinator.rounds.privacy_ledger import PrivacyLedger
 from fedweave.errors import UserError
 from fedweave.history.metrics import final_privacy, recorded_privacy
@@ -101,6 +102,34 @@ def test_local_dp_composes_the_noise_localdpmod_adds_and_says_what_one_round_rea
     ledger.on_round(_round(0, sampled=0))  # no site sampled: nothing sent, nothing spent
     assert told.privacy[0]["epsilon"] == told.privacy[1]["epsilon"] > 10
     assert math.isclose(told.privacy[0]["epsilon"], _epsilon([multiplier]), rel_tol=1e-9)
+
+
+def test_sample_dp_takes_the_most_any_site_spent_and_ignores_what_is_not_an_epsilon():
+    """An insider rewriting its ``dp_epsilon`` (NaN, negative, a string, a bool) neither
+    fails the round nor lowers the run's figure: its earlier word stands, the round warns."""
+    told = _Told()
+    ledger = PrivacyLedger([told], RunConfig.of(dp="sample").privacy, cohort=2)
+
+    def said(honest, insider):
+        sites = [
+            SimpleNamespace(
+                site_id="honest", status="ok", metrics={SAMPLE_DP_EPSILON_METRIC: honest}
+            ),
+            SimpleNamespace(
+                site_id="insider", status="ok", metrics={SAMPLE_DP_EPSILON_METRIC: insider}
+            ),
+        ]
+        return SimpleNamespace(sites=sites, warnings=[], privacy=None)
+
+    ledger.on_round(first := said(1.5, 2.0))
+    assert told.privacy[-1]["epsilon"] == 2.0 and first.warnings == []
+    for bad in (float("nan"), float("inf"), -1.0, "0", True):
+        ledger.on_round(summary := said(2.5, bad))
+        assert told.privacy[-1]["sites"] == {"honest": 2.5, "insider": 2.0}
+        assert told.privacy[-1]["epsilon"] == 2.5
+        assert len(summary.warnings) == 1 and "site insider reported epsilon" in summary.warnings[0]
+    resumed = PrivacyLedger([], RunConfig.of(dp="sample").privacy, 2, told.privacy[-1])
+    assert resumed.site_epsilon == {"honest": 2.5, "insider": 2.0}
 
 
 def test_a_run_without_dp_carries_no_ledger_and_stores_no_dp_settings():

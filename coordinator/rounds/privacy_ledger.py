@@ -142,7 +142,8 @@ class PrivacyLedger:
             said = site.metrics.get(SAMPLE_DP_EPSILON_METRIC) if site.status == "ok" else None
             if said is None:
                 continue
-            if isinstance(said, (int, float)) and math.isfinite(said) and said >= 0:
+            number = isinstance(said, (int, float)) and not isinstance(said, bool)
+            if number and math.isfinite(said) and said >= 0:
                 self.site_epsilon[site.site_id] = float(said)
             else:
                 summary.warnings = [
@@ -273,4 +274,8 @@ def _recorded_sites(recorded: dict[str, Any]) -> dict[str, float]:
         raise UserError(
             "the run's recorded privacy ledger holds no site's epsilon; it cannot be continued"
         )
-    return {str(k): float(v) for k, v in sites.items() if isinstance(v, (int, float))}
+    return {
+        str(k): float(v)
+        for k, v in sites.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+    }
