@@ -266,7 +266,7 @@ class Exchange:
 
     def _end_lost(self, xids: set[int]) -> None:
         """Stop waiting on neighbours whose connection went down while we waited (their
-        process died, or the heartbeat timed out): their reply cannot come, so the miss
+        process died, or TCP gave up on a silent host): their reply cannot come, so the miss
         costs no more than the time it took to see it, not a whole deadline."""
         for xid in [x for x in xids if x in self.pending]:
             peer_id = self.pending[xid].peer_id

@@ -38,8 +38,22 @@ DEFAULT_HWM = 8
 """Messages queued per connection before sends fail (models are big: keep it small)."""
 RETIRE_SECONDS = 2.0
 """Delay between dropping a neighbour's DEALER and closing it (see ``disconnect``)."""
-HEARTBEAT_MS = 1000
-"""ZMTP heartbeat interval; a connection silent for 3 of them is closed (and seen lost)."""
+KEEPALIVE_S = 1
+"""TCP keepalive: an idle connection is probed after this many seconds, then every this many
+seconds; ``KEEPALIVE_PROBES`` unanswered probes close it (a host gone silent, with no FIN or
+RST, is seen lost within about 4 s instead of at the next missed deadline)."""
+KEEPALIVE_PROBES = 3
+MAX_UNACKED_MS = 3000
+"""``TCP_MAXRT`` (Linux ``TCP_USER_TIMEOUT``): sent data unacknowledged this long closes the
+connection, for a host that went silent mid-transfer (keepalive only probes idle ones).
+
+Not ZMTP heartbeats (``HEARTBEAT_IVL``), which this transport used before: libzmq 4.3.5 (the
+one pyzmq bundles, and its master as of 2026-07) aborts the whole process (``Assertion failed:
+!_io_error (src/stream_engine_base.cpp:310)``) when a heartbeat is due on a connection whose
+input was stopped at the high-water mark and which then hung up: its timer calls
+``out_event`` without checking ``_io_error``. Any sender that queues more than ``hwm``
+messages while we train and then disconnects did that; an allowed member flooding offers
+killed an honest peer this way (issue 39). ``tests/test_gossip_network.py`` replays it."""
 CURVE_FRAME_OVERHEAD = 33
 """Bytes CURVE adds to every frame on the wire (``\\x07MESSAGE``, an 8-byte nonce, a flags
 byte and a 16-byte MAC), which libzmq counts against ``MAXMSGSIZE``: without them a frame
@@ -178,10 +192,11 @@ class Transport:
         sock.setsockopt(zmq.RECONNECT_IVL, 100)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
         sock.setsockopt(zmq.HANDSHAKE_IVL, 5000)
-        # ZMTP heartbeats: a connection to a host that went silent (no FIN, no RST) is seen
-        # as lost within HEARTBEAT_TIMEOUT instead of at the next missed deadline
-        sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_MS)
-        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3 * HEARTBEAT_MS)
+        sock.setsockopt(zmq.TCP_KEEPALIVE, 1)  # kernel probes, never ZMTP heartbeats (above)
+        sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, KEEPALIVE_S)
+        sock.setsockopt(zmq.TCP_KEEPALIVE_INTVL, KEEPALIVE_S)
+        sock.setsockopt(zmq.TCP_KEEPALIVE_CNT, KEEPALIVE_PROBES)
+        sock.setsockopt(zmq.TCP_MAXRT, MAX_UNACKED_MS)
 
     def _wire_frame_limit(self) -> int:
         """``MAXMSGSIZE`` for a frame of ``max_frame_bytes``: libzmq counts a frame as it is
@@ -351,8 +366,8 @@ class Transport:
 
     def lost(self, key: str) -> bool:
         """The connection of DEALER ``key`` was up and went down (the process there died or
-        closed it; a host gone silent shows after the heartbeat timeout): a reply will not
-        come on it."""
+        closed it; a host gone silent shows after the keepalive probes or ``MAX_UNACKED_MS``):
+        a reply will not come on it."""
         return self._drain_monitor(key)[_DOWN] > 0
 
     def connect_refused(self, key: str) -> bool:

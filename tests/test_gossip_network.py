@@ -340,6 +340,54 @@ def _flood(port: int, count: int, rng: np.random.Generator) -> None:
         ctx.term()
 
 
+FLOOD_THEN_HANG_UP = """
+import time, zmq
+from fedweave.gossip.transport import Transport
+
+t = Transport("tcp://127.0.0.1:0")
+ctx = zmq.Context()
+# into our inbox: more than the high-water mark while we read nothing (we train), then gone
+flood = ctx.socket(zmq.DEALER)
+flood.setsockopt(zmq.LINGER, 0)
+flood.setsockopt(zmq.SNDHWM, 1000)
+flood.connect(t.address)
+# and into one of our DEALERs: a neighbour's ROUTER sending what we never asked for
+router = ctx.socket(zmq.ROUTER)
+router.setsockopt(zmq.LINGER, 0)
+router.setsockopt(zmq.SNDHWM, 1000)
+port = router.bind_to_random_port("tcp://127.0.0.1")
+t.connect("member", f"tcp://127.0.0.1:{port}")
+for _ in range(100):  # until the DEALER is connected
+    if t.send("member", [b"hello"]):
+        break
+    time.sleep(0.05)
+assert router.poll(5000), "our DEALER never reached the neighbour"
+route = router.recv_multipart()[0]
+for _ in range(50):
+    flood.send(b"x" * 1000)
+    router.send_multipart([route, b"x" * 1000])
+time.sleep(0.5)
+flood.close(0)
+router.close(0)
+time.sleep(2.5)  # over a second: when a ZMTP heartbeat was due, libzmq aborted here
+read = sum(len(t.poll(0.1)) for _ in range(20))
+print("alive, read", read)
+t.close()
+ctx.term()
+"""
+
+
+def test_a_flood_past_the_high_water_mark_then_a_hang_up_does_not_kill_the_peer() -> None:
+    """An allowed member (or anyone, under ``--insecure``) queued more messages than the
+    high-water mark while a peer trained, then disconnected: with ZMTP heartbeats on, libzmq
+    aborted the peer's process at the next heartbeat (issue 39; ``gossip/transport.py``)."""
+    done = subprocess.run(
+        [sys.executable, "-c", FLOOD_THEN_HANG_UP], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr[-800:])
+    assert "alive, read" in done.stdout
+
+
 def test_a_flood_of_malformed_frames_leaves_the_peer_alive_and_flat(tmp_path: Path) -> None:
     np.save(tmp_path / "v.npy", np.zeros(64))
     (port,) = free_ports(1)
