@@ -1,6 +1,6 @@
 """Benchmark: the review's poisoning attack against default gossip peers, measured.
 
-Three default peers (CURVE, default ``pairwise`` mixing; started by the simulation launcher,
+Three default peers (CURVE, the default mixing, ``clipped``; started by the simulation launcher,
 ``fedweave.simulations.gossip_simulation``, exactly as ``fedweave simulate --mode gossip``
 does) learn ``digits``. An outsider written from ``gossip/PROTOCOL.md`` (raw pyzmq +
 ``wire``) attacks once the peers reach ``--attack-round``, with the review's message: an offer
@@ -268,7 +268,7 @@ class Outsider(threading.Thread):
 
 
 def run_variant(
-    variant: str, rounds: int, seed: int, attack_round: int, mix: str = "pairwise",
+    variant: str, rounds: int, seed: int, attack_round: int, mix: str = "clipped",
     task: str = "digits",
 ) -> dict[str, Any]:  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="bench-poison-") as tmp:
@@ -325,7 +325,7 @@ def main() -> None:
     parser.add_argument("--attack-round", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=2, help="runs of the reference")
     parser.add_argument("--variants", default=",".join(VARIANTS))
-    parser.add_argument("--mix", default="pairwise", help="the peers' --mix (default pairwise)")
+    parser.add_argument("--mix", default="clipped", help="the peers' --mix (default clipped)")
     parser.add_argument("--task", default="digits", help="digits or mnist5k (default digits)")
     args = parser.parse_args()
     variants = [v for v in args.variants.split(",") if v]

@@ -134,7 +134,7 @@ def main() -> None:
     parser.add_argument("--fed-rounds", type=int, default=20)
     parser.add_argument("--gossip-rounds", type=int, default=60)
     parser.add_argument("--fanout", type=int, default=None, help="default: the peer's default")
-    parser.add_argument("--mix", default="pairwise")
+    parser.add_argument("--mix", default="clipped", help="the peers' --mix (default clipped)")
     parser.add_argument("--group-exchange", action="store_true")
     parser.add_argument("--round-interval", type=float, default=None, help="default: agreed slots")
     parser.add_argument(

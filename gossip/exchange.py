@@ -487,12 +487,15 @@ class Exchange:
         if self.config.gossip.mix == "pairwise":
             return
         models = {pid: (w, n) for pid, w, n in self.replies}
+        replied = len(set(models) - set(self.buffered))  # offers were counted when answered
         models.update(self.buffered)
         self.buffered, self.replies = {}, []
         if not models:
             return
         current = self.state.weights
         if self.config.gossip.mix == "trimmed":
+            if len(models) >= 2:  # fewer: trimmed_mean keeps our model
+                self.mixes += replied
             self.state.weights = averaging.trimmed_mean(
                 current, [w for w, _ in models.values()], self.config.gossip.trim_fraction
             )
@@ -502,5 +505,7 @@ class Exchange:
         if tau is None:
             tau = averaging.adaptive_tau(norms, self.tau_history)
             self.tau_history = (self.tau_history + norms)[-32:]
+        self.mixes += replied
         neighbours = [w for w, _ in models.values()]
-        self.state.weights = averaging.clipped_update(current, neighbours, tau)
+        counts = [self.state.num_examples, *(n for _, n in models.values())]
+        self.state.weights = averaging.clipped_update(current, neighbours, tau, counts)

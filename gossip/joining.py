@@ -253,12 +253,14 @@ class Joining:
         ``pairwise`` trusts the most advanced live peer. The robust rules pull from three and
         adopt their coordinate-wise median (and the median round), so a single poisoned peer
         claiming to be ahead cannot hand a newcomer its model; with fewer than three answers
-        the newcomer keeps its own initial model.
+        the newcomer keeps its own initial model. With fewer than three live peers ahead there
+        is no majority to take a median of: it pulls from them and adopts the most advanced
+        one's model, as ``pairwise`` does (its mixing then bounds what that model pulls).
         """
         ahead = sorted((m for m in self.members.live() if m.round > 0), key=lambda m: -m.round)
         if not ahead:
             return
-        want = 1 if self.config.gossip.mix == "pairwise" else 3
+        want = 1 if self.config.gossip.mix == "pairwise" else min(3, len(ahead))
         pulled = self.exchange.pull([m.peer_id for m in ahead[:want]], timeout)
         if pulled is None:
             return
@@ -269,8 +271,9 @@ class Joining:
                 want,
             )
             return
+        pulled.sort(key=lambda answer: -answer[0])  # the most advanced first
         models = [w for _, w in pulled]
-        if want == 1:
+        if want < 3:
             adopted = OrderedDict((k, np.array(v)) for k, v in models[0].items())
         else:
             adopted = averaging.trimmed_mean(models[0], models[1:], trim_fraction=0.34)

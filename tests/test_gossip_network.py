@@ -129,7 +129,7 @@ def test_pairwise_gossip_converges_to_the_exact_weighted_average(
 ) -> None:
     rng = np.random.default_rng(0)
     values = [rng.normal(size=16) * 10 for _ in range(5)]
-    extra = [["--group-exchange", "--fanout", "3"] if group else []] * 5
+    extra = [["--mix", "pairwise", *(["--group-exchange", "--fanout", "3"] if group else [])]] * 5
     procs, _ = _vector_peers(tmp_path, values, extra)
     codes = _wait_all(procs, timeout=120)
     assert codes == [0] * 5, [(tmp_path / f"p{i}.log").read_text()[-800:] for i in range(5)]
@@ -167,7 +167,8 @@ def test_curve_peers_talk_and_an_unknown_key_is_refused(tmp_path: Path) -> None:
     _allow(dirs, "a", "c")
     b_id = load_keyring(dirs["b"]).identity.peer_id
     values = [np.zeros(8), np.full(8, 4.0)]
-    extra = [["--keys", str(dirs["a"])], ["--keys", str(dirs["b"])]]
+    pairwise = ["--mix", "pairwise"]  # the exact weighted average checked below
+    extra = [["--keys", str(dirs["a"]), *pairwise], ["--keys", str(dirs["b"]), *pairwise]]
     procs, ports = _vector_peers(tmp_path, values, extra, rounds=40)
     joiners = {
         "intruder": f"tcp://127.0.0.1:{ports[0]}",
@@ -593,7 +594,7 @@ def test_an_offer_during_our_own_exchange_waits_and_is_then_mixed_exactly(
     (port,) = free_ports(1)
     # plaintext: the offers below come from raw sockets with made-up ids
     listen = f"tcp://127.0.0.1:{port}"
-    config = RunConfig.of(listen=listen, insecure=True)
+    config = RunConfig.of(listen=listen, insecure=True, mix="pairwise")
     peer = Peer(config)
     ctx = zmq.Context()
     socks = []

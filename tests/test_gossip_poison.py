@@ -123,11 +123,12 @@ def test_a_huge_example_count_weighs_at_most_ratio_times_ours() -> None:
 
 @pytest.fixture
 def peer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Peer]:
-    """A plaintext peer with model ``[10]*16`` and 300 examples; raw sockets talk to it."""
+    """A plaintext ``pairwise`` peer (it mixes each exchange at once, so a test sees the
+    move) with model ``[10]*16`` and 300 examples; raw sockets talk to it."""
     np.save(tmp_path / "v.npy", np.full(16, 10.0))
     monkeypatch.setattr(peer_module, "build_learner", vector_learner(tmp_path / "v.npy", 300))
     (port,) = free_ports(1)
-    config = RunConfig.of(listen=f"tcp://127.0.0.1:{port}", insecure=True)
+    config = RunConfig.of(listen=f"tcp://127.0.0.1:{port}", insecure=True, mix="pairwise")
     p = Peer(config)
     try:
         yield p

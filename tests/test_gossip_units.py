@@ -177,6 +177,24 @@ def test_clipped_gossip_bounds_the_pull_of_a_poisoned_neighbour() -> None:
     assert tau < 100
 
 
+def test_clipped_gossip_weighs_counts_up_to_the_median_so_an_inflated_claim_buys_nothing() -> None:
+    """Honest peers of unequal size keep their proportions below the median; a neighbour
+    claiming 2^53 examples weighs what the median peer does, not more."""
+    assert averaging.median_capped([100, 50, 200]) == [100 / 250, 50 / 250, 100 / 250]
+    assert averaging.median_capped([0, 0]) == [0.5, 0.5]
+    mine = OrderedDict(w=np.zeros(4), steps=np.array([3]))
+    others = [OrderedDict(w=np.full(4, v), steps=np.array([9])) for v in (1.0, 1.0, -1.0)]
+    honest = averaging.clipped_update(mine, others, tau=10.0, counts=[100, 100, 100, 100])
+    claimed = averaging.clipped_update(mine, others, tau=10.0, counts=[100, 100, 100, 2**53])
+    np.testing.assert_allclose(honest["w"], np.full(4, 0.25))
+    np.testing.assert_allclose(claimed["w"], honest["w"])  # the claim is the median's word
+    small = averaging.clipped_update(mine, others, tau=10.0, counts=[100, 100, 100, 10])
+    assert small["w"][0] > honest["w"][0]  # a small neighbour still weighs less
+    assert small["steps"][0] == 3  # integer buffers are not mixed
+    with pytest.raises(ValueError):
+        averaging.clipped_update(mine, others, tau=10.0, counts=[100, 100])
+
+
 def test_consensus_distance_is_zero_for_equal_models() -> None:
     v = averaging.flatten(_model())
     assert averaging.consensus_distance([v, v, v]) == 0.0

@@ -299,7 +299,9 @@ class GossipSection:
     fanout: int = setting(4, "Gossip: neighbours each peer offers its model to per round.",
                           minimum=1)
     mix: str = setting(
-        "pairwise", "Gossip mixing: pairwise (example-weighted), clipped or trimmed (robust).",
+        "clipped", "Gossip mixing: clipped (robust, the default: each neighbour's difference "
+        "clipped, its example count capped at the median), pairwise (push-pull, "
+        "example-weighted, the network's weighted sum exact) or trimmed (coordinate-wise).",
         choices=("pairwise", "clipped", "trimmed"),
     )
     clip_tau: float | None = setting(
@@ -312,7 +314,7 @@ class GossipSection:
         False, "Gossip pairwise: average with all of a round's neighbours at once."
     )
     example_ratio: float = setting(
-        10.0, "Gossip pairwise: a neighbour's stated example count weighs at most this many "
+        10.0, "Gossip: a neighbour's stated example count weighs at most this many "
         "times this peer's own (its word is bounded, not trusted).", minimum=1,
     )
     distance_factor: float = setting(
