@@ -98,9 +98,9 @@ def median_capped(counts: Sequence[int]) -> list[float]:
 
     A claimed count is what a poisoned peer inflates; capped at the median it weighs no more
     than a typical member of the mix while honest peers are the majority, and honest sites of
-    unequal size below the median keep their proportions. Equal weights (which a cap at the
-    smallest count would give) cost 1.8 points on mnist5k's Dirichlet peers; this cap cost
-    none measurable (``docs/benchmarks.md``). All zero: equal weights.
+    unequal size below the median keep their proportions. Against ``pairwise`` on mnist5k's
+    Dirichlet peers, equal weights (which a cap at the smallest count would give) cost 1.8
+    points, this cap 0.9 (``docs/benchmarks.md``). All zero: equal weights.
     """
     cap = float(np.median(counts)) if len(counts) else 0.0
     capped = [min(max(float(c), 0.0), cap) for c in counts]

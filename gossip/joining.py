@@ -254,8 +254,9 @@ class Joining:
         adopt their coordinate-wise median (and the median round), so a single poisoned peer
         claiming to be ahead cannot hand a newcomer its model; with fewer than three answers
         the newcomer keeps its own initial model. With fewer than three live peers ahead there
-        is no majority to take a median of: it pulls from them and adopts the most advanced
-        one's model, as ``pairwise`` does (its mixing then bounds what that model pulls).
+        is no majority to take a median of: it pulls from them and adopts the model of the one
+        that says it is least advanced (and its round), so claiming a higher round wins a liar
+        nothing; with one peer ahead that is the only one, as under ``pairwise``.
         """
         ahead = sorted((m for m in self.members.live() if m.round > 0), key=lambda m: -m.round)
         if not ahead:
@@ -271,12 +272,12 @@ class Joining:
                 want,
             )
             return
-        pulled.sort(key=lambda answer: -answer[0])  # the most advanced first
         models = [w for _, w in pulled]
         if want < 3:
-            adopted = OrderedDict((k, np.array(v)) for k, v in models[0].items())
+            round_, model = min(pulled, key=lambda answer: answer[0])
+            self.state.weights = OrderedDict((k, np.array(v)) for k, v in model.items())
+            self.state.round = round_
         else:
-            adopted = averaging.trimmed_mean(models[0], models[1:], trim_fraction=0.34)
-        self.state.weights = adopted
-        self.state.round = int(np.median([r for r, _ in pulled]))
+            self.state.weights = averaging.trimmed_mean(models[0], models[1:], trim_fraction=0.34)
+            self.state.round = int(np.median([r for r, _ in pulled]))
         log.info("caught up: pulled the model of %d peer(s) at round %d", want, self.state.round)

@@ -499,3 +499,28 @@ def test_keys_allow_names_the_copy_by_peer_id_and_refuses_a_secret_key(tmp_path)
     assert not allow_key(tmp_path / "a", tmp_path / "b" / "peer.key")[2]  # already there
     with pytest.raises(UserError, match="holds a secret key"):
         allow_key(tmp_path / "a", tmp_path / "b" / "peer.key_secret")
+
+
+def test_a_joiner_with_two_peers_ahead_takes_the_less_advanced_a_round_claim_wins_nothing() -> None:
+    """No majority of two: a liar claiming round 10^6 is not the model a robust joiner takes,
+    nor its round; with three ahead the coordinate-wise median and median round decide."""
+    from types import SimpleNamespace
+
+    from fedweave.config import RunConfig
+    from fedweave.gossip.joining import Joining
+
+    def joiner(answers):
+        ahead = [SimpleNamespace(peer_id=f"p{i}", round=r) for i, (r, _) in enumerate(answers)]
+        members = SimpleNamespace(live=lambda: ahead)
+        exchange = SimpleNamespace(pull=lambda ids, timeout: list(answers))
+        state = SimpleNamespace(weights=OrderedDict(w=np.zeros(2)), round=0)
+        j = Joining(RunConfig.of(), state, None, None, members, None, exchange, None, lambda: 0)
+        j.catch_up(1.0)
+        return state
+
+    honest, liar = (12, OrderedDict(w=np.ones(2))), (10**6, OrderedDict(w=np.full(2, 1e3)))
+    for answers in ([liar, honest], [honest, liar]):
+        state = joiner(answers)
+        assert state.round == 12 and np.array_equal(state.weights["w"], np.ones(2))
+    state = joiner([liar, honest, (13, OrderedDict(w=np.full(2, 2.0)))])
+    assert state.round == 13 and np.array_equal(state.weights["w"], np.full(2, 2.0))
