@@ -272,12 +272,12 @@ class Joining:
                 want,
             )
             return
-        models = [w for _, w in pulled]
         if want < 3:
             round_, model = min(pulled, key=lambda answer: answer[0])
             self.state.weights = OrderedDict((k, np.array(v)) for k, v in model.items())
             self.state.round = round_
         else:
-            self.state.weights = averaging.trimmed_mean(models[0], models[1:], trim_fraction=0.34)
+            first, *others = [w for _, w in pulled]
+            self.state.weights = averaging.trimmed_mean(first, others, trim_fraction=0.34)
             self.state.round = int(np.median([r for r, _ in pulled]))
         log.info("caught up: pulled the model of %d peer(s) at round %d", want, self.state.round)
