@@ -183,8 +183,9 @@ def floor_problem(floor: dict, config: dict, secure: bool) -> str | None:
 
     SecAgg+ covers everything a training message sends (statistics, updates, private
     evaluation); an update held for a later SecAgg+ buffer sends nothing now. The DP floor
-    covers model updates (the statistics exchange and evaluation are not DP releases), and
-    rests on the coordinator's stated mechanism and ledger: under central DP it adds the
+    covers model updates and refuses the statistics exchange (not a DP release: a DP run
+    never asks for it); evaluation is not covered. It rests on the coordinator's stated
+    mechanism and ledger: under central DP it adds the
     noise. Under sample DP the site's own ledger decides ``--max-epsilon`` (``site_app.py``)."""
     fix = "restart this site without that floor to take part"
     if str(floor.get(NODE_REQUIRE_SECURE_AGG_KEY, "")).lower() == "true":
@@ -193,10 +194,22 @@ def floor_problem(floor: dict, config: dict, secure: bool) -> str | None:
                 "this site requires secure aggregation (--require-secure-agg), but the run "
                 f"sends its updates unmasked; run the coordinator with SecAgg+, or {fix}"
             )
-    if STATISTICS_STAGE_KEY in config or PRIVATE_EVALUATION_KEY in config:
+    required = str(floor.get(NODE_REQUIRE_DP_KEY, "off"))
+    if STATISTICS_STAGE_KEY in config:
+        named = [f"--require-dp {required}"] if required != "off" else []
+        if floor.get(NODE_MAX_EPSILON_KEY) is not None:
+            named.append(f"--max-epsilon {float(floor[NODE_MAX_EPSILON_KEY]):g}")
+        if named:
+            return (
+                f"this site requires differential privacy ({', '.join(named)}), but the run "
+                "asks for statistics of its data, which no DP ledger covers (a DP run scales "
+                "with the task's declared bounds instead); run the coordinator with --dp, or "
+                f"{fix}"
+            )
+        return None
+    if PRIVATE_EVALUATION_KEY in config:
         return None
     mode = str(config.get(DP_MODE_KEY, "none"))
-    required = str(floor.get(NODE_REQUIRE_DP_KEY, "off"))
     accepted = REQUIRED_DP.get(required)
     if accepted is not None and mode not in accepted:
         return (

@@ -166,7 +166,7 @@ def run_federated_simulation(
             test_data = load_site_data(data.test_data or test_file(out_dir), task)
         else:
             if test_data is None:  # not read and checked by the caller
-                paths, test_data = check_site_files(task, data.data_dir, data.test_data)
+                paths, test_data, _ = check_site_files(task, data.data_dir, data.test_data)
             else:
                 paths = site_paths(data.data_dir)
             own_files = tuple(str(p.resolve()) for p in paths)

@@ -61,18 +61,46 @@ def checked_test_data(config: RunConfig, task: Any) -> Any:
     """A federated simulation's sites and split checked (``--data-dir``'s files, or the
     task's data split ``--clients`` ways), and its held-out test data, which must score the
     run as the coordinator's would (``check_scoring``)."""
-    from fedweave.coordinator.command.run_checks import check_scoring
+    from fedweave.coordinator.command.run_checks import check_scoring, check_statistics_privacy
     from fedweave.learning.data import load_site_data
     from fedweave.simulations.site_files import check_site_files
-    from fedweave.simulations.split import check_split
+    from fedweave.simulations.split import check_split, generates_sites
 
+    check_statistics_privacy(config, task)
     data = config.data
+    sizes: dict[str, int] = {}
     if data.data_dir is not None:
-        _, test = check_site_files(task, data.data_dir, data.test_data)
+        _, test, sizes = check_site_files(task, data.data_dir, data.test_data)
     else:
         train, test = task.load_data()  # bad task or sizes fail here, before Ray
         check_split(task, data.clients, data.partition, len(train))
         if data.test_data is not None:
             test = load_site_data(data.test_data, task)
+        if config.privacy.dp == "sample" and not generates_sites(task):
+            from fedweave.simulations.partition import partition_indices
+
+            parts = partition_indices(
+                train.y, data.clients, data.partition, data.alpha, data.shards_per_client,
+                config.training.seed,
+            )  # fmt: skip
+            sizes = {f"site-{index}": len(part) for index, part in enumerate(parts)}
     check_scoring(config, test)
+    if config.privacy.dp == "sample":
+        check_sample_delta(config.privacy.dp_delta, sizes)
     return test
+
+
+def check_sample_delta(delta: float, sizes: dict[str, int]) -> None:
+    """Refuse a ``--dp sample`` delta at or above 1 / the smallest site's examples (site name
+    → its rows): that site would refuse every round (``sample_dp.delta_problem``; it trains
+    on its rows less its evaluation part, so it may also refuse a delta just below)."""
+    if not sizes:
+        return
+    name = min(sizes, key=lambda site: sizes[site])
+    if delta >= 1 / max(sizes[name], 1):
+        raise UserError(
+            f"--dp-delta {delta:g} is at least 1 / the {sizes[name]} examples of {name}, the "
+            f"smallest site, which would refuse every round (a guarantee that may fail for one "
+            f"example in {sizes[name]} protects none); run with --dp-delta below "
+            f"{1 / max(sizes[name], 1):g}"
+        )

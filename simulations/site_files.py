@@ -39,11 +39,17 @@ def site_name(path: Path) -> str:
     return path.stem if path.is_file() else path.name
 
 
-def check_site_files(task: Any, data_dir: Path, test_data: Path | None) -> tuple[list[Path], Any]:
+def check_site_files(
+    task: Any, data_dir: Path, test_data: Path | None
+) -> tuple[list[Path], Any, dict[str, int]]:
     """Every site file read and checked, and the held-out test data (``--test-data``, the
     task's own test split, or ``None`` for a task without data): one-line errors, before
-    anything starts."""
+    anything starts. Returns the files, the test data and each site's examples by name (of
+    the sites whose data says its length)."""
     paths = site_paths(data_dir)
+    sizes: dict[str, int] = {}
     for path in paths:
-        load_site_data(path, task)
-    return paths, central_test_data(task, test_data)
+        data = load_site_data(path, task)
+        if hasattr(data, "__len__"):
+            sizes[site_name(path)] = len(data)
+    return paths, central_test_data(task, test_data), sizes

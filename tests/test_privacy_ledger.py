@@ -209,7 +209,11 @@ def test_history_show_says_what_a_run_spent_or_that_it_had_no_dp():
         ({"require-dp": "sample"}, {"fw-dp": "local"}, True, "--dp sample, or restart"),
         ({"max-epsilon": "5.0"}, {"fw-dp": "sample"}, True, None),  # its own ledger decides
         ({"require-dp": "local"}, {}, True, "the run has --dp none"),  # says nothing: no DP
-        ({"require-dp": "any"}, {"fw-statistics-stage": "moments"}, True, None),
+        ({"require-dp": "any"}, {"fw-statistics-stage": "moments"}, True,
+         "asks for statistics of its data"),  # not a DP release: a DP run never asks
+        ({"max-epsilon": "5.0"}, {"fw-statistics-stage": "scale"}, True, "--max-epsilon 5"),
+        ({"require-secure-agg": "true"}, {"fw-statistics-stage": "scale"}, True, None),
+        ({"require-dp": "any"}, {"fw-private-evaluation": "1"}, True, None),
         ({"max-epsilon": "5.0"}, {"fw-dp": "none"}, True, "has no differential privacy"),
         ({"max-epsilon": "5.0"}, {"fw-dp": "central", "fw-dp-epsilon-after": 4.9}, True, None),
         ({"max-epsilon": "5.0"}, {"fw-dp": "local", "fw-dp-epsilon-after": 5.1,

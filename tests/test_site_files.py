@@ -67,11 +67,13 @@ def test_hospital_files_train_together_under_secagg(hospitals, tmp_path):
     assert rounds[-1]["extra"]["evaluation"]["federated"]["auc"] >= 0.95
 
 
-def test_local_dp_noises_the_updates_not_the_tables_statistics(hospitals, tmp_path):
+def test_local_dp_noises_the_updates_and_gathers_no_statistics(hospitals, tmp_path):
     """Issue 33: ``--dp local`` also noised the statistics the sites send before round 1
     (Flower's ``LocalDpMod`` on every fit message): under SecAgg+ every site refused them
     (``4.84e+23 after weighting exceeds the secure-aggregation range``) and the run
-    failed; without it, feature means of -6.5e13 were recorded and trained on.
+    failed; without it, feature means of -6.5e13 were recorded and trained on. Those
+    statistics are not a DP release either: a DP run now gathers none, and scales with the
+    task's declared column bounds (recorded with round 1 as gathered ones are).
 
     The same run keeps its privacy ledger: each round's epsilon on the console line, in the
     history (``history show``, table and JSON) and the report, and ``--max-epsilon 20`` ends
@@ -90,11 +92,10 @@ def test_local_dp_noises_the_updates_not_the_tables_statistics(hospitals, tmp_pa
     with open_store(db) as store:
         run = store.list_runs()[0]
         round_1, round_2 = store.rounds(run.run_id)
-    frames = [pd.read_csv(p) for p in sites]
-    pooled = pd.concat([f.iloc[held_out_indices(len(f), 0.1)[0]] for f in frames])
-    names = [c for c in pd.read_csv(sites[0]).columns if c != "diagnosis"]
-    statistics = round_1["extra"]["statistics"]
-    assert np.allclose(statistics["means"], pooled[names].mean().to_numpy(), rtol=1e-3)
+    from fedweave.learning.tasks.breast_cancer import task
+
+    assert round_1["extra"]["statistics"] == task.declared_statistics()
+    assert "statistics: none gathered from the sites" in result.stderr
     assert round_1["replied"] == 3
     spent = [r["extra"]["privacy"]["epsilon"] for r in (round_1, round_2)]
     assert [round(e, 2) for e in spent] == [11.15, 17.19]
@@ -118,6 +119,52 @@ def test_local_dp_noises_the_updates_not_the_tables_statistics(hospitals, tmp_pa
     assert "differential privacy local: epsilon 17.190 at delta 1e-05 after round 2" in (
         table.stdout
     )
+
+
+def test_a_dp_run_of_a_task_without_column_bounds_is_one_line(hospitals, tmp_path):
+    """Gathering a table's statistics from the sites is not a DP release, so a DP run of a
+    task whose numeric columns declare no bounds is refused before anything starts."""
+    root, _, test = hospitals
+    (tmp_path / "unbounded.py").write_text(
+        "from fedweave.learning.tasks.breast_cancer import CLASSES, feature_names\n"
+        "from fedweave.learning.tables import Label, Numeric\n"
+        "from fedweave.learning.tasks.tabular import TabularTask\n"
+        "task = TabularTask('unbounded', [Numeric(n) for n in feature_names()],\n"
+        "                   Label('diagnosis', kind='binary', classes=CLASSES))\n"
+    )
+    db = tmp_path / "h.db"
+    result = subprocess.run(
+        [*FEDWEAVE, "simulate", "--task", "unbounded:task", "--data-dir", str(root / "sites"),
+         "--test-data", str(test), "--dp", "sample", "--db", f"sqlite:///{db}",
+         "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr
+    assert "--dp sample: task 'unbounded:task' scales its features with statistics" in lines[0]
+    assert "(mean radius, mean texture, mean perimeter and 27 more)" in lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_sample_dp_delta_the_smallest_site_would_refuse_is_one_line(hospitals, tmp_path):
+    root, sites, test = hospitals
+    smallest = min(len(pd.read_csv(p)) for p in sites)
+    result = simulate(
+        "--task", "breast-cancer", "--data-dir", str(root / "sites"), "--test-data", str(test),
+        "--dp", "sample", "--dp-delta", "0.02", "--db", f"sqlite:///{tmp_path / 'h.db'}",
+        "--out", str(tmp_path / "out"), timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: --dp-delta 0.02 is at least 1 / the {smallest} examples of hospital-c, the "
+        f"smallest site, which would refuse every round (a guarantee that may fail for one "
+        f"example in {smallest} protects none); run with --dp-delta below {1 / smallest:g}"
+    )
+    with open_store(f"sqlite:///{tmp_path / 'h.db'}") as store:
+        assert store.list_runs() == []
 
 
 def _with_cell(text: str, line: int, column: int, value: str) -> str:

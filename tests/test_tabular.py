@@ -97,6 +97,34 @@ def test_breast_cancer_columns_are_scikit_learns():
     assert [f.name for f in load_task("breast-cancer").schema.features] == feature_names()
 
 
+def test_declared_bounds_scale_clip_and_pin_and_nothing_else_changes(tmp_path):
+    """A DP run scales with the columns' declared bounds (nothing read from a site's data):
+    within them to [-1, 1], outside clipped, missing at the midpoint. A task without
+    bounds pins the schema it always did (older runs' digests hold)."""
+    from fedweave.learning.statistics import declared_statistics, dp_statistics_problem
+
+    bounded = TabularTask(
+        "clinic", [Numeric("age", bounds=(0, 120)), Numeric("chol", impute=True, bounds=(100, 300)),
+                   Categorical("sex", ("F", "M"))],
+        Label("disease", kind="binary", classes=("no", "yes")),
+    )  # fmt: skip
+    statistics = declared_statistics(bounded)
+    assert statistics["means"] == [60.0, 200.0] and statistics["stds"] == [60.0, 100.0]
+    table = bounded.read_site_data(write(tmp_path, GOOD + "130,90,F,no\n"))
+    x = bounded.prepare(table, statistics).x
+    expected_age = [-1 / 6, 1 / 60, -0.25, 1.0]  # 50, 61, 45, 130 clipped to 120
+    assert np.allclose(x[:, 0], expected_age) and np.allclose(x[:, 1], [0.005, 0.0, -0.2, -1.0])
+    assert declared_statistics(TASK) is None and dp_statistics_problem(bounded, "b") is None
+    assert "(age, chol)" in dp_statistics_problem(TASK, "clinic")
+    assert TASK.schema.pinned()["features"][0] == {"name": "age", "kind": "numeric",
+                                                   "impute": False}  # fmt: skip
+    assert bounded.schema.pinned()["features"][0]["bounds"] == [0.0, 120.0]
+    assert bounded.schema.digest() != TASK.schema.digest()
+    for bad in [(1, 1), (2, 1), (0, float("inf")), ("a", 1), (1,)]:
+        with pytest.raises(ValueError, match="column 'x': bounds must be"):
+            Numeric("x", bounds=bad)
+
+
 def test_sites_statistics_combine_to_the_pooled_ones():
     """Each site's vector is a mean over its examples; their example-weighted mean (what
     SecAgg+ returns) gives the pooled means and standard deviations."""

@@ -1,6 +1,7 @@
-"""``fedweave coordinator``'s checks of what its options name: the task, the coordinator's
-held-out data, and whether anything would score the run (``fedweave simulate`` runs the same
-scoring checks on its own test data: ``simulations/run_checks.py``).
+"""``fedweave coordinator``'s checks of what its options name: the task (and, under DP, that
+it needs no statistics from the sites' data), the coordinator's held-out data, and whether
+anything would score the run (``fedweave simulate`` runs the same checks on its own test
+data: ``simulations/run_checks.py``).
 
 What the options alone decide (bounds, and rules across options such as SecAgg+ against the
 strategy or the schedule) is checked when the options are resolved
@@ -23,8 +24,21 @@ def check_run(config: RunConfig) -> None:
     from fedweave.learning.tasks import load_task
 
     task = load_task(config.data.task)
+    check_statistics_privacy(config, task)
     test_data = central_test_data(task, config.data.test_data, config.data.label_column)
     check_scoring(config, test_data)
+
+
+def check_statistics_privacy(config: RunConfig, task: Any) -> None:
+    """Refuse a DP run of a task that would gather statistics from the sites' data before
+    round 1 (not a DP release) and declares no bounds to scale with instead."""
+    from fedweave.learning.statistics import dp_statistics_problem
+
+    if config.privacy.dp == "none":
+        return
+    problem = dp_statistics_problem(task, config.data.task)
+    if problem is not None:
+        raise UserError(f"--dp {config.privacy.dp}: {problem}")
 
 
 def check_scoring(config: RunConfig, test_data: Any) -> None:

@@ -73,7 +73,11 @@ def protections(
         from fedweave.learning.tasks import load_task
 
         if needs_statistics(load_task(config.data.task)):
-            dp["ledger"]["not_covered"] = "the federated statistics sent before round 1"
+            dp["ledger"]["statistics"] = (
+                "none gathered from the sites, the features scaled by the task's declared bounds"
+            )
+        if config.evaluation.evaluate_every:
+            dp["ledger"]["not_covered"] = "the sites' evaluation metrics"
     federation = config.federation
     return {
         "secure_aggregation": secagg,
@@ -144,6 +148,7 @@ def header_line(facts: dict[str, Any]) -> str:
             f"{ledger['delta']:g}, one {ledger['unit']} as the unit, "
             + ("no amplification by sampling claimed" if amplification == "not claimed"
                else f"amplification by {amplification}")
+            + (f"; statistics: {ledger['statistics']}" if ledger.get("statistics") else "")
             + (f"; not covered: {ledger['not_covered']}" if ledger.get("not_covered") else "")
             + ")"
         )  # fmt: skip

@@ -48,10 +48,10 @@ class StatisticsSink:
 class WithStatistics:
     """Round listeners told the statistics on the first round after they were gathered."""
 
-    def __init__(self, listeners: Sequence[Any], sink: StatisticsSink) -> None:
+    def __init__(self, listeners: Sequence[Any], sink: StatisticsSink, told: bool) -> None:
         self.listeners = list(listeners)
         self.sink = sink
-        self.told = sink.statistics is not None  # given at start (resume): recorded already
+        self.told = told  # a resumed run's statistics: recorded already
 
     def on_round(self, summary: Any) -> None:
         if not self.told and self.sink.statistics is not None:

@@ -47,7 +47,7 @@ from fedweave.coordinator.rounds.site_outcomes import OutcomeGrid, SiteReplies
 from fedweave.coordinator.rounds.strategies import make_strategy
 from fedweave.coordinator.rounds.traffic import Traffic
 from fedweave.history.round_summary import RoundListener, RoundStartListener
-from fedweave.learning.statistics import needs_statistics
+from fedweave.learning.statistics import declared_statistics, needs_statistics
 from fedweave.learning.tasks import load_task
 from fedweave.learning.training import seed_everything
 from fedweave.learning.weights import get_weights
@@ -75,7 +75,8 @@ def make_server_app(
 ) -> ServerApp:
     """A ServerApp that runs ``settings.rounds`` rounds from ``start_weights``; a task that
     needs federated statistics gathers them first, unless ``statistics`` (a resumed run's
-    recorded ones) are given. ``listeners`` hear of every finished round, ``round_starts`` of
+    recorded ones) are given; a DP run takes the task's declared ones instead (the command
+    checked it has them). ``listeners`` hear of every finished round, ``round_starts`` of
     every round as it starts; ``clock_start``: a resumed run's simulated clock
     (``--site-speeds``). ``--schedule async`` runs ``fedbuff.py``'s app instead. The command
     that planned the run checked its options and inputs before (``check_settings``; the
@@ -87,6 +88,9 @@ def make_server_app(
     config = settings.config
     deadline = settings.deadline(test_data)
     task = load_task(config.data.task)
+    recorded = statistics is not None
+    if not recorded and config.privacy.dp != "none" and needs_statistics(task):
+        statistics = declared_statistics(task)  # nothing gathered: not a DP release
     sink = StatisticsSink(statistics)
     if config.federation.schedule == "async":
         from fedweave.coordinator.rounds.fedbuff import make_fedbuff_server_app
@@ -102,7 +106,7 @@ def make_server_app(
     named = [SiteNames([ledger], registered_names)]
     if settings.site_speeds is not None:
         named = [SimulatedClock(named, config.simulation.simulated_deadline, clock_start)]
-    listeners = [deadline, WithStatistics(named, sink)]
+    listeners = [deadline, WithStatistics(named, sink, told=recorded)]
     app = ServerApp()
 
     @app.main()

@@ -250,7 +250,8 @@ class PrivacySection:
     dp: str = setting(
         "none", "Differential privacy: none, central (coordinator adds noise), local (every "
         "site clips and noises its update) or sample (DP-SGD at every site: each example "
-        "clipped to --clipping-norm, noise --noise-multiplier; Opacus).",
+        "clipped to --clipping-norm, noise --noise-multiplier; Opacus). A DP run gathers no "
+        "statistics from the sites: a tabular task scales with its columns' declared bounds.",
         choices=("none", "central", "local", "sample"),
     )
     noise_multiplier: float = setting(

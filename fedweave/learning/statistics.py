@@ -12,6 +12,10 @@ coordinator learns only the example-weighted mean of the sites' vectors:
   JSON-safe values added to ``known`` (what the next stage and the sites receive);
 - ``prepare(data, statistics) -> ArrayData | Dataset``: a site's data as it trains on it.
 
+Under differential privacy nothing is gathered: the statistics are not a DP release, so a DP
+run takes the task's ``declared_statistics()`` (a tabular task's public column bounds, nothing
+read from any site's data) and is refused for a task that has none (``dp_statistics_problem``).
+
 Under SecAgg+, every value of ``vector * num_examples / max_weight`` must lie within the
 clipping range; a site whose vector does not refuses the stage with the reason rather than
 being clipped (``bound_problem``), because a clipped statistic silently mis-scales a model.
@@ -29,6 +33,31 @@ import numpy as np
 def needs_statistics(task: object) -> bool:
     """Whether ``task`` asks the sites for federated statistics before round 1."""
     return bool(getattr(task, "statistics_stages", ()))
+
+
+def declared_statistics(task: object) -> dict[str, Any] | None:
+    """The statistics ``task`` declares without any site's data (``declared_statistics()``),
+    or ``None`` when it declares none."""
+    declare = getattr(task, "declared_statistics", None)
+    return declare() if callable(declare) else None
+
+
+def dp_statistics_problem(task: object, name: str) -> str | None:
+    """Why a DP run cannot take task ``name``: it needs statistics from the sites' data and
+    declares none to use instead. ``None``: it can."""
+    if not needs_statistics(task) or declared_statistics(task) is not None:
+        return None
+    undeclared = getattr(task, "undeclared_bounds", lambda: [])()
+    shown = ", ".join(undeclared[:3])
+    if len(undeclared) > 3:
+        shown += f" and {len(undeclared) - 3} more"
+    columns = f" ({shown})" if shown else ""
+    return (
+        f"task '{name}' scales its features with statistics gathered from the sites' data, "
+        "which differential privacy does not cover; declare public bounds on every numeric "
+        f"column{columns}, Numeric(name, bounds=(low, high)), which a DP run scales with "
+        "instead, or run without --dp"
+    )
 
 
 def encode_known(known: dict[str, Any]) -> str:

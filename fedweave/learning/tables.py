@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,11 +43,34 @@ class Numeric:
     Attributes:
         name: the column's header.
         impute: fill a missing value with the federated mean (default ``False``: refuse it).
+        bounds: ``(low, high)``, public bounds of the column's values (a unit's physical or
+            clinical range, a published table's; never read from the sites' data). A value
+            outside is clipped to them. Under differential privacy the features are scaled
+            with these bounds instead of statistics gathered from the sites, which DP does
+            not cover; a task whose numeric columns do not all declare bounds is refused
+            under ``--dp``. Default ``None``: not declared.
     """
 
     name: str
     impute: bool = False
+    bounds: tuple[float, float] | None = None
     kind: str = field(default="numeric", init=False)
+
+    def __post_init__(self) -> None:
+        if self.bounds is None:
+            return
+        try:
+            low, high = (float(value) for value in self.bounds)
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"column '{self.name}': bounds must be (low, high) numbers, got {self.bounds!r}"
+            ) from None
+        if not (math.isfinite(low) and math.isfinite(high) and low < high):
+            raise ValueError(
+                f"column '{self.name}': bounds must be finite with low < high, got "
+                f"{self.bounds!r}"
+            )
+        object.__setattr__(self, "bounds", (low, high))
 
 
 @dataclass(frozen=True)
@@ -117,7 +141,7 @@ class TabularSchema:
         """The schema as the run pins it: names, kinds, order, categories, label classes."""
         return {
             "features": [
-                {"name": f.name, "kind": f.kind, "impute": f.impute}
+                _pinned_numeric(f)
                 if isinstance(f, Numeric)
                 else {"name": f.name, "kind": f.kind, "categories": list(f.categories)}
                 for f in self.features
@@ -330,6 +354,23 @@ def read_table(path: str | Path, schema: TabularSchema, labelled: bool = True) -
     else:
         labels = np.zeros(len(frame), dtype=np.int64)
     return Table(numeric, categorical, labels, str(path))
+
+
+def _pinned_numeric(column: Numeric) -> dict[str, Any]:
+    pinned: dict[str, Any] = {"name": column.name, "kind": column.kind, "impute": column.impute}
+    if column.bounds is not None:  # only when declared: older runs' digests stay as they were
+        pinned["bounds"] = list(column.bounds)
+    return pinned
+
+
+def clipped_to_bounds(values: np.ndarray, columns: list[Numeric]) -> np.ndarray:
+    """``values`` (``(n, numeric columns)``) with each column that declares bounds clipped to
+    them; missing values (NaN) stay missing."""
+    lows = np.array([c.bounds[0] if c.bounds else -np.inf for c in columns], dtype=np.float64)
+    highs = np.array([c.bounds[1] if c.bounds else np.inf for c in columns], dtype=np.float64)
+    if not np.isfinite(lows).any():
+        return values
+    return np.where(np.isnan(values), values, np.clip(values, lows, highs))
 
 
 def encode(table: Table, schema: TabularSchema, means: np.ndarray, stds: np.ndarray) -> ArrayData:

@@ -3,12 +3,14 @@ scikit-learn ships (569 patients, 30 unscaled measurements, benign or malignant)
 
 The features span five orders of magnitude (``mean smoothness`` ~0.1, ``worst area`` up to
 4,254), so it does not train without standardisation: the federated statistics provide it.
+Every column declares public bounds (``PUBLISHED_MAXIMA``), which a DP run scales with instead.
 ``write_hospital_files`` writes per-site CSVs as hospitals would hold them (unequal sizes, one
 with its columns in another order, one with an extra patient-id column) and a test CSV.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +29,31 @@ MEASURES = (
 """The ten measurements of each cell nucleus, each given as its mean, error and worst value."""
 
 
+PUBLISHED_MAXIMA = {
+    "mean": (28.11, 39.28, 188.5, 2501.0, 0.163, 0.345, 0.427, 0.201, 0.304, 0.097),
+    "error": (2.873, 4.885, 21.98, 542.2, 0.031, 0.135, 0.396, 0.053, 0.079, 0.03),
+    "worst": (36.04, 49.54, 251.2, 4254.0, 0.223, 1.058, 1.252, 0.291, 0.664, 0.208),
+}
+"""Each measurement's maximum as the dataset's own documentation publishes it (UCI's summary
+table, in scikit-learn's ``DESCR``), in ``MEASURES`` order. A column's declared bounds are 0
+(every measurement is a length, an area, a count or a ratio) to 1.05 times this (the table
+itself is rounded), rounded up to two significant digits: public figures, not statistics of
+any site's rows."""
+
+
+def _rounded_up(value: float) -> float:
+    unit = 10.0 ** (math.floor(math.log10(value)) - 1)
+    return round(math.ceil(value / unit - 1e-9) * unit, 12)
+
+
+def feature_bounds() -> list[tuple[float, float]]:
+    """Each column's declared bounds, in ``feature_names`` order."""
+    return [
+        (0.0, _rounded_up(1.05 * maximum)) for kind in ("mean", "error", "worst")
+        for maximum in PUBLISHED_MAXIMA[kind]
+    ]  # fmt: skip
+
+
 def feature_names() -> list[str]:
     """scikit-learn's 30 column names, in its order (``tests/test_tabular.py`` compares them):
     spelled out here because importing ``sklearn.datasets`` costs ~2 s of CPU in every
@@ -42,7 +69,9 @@ def make_task(standardise: bool = True) -> TabularTask:
     """The task; ``standardise=False`` feeds the raw measurements (for comparison)."""
     return TabularTask(
         name="breast-cancer",
-        features=[Numeric(name) for name in feature_names()],
+        features=[
+            Numeric(name, bounds=bounds) for name, bounds in zip(feature_names(), feature_bounds())
+        ],
         label=Label("diagnosis", kind="binary", classes=CLASSES),
         standardise=standardise,
     )

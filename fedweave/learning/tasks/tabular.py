@@ -14,6 +14,10 @@ A user task is a few lines::
 Sites then read their own ``.csv``/``.parquet`` by column name (``read_site_data``); the
 platform gathers the feature statistics before round 1 (``fedweave/learning/statistics.py``)
 and every site standardises with them (``prepare``). ``standardise=False`` switches that off.
+
+Under differential privacy no statistics are gathered (DP does not cover them): every numeric
+column must declare public ``bounds``, and the features are scaled to [-1, 1] with them
+(``declared_statistics``).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from fedweave.learning.tables import (
     Numeric,
     Table,
     TabularSchema,
+    clipped_to_bounds,
     encode,
     read_table,
 )
@@ -147,8 +152,31 @@ class TabularTask:
             added["label_frequencies"] = mean[3 * k :].tolist()
         return added
 
+    def undeclared_bounds(self) -> list[str]:
+        """The numeric columns that declare no ``bounds``."""
+        return [column.name for column in self.schema.numeric if column.bounds is None]
+
+    def declared_statistics(self) -> dict[str, Any] | None:
+        """Statistics from the columns' declared bounds alone, nothing read from any site's
+        data (what a DP run scales with): each column's midpoint as its mean, its half-width
+        as its standard deviation, so values within the bounds map to [-1, 1]; a missing
+        value becomes the midpoint. ``None`` when a numeric column declares no bounds."""
+        if self.undeclared_bounds():
+            return None
+        bounds = [column.bounds for column in self.schema.numeric]
+        return {
+            "means": [(low + high) / 2 for low, high in bounds],
+            "stds": [(high - low) / 2 for low, high in bounds],
+            "schema": self.schema.digest(),
+            "source": "declared bounds",
+        }
+
     def prepare(self, data: Table, statistics: dict[str, Any]) -> ArrayData:
         k = len(self.schema.numeric)
+        data = Table(
+            clipped_to_bounds(data.numeric, self.schema.numeric), data.categorical,
+            data.labels, data.source,
+        )  # fmt: skip
         means = np.asarray(statistics.get("means", [0.0] * k), dtype=np.float64)
         stds = np.asarray(statistics.get("stds", [1.0] * k), dtype=np.float64)
         if not self.standardise:
