@@ -18,8 +18,14 @@ from fedweave.config import RunConfig
 from fedweave.config.commands import check_settings
 from fedweave.coordinator.rounds.round_app import initial_weights, make_server_app
 from fedweave.coordinator.rounds.round_settings import ServerSettings
-from fedweave.history.round_summary import RoundListener, RoundStartListener, RoundSummary
+from fedweave.history.round_summary import (
+    RoundListener,
+    RoundStartListener,
+    RoundSummary,
+    evaluated,
+)
 from fedweave.learning.data import load_site_data
+from fedweave.learning.task_metrics import headline_metric
 from fedweave.learning.tasks import load_task
 from fedweave.privacy_accounting import with_planned_noise
 from fedweave.simulations.site_files import (
@@ -46,14 +52,18 @@ CPUS_PER_CLIENT = 1.0
 
 
 class _Collector:
-    def __init__(self) -> None:
+    """The report's rows: round, the run's headline metric (``headline_metric``), loss,
+    seconds, then the rest."""
+
+    def __init__(self, headline: str) -> None:
+        self.headline = headline
         self.rows: list[dict] = []
 
     def on_round(self, summary: RoundSummary) -> None:
         self.rows.append(
             {
                 "round": summary.round,
-                "accuracy": summary.accuracy,
+                self.headline: evaluated(summary, self.headline),
                 "loss": summary.loss,
                 "seconds": summary.seconds,
                 "replied": summary.replied,
@@ -171,7 +181,7 @@ def run_federated_simulation(
                 paths = site_paths(data.data_dir)
             own_files = tuple(str(p.resolve()) for p in paths)
             names = tuple(site_name(p) for p in paths)
-        collector = _Collector()
+        collector = _Collector(headline_metric(task, config.evaluation.select_metric))
         weights = (
             start_weights
             if start_weights is not None

@@ -17,6 +17,8 @@ from fedweave.history.round_summary import privacy_spent, shown
 from fedweave.private_files import write_private_text
 
 ROUND_COLUMNS = ("round", "accuracy", "loss", "seconds")
+"""A report row's first columns; a task whose headline metric is not accuracy has it in
+accuracy's place (``headline_metric``)."""
 
 
 def check_writable(path: Path) -> None:
@@ -33,10 +35,14 @@ def check_writable(path: Path) -> None:
 def build_report(
     mode: str, task: str, clients: int, rounds: list[dict[str, Any]], **extra: Any
 ) -> dict[str, Any]:
-    """``{"mode", "task", "clients", "rounds": [...], "final_accuracy", ...extra}``."""
+    """``{"mode", "task", "clients", "rounds": [...], "final_accuracy", ...extra}``; a
+    federated report's ``extra`` adds ``headline`` (the metric its rows and closing line
+    lead with) and ``final_metrics`` (every metric of the final model)."""
     report: dict[str, Any] = {"mode": mode, "task": task, "clients": clients, "rounds": rounds}
-    report["final_accuracy"] = rounds[-1]["accuracy"] if rounds else None
+    report["final_accuracy"] = rounds[-1].get("accuracy") if rounds else None
     report.update(extra)
+    if "final_metrics" in extra:
+        report["final_accuracy"] = extra["final_metrics"].get("accuracy")
     return report
 
 
@@ -52,14 +58,18 @@ def write_report(path: Path, report: dict[str, Any]) -> None:
         ) from exc
 
 
-def rounds_table(rows: list[dict[str, Any]], title: str = "Rounds") -> Table:
-    """A rich table of per-round results; extra numeric columns are shown too."""
-    extra = [k for k in (rows[0] if rows else {}) if k not in ROUND_COLUMNS]
+def rounds_table(
+    rows: list[dict[str, Any]], title: str = "Rounds", headline: str = "accuracy"
+) -> Table:
+    """A rich table of per-round results, ``headline`` in accuracy's place; extra numeric
+    columns are shown too."""
+    first = ("round", headline, "loss", "seconds")
+    extra = [k for k in (rows[0] if rows else {}) if k not in first]
     table = Table(title=title)
-    for name in (*ROUND_COLUMNS, *extra):
+    for name in (*first, *extra):
         table.add_column(name.replace("_", " "), justify="right")
     for row in rows:
-        table.add_row(*(_fmt(row.get(name)) for name in (*ROUND_COLUMNS, *extra)))
+        table.add_row(*(_fmt(row.get(name)) for name in (*first, *extra)))
     return table
 
 
@@ -75,7 +85,14 @@ class RoundProgress:
     Use as a context manager; call ``update(row)`` with a report row after each round.
     """
 
-    def __init__(self, total_rounds: int, description: str, console: Console | None = None) -> None:
+    def __init__(
+        self,
+        total_rounds: int,
+        description: str,
+        console: Console | None = None,
+        headline: str = "accuracy",
+    ) -> None:
+        self.headline = headline  # the rows' metric in accuracy's place
         self.console = console or Console(stderr=True)
         self.progress = Progress(
             TextColumn("[bold]{task.description}"),
@@ -99,9 +116,11 @@ class RoundProgress:
         self.progress.update(self.task_id, completed=rounds_done)
 
     def update(self, row: dict[str, Any]) -> None:
-        status = f"acc {shown(row['accuracy'], 3)}  loss {shown(row['loss'], 3)}"
+        name, value = self.headline, row.get(self.headline)
+        short = "acc" if name == "accuracy" else name
+        status = f"{short} {shown(value, 3)}  loss {shown(row['loss'], 3)}"
         self.progress.console.print(
-            f"round {row['round']:>4}  accuracy {shown(row['accuracy'])}  loss {shown(row['loss'])}"
+            f"round {row['round']:>4}  {name} {shown(value)}  loss {shown(row['loss'])}"
             f"  {row['seconds']:.2f}s" + privacy_spent(row.get("privacy"))
         )
         for line in evaluation_lines(row.get("evaluation") or {}):

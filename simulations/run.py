@@ -12,13 +12,16 @@ from fedweave.coordinator.command.run_header import header_line, protections
 from fedweave.coordinator.rounds.history_listener import evaluation_extra
 from fedweave.coordinator.rounds.privacy_ledger import check_resumable
 from fedweave.history.metrics import (
+    final_metrics,
     final_privacy,
+    headline_value,
     recorded_clock,
     recorded_privacy,
     recorded_statistics,
 )
-from fedweave.history.round_summary import RoundSummary, privacy_spent, shown
+from fedweave.history.round_summary import RoundSummary, evaluated, privacy_spent, shown
 from fedweave.learning.statistics import pinned_schema
+from fedweave.learning.task_metrics import headline_metric
 from fedweave.learning.tasks import load_task
 from fedweave.privacy_accounting import with_planned_noise
 from fedweave.simulations.federated import run_federated_simulation, server_settings
@@ -34,7 +37,7 @@ class _ProgressListener:
         self.progress.update(
             {
                 "round": summary.round,
-                "accuracy": summary.accuracy,
+                self.progress.headline: evaluated(summary, self.progress.headline),
                 "loss": summary.loss,
                 "seconds": summary.seconds,
                 "warnings": summary.warnings,
@@ -82,6 +85,7 @@ def run_and_report(config: RunConfig, resolved: Resolved) -> dict:
         console.print(f"resuming run {run_id} after round {offset} of {config.training.rounds}")
     task_name, clients = config.data.task, config.data.clients
     task = load_task(task_name)
+    headline = headline_metric(task, config.evaluation.select_metric)
     test = checked_test_data(config, task)  # before the run is recorded
     config = with_planned_noise(config)  # --target-epsilon: the noise it stands for
     stored = stored_run_config(config, "simulate")
@@ -102,7 +106,9 @@ def run_and_report(config: RunConfig, resolved: Resolved) -> dict:
     started = time.perf_counter()
     ended: list[str] = []  # why --max-epsilon ended the run early
     try:
-        with RoundProgress(config.training.rounds, f"federated {task_name}", console) as progress:
+        with RoundProgress(
+            config.training.rounds, f"federated {task_name}", console, headline
+        ) as progress:
             progress.set_completed(offset)
             rows = run_federated_simulation(
                 config,
@@ -134,7 +140,7 @@ def run_and_report(config: RunConfig, resolved: Resolved) -> dict:
     history_rows = [
         {
             "round": r["round"],
-            "accuracy": r["eval_accuracy"],
+            headline: headline_value(r, headline),
             "loss": r["eval_loss"],
             "seconds": (r.get("extra") or {}).get("seconds"),
             **(
@@ -151,6 +157,8 @@ def run_and_report(config: RunConfig, resolved: Resolved) -> dict:
         task_name,
         clients,
         history_rows if resume else rows,
+        headline=headline,
+        final_metrics=final_metrics(store.rounds(run_id)),
         run_id=run_id,
         config=stored["settings"],
         wall_seconds=time.perf_counter() - started,
@@ -162,9 +170,11 @@ def run_and_report(config: RunConfig, resolved: Resolved) -> dict:
         console.print(f"run {run_id} ended before its last round: {ended[0]}", highlight=False)
     out = config.simulation.out
     write_report(out, report)
-    console.print(rounds_table(report["rounds"], title=f"federated {task_name}: {clients} sites"))
+    console.print(rounds_table(
+        report["rounds"], title=f"federated {task_name}: {clients} sites", headline=headline
+    ))  # fmt: skip
     console.print(
-        f"final accuracy {shown(report['final_accuracy'])}"
+        f"final {headline} {shown(report['final_metrics'].get(headline))}"
         f"{privacy_spent(report['privacy']).replace('  ', '; ', 1)}; run {run_id}; report "
         f"written to {out}"
     )

@@ -131,7 +131,7 @@ def test_show_as_table_json_and_csv(filled) -> None:
         csv.DictReader(io.StringIO(invoke("show", fed, "--db", url, "--format", "csv").output))
     )
     assert [row["round"] for row in rows] == ["1", "2", "3"]
-    assert float(rows[1]["train.train_loss"]) == pytest.approx(0.5)
+    assert float(rows[1]["train.loss"]) == pytest.approx(0.5)
     assert rows[2]["checkpoint_path"].endswith("round-3.npz")
     sites = list(
         csv.DictReader(

@@ -150,6 +150,51 @@ def test_sites_statistics_combine_to_the_pooled_ones():
     assert all(np.log2(s) == round(np.log2(s)) for s in known["scales"])
 
 
+def test_a_regression_labels_statistics_combine_to_the_pooled_ones():
+    """A regression label rides with the features: its pooled mean and standard deviation
+    from the sites' weighted vectors, the label ~100x the features' magnitude."""
+    rng = np.random.default_rng(3)
+    task = TabularTask("cost", [Numeric("age"), Numeric("chol")], Label("cost", "regression"))
+    numeric = rng.normal([50, 200], [10, 30], size=(400, 2))
+    labels = (numeric @ [3.0, 1.5] + rng.normal(0, 40, 400)).astype(np.float32)
+    parts = [(numeric[a:b], labels[a:b]) for a, b in ((0, 60), (60, 250), (250, 400))]
+    tables = [
+        type("T", (), {"numeric": x, "labels": y, "__len__": lambda self, n=len(y): n})()
+        for x, y in parts
+    ]  # fmt: skip
+    known: dict = {}
+    for stage in task.statistics_stages:
+        vectors = [task.local_statistics(t, stage, known) for t in tables]
+        assert all(len(v) == task.statistics_size(stage, known) for v in vectors)
+        mean = sum(len(t) / 400 * v for t, v in zip(tables, vectors))
+        known.update(task.add_statistics(stage, mean, known))
+    assert known["label_mean"] == pytest.approx(labels.mean(dtype=np.float64), rel=1e-6)
+    assert known["label_std"] == pytest.approx(labels.std(dtype=np.float64), rel=1e-5)
+    assert np.allclose(known["means"], numeric.mean(axis=0), rtol=1e-9)
+
+
+def test_a_scaled_regression_learns_the_standardised_label_and_scores_in_its_units():
+    from fedweave.learning.task import ArrayData
+    from fedweave.learning.training import for_data
+
+    rng = np.random.default_rng(2)
+    targets = torch.tensor(rng.normal(300, 80, size=64), dtype=torch.float32)
+    outputs = (targets - 300) / 80 + torch.tensor(rng.normal(0, 0.1, size=64), dtype=torch.float32)
+    data = ArrayData(np.zeros((64, 1), np.float32), targets.numpy(), (300.0, 80.0))
+    objective = for_data(Regression(), data)
+    assert objective.label_mean == 300.0 and objective.label_std == 80.0
+    assert for_data(Regression(), data.subset(np.arange(5))) == objective
+    assert for_data(Regression(), ArrayData(data.x, data.y)) == Regression()
+    scorer = objective.scorer()
+    scorer.add(outputs, targets)
+    result = scorer.result()
+    error = outputs.numpy() * 80 + 300 - targets.numpy()
+    assert result["rmse"] == pytest.approx(float(np.sqrt(np.mean(error**2))), rel=1e-5)
+    assert result["mae"] == pytest.approx(float(np.mean(np.abs(error))), rel=1e-5)
+    assert result["loss"] == pytest.approx(float(np.mean((error / 80) ** 2)), rel=1e-5)
+    assert float(objective.loss(outputs, targets)) == pytest.approx(result["loss"], rel=1e-5)
+
+
 def test_binary_metrics_match_scikit_learn():
     from sklearn.metrics import roc_auc_score
 

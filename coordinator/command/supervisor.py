@@ -41,7 +41,7 @@ from fedweave.coordinator.plan import (
 )
 from fedweave.errors import UserError
 from fedweave.flower_patches.refused_keys import KEYS_SYNCED_FILE_ENV, REFUSED_KEYS_FILE_ENV
-from fedweave.history.metrics import evaluation_lines, evaluation_of
+from fedweave.history.metrics import evaluation_lines, evaluation_of, headline_value
 from fedweave.history.round_summary import privacy_spent, shown
 from fedweave.processes import raise_interrupt, stop_process_group
 
@@ -85,6 +85,14 @@ def sites_must_register(options: ConnectionSection) -> bool:
     return not options.insecure and not options.allow_unregistered_sites
 
 
+def run_headline(config) -> str:  # type: ignore[no-untyped-def]
+    """The metric the coordinator's console leads with (``headline_metric``)."""
+    from fedweave.learning.task_metrics import headline_metric
+    from fedweave.learning.tasks import load_task
+
+    return headline_metric(load_task(config.data.task), config.evaluation.select_metric)
+
+
 class _Watcher:
     """Prints each newly recorded round (and its failed sites) exactly once, and a warning
     line when a site is late ``--stall-after`` rounds in a row or the round in flight runs
@@ -95,6 +103,7 @@ class _Watcher:
 
         self.store, self.plan, self.revoked = store, plan, revoked
         self.rounds = plan.config.training.rounds
+        self.headline = run_headline(plan.config)
         self.printed = {r["round"] for r in store.rounds(plan.run_id)}
         monitoring = plan.config.monitoring
         self.rules = AlertRules(monitoring.stall_after, monitoring.stall_grace)
@@ -110,7 +119,8 @@ class _Watcher:
             seconds = (row.get("extra") or {}).get("seconds")
             failed = (row.get("extra") or {}).get("failed")
             _echo(
-                f"round {row['round']}/{self.rounds}: accuracy {shown(row['eval_accuracy'])} "
+                f"round {row['round']}/{self.rounds}: {self.headline} "
+                f"{shown(headline_value(row, self.headline))} "
                 f"loss {shown(row['eval_loss'])}, sites {row['replied']}/{row['sampled']} ok"
                 + (f", {seconds:.1f} s" if seconds is not None else "")
                 + privacy_spent((row.get("extra") or {}).get("privacy")).replace("  ", ", ", 1)
@@ -398,9 +408,10 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
             _echo(f"run {plan.run_id} {sub_status or 'ended'}: {reason}; {again}")
             return 1
         rows = store.rounds(plan.run_id)
-        final = rows[-1]["eval_accuracy"] if rows else None
+        headline = watcher.headline
+        final = headline_value(rows[-1], headline) if rows else None
         _echo(
-            f"run {plan.run_id} completed: {len(rows)} rounds, final accuracy {shown(final)}"
+            f"run {plan.run_id} completed: {len(rows)} rounds, final {headline} {shown(final)}"
             + privacy_spent((rows[-1].get("extra") or {}).get("privacy") if rows else None)
             .replace("  ", ", ", 1)
             + (f"; ended before its last round: {run.reason}" if run.reason else "")

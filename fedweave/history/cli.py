@@ -465,9 +465,10 @@ def _epsilon(row: dict[str, Any]) -> float | None:
 
 def _round_columns(info: RunInfo, rounds: list[dict[str, Any]]) -> list[_Column]:
     """The rounds table. Always shown: the actor (gossip), the round, eval loss and
-    accuracy; then, while they fit: the run's --select-metric, train loss, the drops so far
-    (gossip), seconds, failed, replied, sampled, the other evaluation metrics, the checkpoint,
-    bytes in and out, and last the metrics that repeat eval loss or accuracy."""
+    accuracy (when the task has one); then, while they fit: the run's --select-metric,
+    train loss, the drops so far (gossip), seconds, failed, replied, sampled, the other
+    evaluation metrics, the checkpoint, bytes in and out, and last the metrics that repeat
+    eval loss or accuracy."""
     from fedweave.history.metrics import qualified
 
     several = len({row["actor"] for row in rounds}) > 1
@@ -508,7 +509,13 @@ def _round_columns(info: RunInfo, rounds: list[dict[str, Any]]) -> list[_Column]
             numbers("replied", [row["replied"] for row in rounds], 6),
             numbers("failed", [row["failed"] for row in rounds], 5),
             numbers("eval loss", [_num(row["eval_loss"]) for row in rounds], 0),
-            numbers("eval acc", [_num(row["eval_accuracy"]) for row in rounds], 0),
+        ]
+        + (  # a task without accuracy (a regression) shows its own metrics instead
+            [numbers("eval acc", [_num(row["eval_accuracy"]) for row in rounds], 0)]
+            if any(row["eval_accuracy"] is not None for row in rounds)
+            else []
+        )
+        + [
             numbers("train loss", [train_loss(row) for row in rounds], 2),
         ]
         + (

@@ -76,18 +76,19 @@ def _flatten(
 
 
 def rounds_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
-    """Round rows flattened: fixed columns, ``train.*`` metrics, every ``central.*`` and
-    ``federated.*`` evaluation metric (``fedweave/history/metrics.py``), then ``extra`` as
-    JSON text."""
-    columns, flat = _flatten(rows, ROUND_COLUMNS, "train_metrics", "train")
-    evaluated = [
-        name for name in metric_names(rows) if name.split(".", 1)[0] in ("central", "federated")
-    ]
+    """Round rows flattened: fixed columns, ``train.*``, ``central.*`` and ``federated.*``
+    metrics named as the plot, the dashboard and ``history show`` name them
+    (``fedweave/history/metrics.py``: a site's ``train_loss`` is ``train.loss``), then
+    ``extra`` as JSON text."""
+    flat = [{column: plain(row.get(column)) for column in ROUND_COLUMNS} for row in rows]
+    names = metric_names(rows)
+    trained = [name for name in names if name.startswith("train.")]
+    evaluated = [name for name in names if name.split(".", 1)[0] in ("central", "federated")]
     for out, row in zip(flat, rows, strict=True):
         found = round_metrics(row)
-        out.update({name: found.get(name) for name in evaluated})
+        out.update({name: found.get(name) for name in (*trained, *evaluated)})
         out["extra"] = json.dumps(row["extra"], sort_keys=True) if row["extra"] else ""
-    return columns + evaluated + ["extra"], flat
+    return ROUND_COLUMNS + trained + evaluated + ["extra"], flat
 
 
 def evaluations_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:

@@ -62,6 +62,34 @@ def round_metrics(row: dict[str, Any]) -> dict[str, float]:
     return found
 
 
+def headline_value(row: dict[str, Any], name: str) -> float | None:
+    """Round ``row``'s metric ``name`` for its global model: the central evaluation's, else
+    the federated one (``evaluated`` of a ``RoundSummary``, read back from the history)."""
+    metrics = round_metrics(row)
+    return metrics.get(f"central.{name}", metrics.get(f"federated.{name}"))
+
+
+HEADLINES = ("accuracy", "mae", "f1")
+"""The objectives' headline metrics (``fedweave/learning/objectives.py``), in the order a
+recorded run is read for one (``recorded_headline``)."""
+
+
+def recorded_headline(rows: list[dict[str, Any]]) -> str:
+    """The headline metric ``rows`` recorded (accuracy, else a regression's MAE, else a
+    multi-label F1), where the task that ran is not at hand; ``loss`` when none."""
+    names = {name.split(".", 1)[1] for name in metric_names(rows) if not name.startswith("train.")}
+    return next((name for name in HEADLINES if name in names), "loss")
+
+
+def final_metrics(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Every metric of the last round's global model (central, else federated), bare names."""
+    if not rows:
+        return {}
+    metrics = round_metrics(rows[-1])
+    source = "central" if any(n.startswith("central.") for n in metrics) else "federated"
+    return {n.split(".", 1)[1]: v for n, v in metrics.items() if n.startswith(f"{source}.")}
+
+
 def metric_names(rows: list[dict[str, Any]]) -> list[str]:
     """The qualified names of every metric any of ``rows`` holds, sorted."""
     return sorted({name for row in rows for name in round_metrics(row)})

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedweave.history.metrics import metric_names, qualified, round_metrics
+from fedweave.history.metrics import metric_names, qualified, recorded_headline, round_metrics
 from fedweave.history.store_errors import HistoryError
 
 
@@ -50,13 +50,18 @@ def plot_runs(
     runs: list[tuple[str, list[dict[str, Any]]]], out: Path, metrics: list[str] | None = None
 ) -> Path:
     """Draw eval accuracy (left) and eval loss (right) per round for each (label, rounds),
-    or one panel per metric of ``metrics`` (names as ``metrics.qualified`` takes them).
+    the runs' own headline metric in accuracy's place when none has accuracy (a
+    regression's MAE: ``metrics.recorded_headline``), or one panel per metric of ``metrics``
+    (names as ``metrics.qualified`` takes them).
 
     Raises ``HistoryError`` when no run has any evaluated round (nothing to draw), or no run
     recorded one of ``metrics`` (naming the metrics they did record).
     """
     if metrics:
         return _draw([_metric_panel(runs, name) for name in metrics], out)
+    headline = recorded_headline([row for _, rows in runs for row in rows])
+    if headline not in ("accuracy", "loss"):
+        return _draw([_metric_panel(runs, headline), _metric_panel(runs, "loss")], out)
     panels: list[Panel] = [
         (title, [(label, mean_per_round(rows, key)) for label, rows in runs])
         for title, key in (("evaluation accuracy", "eval_accuracy"),

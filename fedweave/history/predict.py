@@ -90,7 +90,7 @@ def predict_run(
     model.load_state_dict({name: torch.from_numpy(array) for name, array in tensors.items()})
     data = prepared(task, _read(task, data_path, label_column), recorded_statistics(rows))
     outputs = model_outputs(model, data, TrainConfig(device=None))
-    header, values = prediction_columns(task, outputs)
+    header, values = prediction_columns(task, outputs, data)
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(out.name + ".partial")
     with open_private(partial, "w", encoding="utf-8", newline="") as handle:

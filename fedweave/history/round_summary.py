@@ -90,6 +90,15 @@ class RoundSummary:
         return sum(1 for site in self.sites if site.status == "ok")
 
 
+def evaluated(summary: RoundSummary, name: str) -> float | None:
+    """The round's metric ``name`` for its new global model: the central evaluation's when
+    the coordinator has test data, else the federated one; ``None`` when neither has it."""
+    value = (summary.central or summary.federated).get(name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
 def shown(value: float | None, digits: int = 4) -> str:
     """A metric for a console line: ``-`` when the task has none (accuracy in a regression)."""
     return "-" if value is None else f"{value:.{digits}f}"

@@ -8,7 +8,7 @@ two methods (``loss`` and ``scorer``), or writes its own ``train``/``evaluate``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -165,40 +165,66 @@ class _BinaryScorer(_Sums):
 @dataclass(frozen=True)
 class Regression:
     """Real-valued targets ``(n,)`` or ``(n, k)``; trained with ``loss`` ``"mse"`` (default)
-    or ``"mae"``. Metrics: loss, mae, rmse."""
+    or ``"mae"``. Metrics: loss, mae, rmse.
+
+    ``label_mean`` and ``label_std`` (default 0 and 1: as it is): the model learns the
+    label standardised, ``(y - label_mean) / label_std`` (a label in the hundreds trains
+    as slowly as unscaled features do), and its outputs mean ``output * label_std +
+    label_mean``. The loss is the standardised one (what training minimises); MAE and RMSE
+    are in the label's own units. ``scaled`` gives the objective for a site's data's
+    ``label_scale``.
+    """
 
     loss_kind: str = "mse"
     name: str = "regression"
     target_dtype: torch.dtype = torch.float32
     headline: str = "mae"
     metrics: tuple[str, ...] = ("loss", "mae", "rmse")
+    label_mean: float = 0.0
+    label_std: float = 1.0
 
     def __post_init__(self) -> None:
         if self.loss_kind not in ("mse", "mae"):
             raise ValueError(f"Regression loss must be 'mse' or 'mae', got {self.loss_kind!r}")
+        if not self.label_std > 0:
+            raise ValueError(f"Regression label_std must be > 0, got {self.label_std!r}")
+
+    def scaled(self, mean: float, std: float) -> Regression:
+        """This objective for a label standardised with ``mean`` and ``std``."""
+        return replace(self, label_mean=float(mean), label_std=float(std))
+
+    def values(self, outputs: torch.Tensor | np.ndarray) -> torch.Tensor | np.ndarray:
+        """The model's ``outputs`` in the label's units."""
+        return outputs * self.label_std + self.label_mean
 
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         outputs = outputs.reshape(targets.shape)
+        targets = (targets - self.label_mean) / self.label_std
         if self.loss_kind == "mae":
             return nn.functional.l1_loss(outputs, targets)
         return nn.functional.mse_loss(outputs, targets)
 
     def scorer(self, full: bool = True) -> Scorer:
-        return _RegressionScorer(self.loss_kind)
+        return _RegressionScorer(self.loss_kind, self.label_mean, self.label_std)
 
 
 class _RegressionScorer(_Sums):
-    def __init__(self, loss_kind: str) -> None:
+    def __init__(self, loss_kind: str, label_mean: float = 0.0, label_std: float = 1.0) -> None:
         super().__init__()
         self.loss_kind = loss_kind
+        self.label_mean = label_mean
+        self.label_std = label_std
 
     def add(self, outputs: torch.Tensor, targets: torch.Tensor) -> None:  # type: ignore[override]
         outputs = outputs.reshape(targets.shape)
-        error = (outputs - targets).reshape(targets.shape[0], -1)
+        error = (outputs * self.label_std + self.label_mean - targets).reshape(
+            targets.shape[0], -1
+        )
         self.count += int(targets.shape[0])
         squared = (error**2).mean(dim=1).sum()
         absolute = error.abs().mean(dim=1).sum()
-        super().add("loss", absolute if self.loss_kind == "mae" else squared)
+        loss = absolute / self.label_std if self.loss_kind == "mae" else squared / self.label_std**2
+        super().add("loss", loss)
         super().add("mae", absolute)
         super().add("mse", squared)
 

@@ -21,6 +21,7 @@ from fedweave.learning.objectives import Binary, MultiLabel, Regression
 from fedweave.learning.training import (
     TrainConfig,
     _autocast,
+    for_data,
     iterate_batches,
     objective_of,
     pick_device,
@@ -44,17 +45,18 @@ def model_outputs(model: torch.nn.Module, data: Any, config: TrainConfig) -> np.
 
 
 def prediction_columns(
-    task: Any, outputs: np.ndarray
+    task: Any, outputs: np.ndarray, data: Any = None
 ) -> tuple[list[str], list[list[Any]]]:
-    """(header, rows) of the predictions for ``outputs`` under the task's objective."""
-    objective = objective_of(task)
+    """(header, rows) of the predictions for ``outputs`` under the task's objective, as it
+    applies to ``data`` (a regression's label standardisation)."""
+    objective = for_data(objective_of(task), data)
     names = tuple(task.label_names()) if hasattr(task, "label_names") else ()
 
     def spelled(index: int) -> Any:
         return names[index] if index < len(names) else index
 
     if isinstance(objective, Regression):
-        values = outputs.reshape(len(outputs), -1)[:, 0]
+        values = objective.values(outputs.reshape(len(outputs), -1)[:, 0].astype(np.float64))
         return ["prediction"], [[float(v)] for v in values]
     if isinstance(objective, Binary):
         probability = 1.0 / (1.0 + np.exp(-outputs.reshape(len(outputs), -1)[:, 0]))

@@ -145,6 +145,9 @@ def train_with_sample_dp(
     precision are not used (the options' rules refuse FedProx; Opacus clips per example)."""
     from opacus import PrivacyEngine
 
+    from fedweave.learning.training import for_data
+
+    objective = for_data(objective, data)
     n = len(data)
     if n == 0:
         raise UserError("this site has no training examples; check its data file")

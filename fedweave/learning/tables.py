@@ -57,20 +57,22 @@ class Numeric:
     kind: str = field(default="numeric", init=False)
 
     def __post_init__(self) -> None:
-        if self.bounds is None:
-            return
-        try:
-            low, high = (float(value) for value in self.bounds)
-        except (TypeError, ValueError):
-            raise ValueError(
-                f"column '{self.name}': bounds must be (low, high) numbers, got {self.bounds!r}"
-            ) from None
-        if not (math.isfinite(low) and math.isfinite(high) and low < high):
-            raise ValueError(
-                f"column '{self.name}': bounds must be finite with low < high, got "
-                f"{self.bounds!r}"
-            )
-        object.__setattr__(self, "bounds", (low, high))
+        if self.bounds is not None:
+            object.__setattr__(self, "bounds", _checked_bounds(self.name, self.bounds))
+
+
+def _checked_bounds(name: str, bounds: Any) -> tuple[float, float]:
+    try:
+        low, high = (float(value) for value in bounds)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"column '{name}': bounds must be (low, high) numbers, got {bounds!r}"
+        ) from None
+    if not (math.isfinite(low) and math.isfinite(high) and low < high):
+        raise ValueError(
+            f"column '{name}': bounds must be finite with low < high, got {bounds!r}"
+        )
+    return low, high
 
 
 @dataclass(frozen=True)
@@ -100,15 +102,24 @@ class Label:
         kind: ``"binary"``, ``"multiclass"`` or ``"regression"``.
         classes: the class values as they appear in the file, in index order; binary
             defaults to ``("0", "1")`` (the second one is the positive class).
+        bounds: a regression label's public ``(low, high)`` (as ``Numeric``'s): a DP run,
+            which gathers no statistics, standardises the label with them. Default
+            ``None``: under DP the label is learnt as it is; without DP its mean and
+            standard deviation are gathered with the features' either way.
     """
 
     name: str
     kind: str = "binary"
     classes: tuple[str, ...] = ()
+    bounds: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in LABEL_KINDS:
             raise ValueError(f"label kind must be one of {LABEL_KINDS}, got {self.kind!r}")
+        if self.bounds is not None:
+            if self.kind != "regression":
+                raise ValueError(f"label '{self.name}': bounds are for a regression label")
+            object.__setattr__(self, "bounds", _checked_bounds(self.name, self.bounds))
         if self.kind == "binary" and not self.classes:
             object.__setattr__(self, "classes", ("0", "1"))
         if self.kind == "binary" and len(self.classes) != 2:
@@ -149,6 +160,7 @@ class TabularSchema:
             "label": {
                 "name": self.label.name, "kind": self.label.kind,
                 "classes": list(self.label.classes),
+                **({"bounds": list(self.label.bounds)} if self.label.bounds else {}),
             },
         }  # fmt: skip
 

@@ -20,17 +20,20 @@ from fedweave.errors import UserError
 class ArrayData:
     """Features and integer labels held in memory as NumPy arrays.
 
-    ``x`` is float32 with shape ``(n, *input_shape)``; ``y`` is int64 with shape ``(n,)``.
+    ``x`` is float32 with shape ``(n, *input_shape)``; ``y`` is int64 with shape ``(n,)``
+    (float32 for a regression). ``label_scale``: a regression label's ``(mean, std)`` that
+    the model learns it standardised with (``Regression.scaled``; ``None``: as it is).
     """
 
     x: np.ndarray
     y: np.ndarray
+    label_scale: tuple[float, float] | None = None
 
     def __len__(self) -> int:
         return int(self.y.shape[0])
 
     def subset(self, indices: np.ndarray) -> ArrayData:
-        return ArrayData(self.x[indices], self.y[indices])
+        return ArrayData(self.x[indices], self.y[indices], self.label_scale)
 
 
 class NoTaskData(UserError):

@@ -17,3 +17,12 @@ def task_metrics(task: object) -> tuple[str, ...] | None:
 
         declared = getattr(objective_of(task), "metrics", None)
     return tuple(declared) if declared is not None else None
+
+
+def headline_metric(task: object, select_metric: str = "loss") -> str:
+    """The metric a run leads with on its console lines, closing line and report, chosen once:
+    ``--select-metric`` when it names one other than the loss, else the objective's headline
+    (``accuracy`` for classification, ``mae`` for a regression, ``f1`` for multi-label)."""
+    if select_metric != "loss":
+        return select_metric.rsplit(".", 1)[-1]
+    return str(getattr(getattr(task, "objective", None), "headline", "accuracy"))

@@ -222,6 +222,14 @@ def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimiz
     raise UserError(f"unknown optimizer '{config.optimizer}': use sgd or adamw")
 
 
+def for_data(objective: Objective, data: object) -> Objective:
+    """``objective`` as it applies to ``data``: a regression whose data carries the label's
+    standardisation (``ArrayData.label_scale``) learns and scores the label scaled so."""
+    scale = getattr(data, "label_scale", None)
+    scaled = getattr(objective, "scaled", None)
+    return scaled(*scale) if scale is not None and callable(scaled) else objective
+
+
 def objective_of(task: object) -> Objective:
     """The task's ``objective``; multi-class cross-entropy when it declares none."""
     declared = getattr(task, "objective", None)
@@ -250,7 +258,7 @@ def train_epochs(
     (including the device sync at the end). A loss that turned NaN or infinite is reported
     as ``train_loss`` NaN and ``nonfinite`` 1 (the update's check then rejects it).
     """
-    objective = objective or MultiClass()
+    objective = for_data(objective or MultiClass(), data)
     n = len(data)
     if n == 0:
         raise UserError("this site has no training examples; check its data file")
@@ -334,7 +342,7 @@ def evaluate_model(
 ) -> dict[str, float]:
     """The objective's loss and metrics (accuracy for classification) of ``model`` on
     ``data``."""
-    objective = objective or MultiClass()
+    objective = for_data(objective or MultiClass(), data)
     if len(data) == 0:
         raise UserError("no evaluation examples; check the test data file")
     device = pick_device(config.device)

@@ -113,15 +113,25 @@ class TabularTask:
 
     # Federated statistics (fedweave/learning/statistics.py)
 
+    @property
+    def _regression(self) -> bool:
+        return self.schema.label.kind == "regression"
+
     def statistics_size(self, stage: str, known: dict[str, Any]) -> int:
-        k = len(self.schema.numeric)
-        return k if stage == "scale" else 3 * k + max(self.num_classes, 0)
+        k, label = len(self.schema.numeric), int(self._regression)
+        return k + label if stage == "scale" else 3 * k + max(self.num_classes, 0) + 2 * label
 
     def local_statistics(self, data: Table, stage: str, known: dict[str, Any]) -> np.ndarray:
+        # A regression label rides with the features: its log2 magnitude in "scale", its
+        # first two moments in "moments" (always present: a missing label is refused).
         values = data.numeric
         present = ~np.isnan(values)
         n = max(len(data), 1)
+        labels = np.asarray(data.labels, dtype=np.float64) if self._regression else None
         if stage == "scale":
+            if labels is not None:
+                values = np.concatenate([values, labels[:, None]], axis=1)
+                present = ~np.isnan(values)
             logs = np.where(present, np.log2(np.abs(np.nan_to_num(values)) + 1e-12), 0.0)
             logs = np.clip(logs, -SCALE_SHRINK, SCALE_SHRINK)
             counts = np.maximum(present.sum(axis=0), 1)
@@ -131,12 +141,17 @@ class TabularTask:
         parts = [present.sum(axis=0) / n, scaled.sum(axis=0) / n, (scaled**2).sum(axis=0) / n]
         if self.num_classes:
             parts.append(np.bincount(data.labels, minlength=self.num_classes) / n)
+        if labels is not None:
+            label = labels / float(known["label_power"])
+            parts.append(np.array([label.sum() / n, (label**2).sum() / n]))
         return np.concatenate(parts)
 
     def add_statistics(self, stage: str, mean: np.ndarray, known: dict[str, Any]) -> dict[str, Any]:
-        if stage == "scale":
-            return {"scales": [2.0 ** round(v * SCALE_SHRINK) for v in mean]}
         k = len(self.schema.numeric)
+        if stage == "scale":
+            powers = [2.0 ** round(v * SCALE_SHRINK) for v in mean]
+            label = {"label_power": powers[k]} if self._regression else {}
+            return {"scales": powers[:k], **label}
         scales = np.asarray(known["scales"], dtype=np.float64)
         share, first, second = mean[:k], mean[k : 2 * k], mean[2 * k : 3 * k]
         share = np.maximum(share, 1e-12)
@@ -149,7 +164,13 @@ class TabularTask:
             "schema": self.schema.digest(),
         }
         if self.num_classes:
-            added["label_frequencies"] = mean[3 * k :].tolist()
+            added["label_frequencies"] = mean[3 * k : 3 * k + self.num_classes].tolist()
+        if self._regression:
+            power = float(known["label_power"])
+            first, second = float(mean[-2]), float(mean[-1])
+            label_std = float(np.sqrt(max(second - first**2, 0.0))) * power
+            added["label_mean"] = first * power
+            added["label_std"] = label_std if label_std > MIN_STD else 1.0
         return added
 
     def undeclared_bounds(self) -> list[str]:
@@ -164,12 +185,16 @@ class TabularTask:
         if self.undeclared_bounds():
             return None
         bounds = [column.bounds for column in self.schema.numeric]
-        return {
+        declared: dict[str, Any] = {
             "means": [(low + high) / 2 for low, high in bounds],
             "stds": [(high - low) / 2 for low, high in bounds],
             "schema": self.schema.digest(),
             "source": "declared bounds",
         }
+        if self.schema.label.bounds is not None:
+            low, high = self.schema.label.bounds
+            declared.update(label_mean=(low + high) / 2, label_std=(high - low) / 2)
+        return declared
 
     def prepare(self, data: Table, statistics: dict[str, Any]) -> ArrayData:
         k = len(self.schema.numeric)
@@ -186,7 +211,13 @@ class TabularTask:
                 if not np.isnan(data.numeric).any()
                 else _impute_only(data, self.schema, means)
             )
-        return encode(data, self.schema, means, stds)
+        encoded = encode(data, self.schema, means, stds)
+        if self._regression and "label_mean" in statistics:
+            # the objective standardises the label (Regression.scaled), so every metric
+            # and prediction stays in the label's own units
+            scale = (float(statistics["label_mean"]), float(statistics["label_std"]))
+            return ArrayData(encoded.x, encoded.y, scale)
+        return encoded
 
     def train(self, model: Any, data: Any, config: TrainConfig) -> dict[str, float]:
         return train_epochs(model, data, config, self.objective)
