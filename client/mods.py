@@ -294,12 +294,14 @@ def _said_if_it_fails(
     msg: Message, context: Context, call_next: ClientAppCallable, prefix: str
 ) -> Message:
     """``call_next``; an exception is also said on the site's console (its first line after
-    ``prefix``) before it goes on to Flower, which reports it to the coordinator."""
+    ``prefix``, whose ``{status}`` becomes the word the coordinator records it by: refused,
+    rejected, failed) before it goes on to Flower, which reports it to the coordinator."""
     try:
         return call_next(msg, context)
     except Exception as exc:
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        SITE_CONSOLE.warning("%s%s", prefix, text)
+        status = getattr(exc, "status", "failed")
+        SITE_CONSOLE.warning("%s%s", prefix.replace("{status}", str(status)), text)
         raise
 
 
@@ -365,7 +367,8 @@ def _sent_bytes(reply: Message) -> str:
 def _evaluation_line(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
     """``round N: evaluated the global model on K examples (loss .., auc ..)``, or why not."""
     round_label = msg.metadata.group_id or "-"
-    reply = _said_if_it_fails(msg, context, call_next, f"round {round_label}: evaluation failed: ")
+    prefix = f"round {round_label}: evaluation {{status}}: "
+    reply = _said_if_it_fails(msg, context, call_next, prefix)
     if reply.has_error():
         return reply
     res = compat.recorddict_to_evaluateres(reply.content)

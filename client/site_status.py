@@ -135,7 +135,9 @@ def status_app(journal: SiteJournal, hosts: frozenset[str] | None = None):
     from fedweave.dashboard.app import STATIC, Guard, json_response, page_response
 
     def page(request: Request) -> Response:
-        return page_response("status", f"site {journal.site}", journal.view(), nav=False)
+        return page_response(
+            "status", f"site {journal.site}", journal.view(), nav=False, api="/api/status"
+        )
 
     def api(request: Request) -> Response:
         return json_response(journal.view())

@@ -56,7 +56,7 @@ def sites_new_key(
     private, public = new_site_key(out, force=force)
     typer.echo(
         f"wrote {private} (0600; use: fedweave client --site-key {private}) and {public} "
-        "(send to the coordinator: fedweave sites add-key DIR site.pub)"
+        f"(send it to the coordinator's operator: fedweave sites add-key DIR {public.name})"
     )
 
 

@@ -142,3 +142,17 @@ def test_certs_init_with_a_bad_host_is_one_line_and_exit_2(tmp_path):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "'coord:9092' is neither" in lines[0], result.stderr
     assert not (tmp_path / "t").exists()
+
+
+def test_new_key_names_the_public_key_it_wrote(tmp_path):
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "fedweave.cli", "sites", "new-key", "--out",
+         str(tmp_path / "clinic-3.key")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "clinic-3.pub").exists()
+    assert "fedweave sites add-key DIR clinic-3.pub" in result.stdout

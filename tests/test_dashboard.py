@@ -173,6 +173,9 @@ def test_the_web_app_serves_pages_json_and_metrics_read_only(tmp_path: Path) -> 
     assert "https://" not in home.text and "http://" not in home.text  # nothing from elsewhere
     page = client.get(f"/runs/{run_id}")
     assert page.status_code == 200 and "/srv" not in page.text and "sqlite" not in page.text
+    # without JavaScript a page says so, and where its JSON is
+    assert "<noscript><p>This page draws its tables and charts with JavaScript" in page.text
+    assert f"The same data is JSON at <code>/api/runs/{run_id}</code>" in page.text
     assert client.get(f"/api/runs/{run_id}?after=5").json()["rounds"][0]["round"] == 6
     site = client.get(f"/api/runs/{run_id}/sites/hospital-c").json()
     assert site["late_streak"] == [4, 5, 6] and len(site["history"]) == 6

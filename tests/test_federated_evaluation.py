@@ -389,3 +389,25 @@ def test_private_evaluation_refuses_what_it_cannot_keep_private(hospitals, tmp_p
         done = simulate_hospitals(root, tmp_path, "--private-evaluation", *extra, timeout=120)
         assert done.returncode == 2 and said in done.stderr, (extra, done.stderr[-1000:])
         assert "Traceback" not in done.stderr
+
+
+def test_the_site_console_says_the_word_the_coordinator_records(caplog):
+    """One word for one event: a refused evaluation is 'refused' on the site's console, as
+    in the coordinator's record; any other error is 'failed'."""
+    from fedweave.client.mods import _said_if_it_fails
+    from fedweave.contract import SiteRefusal
+
+    def refuse(msg, context):
+        raise SiteRefusal("this site holds no evaluation data")
+
+    def crash(msg, context):
+        raise RuntimeError("disk gone")
+
+    with caplog.at_level("WARNING", logger="fedweave.site.console"):
+        for call_next in (refuse, crash):
+            with pytest.raises((SiteRefusal, RuntimeError)):
+                _said_if_it_fails(None, None, call_next, "round 2: evaluation {status}: ")
+    assert [r.getMessage() for r in caplog.records] == [
+        "round 2: evaluation refused: this site holds no evaluation data",
+        "round 2: evaluation failed: disk gone",
+    ]

@@ -71,10 +71,21 @@ def json_response(value: Any, status: int = 200) -> Response:
 
 
 def page_response(
-    kind: str, title: str, data: Any, status: int = 200, nav: bool = True
+    kind: str,
+    title: str,
+    data: Any,
+    status: int = 200,
+    nav: bool = True,
+    api: str | None = None,
 ) -> HTMLResponse:
     """A page shell: its kind, its first data (JSON, never executed) and the app's script;
-    ``nav``: the links to the runs and compare pages (the dashboard's, not a site's)."""
+    ``nav``: the links to the runs and compare pages (the dashboard's, not a site's);
+    ``api``: the JSON path with the same data, which a browser without JavaScript is told."""
+    where = (
+        f"The same data is JSON at <code>{html.escape(api)}</code>."
+        if api
+        else "Enable JavaScript to see it."
+    )
     payload = json.dumps(_finite(data), separators=(",", ":"), allow_nan=False)
     payload = payload.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
     return HTMLResponse(
@@ -88,7 +99,9 @@ def page_response(
 </head><body data-page="{kind}" data-poll-ms="{POLL_MS}">
 <header><a class="brand" href="/">fedweave</a>{_NAV if nav else ""}<span id="status"
 role="status"></span></header>
-<main id="main"><h1>{html.escape(title)}</h1><p class="muted">loading…</p></main>
+<main id="main"><h1>{html.escape(title)}</h1><p class="muted" id="loading">loading…</p>
+<noscript><p>This page draws its tables and charts with JavaScript, which is off here.
+{where}</p></noscript></main>
 <script id="initial" type="application/json">{payload}</script>
 <script src="/static/vendor/uPlot.iife.min.js"></script>
 <script src="/static/app.js"></script>
@@ -192,7 +205,7 @@ def make_app(
             return 0
 
     def runs_page(request: Request) -> Response:
-        return page_response("runs", "runs", {"runs": views.runs()})
+        return page_response("runs", "runs", {"runs": views.runs()}, api="/api/runs")
 
     def runs_api(request: Request) -> Response:
         return json_response({"runs": views.runs()})
@@ -205,7 +218,10 @@ def make_app(
             found = views.run_info(run_id)
         except KeyError:
             return _not_found(f"no run '{run_id}' in this history; the runs list shows them all")
-        return page_response("run", f"run {found.run_id}", {"run_id": found.run_id})
+        return page_response(
+            "run", f"run {found.run_id}", {"run_id": found.run_id},
+            api=f"/api/runs/{found.run_id}",
+        )  # fmt: skip
 
     def run_api(request: Request) -> Response:
         try:
@@ -219,7 +235,7 @@ def make_app(
             data = views.site(run_id, site)
         except KeyError:
             return _not_found(f"no site '{site}' in run '{run_id}' of this history")
-        return page_response("site", f"site {site}", data)
+        return page_response("site", f"site {site}", data, api=f"/api{request.url.path}")
 
     def site_api(request: Request) -> Response:
         try:
@@ -239,7 +255,8 @@ def make_app(
 
     def compare_page(request: Request) -> Response:
         try:
-            return page_response("compare", "compare runs", compare_data(request))
+            api = "/api/compare" + (f"?{request.url.query}" if request.url.query else "")
+            return page_response("compare", "compare runs", compare_data(request), api=api)
         except KeyError as exc:
             return _not_found(f"no run '{exc.args[0]}' in this history to compare")
 
