@@ -79,6 +79,29 @@ def test_bad_tables_are_refused_naming_file_line_and_column(tmp_path, text, mess
     assert "\n" not in str(info.value)
 
 
+def test_a_sites_own_headers_map_to_the_tasks_columns_by_declared_aliases(tmp_path):
+    """A clinic whose file says ``BMI`` where the task says ``bmi``: an alias maps it (not
+    pinned: the schema and its digest stay the same); without one the error says the two
+    differ only in case; a file with both headers of one column is refused."""
+    plain = TabularTask("c", [Numeric("bmi"), Numeric("age")], Label("y", "regression"))
+    aliased = TabularTask("c", [Numeric("bmi", aliases=("BMI", "body mass")), Numeric("age")],
+                          Label("y", "regression", aliases=("Y",)))  # fmt: skip
+    assert aliased.schema.digest() == plain.schema.digest()
+    site = write(tmp_path, "age,BMI,Y\n50,31.5,120\n61,22.0,80\n")
+    table = aliased.read_site_data(site)
+    assert np.allclose(table.numeric, [[31.5, 50], [22.0, 61]]) and list(table.labels) == [120, 80]
+    with pytest.raises(UserError) as info:
+        plain.read_site_data(site)
+    assert "'BMI' differs from 'bmi' only in case: rename it, or declare aliases=('BMI',)" in (
+        str(info.value)
+    )
+    both = write(tmp_path, "age,bmi,body mass,y\n50,31.5,31.5,1\n", "both.csv")
+    with pytest.raises(UserError, match="columns 'bmi' and 'body mass' both stand for the"):
+        aliased.read_site_data(both)
+    with pytest.raises(ValueError, match="header 'age' stands for both column 'bmi' and"):
+        TabularTask("c", [Numeric("bmi", aliases=("age",)), Numeric("age")], Label("y"))
+
+
 def test_a_regression_label_must_be_numeric(tmp_path):
     task = TabularTask("cost", [Numeric("age")], Label("cost", kind="regression"))
     path = write(tmp_path, "age,cost\n50,100.5\n60,high\n")

@@ -49,11 +49,15 @@ class Numeric:
             with these bounds instead of statistics gathered from the sites, which DP does
             not cover; a task whose numeric columns do not all declare bounds is refused
             under ``--dp``. Default ``None``: not declared.
+        aliases: other headers a site's file may give this column (``("BMI",)``); a file
+            holding two of them is refused. Not pinned: sites that spell a column
+            differently still train together. Default none.
     """
 
     name: str
     impute: bool = False
     bounds: tuple[float, float] | None = None
+    aliases: tuple[str, ...] = ()
     kind: str = field(default="numeric", init=False)
 
     def __post_init__(self) -> None:
@@ -83,10 +87,12 @@ class Categorical:
         name: the column's header.
         categories: every value the column may hold; the list is pinned in the run's schema,
             so every site encodes the same way.
+        aliases: other headers a site's file may give this column (as ``Numeric``'s).
     """
 
     name: str
     categories: tuple[str, ...]
+    aliases: tuple[str, ...] = ()
     kind: str = field(default="categorical", init=False)
 
 
@@ -106,12 +112,14 @@ class Label:
             which gathers no statistics, standardises the label with them. Default
             ``None``: under DP the label is learnt as it is; without DP its mean and
             standard deviation are gathered with the features' either way.
+        aliases: other headers a site's file may give the label (as ``Numeric``'s).
     """
 
     name: str
     kind: str = "binary"
     classes: tuple[str, ...] = ()
     bounds: tuple[float, float] | None = None
+    aliases: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind not in LABEL_KINDS:
@@ -134,6 +142,17 @@ class TabularSchema:
 
     features: tuple[Numeric | Categorical, ...]
     label: Label
+
+    def __post_init__(self) -> None:
+        seen: dict[str, str] = {}
+        for column in (*self.features, self.label):
+            for header in (column.name, *column.aliases):
+                if header in seen:
+                    raise ValueError(
+                        f"header '{header}' stands for both column '{seen[header]}' and "
+                        f"column '{column.name}'; give each header to one column"
+                    )
+                seen[header] = column.name
 
     @property
     def numeric(self) -> list[Numeric]:
@@ -334,15 +353,21 @@ def read_table(path: str | Path, schema: TabularSchema, labelled: bool = True) -
     path = Path(path)
     if not path.is_file():
         raise UserError(f"data file {path} does not exist; pass --data with a .csv or .parquet")
-    frame = read_frame(path)
+    frame = _by_task_names(read_frame(path), schema, path)
     with_label = labelled or schema.label.name in frame.columns
     wanted = [f.name for f in schema.features] + ([schema.label.name] if with_label else [])
     missing = [name for name in wanted if name not in frame.columns]
     if missing:
         shown = ", ".join(list(frame.columns)[:12])
+        cased = {m: [str(c) for c in frame.columns if str(c).lower() == m.lower()] for m in missing}
+        hint = "; ".join(
+            f"'{c[0]}' differs from '{m}' only in case: rename it, or declare "
+            f"aliases=('{c[0]}',) on the task's column '{m}'"
+            for m, c in cased.items() if c
+        )  # fmt: skip
         raise UserError(
             f"{path}: no column {', '.join(repr(m) for m in missing)} (the file has: {shown}); "
-            "rename the column or fix the task's schema"
+            + (hint if hint else "rename the column or fix the task's schema")
         )
     if len(frame) == 0:
         raise UserError(f"{path}: the table has a header but no rows; a site needs examples")
@@ -366,6 +391,22 @@ def read_table(path: str | Path, schema: TabularSchema, labelled: bool = True) -
     else:
         labels = np.zeros(len(frame), dtype=np.int64)
     return Table(numeric, categorical, labels, str(path))
+
+
+def _by_task_names(frame: Any, schema: TabularSchema, path: Path) -> Any:
+    """``frame`` with every column a task's column declares as an alias renamed to that
+    column's name; a file holding two headers of one column is refused."""
+    renames = {}
+    for column in (*schema.features, schema.label):
+        found = [h for h in (column.name, *column.aliases) if h in frame.columns]
+        if len(found) > 1:
+            raise UserError(
+                f"{path}: columns {' and '.join(repr(h) for h in found)} both stand for the "
+                f"task's column '{column.name}'; keep one of them"
+            )
+        if found and found[0] != column.name:
+            renames[found[0]] = column.name
+    return frame.rename(columns=renames) if renames else frame
 
 
 def _pinned_numeric(column: Numeric) -> dict[str, Any]:
