@@ -296,3 +296,29 @@ def test_show_sites_at_80_columns_keeps_sites_statuses_and_the_cross_site_matrix
     assert [row[0] for row in matrix] == ["global", *SITES]
     for i, row in enumerate(matrix):
         assert numbers(row[1:]) == pytest.approx([0.9 + i / 100] * len(SITES)), row
+
+
+def test_the_best_round_says_how_many_examples_it_rests_on_and_warns_when_too_few() -> None:
+    """Issue 34: a best round picked on a handful of evaluation rows (4-15 a clinic) was
+    worse on held-out data than the final model, with no word. The count is said, and a
+    best round other than the final one chosen on fewer than 100 examples is warned of."""
+    from types import SimpleNamespace
+
+    from fedweave.history.model_export import chosen_rounds
+
+    def row(number: int, loss: float, examples: tuple[int, ...]) -> dict:
+        sites = [{"site": f"s{i}", "status": "ok", "examples": n, "metrics": {"loss": loss}}
+                 for i, n in enumerate(examples)]  # fmt: skip
+        sites.append({"site": "late", "status": "late", "examples": 500})  # not counted
+        return {"round": number, "checkpoint_path": f"r{number}.npz",
+                "extra": {"evaluation": {"federated": {"loss": loss}, "sites": sites}}}  # fmt: skip
+
+    info = SimpleNamespace(config={"settings": {"evaluation": {"select_metric": "loss"}}})
+    small = [row(1, 0.9, (4, 8, 12, 15)), row(2, 0.5, (4, 8, 12, 15)), row(3, 0.7, (4, 8, 12, 15))]
+    _, best, chosen = chosen_rounds(info, small)
+    assert best["round"] == 2 and chosen["examples"] == 39
+    assert chosen["warning"].startswith("the best round was chosen on 39 evaluation examples")
+    enough = [row(1, 0.9, (60, 60)), row(2, 0.5, (60, 60)), row(3, 0.7, (60, 60))]
+    assert chosen_rounds(info, enough)[2]["warning"] is None
+    final_is_best = small[:2]  # the same model either way
+    assert chosen_rounds(info, final_is_best)[2]["warning"] is None

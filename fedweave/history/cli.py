@@ -587,11 +587,15 @@ def _print_best(console: Any, info: RunInfo, rounds: list[dict[str, Any]]) -> No
         return
     _, best, chosen = chosen_rounds(info, rounds)
     if best is not None:
+        examples = chosen.get("examples")
         console.print(
             f"best round {chosen['round']} by {chosen['qualified']} ({chosen['mode']}): "
-            f"{_num(chosen['value'])}",
+            f"{_num(chosen['value'])}"
+            + (f", on {examples} evaluation examples" if examples is not None else ""),
             highlight=False,
         )
+        if chosen.get("warning"):
+            console.print(f"warning: {chosen['warning']}", highlight=False)
 
 
 def _print_cross_site(console: Any, info: RunInfo, rounds: list[dict[str, Any]]) -> None:

@@ -141,6 +141,36 @@ def best_round(
     return best[0], name, best[2]
 
 
+MIN_RANKING_EXAMPLES = 100
+"""Below this many evaluation examples, a round's figure is too noisy to rank rounds by:
+one example moves an accuracy by more than a point, and the best of many noisy figures is
+mostly luck (``ranking_warning``)."""
+
+
+def evaluated_examples(row: dict[str, Any], name: str) -> int | None:
+    """How many examples round ``row``'s qualified metric ``name`` rests on: the sites'
+    evaluation parts that answered, for a federated metric; ``None`` where the history does
+    not say (the coordinator's own test data, a training metric)."""
+    if not name.startswith("federated."):
+        return None
+    sites = [s for s in site_evaluations(row) if s.get("status") == "ok"]
+    counts = [s.get("examples") for s in sites]
+    if not counts or not all(isinstance(c, int) for c in counts):
+        return None
+    return int(sum(counts))
+
+
+def ranking_warning(examples: int | None) -> str | None:
+    """Why a best round chosen on ``examples`` evaluation examples says little, or ``None``."""
+    if examples is None or examples >= MIN_RANKING_EXAMPLES:
+        return None
+    return (
+        f"the best round was chosen on {examples} evaluation examples, too few to rank rounds "
+        f"(under {MIN_RANKING_EXAMPLES}, the best figure is mostly luck); prefer the final "
+        "model, or give the sites more evaluation data (--eval-fraction, --eval-data)"
+    )
+
+
 def site_evaluations(row: dict[str, Any]) -> list[dict[str, Any]]:
     """Each asked site's evaluation in that round: site, status, examples, metrics,
     reason."""

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from fedweave.history.metrics import best_round
+from fedweave.history.metrics import best_round, evaluated_examples, ranking_warning
 from fedweave.history.records import RunInfo
 from fedweave.history.store_errors import HistoryError
 from fedweave.private_files import create_private, write_private_text
@@ -86,7 +86,11 @@ def chosen_rounds(
         return final, None, {**chosen, "note": f"no round recorded '{metric}'"}
     number, name, value = best
     best_row = next(row for row in with_model if row["round"] == number)
-    return final, best_row, {**chosen, "qualified": name, "round": number, "value": value}
+    examples = evaluated_examples(best_row, name)
+    # the same model either way when the best round is the final one
+    warning = ranking_warning(examples) if number != final["round"] else None
+    said = {"examples": examples, "warning": warning}
+    return final, best_row, {**chosen, "qualified": name, "round": number, "value": value, **said}
 
 
 GLOBAL_MODEL = "global"
