@@ -7,6 +7,7 @@ directory (simulation).
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -43,6 +44,7 @@ from fedweave.contract import (
     SITE_SPEEDS_KEY,
     STATISTICS_KEY,
     STATISTICS_STAGE_KEY,
+    TASK_PACKAGE_KEY,
     WEIGHT_DECAY_KEY,
     WORK_FRACTION_KEY,
     LateWork,
@@ -148,6 +150,24 @@ def resolve_data_path(settings: ClientSettings, context: Context) -> str:
     return str(Path(settings.split_dir) / f"site-{partition}.npz")
 
 
+def _check_task_package(config: dict) -> None:
+    """Refuse a run whose pinned task package (``TASK_PACKAGE_KEY``) this site does not
+    have in that version (``task_packages.package_problem``)."""
+    text = config.get(TASK_PACKAGE_KEY)
+    if not text:
+        return
+    from fedweave.learning.task_packages import package_problem
+
+    try:
+        pinned = json.loads(str(text))
+    except ValueError:
+        raise SiteRefusal("the run's task package pin is not JSON; run fedweave's own "
+                          "coordinator") from None  # fmt: skip
+    problem = package_problem(pinned if isinstance(pinned, dict) else None)
+    if problem is not None:
+        raise SiteRefusal(problem)
+
+
 class TaskClient(NumPyClient):
     """Trains ``task`` on ``data`` starting from the weights the coordinator sends, and scores
     the global model on ``evaluation`` (the site's evaluation part; ``None``: it has none,
@@ -185,6 +205,7 @@ class TaskClient(NumPyClient):
         return get_weights(self.model)
 
     def fit(self, parameters: list[np.ndarray], config: dict) -> tuple[list[np.ndarray], int, dict]:
+        _check_task_package(config)
         work = float(config.get(WORK_FRACTION_KEY, 1.0))
         simulated = None
         if SITE_SPEEDS_KEY in config and not config.get(STATISTICS_STAGE_KEY):
@@ -404,6 +425,7 @@ class TaskClient(NumPyClient):
     def evaluate(self, parameters: list[np.ndarray], config: dict) -> tuple[float, int, dict]:
         """Every metric the task computes for the global model on this site's evaluation
         part, with its example count and (when named) the site's name."""
+        _check_task_package(config)
         started = time.perf_counter()
         scores, examples = self._scores(parameters, config)
         metrics: dict[str, Any] = {

@@ -3,6 +3,7 @@
 The public API for your own tasks is importable from here::
 
     from fedweave import ArrayData, ClassificationTask, Task, TrainConfig
+    from fedweave import Categorical, Label, Numeric, TabularTask  # a table's task
 
 Those names load lazily (they need torch), so ``import fedweave`` and ``fedweave --help`` stay
 fast.
@@ -23,6 +24,10 @@ _PUBLIC = {
     "load_task": "fedweave.learning.tasks",
     "ClassificationTask": "fedweave.learning.tasks.classification",
     "ImageFolderTask": "fedweave.learning.images",
+    "TabularTask": "fedweave.learning.tasks.tabular",
+    "Numeric": "fedweave.learning.tables",
+    "Categorical": "fedweave.learning.tables",
+    "Label": "fedweave.learning.tables",
     "TrainConfig": "fedweave.learning.training",
     "train_epochs": "fedweave.learning.training",
     "evaluate_model": "fedweave.learning.training",

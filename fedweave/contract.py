@@ -94,6 +94,10 @@ STATISTICS_STAGE_KEY = "fw-statistics-stage"
 training); ``fedweave/learning/statistics.py``."""
 STATISTICS_KEY = "fw-statistics"
 """Fit config: the statistics gathered so far (JSON), which the site prepares its data with."""
+TASK_PACKAGE_KEY = "fw-task-package"
+"""Fit and evaluate config: the installed task package the run pinned (JSON: task, package,
+version; ``fedweave/learning/task_packages.py``), which a site must have too; absent for a
+built-in or ``module:attr`` task."""
 OPTIMIZER_KEY = "optimizer"
 WEIGHT_DECAY_KEY = "weight_decay"
 CLIP_GRAD_NORM_KEY = "clip_grad_norm"

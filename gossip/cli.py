@@ -18,7 +18,8 @@ keys_app = typer.Typer(
     help="CURVE key pairs for encrypted, authenticated gossip.", no_args_is_help=True
 )
 task_app = typer.Typer(
-    help="What a task's model looks like on the gossip wire (for peers written elsewhere).",
+    help="Tasks: those installed here (list), and what a task's model looks like on the "
+    "gossip wire (describe, for peers written elsewhere).",
     no_args_is_help=True,
 )
 

@@ -22,6 +22,7 @@ from fedweave.history.metrics import (
 from fedweave.history.round_summary import RoundSummary, evaluated, privacy_spent, shown
 from fedweave.learning.statistics import pinned_schema
 from fedweave.learning.task_metrics import headline_metric
+from fedweave.learning.task_packages import pinned_for_run
 from fedweave.learning.tasks import load_task
 from fedweave.privacy_accounting import with_planned_noise
 from fedweave.simulations.federated import run_federated_simulation, server_settings
@@ -92,6 +93,10 @@ def run_and_report(config: RunConfig, resolved: Resolved) -> dict:
     schema = pinned_schema(task)
     if schema is not None:
         stored["schema"] = schema
+    recorded = (run.config or {}).get("task_package") if resume else None
+    package = pinned_for_run(task_name, recorded)
+    if package is not None:
+        stored["task_package"] = package
     config, stored["protections"] = _with_protections(config, offset, test)
     console.print(header_line(stored["protections"]), soft_wrap=True, highlight=False)
     if not resume:

@@ -1,5 +1,6 @@
 """Tasks: built-ins load real data; user tasks load as module:attr; bad names are clear."""
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -97,3 +98,81 @@ def test_user_task_from_module(tmp_path, monkeypatch):
 def test_bad_task_specs(spec, message):
     with pytest.raises(UserError, match=message):
         load_task(spec)
+
+
+def _task_package(root, package: str, version: str, entries: dict[str, str], module: str = ""):
+    """An installed distribution as pip leaves it (a .dist-info with its entry points) and
+    its module, under ``root`` (put on sys.path by the caller)."""
+    info = root / f"{package.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package}\nVersion: {version}\n")
+    lines = "".join(f"{name} = {target}\n" for name, target in entries.items())
+    (info / "entry_points.txt").write_text(f"[fedweave.tasks]\n{lines}")
+    if module:
+        (root / f"{package.replace('-', '_')}.py").write_text(module)
+
+
+CLINIC_TASK = (
+    "from fedweave import Label, Numeric, TabularTask\n"
+    "task = TabularTask('diabetes', [Numeric('bmi', aliases=('BMI',)), Numeric('age')],\n"
+    "                   Label('progression', 'regression'))\n"
+)
+
+
+def test_a_task_package_registers_its_task_by_name_and_is_pinned_by_version(
+    tmp_path, monkeypatch
+):
+    from fedweave.learning.task_packages import package_problem, pinned_for_run, pinned_package
+
+    _task_package(tmp_path, "clinic-task", "1.2.0", {"diabetes": "clinic_task:task"}, CLINIC_TASK)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        task = load_task("diabetes")
+        assert task.name == "diabetes" and task.schema.label.kind == "regression"
+        pinned = pinned_package("diabetes")
+        assert pinned == {"task": "diabetes", "package": "clinic-task", "version": "1.2.0"}
+        assert pinned_package("clinic_task:task") is None  # a module:attr spec pins nothing
+        assert package_problem(pinned) is None
+        older = {**pinned, "version": "1.1.0"}
+        assert package_problem(older) == (
+            "the run's task 'diabetes' is clinic-task 1.1.0, this site has clinic-task 1.2.0; "
+            "install the run's version here (pip install 'clinic-task==1.1.0') or start the "
+            "run with this one"
+        )
+        assert "not installed at this site" in package_problem({**pinned, "task": "other"})
+        import json
+
+        from fedweave.client.site_app import _check_task_package
+        from fedweave.contract import TASK_PACKAGE_KEY, SiteRefusal
+
+        _check_task_package({TASK_PACKAGE_KEY: json.dumps(pinned)})  # the same: takes part
+        with pytest.raises(SiteRefusal, match="this site has clinic-task 1.2.0"):
+            _check_task_package({TASK_PACKAGE_KEY: json.dumps(older)})
+        with pytest.raises(UserError, match="was clinic-task 1.1.0 and this machine has "
+                                            "clinic-task 1.2.0; install the run's version"):
+            pinned_for_run("diabetes", older)
+        listed = subprocess.run(
+            [sys.executable, "-m", "fedweave.cli", "task", "list"], capture_output=True,
+            text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        )  # fmt: skip
+        assert "diabetes           clinic-task 1.2.0  (clinic_task:task)" in listed.stdout
+    finally:
+        sys.modules.pop("clinic_task", None)
+
+
+def test_a_broken_or_doubly_registered_task_package_is_one_line(tmp_path, monkeypatch):
+    _task_package(tmp_path / "one", "broken-task", "0.1", {"broken": "broken_task:task"},
+                  "import numpy\nraise RuntimeError('the model file is missing')\n")  # fmt: skip
+    monkeypatch.syspath_prepend(str(tmp_path / "one"))
+    with pytest.raises(UserError) as info:
+        load_task("broken")
+    assert str(info.value) == (
+        "task 'broken': package broken-task 0.1 registers it as broken_task:task, which fails "
+        "to import (RuntimeError: the model file is missing); fix or reinstall broken-task"
+    )
+    sys.modules.pop("broken_task", None)
+    _task_package(tmp_path / "two", "clinic-a", "1.0", {"twice": "clinic_a:task"})
+    _task_package(tmp_path / "two", "clinic-b", "2.0", {"twice": "clinic_b:task"})
+    monkeypatch.syspath_prepend(str(tmp_path / "two"))
+    with pytest.raises(UserError, match="task 'twice' is registered by two installed packages"):
+        load_task("digits-not-this-one-but-any-lookup")

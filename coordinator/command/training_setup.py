@@ -75,6 +75,7 @@ def check_run_input(store, config: RunConfig, resolved: Resolved) -> CheckedRun:
     from fedweave.coordinator.rounds.round_settings import test_data_of
     from fedweave.history.metrics import recorded_privacy
     from fedweave.learning.statistics import pinned_schema
+    from fedweave.learning.task_packages import pinned_for_run
     from fedweave.learning.tasks import load_task
     from fedweave.privacy_accounting import with_planned_noise
 
@@ -90,6 +91,10 @@ def check_run_input(store, config: RunConfig, resolved: Resolved) -> CheckedRun:
     schema = pinned_schema(load_task(config.data.task))
     if schema is not None:
         stored["schema"] = schema
+    recorded = (run.config or {}).get("task_package") if run is not None else None
+    package = pinned_for_run(config.data.task, recorded)
+    if package is not None:
+        stored["task_package"] = package
     return CheckedRun(config, stored, run, test_data_of(config))
 
 

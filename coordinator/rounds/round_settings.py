@@ -11,6 +11,8 @@ only computes from the config and the task: no round runs here, and nothing is c
 
 from __future__ import annotations
 
+import functools
+import json
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -33,6 +35,7 @@ from fedweave.contract import (
     SEED_KEY,
     SIMULATED_DEADLINE_KEY,
     SITE_SPEEDS_KEY,
+    TASK_PACKAGE_KEY,
     WEIGHT_DECAY_KEY,
 )
 from fedweave.coordinator.rounds.deadlines import (
@@ -46,6 +49,16 @@ from fedweave.learning.compression import Compression
 from fedweave.learning.statistics import prepared
 from fedweave.learning.task_metrics import task_metrics
 from fedweave.learning.tasks import load_task
+
+
+@functools.lru_cache(maxsize=8)
+def task_package_config(spec: str) -> dict[str, str]:
+    """The round config's pin of task ``spec``'s installed package (``TASK_PACKAGE_KEY``),
+    empty for a built-in or ``module:attr`` task; read once a process."""
+    from fedweave.learning.task_packages import pinned_package
+
+    pinned = pinned_package(spec)
+    return {TASK_PACKAGE_KEY: json.dumps(pinned, sort_keys=True)} if pinned else {}
 
 
 @dataclass(frozen=True)
@@ -141,6 +154,7 @@ class ServerSettings:
             ROUND_KEY: server_round + self.round_offset,
             BATCH_SIZE_KEY: training.batch_size,
             SEED_KEY: training.seed,
+            **task_package_config(self.config.data.task),
         }
 
     def fit_config(self, server_round: int, round_timeout: float) -> dict[str, int | float | str]:
@@ -167,6 +181,7 @@ class ServerSettings:
         compression."""
         training = self.config.training
         config: dict[str, int | float | str] = {
+            **task_package_config(self.config.data.task),
             ROUND_KEY: server_round + self.round_offset,
             LOCAL_EPOCHS_KEY: training.local_epochs,
             LR_KEY: training.lr,

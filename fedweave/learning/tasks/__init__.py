@@ -21,7 +21,8 @@ BUILTIN_TASKS = {
 
 
 def load_task(spec: str) -> Task:
-    """Find a task by built-in name (``digits``) or as ``module:attr`` for a user task.
+    """Find a task by built-in name (``digits``), by the name an installed task package
+    registers (``fedweave/learning/task_packages.py``), or as ``module:attr`` for a user task.
 
     ``attr`` may be a Task instance, a Task class, or a zero-argument factory.
     """
@@ -30,19 +31,36 @@ def load_task(spec: str) -> Task:
 
         return SyntheticTask.from_name(spec)
     target = BUILTIN_TASKS.get(spec, spec)
+    package = None
     if ":" not in target:
-        known = ", ".join(sorted(BUILTIN_TASKS))
-        raise UserError(
-            f"unknown task '{spec}': use one of {known}, synthetic-A-B (e.g. synthetic-1-1), "
-            "synthetic-iid, or 'my_module:my_task'"
-        )
+        from fedweave.learning.task_packages import installed_tasks
+
+        installed = installed_tasks()
+        package = installed.get(spec)
+        if package is None:
+            known = ", ".join([*sorted(BUILTIN_TASKS), *sorted(installed)])
+            raise UserError(
+                f"unknown task '{spec}': use one of {known}, synthetic-A-B (e.g. "
+                "synthetic-1-1), synthetic-iid, an installed task package's name "
+                "(fedweave task list), or 'my_module:my_task'"
+            )
+        target = package.target
     module_name, _, attr = target.partition(":")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
+    except Exception as exc:  # a task package's own import error, whatever it is
+        if package is None and not isinstance(exc, ImportError):
+            raise
+        if package is None:
+            raise UserError(
+                f"task '{spec}': cannot import module '{module_name}' ({exc}); "
+                "check the name and that it is on PYTHONPATH"
+            ) from exc
+        first = (str(exc).strip().splitlines() or [""])[0]
         raise UserError(
-            f"task '{spec}': cannot import module '{module_name}' ({exc}); "
-            "check the name and that it is on PYTHONPATH"
+            f"task '{spec}': package {package.package} {package.version} registers it as "
+            f"{target}, which fails to import ({type(exc).__name__}: {first}); fix or "
+            f"reinstall {package.package}"
         ) from exc
     try:
         obj = getattr(module, attr)

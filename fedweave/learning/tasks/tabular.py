@@ -2,8 +2,7 @@
 
 A user task is a few lines::
 
-    from fedweave.learning.tables import Categorical, Label, Numeric
-    from fedweave.learning.tasks.tabular import TabularTask
+    from fedweave import Categorical, Label, Numeric, TabularTask
 
     task = TabularTask(
         name="heart",
