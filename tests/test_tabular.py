@@ -300,10 +300,17 @@ def test_the_coordinator_checks_each_sites_statistics():
     strategy.aggregate_fit(
         0,
         [(Proxy(1), reply([1.0, 2.0, 3.0], 10)), (Proxy(2), reply([3.0, 4.0, 5.0], 30)),
-         (Proxy(3), reply([1.0, 2.0], 50)), (Proxy(4), reply([np.nan, 0.0, 0.0], 50))],
+         (Proxy(3), reply([1.0, 2.0], 50)), (Proxy(4), reply([np.nan, 0.0, 0.0], 50)),
+         (Proxy(5), reply([1e300, 0.0, 0.0], 50))],
         [],
     )  # fmt: skip
     assert np.allclose(strategy.mean, [2.5, 3.5, 4.5])
     assert strategy.failures == [
-        "site 3: statistics of the wrong shape", "site 4: statistics not finite"
-    ]
+        "site 3: statistics of the wrong shape", "site 4: statistics not finite",
+        "site 5: statistics beyond ±1.84e+19, which no mean of a site's scaled values reaches",
+    ]  # fmt: skip
+    # a pooled scale vector pushed past [-1, 1] (by a weight, say) cannot overflow the powers
+    # of two (it raised OverflowError and ended the run)
+    task = load_task("breast-cancer")
+    scales = task.add_statistics("scale", np.full(30, 3.0e17), {})["scales"]
+    assert scales == [2.0**64] * 30

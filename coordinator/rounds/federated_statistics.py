@@ -34,6 +34,13 @@ from fedweave.learning.statistics import encode_known
 log = logging.getLogger("fedweave.statistics")
 
 
+STATISTICS_LIMIT = 2.0**64
+"""The largest value a site's statistics vector may hold, far above any honest mean of scaled
+values (under SecAgg+ they are within its clipping range anyway) and far enough below a
+float's overflow that squaring a pooled one stays finite: a site that sends more (a rewritten
+reply on a run without SecAgg+) is left out of the stage, as one whose vector is not finite."""
+
+
 class StatisticsSink:
     """Where the gathered statistics are kept for the run (``None`` until gathered)."""
 
@@ -101,6 +108,11 @@ class StatisticsStrategy(VectorExchangeStrategy):
                 self.failures.append(f"site {proxy.node_id}: statistics of the wrong shape")
             elif not np.all(np.isfinite(vector[0])) or res.num_examples < 0:
                 self.failures.append(f"site {proxy.node_id}: statistics not finite")
+            elif np.max(np.abs(vector[0]), initial=0.0) > STATISTICS_LIMIT:
+                self.failures.append(
+                    f"site {proxy.node_id}: statistics beyond ±{STATISTICS_LIMIT:.3g}, which no "
+                    "mean of a site's scaled values reaches"
+                )
             else:
                 usable.append((vector[0].astype(np.float64), res.num_examples))
         if not usable:

@@ -148,7 +148,9 @@ class TabularTask:
     def add_statistics(self, stage: str, mean: np.ndarray, known: dict[str, Any]) -> dict[str, Any]:
         k = len(self.schema.numeric)
         if stage == "scale":
-            powers = [2.0 ** round(v * SCALE_SHRINK) for v in mean]
+            # every site's vector is within [-1, 1] by construction; a pooled one outside
+            # came from a rewritten reply, and 2 ** (its value * 64) would overflow
+            powers = [2.0 ** round(v * SCALE_SHRINK) for v in np.clip(mean, -1.0, 1.0)]
             label = {"label_power": powers[k]} if self._regression else {}
             return {"scales": powers[:k], **label}
         scales = np.asarray(known["scales"], dtype=np.float64)
