@@ -29,28 +29,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_dp_tables import write_diabetes  # noqa: E402
-
-from fedweave.learning.statistics import local_only_statistics  # noqa: E402
-from fedweave.learning.tables import Table  # noqa: E402
-from fedweave.learning.training import TrainConfig, seed_everything  # noqa: E402
+from bench_tabular import central_scores  # noqa: E402
 
 
 def central(root: Path, epochs: int, seed: int) -> dict[str, float]:
     task = importlib.import_module("diabetes_task").task
-    tables = [task.read_site_data(p) for p in sorted((root / "sites").glob("*.csv"))]
-    pooled = Table(
-        np.concatenate([t.numeric for t in tables]),
-        np.concatenate([t.categorical for t in tables]),
-        np.concatenate([t.labels for t in tables]),
-        "pooled",
-    )
-    statistics = local_only_statistics(task, pooled)
-    seed_everything(seed)
-    model = task.build_model()
-    config = TrainConfig.for_task(task, epochs=epochs, device="cpu", seed=seed)
-    task.train(model, task.prepare(pooled, statistics), config)
-    test = task.prepare(task.read_site_data(root / "test.csv"), statistics)
-    return task.evaluate(model, test, config)
+    sites = sorted((root / "sites").glob("*.csv"))
+    return central_scores(task, sites, root / "test.csv", epochs, seed)
 
 
 def federated(root: Path, rounds: int, seed: int) -> dict[str, float]:

@@ -31,7 +31,12 @@ from fedweave.learning.training import TrainConfig, seed_everything
 
 
 def central_accuracy(sites: list[Path], test: Path, epochs: int, seed: int) -> float:
-    task = load_task("breast-cancer")
+    return central_scores(load_task("breast-cancer"), sites, test, epochs, seed)["accuracy"]
+
+
+def central_scores(task, sites: list[Path], test: Path, epochs: int, seed: int) -> dict:  # type: ignore[no-untyped-def]
+    """Every metric of ``task``'s model trained centrally on the pooled ``sites`` files for
+    ``epochs`` (standardised with the pooled statistics), on the ``test`` file."""
     tables = [task.read_site_data(p) for p in sites]
     pooled = Table(
         np.concatenate([t.numeric for t in tables]),
@@ -45,7 +50,7 @@ def central_accuracy(sites: list[Path], test: Path, epochs: int, seed: int) -> f
     config = TrainConfig.for_task(task, epochs=epochs, device="cpu", seed=seed)
     task.train(model, task.prepare(pooled, statistics), config)
     test_data = task.prepare(task.read_site_data(test), statistics)
-    return task.evaluate(model, test_data, config)["accuracy"]
+    return task.evaluate(model, test_data, config)
 
 
 def federated_accuracy(task: str, site_dir: Path, test: Path, rounds: int, seed: int,
