@@ -16,10 +16,6 @@ from fedweave.history.metrics import evaluation_lines
 from fedweave.history.round_summary import privacy_spent, shown
 from fedweave.private_files import write_private_text
 
-ROUND_COLUMNS = ("round", "accuracy", "loss", "seconds")
-"""A report row's first columns; a task whose headline metric is not accuracy has it in
-accuracy's place (``headline_metric``)."""
-
 
 def check_writable(path: Path) -> None:
     """Fail before any training if the report could not be written."""
