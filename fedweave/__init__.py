@@ -4,6 +4,7 @@ The public API for your own tasks is importable from here::
 
     from fedweave import ArrayData, ClassificationTask, Task, TrainConfig
     from fedweave import Categorical, Label, Numeric, TabularTask  # a table's task
+    from fedweave import load_model  # an exported run's model, raw columns in
 
 Those names load lazily (they need torch), so ``import fedweave`` and ``fedweave --help`` stay
 fast.
@@ -32,6 +33,7 @@ _PUBLIC = {
     "train_epochs": "fedweave.learning.training",
     "evaluate_model": "fedweave.learning.training",
     "UserError": "fedweave.errors",
+    "load_model": "fedweave.learning.exported_model",
 }
 
 __all__ = ["__version__", *_PUBLIC]

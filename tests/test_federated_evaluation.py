@@ -182,6 +182,38 @@ def test_a_coordinator_without_data_scores_rounds_at_the_sites(hospitals, tmp_pa
     _evaluate_exported(out / "best.safetensors", meta["statistics"], test)
 
 
+PLAIN_USE = """
+import json, sys
+sys.modules["fedweave"] = None  # plain torch and numpy: importing fedweave would fail
+"""
+
+
+def _the_exported_model_predicts_as_predict_does(out: Path, new: Path, predicted) -> None:
+    """``fedweave.load_model`` on raw rows, and the docs' recipe without fedweave, give the
+    probabilities ``fedweave predict`` wrote, to 1e-6."""
+    import csv
+
+    import fedweave
+
+    model = fedweave.load_model(out)
+    with open(new, newline="") as handle:
+        rows = model.predict(csv.DictReader(handle))
+    assert [row["prediction"] for row in rows] == predicted["prediction"].astype(str).tolist()
+    np.testing.assert_allclose([row["probability"] for row in rows], predicted["probability"],
+                               rtol=0, atol=1e-6)  # fmt: skip
+    np.testing.assert_allclose(model(pd.read_csv(new)).numpy(), predicted["probability"],
+                               rtol=0, atol=1e-6)  # fmt: skip
+    docs = (Path(__file__).parents[1] / "docs" / "evaluation.md").read_text()
+    recipe = docs.split("Without fedweave at all")[1].split("```python")[1].split("```")[0]
+    recipe = recipe.replace("DIR/", f"{out}/").replace("new.csv", str(new))
+    script = PLAIN_USE + recipe + "print(json.dumps(predictions.tolist()))\n"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, cwd=out)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    np.testing.assert_allclose(json.loads(done.stdout), predicted["probability"],
+                               rtol=0, atol=1e-6)  # fmt: skip
+
+
 @pytest.mark.slow
 def test_the_exported_model_scores_as_the_history_says_and_predict_agrees(hospitals, tmp_path):
     root, sites, test = hospitals
@@ -214,6 +246,7 @@ def test_the_exported_model_scores_as_the_history_says_and_predict_agrees(hospit
     right = (predictions["prediction"].astype(str) == frame["diagnosis"].astype(str)).mean()
     assert right == pytest.approx(central["accuracy"], abs=1e-9)
     assert predictions["probability"].between(0, 1).all()
+    _the_exported_model_predicts_as_predict_does(out, tmp_path / "new.csv", predictions)
 
     # a file that lacks a column the model reads: one line, exit 2
     frame.drop(columns=["diagnosis", "mean radius"]).to_csv(tmp_path / "bad.csv", index=False)

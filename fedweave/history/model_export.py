@@ -1,4 +1,6 @@
-"""A recorded run's model out: the final and the best round's global model as safetensors.
+"""A recorded run's model out: the final and the best round's global model as safetensors,
+as a ``torch.export`` program (``model.pt2``, ``best.pt2``), and with the preparation that
+``fedweave.load_model(DIR)`` needs to take raw columns (``fedweave/learning/exported_model.py``).
 
 Tensor names are the task model's ``state_dict`` keys (buffers included), so::
 
@@ -7,7 +9,9 @@ Tensor names are the task model's ``state_dict`` keys (buffers included), so::
 
 loads it with no position mapping. ``model.json`` beside it says what the model needs to
 predict: the task, the rounds exported, the metric that chose the best one, the pinned
-data schema and the federated statistics a tabular task standardises its inputs with.
+data schema, the federated statistics a tabular task standardises its inputs with, and
+``preparation``: those statistics as the steps from raw columns to inputs and from outputs to
+predictions.
 Checkpoints are verified against their recorded sha256 before anything is written; nothing
 is pickled.
 """
@@ -24,11 +28,11 @@ import numpy as np
 from fedweave.history.metrics import best_round, evaluated_examples, ranking_warning
 from fedweave.history.records import RunInfo
 from fedweave.history.store_errors import HistoryError
+from fedweave.learning.exported_model import BEST_PROGRAM_FILE, META_FILE, PROGRAM_FILE
 from fedweave.private_files import create_private, write_private_text
 
 FINAL_FILE = "model.safetensors"
 BEST_FILE = "best.safetensors"
-META_FILE = "model.json"
 
 
 def checkpoint_weights(row: dict[str, Any]) -> list[np.ndarray]:
@@ -129,10 +133,12 @@ def export_models(
     from safetensors.numpy import save_file
 
     from fedweave.history.metrics import final_privacy
+    from fedweave.learning.tasks import load_task
 
     final, best, chosen = chosen_rounds(info, rows)
     if final is None:
         return []
+    task = load_task(info.task)
     written = []
     meta: dict[str, Any] = {
         "run_id": info.run_id,
@@ -147,10 +153,13 @@ def export_models(
             [row for row in rows if row["round"] <= final["round"]],
             ((info.config.get("settings") or {}).get("privacy") or {}).get("dp", "none"),
         ) or "none",
-        "load": "model = load_task(task).build_model(); "
-        "model.load_state_dict(safetensors.torch.load_file(FILE))",
+        "preparation": preparation(task, statistics),
+        "load": "model = fedweave.load_model(DIR); model.predict(rows) or model(table); the "
+        "weights alone: load_task(task).build_model().load_state_dict("
+        "safetensors.torch.load_file(FILE))",
     }
-    for row, name in ((final, FINAL_FILE), (best, BEST_FILE)):
+    files = ((final, FINAL_FILE, PROGRAM_FILE), (best, BEST_FILE, BEST_PROGRAM_FILE))
+    for row, name, program in files:
         if row is None:
             continue
         tensors = named_weights(info.task, checkpoint_weights(row))
@@ -161,6 +170,52 @@ def export_models(
             metadata={"run_id": info.run_id, "task": info.task, "round": str(row["round"])},
         )
         written.append(out_dir / name)
+        problem = _write_program(task, tensors, out_dir / program)
+        if problem is None:
+            written.append(out_dir / program)
+        else:
+            meta["program_note"] = problem
     write_private_text(out_dir / META_FILE, json.dumps(meta, indent=2, sort_keys=True) + "\n")
     written.append(out_dir / META_FILE)
     return written
+
+
+def preparation(task: Any, statistics: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What ``fedweave.load_model`` needs to prepare raw inputs and read the outputs
+    (``fedweave/learning/exported_model.py``): a table task's own ``preparation``; a task
+    without statistics takes its arrays as they are; ``None`` for a task that prepares its
+    data with its own code."""
+    from fedweave.learning.prediction import output_kind
+    from fedweave.learning.statistics import needs_statistics
+    from fedweave.learning.training import objective_of
+
+    own = getattr(task, "preparation", None)
+    if callable(own):
+        return own(statistics)
+    if needs_statistics(task):
+        return None
+    classes = list(task.label_names()) if hasattr(task, "label_names") else []
+    return {
+        "kind": "array",
+        "input_shape": list(task.input_shape),
+        "outputs": {"kind": output_kind(objective_of(task)), "classes": classes},
+    }
+
+
+def _write_program(task: Any, tensors: dict[str, np.ndarray], path: Path) -> str | None:
+    """Write the task's network with ``tensors`` as a ``torch.export`` program at ``path``;
+    why it could not be (a network ``torch.export`` cannot trace), or ``None``."""
+    import torch
+
+    from fedweave.learning.exported_model import network_program
+
+    model = task.build_model()
+    model.load_state_dict({name: torch.from_numpy(array) for name, array in tensors.items()})
+    try:
+        create_private(path)
+        network_program(model, tuple(task.input_shape), path)
+    except Exception as exc:  # torch.export's refusals are many kinds; the weights still stand
+        path.unlink(missing_ok=True)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return f"no {path.name}: torch.export could not trace the network ({first[:200]})"
+    return None

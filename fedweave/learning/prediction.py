@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedweave.learning.decoding import decoded, prediction_rows
 from fedweave.learning.objectives import Binary, MultiLabel, Regression
 from fedweave.learning.training import (
     TrainConfig,
@@ -44,6 +45,17 @@ def model_outputs(model: torch.nn.Module, data: Any, config: TrainConfig) -> np.
     return np.concatenate(parts) if parts else np.zeros((0,), dtype=np.float32)
 
 
+def output_kind(objective: Any) -> str:
+    """The ``decoding`` kind of ``objective``'s outputs."""
+    if isinstance(objective, Regression):
+        return "regression"
+    if isinstance(objective, Binary):
+        return "binary"
+    if isinstance(objective, MultiLabel):
+        return "multilabel"
+    return "multiclass"
+
+
 def prediction_columns(
     task: Any, outputs: np.ndarray, data: Any = None
 ) -> tuple[list[str], list[list[Any]]]:
@@ -51,29 +63,6 @@ def prediction_columns(
     applies to ``data`` (a regression's label standardisation)."""
     objective = for_data(objective_of(task), data)
     names = tuple(task.label_names()) if hasattr(task, "label_names") else ()
-
-    def spelled(index: int) -> Any:
-        return names[index] if index < len(names) else index
-
-    if isinstance(objective, Regression):
-        values = objective.values(outputs.reshape(len(outputs), -1)[:, 0].astype(np.float64))
-        return ["prediction"], [[float(v)] for v in values]
-    if isinstance(objective, Binary):
-        probability = 1.0 / (1.0 + np.exp(-outputs.reshape(len(outputs), -1)[:, 0]))
-        return ["prediction", "probability"], [
-            [spelled(int(p > 0.5)), float(p)] for p in probability
-        ]
-    if isinstance(objective, MultiLabel):
-        probability = 1.0 / (1.0 + np.exp(-outputs))
-        labels = range(outputs.shape[1])
-        header = [f"label_{i}" for i in labels] + [f"probability_{i}" for i in labels]
-        return header, [
-            [int(p > 0.5) for p in row] + [float(p) for p in row] for row in probability
-        ]
-    shifted = outputs - outputs.max(axis=1, keepdims=True)
-    probability = np.exp(shifted) / np.exp(shifted).sum(axis=1, keepdims=True)
-    classes = range(outputs.shape[1])
-    header = ["prediction"] + [f"probability_{spelled(i)}" for i in classes]
-    return header, [
-        [spelled(int(row.argmax()))] + [float(p) for p in row] for row in probability
-    ]
+    kind = output_kind(objective)
+    scale = (objective.label_mean, objective.label_std) if kind == "regression" else (0.0, 1.0)
+    return prediction_rows(decoded(outputs, kind, *scale), kind, names)

@@ -220,6 +220,43 @@ class TabularTask:
             return ArrayData(encoded.x, encoded.y, scale)
         return encoded
 
+    def preparation(self, statistics: dict[str, Any] | None) -> dict[str, Any]:
+        """How ``prepare`` turns raw columns into the model's inputs and its outputs back
+        into predictions under ``statistics``, as plain JSON (what an exported model carries,
+        ``fedweave/learning/exported_model.py``). A numeric value is clipped to ``clip``
+        (its bounds), a missing one becomes ``fill``, then it is ``(value - center) / scale``
+        (float64, then float32); a categorical one is one-hot over ``categories``."""
+        k = len(self.schema.numeric)
+        statistics = statistics or {}
+        means = [float(v) for v in statistics.get("means", [0.0] * k)]
+        stds = [float(v) for v in statistics.get("stds", [1.0] * k)]
+        features: list[dict[str, Any]] = []
+        numeric_at = 0
+        for column in self.schema.features:
+            aliases = list(column.aliases)
+            if isinstance(column, Categorical):
+                features.append({"name": column.name, "kind": "categorical",
+                                 "categories": list(column.categories), "aliases": aliases})
+                continue
+            mean, std = means[numeric_at], stds[numeric_at]
+            numeric_at += 1
+            features.append({
+                "name": column.name, "kind": "numeric", "impute": column.impute,
+                "clip": list(column.bounds) if column.bounds else None, "fill": mean,
+                "center": mean if self.standardise else 0.0,
+                "scale": std if self.standardise else 1.0, "aliases": aliases,
+            })  # fmt: skip
+        label = self.schema.label
+        outputs: dict[str, Any] = {"kind": label.kind, "classes": list(label.classes)}
+        if self._regression:
+            scaled = self.standardise and "label_mean" in statistics
+            outputs["label_mean"] = float(statistics["label_mean"]) if scaled else 0.0
+            outputs["label_std"] = float(statistics["label_std"]) if scaled else 1.0
+        return {
+            "kind": "table", "features": features, "width": self.schema.width,
+            "label": {"name": label.name, "aliases": list(label.aliases)}, "outputs": outputs,
+        }  # fmt: skip
+
     def train(self, model: Any, data: Any, config: TrainConfig) -> dict[str, float]:
         return train_epochs(model, data, config, self.objective)
 
