@@ -37,8 +37,7 @@ import time
 from pathlib import Path
 
 DIABETES_TASK = '''
-from fedweave.learning.tables import Label, Numeric
-from fedweave.learning.tasks.tabular import TabularTask
+from fedweave import Label, Numeric, TabularTask
 
 BOUNDS = {  # clinical ranges, not the table's own minima and maxima
     "age": (18, 100), "sex": (1, 2), "bmi": (10, 60), "bp": (40, 200),

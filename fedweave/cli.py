@@ -35,7 +35,7 @@ def build_app() -> typer.Typer:
     from fedweave.gossip.cli import keys_app, peer, task_app
     from fedweave.history.cli import history_app, predict_command
     from fedweave.simulations.cli import data_app, simulate
-    from fedweave.task_cli import task_list
+    from fedweave.task_cli import task_describe, task_list
 
     app = typer.Typer(
         help="fedweave: federated (Flower + SecAgg+) and serverless gossip learning; "
@@ -57,6 +57,7 @@ def build_app() -> typer.Typer:
     app.command()(peer)
     app.add_typer(keys_app, name="keys")
     task_app.command("list")(task_list)
+    task_app.command("describe")(task_describe)
     app.add_typer(task_app, name="task")
     app.command()(version)
     return app

@@ -16,7 +16,13 @@ from pathlib import Path
 from typing import IO, Any
 
 from fedweave.errors import UserError
-from fedweave.history.metrics import metric_names, round_metrics, site_evaluations
+from fedweave.history.metrics import (
+    final_metrics,
+    metric_names,
+    recorded_headline,
+    round_metrics,
+    site_evaluations,
+)
 from fedweave.history.records import RunInfo
 from fedweave.history.store import HistoryStore
 from fedweave.history.store_errors import HistoryError
@@ -146,7 +152,8 @@ def export_run(
 ) -> list[Path]:
     """Write rounds.csv, sites.csv, evaluations.csv (sites' federated evaluations, when the
     run has some), run.json, model.npz (final checkpoint) and the named model
-    (model.safetensors, best.safetensors, model.json) to ``out_dir``.
+    (model.safetensors, best.safetensors, model.json) to ``out_dir``. ``run.json`` carries
+    the run's ``headline`` metric and the ``final_metrics`` of its last round's model.
 
     The tables are written first, so a missing or altered checkpoint file (``UserError``)
     still leaves them in place. ``actor``: whose final checkpoint (a gossip run's peers each
@@ -174,6 +181,9 @@ def export_run(
     checkpoint = store.latest_checkpoint(info.run_id, actor=actor)
     meta = run_dict(info)
     meta["final_checkpoint"] = asdict(checkpoint) if checkpoint else None
+    # as a simulation's report.json says them: the run's headline metric, the final model's
+    meta["headline"] = recorded_headline(all_rounds)
+    meta["final_metrics"] = final_metrics(all_rounds)
     write_private_text(out_dir / "run.json", json.dumps(meta, indent=2, sort_keys=True) + "\n")
     written.append(out_dir / "run.json")
     if checkpoint is None:
