@@ -32,10 +32,10 @@ def build_app() -> typer.Typer:
     from fedweave.client.cli import client
     from fedweave.coordinator.command.cli import coordinator, evaluate
     from fedweave.dashboard.cli import dashboard_app
-    from fedweave.gossip.cli import keys_app, peer, task_app
+    from fedweave.gossip.cli import keys_app, peer
     from fedweave.history.cli import history_app, predict_command
     from fedweave.simulations.cli import data_app, simulate
-    from fedweave.task_cli import task_describe, task_list
+    from fedweave.task_cli import task_app, task_describe, task_list
 
     app = typer.Typer(
         help="fedweave: federated (Flower + SecAgg+) and serverless gossip learning; "

@@ -1,11 +1,18 @@
-"""``fedweave task list``: the tasks this machine can run, built in and installed as packages
-(``fedweave/learning/task_packages.py``)."""
+"""``fedweave task list`` and ``fedweave task describe``: the tasks this machine can run, built
+in and installed as packages (``fedweave/learning/task_packages.py``), and one task as this
+machine has it, down to its model's tensors in gossip wire order (gossip/PROTOCOL.md §3.2)."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
 import typer
+
+task_app = typer.Typer(
+    help="Tasks: those installed here (list), and one task as this machine has it (describe: "
+    "its package, objective, columns, and its model on the gossip wire).",
+    no_args_is_help=True,
+)
 
 
 def task_list(
@@ -38,27 +45,52 @@ def task_list(
 
 
 def task_describe(
-    name: Annotated[str, typer.Argument(help="A task name (fedweave task list) or module:attr.")],
+    name: Annotated[
+        str | None, typer.Argument(help="A task name (fedweave task list) or module:attr.")
+    ] = None,
+    task_option: Annotated[
+        str | None, typer.Option("--task", help="The same as NAME (the older spelling).")
+    ] = None,
     fmt: Annotated[str, typer.Option("--format", help="text or json.")] = "text",
 ) -> None:
     """Describe one task as this machine has it: where it comes from (package and version),
-    its objective and headline metric, its training defaults and, for a table task, its
-    columns (kinds, bounds, aliases, categories), label and schema digest: what a site
-    compares with a run's before it takes part."""
+    its objective and headline metric, its training defaults, for a table task its columns
+    (kinds, bounds, aliases, categories), label and digest, and its model's tensors in gossip
+    wire order (name, dtype, shape) with their schema hash, what another peer must send to be
+    mixed with this one (gossip/PROTOCOL.md §3.2). NAME may also be given as --task NAME."""
     import json
-    from dataclasses import asdict
 
     from fedweave.errors import UserError
+
+    if fmt not in ("text", "json"):
+        raise UserError(f"--format {fmt!r} is unknown: use text or json")
+    if name and task_option and name != task_option:
+        raise UserError(f"two tasks named ({name!r} and --task {task_option!r}): give one")
+    if not (name or task_option):
+        raise UserError("name a task: fedweave task describe NAME (fedweave task list shows them)")
+    described = _described(name or task_option)
+    if fmt == "json":
+        typer.echo(json.dumps(described, indent=2))
+        return
+    for line in _text(described):
+        typer.echo(line)
+
+
+def _described(name: str) -> dict:
+    from dataclasses import asdict
+
+    from fedweave.gossip import wire
     from fedweave.learning.task import training_defaults
     from fedweave.learning.task_packages import pinned_package
     from fedweave.learning.tasks import load_task
     from fedweave.learning.training import objective_of
+    from fedweave.learning.weights import get_named_weights
 
-    if fmt not in ("text", "json"):
-        raise UserError(f"--format {fmt!r} is unknown: use text or json")
     task = load_task(name)
     objective = objective_of(task)
     pinned = pinned_package(name)
+    weights = get_named_weights(task.build_model())
+    specs = wire.tensor_specs(weights)
     described: dict = {
         "task": name,
         "package": f"{pinned['package']} {pinned['version']}" if pinned else None,
@@ -66,32 +98,47 @@ def task_describe(
         "headline": objective.headline,
         "metrics": list(objective.metrics),
         "training_defaults": asdict(training_defaults(task)),
+        "schema": wire.schema_hash(specs),
+        "parameters": int(sum(a.size for a in weights.values())),
+        "tensors": specs,
     }
     schema = getattr(task, "schema", None)
     if schema is not None and hasattr(schema, "pinned"):
-        described["schema"] = {**schema.pinned(), "digest": schema.digest()}
-        aliases = {c.name: list(c.aliases) for c in (*schema.features, schema.label) if c.aliases}
-        described["aliases"] = aliases
-    if fmt == "json":
-        typer.echo(json.dumps(described, indent=2))
-        return
-    typer.echo(f"task {name}" + (f" ({described['package']})" if pinned else ""))
-    typer.echo(f"objective {described['objective']}: metrics {', '.join(described['metrics'])}; "
-               f"headline {described['headline']}")  # fmt: skip
-    defaults = described["training_defaults"]
-    typer.echo("training defaults: " + ", ".join(f"{k} {v}" for k, v in defaults.items()))
-    if "schema" not in described:
-        return
-    pinned_schema = described["schema"]
-    typer.echo(f"schema {pinned_schema['digest']}, columns in model-input order:")
-    for column in pinned_schema["features"]:
-        extra = [f"bounds {column['bounds']}"] if "bounds" in column else []
-        extra += ["imputed"] if column.get("impute") else []
-        extra += [f"categories {column['categories']}"] if "categories" in column else []
-        extra += [f"aliases {described['aliases'][column['name']]}"] if column["name"] in \
-            described["aliases"] else []  # fmt: skip
-        typer.echo(f"  {column['name']}  {column['kind']}" + (f"  ({'; '.join(extra)})"
-                                                            if extra else ""))  # fmt: skip
-    label = pinned_schema["label"]
-    classes = f", classes {label['classes']}" if label["classes"] else ""
-    typer.echo(f"label {label['name']}: {label['kind']}{classes}")
+        described["table"] = {**schema.pinned(), "digest": schema.digest()}
+        described["aliases"] = {
+            c.name: list(c.aliases) for c in (*schema.features, schema.label) if c.aliases
+        }
+    return described
+
+
+def _text(described: dict) -> list[str]:
+    package = f" ({described['package']})" if described["package"] else ""
+    lines = [
+        f"task {described['task']}{package}",
+        f"objective {described['objective']}: metrics {', '.join(described['metrics'])}; "
+        f"headline {described['headline']}",
+        "training defaults: "
+        + ", ".join(f"{k} {v}" for k, v in described["training_defaults"].items()),
+    ]
+    if "table" in described:
+        table = described["table"]
+        lines.append(f"table digest {table['digest']}, columns in model-input order:")
+        for column in table["features"]:
+            extra = [f"bounds {column['bounds']}"] if "bounds" in column else []
+            extra += ["imputed"] if column.get("impute") else []
+            extra += [f"categories {column['categories']}"] if "categories" in column else []
+            if column["name"] in described["aliases"]:
+                extra.append(f"aliases {described['aliases'][column['name']]}")
+            notes = f"  ({'; '.join(extra)})" if extra else ""
+            lines.append(f"  {column['name']}  {column['kind']}{notes}")
+        label = table["label"]
+        classes = f", classes {label['classes']}" if label["classes"] else ""
+        lines.append(f"label {label['name']}: {label['kind']}{classes}")
+    specs = described["tensors"]
+    lines.append(
+        f"model: {described['parameters']:,} parameters in {len(specs)} tensors, wire order"
+    )
+    width = max(len(tensor_name) for tensor_name, _, _ in specs)
+    lines += [f"  {n:<{width}}  {dtype}  {shape}" for n, dtype, shape in specs]
+    lines.append(f"schema {described['schema']}")
+    return lines

@@ -12,15 +12,9 @@ from typing import Annotated
 import typer
 
 from fedweave.config import Resolved, RunConfig, config_command
-from fedweave.config.commands import option_for
 
 keys_app = typer.Typer(
     help="CURVE key pairs for encrypted, authenticated gossip.", no_args_is_help=True
-)
-task_app = typer.Typer(
-    help="Tasks: those installed here (list), and what a task's model looks like on the "
-    "gossip wire (describe, for peers written elsewhere).",
-    no_args_is_help=True,
 )
 
 
@@ -100,38 +94,3 @@ def keys_allow(
         for path in files:
             peer_id, target, new = allow_key(keys, path)
             typer.echo(f"{'allowed' if new else 'already allowed'} peer {peer_id} ({target})")
-
-
-@task_app.command("describe")
-def task_describe(
-    task: str = option_for("task"),
-    fmt: Annotated[str, typer.Option("--format", help="text (a table) or json.")] = "text",
-) -> None:
-    """Print the task's model tensors in wire order (name, dtype, shape) and its schema hash:
-    what another peer must send to be mixed with this one (gossip/PROTOCOL.md §3.2)."""
-    import json
-
-    from fedweave.errors import UserError
-    from fedweave.gossip import wire
-    from fedweave.learning.tasks import load_task
-    from fedweave.learning.weights import get_named_weights
-
-    if fmt not in ("text", "json"):
-        raise UserError(f"--format {fmt!r} is unknown: use text or json")
-    weights = get_named_weights(load_task(task).build_model())
-    specs = wire.tensor_specs(weights)
-    parameters = int(sum(a.size for a in weights.values()))
-    if fmt == "json":
-        payload = {
-            "task": task,
-            "schema": wire.schema_hash(specs),
-            "parameters": parameters,
-            "tensors": specs,
-        }
-        typer.echo(json.dumps(payload, indent=2))
-        return
-    typer.echo(f"task {task}: {parameters:,} parameters in {len(specs)} tensors, wire order")
-    width = max(len(name) for name, _, _ in specs)
-    for name, dtype, shape in specs:
-        typer.echo(f"  {name:<{width}}  {dtype}  {shape}")
-    typer.echo(f"schema {wire.schema_hash(specs)}")

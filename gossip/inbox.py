@@ -82,7 +82,7 @@ class Inbox:
     def _schema_reason(self) -> str:
         return (
             f"schema-mismatch: this peer's model has schema {self.schema[:16]}; compare "
-            "`fedweave task describe --task NAME` on both sides (same task and model?)"
+            "`fedweave task describe NAME` on both sides (same task and model?)"
         )
 
     def _check(self, inc: Incoming) -> wire.Message:
