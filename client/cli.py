@@ -95,11 +95,14 @@ def supernode_command(
     eval_data: Path | None = None,
     eval_fraction: float = 0.1,
     floor: dict[str, str] | None = None,
+    columns: Path | None = None,
 ) -> list[str]:
     """The ``flower-supernode`` command line for this site (``external_worker``: its
     ClientApps run in ``fedweave.client.worker``, not in a new process per message;
-    ``floor``: the site's privacy floor as node-config entries, ``privacy_floor``)."""
+    ``floor``: the site's privacy floor as node-config entries, ``privacy_floor``;
+    ``columns``: its column map, ``--columns``)."""
     from fedweave.contract import (
+        NODE_COLUMNS_KEY,
         NODE_DATA_PATH_KEY,
         NODE_DEVICE_KEY,
         NODE_EVAL_DATA_KEY,
@@ -112,6 +115,8 @@ def supernode_command(
     node_config = f"{NODE_DATA_PATH_KEY}='{data.resolve()}' {NODE_TASK_KEY}='{task}'"
     if label_column:
         node_config += f" {NODE_LABEL_COLUMN_KEY}='{label_column}'"
+    if columns is not None:
+        node_config += f" {NODE_COLUMNS_KEY}='{columns.resolve()}'"
     if device:
         node_config += f" {NODE_DEVICE_KEY}='{device}'"
     if name:
@@ -241,7 +246,6 @@ class _SupernodeEvents:
                 _echo(f"taking part in run {run}" + (f", round {round_id}" if round_id else ""))
         elif kind == "run-ended":
             _echo(f"run {_integer(event.get('run_id'))} ended; waiting for the next run")
-
 
     def _note(self, event: dict[str, Any]) -> None:
         """Tell the status view (``--status-address``) what the event changes."""
@@ -594,8 +598,7 @@ def site_name(given: str | None, site_key: Path | None) -> str:
     if given is not None:
         if not SITE_NAME_PATTERN.match(given):
             raise UserError(
-                f"--name {given!r}: use 1-64 letters, digits, '.', '_' or '-' "
-                "(e.g. hospital-a)"
+                f"--name {given!r}: use 1-64 letters, digits, '.', '_' or '-' (e.g. hospital-a)"
             )
         return given
     if site_key is not None:
@@ -646,6 +649,7 @@ def _client(config: RunConfig, _resolved: Resolved) -> None:
         eval_data=config.evaluation.eval_data,
         eval_fraction=config.evaluation.eval_fraction,
         floor=privacy_floor(config),
+        columns=data.columns,
     )
     journal = status = None
     if config.monitoring.status_address is not None:
@@ -662,7 +666,12 @@ def _client(config: RunConfig, _resolved: Resolved) -> None:
     if use_worker:
         runtime_api = f"127.0.0.1:{runtime_port}"
         worker = worker_command(
-            runtime_api, data.task, data.data, data.label_column, config.evaluation.eval_data
+            runtime_api,
+            data.task,
+            data.data,
+            data.label_column,
+            config.evaluation.eval_data,
+            data.columns,
         )
     else:
         _echo(
@@ -679,8 +688,11 @@ def _client(config: RunConfig, _resolved: Resolved) -> None:
             + ", ".join(
                 (["SecAgg+"] if config.site.require_secure_agg else [])
                 + ([f"--dp {config.site.require_dp}"] if config.site.require_dp != "off" else [])
-                + ([f"a ledger at most epsilon {config.privacy.max_epsilon:g}"]
-                   if config.privacy.max_epsilon is not None else [])
+                + (
+                    [f"a ledger at most epsilon {config.privacy.max_epsilon:g}"]
+                    if config.privacy.max_epsilon is not None
+                    else []
+                )
             )  # fmt: skip
         )
     try:

@@ -23,6 +23,7 @@ from flwr.common import Context
 
 from fedweave.client.mods import site_mods
 from fedweave.contract import (
+    NODE_COLUMNS_KEY,
     NODE_DATA_PATH_KEY,
     NODE_DEVICE_KEY,
     NODE_EVAL_DATA_KEY,
@@ -70,6 +71,7 @@ def site_client(context: Context):
             data_path, run_task, label_column,
             _config_str(context.node_config, NODE_EVAL_DATA_KEY),
             float(_config_str(context.node_config, NODE_EVAL_FRACTION_KEY) or 0.1),
+            _config_str(context.node_config, NODE_COLUMNS_KEY),
         )  # fmt: skip
     except Exception as exc:  # a UserError from the reader: wrong shape, classes, file
         raise SiteRefusal(str(exc).splitlines()[0]) from None
@@ -77,9 +79,13 @@ def site_client(context: Context):
         cached_task(run_task), device=_config_str(context.node_config, NODE_DEVICE_KEY)
     )
     return TaskClient(
-        cached_task(run_task), data, config, site_index=context.node_id % 1_000_003,
+        cached_task(run_task),
+        data,
+        config,
+        site_index=context.node_id % 1_000_003,
         node_id=context.node_id,
-        site_name=_config_str(context.node_config, NODE_SITE_NAME_KEY), evaluation=evaluation,
+        site_name=_config_str(context.node_config, NODE_SITE_NAME_KEY),
+        evaluation=evaluation,
         ledger_path=_config_str(context.node_config, NODE_PRIVACY_LEDGER_KEY),
         max_epsilon=_max_epsilon(context),
     ).to_client()

@@ -73,6 +73,8 @@ class ClientSettings:
             the ``i``-th; takes precedence over ``split_dir``.
         site_names: simulated site ``i``'s name in the history (default: none, the node id).
         label_column: label column for CSV data.
+        columns: the path of this site's column map (``--columns map.toml``: its table's
+            headers → the task's columns), for a task that reads tables.
         eval_data_path: this site's own evaluation file (default: none).
         eval_fraction: share of the site's data held out to evaluate on when it has no
             evaluation file (default 0.1; 0: the site does not evaluate).
@@ -88,6 +90,7 @@ class ClientSettings:
     site_files: tuple[str, ...] = ()
     site_names: tuple[str, ...] = ()
     label_column: str | None = None
+    columns: str | None = None
     eval_data_path: str | None = None
     eval_fraction: float = 0.1
     device: str | None = None
@@ -106,8 +109,11 @@ digest); each entry holds its site data, so that id cannot be reused while it is
 
 
 @lru_cache(maxsize=8)
-def cached_site_data(path: str, task_spec: str, label_column: str | None) -> Any:
-    return load_site_data(path, cached_task(task_spec), label_column)
+def cached_site_data(
+    path: str, task_spec: str, label_column: str | None, columns: str | None = None
+) -> Any:
+    """``load_site_data`` once per file (``columns``: the column map's path)."""
+    return load_site_data(path, cached_task(task_spec), label_column, columns)
 
 
 @lru_cache(maxsize=8)
@@ -117,12 +123,14 @@ def cached_site_parts(
     label_column: str | None,
     eval_path: str | None,
     eval_fraction: float,
+    columns: str | None = None,
 ) -> tuple[Any, Any | None]:
     """(what the site trains on, what it evaluates on): its ``--eval-data`` file, or
-    ``eval_fraction`` of its data held out (``fedweave/learning/evaluation_split.py``)."""
-    data = cached_site_data(path, task_spec, label_column)
+    ``eval_fraction`` of its data held out (``fedweave/learning/evaluation_split.py``);
+    ``columns``: the column map's path, applied to both files."""
+    data = cached_site_data(path, task_spec, label_column, columns)
     if eval_path:
-        return data, cached_site_data(eval_path, task_spec, label_column)
+        return data, cached_site_data(eval_path, task_spec, label_column, columns)
     return hold_out(data, eval_fraction)
 
 
@@ -223,7 +231,8 @@ class TaskClient(NumPyClient):
         data = self._prepared(config, self.data)
         self._load_global(parameters)
         round_seed = (
-            int(config.get(SEED_KEY, 0)) * 1_000_003 + int(config.get(ROUND_KEY, 0)) * 1009
+            int(config.get(SEED_KEY, 0)) * 1_000_003
+            + int(config.get(ROUND_KEY, 0)) * 1009
             + int(config.get(JOB_KEY, 0)) * 7919
         )
         train_config = replace(
@@ -450,7 +459,7 @@ def make_client_app(settings: ClientSettings) -> ClientApp:
         path = resolve_data_path(settings, context)
         data, evaluation = cached_site_parts(
             path, settings.task, settings.label_column, settings.eval_data_path,
-            settings.eval_fraction,
+            settings.eval_fraction, settings.columns,
         )  # fmt: skip
         site_index = int(context.node_config.get(NODE_PARTITION_KEY, 0))
         names = settings.site_names

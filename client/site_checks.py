@@ -28,9 +28,16 @@ def check_site_inputs(config: RunConfig) -> None:
     if data.data is None:
         raise UserError("--data is required: this site's .npz or .csv file")
     parse_host_port(config.site.coordinator or "", "--coordinator", "coord.example.org:9092")
-    for flag, path in (("--data", data.data), ("--eval-data", config.evaluation.eval_data)):
+    for flag, path in (
+        ("--data", data.data), ("--eval-data", config.evaluation.eval_data),
+        ("--columns", data.columns),
+    ):  # fmt: skip
         if path is not None and "'" in str(path):  # the SuperNode's node config quotes it
             raise UserError(f"{flag} path {path} contains a single quote; rename or move the file")
+    if data.columns is not None:  # the file itself; the worker checks it against the data
+        from fedweave.learning.column_map import read_column_map
+
+        read_column_map(data.columns)
     if not connection.insecure and connection.ca_cert is not None:
         _check_ca_cert(connection.ca_cert)
     if connection.site_key is not None:
@@ -46,7 +53,7 @@ def check_site_data(config: RunConfig) -> None:
     task = load_task(config.data.task)
     for path in (config.data.data, config.evaluation.eval_data):
         if path is not None:
-            load_site_data(path, task, config.data.label_column)
+            load_site_data(path, task, config.data.label_column, config.data.columns)
 
 
 def _check_ca_cert(ca_cert: Path) -> None:

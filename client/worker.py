@@ -73,12 +73,14 @@ def warm_up(
     task: str | None,
     data_paths: tuple[str | None, ...],
     label_column: str | None,
+    columns: str | None = None,
 ) -> None:
     """Pay every first-use cost before the first message: the task, this site's data files
-    (``data_paths``: its data, then its evaluation data; None entries skipped), torch, and the
-    optimizer path (its first use imports ``torch._dynamo``, ~2 s). Says on stdout whether the
-    task and data read well (``INPUTS_PREFIX``) first: the site's SuperNode waits for that."""
-    problem = _inputs_problem(task, data_paths, label_column)
+    (``data_paths``: its data, then its evaluation data; None entries skipped; ``columns``:
+    their column map's path), torch, and the optimizer path (its first use imports
+    ``torch._dynamo``, ~2 s). Says on stdout whether the task and data read well
+    (``INPUTS_PREFIX``) first: the site's SuperNode waits for that."""
+    problem = _inputs_problem(task, data_paths, label_column, columns)
     print(INPUTS_PREFIX + (problem or INPUTS_OK), flush=True)
     import torch
 
@@ -86,7 +88,10 @@ def warm_up(
 
 
 def _inputs_problem(
-    task: str | None, data_paths: tuple[str | None, ...], label_column: str | None
+    task: str | None,
+    data_paths: tuple[str | None, ...],
+    label_column: str | None,
+    columns: str | None = None,
 ) -> str | None:
     """None when the task loads and every data file reads as training reads it; else the
     problem in one line (a run's first message is refused again with it, if the site runs)."""
@@ -101,7 +106,7 @@ def _inputs_problem(
         cached_task(task)
         for path in data_paths:
             if path is not None:
-                cached_site_data(path, task, label_column)
+                cached_site_data(path, task, label_column, columns)
     except UserError as exc:
         problem = one_line(str(exc), limit=2000)
         log.warning("site data not preloaded: %s", problem)
@@ -299,6 +304,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--task", help="the task this site holds, loaded before the first message")
     parser.add_argument("--data", help="this site's data file, loaded before the first message")
     parser.add_argument("--label-column", help="label column of a CSV data file")
+    parser.add_argument("--columns", help="column map: the data's headers -> the task's columns")
     parser.add_argument("--eval-data", help="this site's evaluation file, read at start too")
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -315,7 +321,8 @@ def main(argv: list[str] | None = None) -> None:
     # terminal's Ctrl-C never reaches it; `fedweave client` stops it with SIGTERM.)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     exit_with_site(os.getppid())
-    warm_up(args.task, (args.data, args.eval_data), args.label_column)  # SIGTERM: exit at once
+    # SIGTERM: exit at once
+    warm_up(args.task, (args.data, args.eval_data), args.label_column, args.columns)
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     log.info("ClientApp worker ready (pid %d)", os.getpid())
     serve(args.runtime_api_address, stop)

@@ -30,9 +30,10 @@ def worker_command(
     data: Path,
     label_column: str | None,
     eval_data: Path | None = None,
+    columns: Path | None = None,
 ) -> list[str]:
     """The worker's command line for this site (``eval_data``: its ``--eval-data``, read at
-    start with ``data``)."""
+    start with ``data``; ``columns``: its column map, ``--columns``)."""
     cmd = [
         sys.executable, "-m", "fedweave.client.worker",
         "--runtime-api-address", runtime_api_address,
@@ -40,6 +41,8 @@ def worker_command(
     ]  # fmt: skip
     if eval_data is not None:
         cmd += ["--eval-data", str(eval_data.resolve())]
+    if columns is not None:
+        cmd += ["--columns", str(columns.resolve())]
     return cmd + (["--label-column", label_column] if label_column else [])
 
 

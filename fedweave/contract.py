@@ -28,6 +28,9 @@ RUN_TASK_KEY = "task"
 NODE_DATA_PATH_KEY = "data-path"
 NODE_TASK_KEY = "task"
 NODE_LABEL_COLUMN_KEY = "label-column"
+NODE_COLUMNS_KEY = "columns"
+"""Node config: the absolute path of the site's column map (``fedweave client --columns``:
+its table's headers → the task's columns)."""
 NODE_DEVICE_KEY = "device"
 NODE_EVAL_DATA_KEY = "eval-data-path"
 """Node config: the site's own evaluation file (``fedweave client --eval-data``)."""
@@ -85,6 +88,7 @@ def bounded_site_metrics(metrics: dict) -> dict:
         elif isinstance(value, (bool, int, float)):
             kept[name] = value
     return kept
+
 
 ROUND_KEY = "round"
 LOCAL_EPOCHS_KEY = "local_epochs"

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from fedweave.errors import UserError
+from fedweave.learning.column_map import read_column_map
 from fedweave.learning.objectives import Binary, MultiLabel, Regression
 from fedweave.learning.statistics import local_only_statistics
 from fedweave.learning.tables import Categorical, Label, Numeric
@@ -92,14 +93,118 @@ def test_a_sites_own_headers_map_to_the_tasks_columns_by_declared_aliases(tmp_pa
     assert np.allclose(table.numeric, [[31.5, 50], [22.0, 61]]) and list(table.labels) == [120, 80]
     with pytest.raises(UserError) as info:
         plain.read_site_data(site)
-    assert "'BMI' differs from 'bmi' only in case: rename it, or declare aliases=('BMI',)" in (
-        str(info.value)
-    )
+    assert (
+        "'BMI' differs from 'bmi' only in case: rename it, map it (--columns map.toml: "
+        "'BMI' = 'bmi'), or declare aliases=('BMI',) on the task's column 'bmi'"
+    ) in str(info.value)
     both = write(tmp_path, "age,bmi,body mass,y\n50,31.5,31.5,1\n", "both.csv")
     with pytest.raises(UserError, match="columns 'bmi' and 'body mass' both stand for the"):
         aliased.read_site_data(both)
     with pytest.raises(ValueError, match="header 'age' stands for both column 'bmi' and"):
         TabularTask("c", [Numeric("bmi", aliases=("age",)), Numeric("age")], Label("y"))
+
+
+MAPPED = TabularTask("c", [Numeric("bmi"), Numeric("age", aliases=("Age",))],
+                     Label("progression", "regression"))  # fmt: skip
+
+
+def column_map(tmp_path, text, name="map.toml"):
+    return str(write(tmp_path, text, name))
+
+
+def test_a_sites_column_map_renames_its_headers_to_the_tasks_columns(tmp_path):
+    """``--columns map.toml``: a file that says ``BMI`` and ``Disease progression`` reads as
+    the task's spelling does, without editing the file or the task (before the aliases);
+    scoring new data, a mapped label header may be absent."""
+    from fedweave.learning.data import load_site_data
+
+    spelt = MAPPED.read_site_data(write(tmp_path, "bmi,age,progression\n31.5,50,120\n22,61,80\n"))
+    site = write(tmp_path, "Age,BMI,Disease progression\n50,31.5,120\n61,22,80\n", "own.csv")
+    mapping = column_map(
+        tmp_path, '[columns]\nBMI = "bmi"\n"Disease progression" = "progression"\n'
+    )
+    mapped = load_site_data(site, MAPPED, None, mapping)
+    assert np.array_equal(mapped.numeric, spelt.numeric) and list(mapped.labels) == [120, 80]
+    unlabelled = write(tmp_path, "Age,BMI\n50,31.5\n", "new.csv")
+    new = MAPPED.read_new_data(unlabelled, columns=read_column_map(mapping))
+    assert np.array_equal(new.numeric, [[31.5, 50]])
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (None, "map.toml does not exist; pass --columns with a .toml file"),
+        ('[columns]\nBMI = "bmi"\nage 50\n', "map.toml is not valid TOML (Expected '=' after a "
+         "key in a key/value pair (at line 3, column 5)); fix the file"),
+        ('BMI = "bmi"\n', "map.toml has no [columns] table; write one line per renamed header"),
+        ("[columns]\nBMI = 3\n", "map.toml: 'BMI' maps to 3, not a column name;"),
+        ('[columns]\nBMI = "bmi"\nBmi = "bmi"\n',
+         "map.toml maps both 'BMI' and 'Bmi' to column 'bmi'; keep one"),
+        ("#" * (1024 * 1024 + 1), "map.toml is over 1024 KiB; a map is a few lines"),
+    ],
+)  # fmt: skip
+def test_a_bad_column_map_file_is_one_line_naming_the_fix(tmp_path, text, message):
+    path = tmp_path / "map.toml"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(UserError) as info:
+        read_column_map(path)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "header, mapping, message",
+    [
+        ("BMI,age,progression", 'BMI = "bmii"', "map.toml maps 'BMI' to 'bmii', which is not "
+         "one of the task's columns (bmi, age, progression); fix the map"),
+        ("bmi,age,progression", 'BMI = "bmi"', "map.toml names 'BMI', which the file has no "
+         "column of (the file has: bmi, age, progression); fix the map"),
+        ("BMI,bmi,age,progression", 'BMI = "bmi"',
+         "columns 'BMI' and 'bmi' both stand for the task's column 'bmi'; keep one of them"),
+        ("bmi,years,Age,progression", 'years = "age"',
+         "columns 'years' and 'Age' both stand for the task's column 'age'; keep one of them"),
+    ],
+)  # fmt: skip
+def test_a_column_map_that_does_not_fit_the_file_or_task_is_one_line(
+    tmp_path, header, mapping, message
+):
+    site = write(tmp_path, header + "\n" + ",".join("1" * len(header.split(","))) + "\n")
+    columns = read_column_map(column_map(tmp_path, "[columns]\n" + mapping + "\n"))
+    with pytest.raises(UserError) as info:
+        MAPPED.read_site_data(site, columns=columns)
+    assert message in str(info.value) and str(site) in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_a_column_map_is_refused_for_a_task_that_reads_no_tables(tmp_path):
+    from fedweave.learning.data import load_site_data
+
+    mapping = column_map(tmp_path, '[columns]\nBMI = "bmi"\n')
+    with pytest.raises(UserError, match="^--columns maps a table's headers; task 'digits' does "
+                       "not read tables"):  # fmt: skip
+        load_site_data(tmp_path / "site.npz", load_task("digits"), None, mapping)
+
+
+def test_fedweave_client_with_a_bad_column_map_fails_before_connecting(tmp_path):
+    """Exit 2, one ``error:`` line, no traceback, nothing connected: a map that is not TOML
+    (the site process reads the file) and one naming a header the data lacks (the site's
+    worker reads the data with it)."""
+    from test_deploy_support import run_fedweave
+
+    site = write(tmp_path, "mean radius,diagnosis\n1.0,0\n")
+    base = ("client", "--coordinator", "127.0.0.1:1", "--insecure", "--task", "breast-cancer",
+            "--data", str(site), "--columns")  # fmt: skip
+    for text, wanted in (
+        ("[columns\n", "is not valid TOML"),
+        ('[columns]\nRadius = "mean radius"\n', f"{site}: the column map "
+         f"{tmp_path / 'bad.toml'} names 'Radius', which the file has no column of"),
+    ):  # fmt: skip
+        (tmp_path / "bad.toml").write_text(text)
+        done = run_fedweave(*base, "bad.toml", cwd=tmp_path)
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+        assert wanted in lines[0] and "connecting" not in done.stderr
 
 
 def test_a_regression_label_must_be_numeric(tmp_path):

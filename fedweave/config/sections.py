@@ -41,6 +41,12 @@ class DataSection:
     label_column: str | None = setting(
         None, "Label column of a CSV --data (or --test-data, --eval-data) file.", identity=False
     )
+    columns: Path | None = setting(
+        None,
+        "Column map: a TOML file whose 'columns' table maps this site's table headers to the "
+        'task\'s columns (BMI = "bmi"), for --data and --eval-data; the files stay as they are.',
+        identity=False,
+    )
     test_data: Path | None = setting(
         None, "Held-out data the coordinator evaluates on centrally, read like a site's --data "
         "(default: the task's own test split, if it has one; without either, rounds are "
@@ -683,8 +689,8 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         "checkpoint_dir",
     ),
     "client": (
-        "coordinator", "name", "task", "data", "label_column", "eval_data", "eval_fraction",
-        "device", "insecure", "ca_cert",
+        "coordinator", "name", "task", "data", "label_column", "columns", "eval_data",
+        "eval_fraction", "device", "insecure", "ca_cert",
         "site_key", "connect_timeout", "runtime_port", "log_file", "status_address", "verbose",
         "require_secure_agg", "require_dp", "max_epsilon", "privacy_ledger",
     ),

@@ -6,6 +6,7 @@ refused before anything connects or trains.
 
 from __future__ import annotations
 
+import inspect
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -84,15 +85,32 @@ def read_csv(path: Path, label_column: str) -> ArrayData:
     return ArrayData(x, y)
 
 
-def load_site_data(path: str | Path, task: Task, label_column: str | None = None) -> Any:
+def load_site_data(
+    path: str | Path,
+    task: Task,
+    label_column: str | None = None,
+    columns: str | Path | None = None,
+) -> Any:
     """Read a site's data for ``task``: the task's own ``read_site_data`` when it has one
     (a table by schema, an image folder), else a ``.npz``, or a ``.csv`` with
-    ``label_column``, as ``ArrayData``."""
+    ``label_column``, as ``ArrayData``. ``columns``: the path of the site's column map
+    (``--columns map.toml``, ``fedweave/learning/column_map.py``), for a task that reads
+    tables."""
     path = Path(path)
     reader = getattr(task, "read_site_data", None)
+    if columns is not None:
+        if reader is None or "columns" not in inspect.signature(reader).parameters:
+            raise UserError(
+                f"--columns maps a table's headers; task '{getattr(task, 'name', task)}' does "
+                "not read tables: drop --columns"
+            )
     if reader is not None:
         if not path.exists():
             raise UserError(f"data {path} does not exist; pass --data with this site's data")
+        if columns is not None:
+            from fedweave.learning.column_map import read_column_map
+
+            return reader(path, columns=read_column_map(columns))
         return reader(path)
     if not path.is_file():
         raise UserError(f"data file {path} does not exist; pass --data with a .npz or .csv file")

@@ -73,9 +73,7 @@ def _checked_bounds(name: str, bounds: Any) -> tuple[float, float]:
             f"column '{name}': bounds must be (low, high) numbers, got {bounds!r}"
         ) from None
     if not (math.isfinite(low) and math.isfinite(high) and low < high):
-        raise ValueError(
-            f"column '{name}': bounds must be finite with low < high, got {bounds!r}"
-        )
+        raise ValueError(f"column '{name}': bounds must be finite with low < high, got {bounds!r}")
     return low, high
 
 
@@ -345,15 +343,22 @@ def _canonical_number(text: str) -> str:
     return str(int(value)) if value.is_integer() else repr(value)
 
 
-def read_table(path: str | Path, schema: TabularSchema, labelled: bool = True) -> Table:
+def read_table(
+    path: str | Path,
+    schema: TabularSchema,
+    labelled: bool = True,
+    columns: dict[str, str] | None = None,
+) -> Table:
     """Read a site's CSV or Parquet file by column name and check every value.
 
     ``labelled=False`` (scoring new data): the label column may be absent; its values are
-    then placeholders (class 0, or 0.0)."""
+    then placeholders (class 0, or 0.0). ``columns``: the site's column map, its headers →
+    the task's columns (``fedweave/learning/column_map.py``), applied before the task's
+    aliases."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"data file {path} does not exist; pass --data with a .csv or .parquet")
-    frame = _by_task_names(read_frame(path), schema, path)
+    frame = _by_task_names(read_frame(path), schema, path, columns, labelled=labelled)
     with_label = labelled or schema.label.name in frame.columns
     wanted = [f.name for f in schema.features] + ([schema.label.name] if with_label else [])
     missing = [name for name in wanted if name not in frame.columns]
@@ -361,8 +366,9 @@ def read_table(path: str | Path, schema: TabularSchema, labelled: bool = True) -
         shown = ", ".join(list(frame.columns)[:12])
         cased = {m: [str(c) for c in frame.columns if str(c).lower() == m.lower()] for m in missing}
         hint = "; ".join(
-            f"'{c[0]}' differs from '{m}' only in case: rename it, or declare "
-            f"aliases=('{c[0]}',) on the task's column '{m}'"
+            f"'{c[0]}' differs from '{m}' only in case: rename it, map it (--columns "
+            f"map.toml: '{c[0]}' = '{m}'), or declare aliases=('{c[0]}',) on the task's "
+            f"column '{m}'"
             for m, c in cased.items() if c
         )  # fmt: skip
         raise UserError(
@@ -393,16 +399,45 @@ def read_table(path: str | Path, schema: TabularSchema, labelled: bool = True) -
     return Table(numeric, categorical, labels, str(path))
 
 
-def _by_task_names(frame: Any, schema: TabularSchema, path: Path) -> Any:
-    """``frame`` with every column a task's column declares as an alias renamed to that
-    column's name; a file holding two headers of one column is refused."""
+def _by_task_names(
+    frame: Any,
+    schema: TabularSchema,
+    path: Path,
+    columns: dict[str, str] | None = None,
+    labelled: bool = True,
+) -> Any:
+    """``frame`` with its headers renamed to the task's column names: first by the site's
+    column map ``columns`` (header → task column; its errors name the map's ``source``),
+    then by the aliases the task's columns declare. A map naming a column the task lacks or
+    a header the file lacks is refused, and so is a file holding two headers that stand for
+    one column (``labelled=False``: a header mapped to the label may be absent)."""
+    columns = columns or {}
+    the_map = f"the column map {getattr(columns, 'source', None) or '(--columns)'}"
+    task_columns = [column.name for column in (*schema.features, schema.label)]
+    headers = [str(h) for h in frame.columns]
+    shown = ", ".join(headers[:12]) + (", ..." if len(headers) > 12 else "")
+    for header, target in columns.items():
+        if target not in task_columns:
+            raise UserError(
+                f"{path}: {the_map} maps {header!r} to {target!r}, which is not one of the "
+                f"task's columns ({', '.join(task_columns[:40])}"
+                f"{', ...' if len(task_columns) > 40 else ''}); fix the map"
+            )
+        if header not in headers and (labelled or target != schema.label.name):
+            raise UserError(
+                f"{path}: {the_map} names {header!r}, which the file has no column of "
+                f"(the file has: {shown}); fix the map"
+            )
     renames = {}
     for column in (*schema.features, schema.label):
-        found = [h for h in (column.name, *column.aliases) if h in frame.columns]
+        mapped = [h for h, target in columns.items() if target == column.name and h in headers]
+        own = [h for h in (column.name, *column.aliases) if h in headers and h not in columns]
+        found = [*mapped, *own]
         if len(found) > 1:
             raise UserError(
                 f"{path}: columns {' and '.join(repr(h) for h in found)} both stand for the "
                 f"task's column '{column.name}'; keep one of them"
+                + (f", or fix {the_map}" if mapped else "")
             )
         if found and found[0] != column.name:
             renames[found[0]] = column.name

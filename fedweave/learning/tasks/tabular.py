@@ -99,12 +99,15 @@ class TabularTask:
             "evaluation, or centrally on a labelled --test-data table"
         )
 
-    def read_site_data(self, path: Path) -> Table:
-        return read_table(path, self.schema)
+    def read_site_data(self, path: Path, columns: dict[str, str] | None = None) -> Table:
+        """A site's table; ``columns``: its column map (its headers → the task's columns,
+        ``fedweave/learning/column_map.py``)."""
+        return read_table(path, self.schema, columns=columns)
 
-    def read_new_data(self, path: Path) -> Table:
-        """A table to score (``fedweave predict``): the label column may be absent."""
-        return read_table(path, self.schema, labelled=False)
+    def read_new_data(self, path: Path, columns: dict[str, str] | None = None) -> Table:
+        """A table to score (``fedweave predict``): the label column may be absent;
+        ``columns`` as ``read_site_data``'s."""
+        return read_table(path, self.schema, labelled=False, columns=columns)
 
     def label_names(self) -> tuple[str, ...]:
         """The class values as the files spell them, by class index (none: regression)."""
@@ -235,8 +238,14 @@ class TabularTask:
         for column in self.schema.features:
             aliases = list(column.aliases)
             if isinstance(column, Categorical):
-                features.append({"name": column.name, "kind": "categorical",
-                                 "categories": list(column.categories), "aliases": aliases})
+                features.append(
+                    {
+                        "name": column.name,
+                        "kind": "categorical",
+                        "categories": list(column.categories),
+                        "aliases": aliases,
+                    }
+                )
                 continue
             mean, std = means[numeric_at], stds[numeric_at]
             numeric_at += 1
