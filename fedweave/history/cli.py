@@ -783,8 +783,20 @@ def predict_command(
     ] = False,
     label_column: Annotated[
         str | None,
-        typer.Option("--label-column", help="Label column of a CSV file read by position.",
-                     show_default=False),
+        typer.Option(
+            "--label-column",
+            help="Label column of a CSV file read by position.",
+            show_default=False,
+        ),
+    ] = None,
+    columns: Annotated[
+        Path | None,
+        typer.Option(
+            "--columns",
+            help="Column map (TOML, a 'columns' table: this file's "
+            'header = "task column"), as fedweave client --columns.',
+            show_default=False,
+        ),
     ] = None,
     db: DbOption = DEFAULT_DB_URL,
 ) -> None:
@@ -794,7 +806,7 @@ def predict_command(
 
     with user_errors_as_one_line():
         with _open(db) as store:
-            count, round_number = predict_run(store, run_id, data, out, best, label_column)
+            count, round_number = predict_run(store, run_id, data, out, best, label_column, columns)
         typer.echo(f"wrote {out}: {count} predictions by the model of round {round_number}")
 
 

@@ -32,12 +32,16 @@ def _model_rows(store: Any, run_ref: str) -> tuple[Any, list[dict[str, Any]]]:
     return info, rows
 
 
-def _read(task: Any, path: Path, label_column: str | None) -> Any:
+def _read(task: Any, path: Path, label_column: str | None, columns: Path | None) -> Any:
     from fedweave.learning.data import load_site_data
 
     if hasattr(task, "read_new_data"):
-        return task.read_new_data(path)
-    return load_site_data(path, task, label_column)
+        if columns is None:
+            return task.read_new_data(path)
+        from fedweave.learning.column_map import read_column_map
+
+        return task.read_new_data(path, columns=read_column_map(columns))
+    return load_site_data(path, task, label_column, columns)
 
 
 def _check_schema(info: Any, task: Any) -> None:
@@ -60,9 +64,11 @@ def predict_run(
     out: Path,
     best: bool = False,
     label_column: str | None = None,
+    columns: Path | None = None,
 ) -> tuple[int, int]:
     """Write ``out`` (CSV: ``row``, then the prediction columns) for every example of
-    ``data_path``; returns (examples, round of the model used)."""
+    ``data_path`` (its headers renamed by the column map ``columns``, as a site's);
+    returns (examples, round of the model used)."""
     import torch
 
     from fedweave.learning.prediction import model_outputs, prediction_columns
@@ -88,7 +94,7 @@ def predict_run(
     tensors = named_weights(info.task, checkpoint_weights(row))
     model = task.build_model()
     model.load_state_dict({name: torch.from_numpy(array) for name, array in tensors.items()})
-    data = prepared(task, _read(task, data_path, label_column), recorded_statistics(rows))
+    data = prepared(task, _read(task, data_path, label_column, columns), recorded_statistics(rows))
     outputs = model_outputs(model, data, TrainConfig(device=None))
     header, values = prediction_columns(task, outputs, data)
     out.parent.mkdir(parents=True, exist_ok=True)
