@@ -20,6 +20,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
+
 def fedweave_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "fedweave.cli", *args]
 
@@ -30,11 +31,15 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def run_fedweave(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
-    """Run a short fedweave command to completion (its own group; killed on timeout)."""
+def run_fedweave(
+    *args: str, cwd: Path, timeout: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """Run a short fedweave command to completion (its own group; killed on timeout;
+    ``env`` added to its environment)."""
     proc = subprocess.Popen(
         fedweave_cmd(*args),
         cwd=cwd,
+        env={**os.environ, **env} if env else None,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -119,9 +119,7 @@ CLINIC_TASK = (
 )
 
 
-def test_a_task_package_registers_its_task_by_name_and_is_pinned_by_version(
-    tmp_path, monkeypatch
-):
+def test_a_task_package_registers_its_task_by_name_and_is_pinned_by_version(tmp_path, monkeypatch):
     from fedweave.learning.task_packages import package_problem, pinned_for_run, pinned_package
 
     _task_package(tmp_path, "clinic-task", "1.2.0", {"diabetes": "clinic_task:task"}, CLINIC_TASK)
@@ -148,14 +146,30 @@ def test_a_task_package_registers_its_task_by_name_and_is_pinned_by_version(
         _check_task_package({TASK_PACKAGE_KEY: json.dumps(pinned)})  # the same: takes part
         with pytest.raises(SiteRefusal, match="this site has clinic-task 1.2.0"):
             _check_task_package({TASK_PACKAGE_KEY: json.dumps(older)})
-        with pytest.raises(UserError, match="was clinic-task 1.1.0 and this machine has "
-                                            "clinic-task 1.2.0; install the run's version"):
+        with pytest.raises(
+            UserError,
+            match="was clinic-task 1.1.0 and this machine has "
+            "clinic-task 1.2.0; install the run's version",
+        ):
             pinned_for_run("diabetes", older)
         listed = subprocess.run(
             [sys.executable, "-m", "fedweave.cli", "task", "list"], capture_output=True,
             text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(tmp_path)},
         )  # fmt: skip
         assert "diabetes           clinic-task 1.2.0  (clinic_task:task)" in listed.stdout
+        described = subprocess.run(
+            [sys.executable, "-m", "fedweave.cli", "task", "describe", "diabetes"],
+            capture_output=True, text=True, timeout=120,
+            env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        )  # fmt: skip
+        assert described.returncode == 0, described.stderr
+        lines = described.stdout.splitlines()
+        assert lines[0] == "task diabetes (clinic-task 1.2.0)"
+        assert lines[1] == "objective regression: metrics loss, mae, rmse; headline mae"
+        assert f"table digest {task.schema.digest()}, columns in model-input order:" in lines
+        assert "  bmi  numeric  (aliases ['BMI'])" in lines and (
+            "label progression: regression" in lines
+        )
     finally:
         sys.modules.pop("clinic_task", None)
 
