@@ -126,6 +126,8 @@ def test_a_task_package_at_four_clinics_deployed_with_tls_and_secagg(tmp_path):
     for i in range(len(sites)):
         site_out = procs.output(f"site{i}")
         assert "accuracy" not in site_out and "mae" in site_out, site_out[-2000:]
+    mapped_sites = [i for i, path in enumerate(sites) if "BMI" in path.read_text()]
+    assert "map.toml: BMI -> bmi" in procs.output(f"site{mapped_sites[0]}")
 
     shown = run_fedweave("history", "show", run.run_id, "--db", db, cwd=tmp_path)
     assert shown.returncode == 0 and "mae" in shown.stdout, shown.stderr

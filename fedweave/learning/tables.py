@@ -441,6 +441,9 @@ def _by_task_names(
             )
         if found and found[0] != column.name:
             renames[found[0]] = column.name
+    by_map = [f"{h} -> {t}" for h, t in renames.items() if h in columns]
+    if by_map:
+        log.warning("%s: read with %s: %s", path, the_map, ", ".join(by_map))
     return frame.rename(columns=renames) if renames else frame
 
 
