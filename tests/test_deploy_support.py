@@ -244,6 +244,19 @@ def _make_deployment_here(root: Path, sites: int, unregistered: int) -> None:
             assert done.returncode == 0, done.stderr
 
 
+def register_named_sites(root: Path, names: list[str]) -> None:
+    """A CA and server certificate in ``root/tls`` and, for site ``i``, a key pair
+    ``site<i>.key`` / ``.pub`` registered under ``names[i]``, made with the commands a user
+    runs (``new-key`` naming the ``.pub`` it wrote)."""
+    done = run_fedweave("certs", "init", "--out", "tls", "--host", "localhost", cwd=root)
+    assert done.returncode == 0, done.stderr
+    for i, name in enumerate(names):
+        done = run_fedweave("sites", "new-key", "--out", f"site{i}.key", cwd=root)
+        assert done.returncode == 0 and f"site{i}.pub" in done.stdout, done.stderr
+        done = run_fedweave("sites", "add-key", "tls", f"site{i}.pub", "--name", name, cwd=root)
+        assert done.returncode == 0, done.stderr
+
+
 FIXED_DEADLINE = "120"
 """The round deadline the deployed tests give (``--round-timeout``) unless they say otherwise:
 the 120 s floor a default deadline is sized to on ``digits``. Sizing it times the task's local

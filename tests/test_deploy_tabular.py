@@ -18,6 +18,7 @@ from test_deploy_support import (
     Processes,
     free_port,
     recorded,
+    register_named_sites,
     run_fedweave,
     wait_for,
     wait_for_success,
@@ -32,14 +33,7 @@ ROUNDS = 6
 @pytest.mark.timeout(600)
 def test_hospital_csvs_deployed_with_tls_and_secagg(tmp_path):
     sites, test = write_hospital_files(tmp_path / "sites")
-    for args in (("certs", "init", "--out", "tls", "--host", "localhost"),):
-        assert run_fedweave(*args, cwd=tmp_path).returncode == 0
-    for i in range(len(sites)):
-        done = run_fedweave("sites", "new-key", "--out", f"site{i}.key", cwd=tmp_path)
-        assert done.returncode == 0, done.stderr
-        done = run_fedweave("sites", "add-key", "tls", f"site{i}.pub", "--name", sites[i].stem,
-                            cwd=tmp_path)  # fmt: skip
-        assert done.returncode == 0, done.stderr
+    register_named_sites(tmp_path, [path.stem for path in sites])
     db = f"sqlite:///{tmp_path / 'history.db'}"
     port = free_port()
     procs = Processes(tmp_path)

@@ -21,6 +21,7 @@ from test_deploy_support import (
     Processes,
     free_port,
     recorded,
+    register_named_sites,
     run_fedweave,
     wait_for,
     wait_for_success,
@@ -79,14 +80,7 @@ def _clinics(root):
 def test_a_task_package_at_four_clinics_deployed_with_tls_and_secagg(tmp_path):
     sites, truth = _clinics(tmp_path)
     coordinator_env = _install(tmp_path / "installs" / "coordinator")
-    assert run_fedweave("certs", "init", "--out", "tls", "--host", "localhost",
-                        cwd=tmp_path).returncode == 0  # fmt: skip
-    for i, path in enumerate(sites):
-        done = run_fedweave("sites", "new-key", "--out", f"site{i}.key", cwd=tmp_path)
-        assert done.returncode == 0 and f"site{i}.pub" in done.stdout, done.stderr
-        done = run_fedweave("sites", "add-key", "tls", f"site{i}.pub", "--name", path.stem,
-                            cwd=tmp_path)  # fmt: skip
-        assert done.returncode == 0, done.stderr
+    register_named_sites(tmp_path, [path.stem for path in sites])
     db = f"sqlite:///{tmp_path / 'history.db'}"
     port = free_port()
     procs = Processes(tmp_path)
