@@ -433,7 +433,7 @@ class Exchange:
             self.refusals += 1  # a valid answer (PROTOCOL.md §4): no mix, no drop, no miss
             if msg.reason.startswith("duplicate-id"):
                 raise UserError(f"peer {msg.sender} ({msg.addr}) refuses this peer: {msg.reason}")
-            if msg.reason.startswith("schema-mismatch"):
+            if msg.reason.startswith(("schema-mismatch", "start-mismatch")):
                 self.schema_refused[msg.sender] = msg.reason
             if msg.sender not in self.refused_by:
                 self.refused_by.add(msg.sender)

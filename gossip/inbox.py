@@ -5,7 +5,8 @@
 the channel its type belongs to, and hands it to the peer's dispatcher. Anything malformed,
 spoofed or refused by a handler (``wire.WireError``) is counted per reason and dropped (logged
 at most once per sender per minute), never raised to the caller. An offer of another model
-(``schema-mismatch``) is also answered ``refused`` with the reason, so its sender learns why.
+(``schema-mismatch``), or of a model started from another initial model (``start-mismatch``),
+is also answered ``refused`` with the reason, so its sender learns why.
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ from fedweave.gossip.transport import Incoming, Transport, wait_until
 
 log = logging.getLogger("fedweave.gossip")
 
+MISMATCHES = ("schema-mismatch", "start-mismatch")
+"""Faults an offer's sender is told of (a ``refused`` reply with the reason): it runs another
+model, or started from another one, than this peer."""
+
 Dispatch = Callable[[Incoming, wire.Message], None]
 """Acts on one checked message; may raise ``wire.WireError`` to have it counted as dropped."""
 
@@ -34,6 +39,8 @@ class Inbox:
         max_bytes: the largest accepted message.
         dispatch: what to do with each checked message (``Peer`` routes it to its parts).
         stopping: true once the peer was asked to stop; ``serve_for`` then returns.
+        start: the sha256 of the initial model this peer started from (``""``: the task's
+            own initialisation); model messages of a peer that started elsewhere are dropped.
     Attributes:
         refuse: answers an offer of another model with ``refused`` and the reason; the
             ``Peer`` sets it to ``Exchange.refuse`` (which is built on this inbox).
@@ -46,10 +53,12 @@ class Inbox:
         max_bytes: int,
         dispatch: Dispatch,
         stopping: Callable[[], bool],
+        start: str = "",
     ) -> None:
         self.refuse: Callable[[bytes, wire.Message, str], None] | None = None
         self.transport = transport
         self.schema = schema
+        self.start = start
         self.max_bytes = max_bytes
         self.dispatch = dispatch
         self.stopping = stopping
@@ -68,9 +77,14 @@ class Inbox:
             except wire.WireError as exc:
                 self._drop(incoming.origin, exc.reason, str(exc))
                 told = exc.message
-                if exc.reason == "schema-mismatch" and told is not None and told.type == wire.OFFER:
+                if exc.reason in MISMATCHES and told is not None and told.type == wire.OFFER:
                     if incoming.route is not None and self.refuse is not None:
-                        self.refuse(incoming.route, told, self._schema_reason())
+                        reason = (
+                            self._schema_reason()
+                            if exc.reason == "schema-mismatch"
+                            else self._start_reason(told.start)
+                        )
+                        self.refuse(incoming.route, told, reason)
 
     def serve_for(self, timeout_s: float, poll_s: float = float("inf")) -> None:
         """Keep handling messages for ``timeout_s`` seconds, or until the peer stops; polls
@@ -85,9 +99,17 @@ class Inbox:
             "`fedweave task describe NAME` on both sides (same task and model?)"
         )
 
+    def _start_reason(self, theirs: str) -> str:
+        return (
+            f"start-mismatch: this peer started from initial model {_named(self.start)}, "
+            f"yours from {_named(theirs)}; start every peer with the same --initial-model"
+        )
+
     def _check(self, inc: Incoming) -> wire.Message:
         """Decode ``inc`` and check who sent it on which channel (``WireError`` if wrong)."""
-        msg = wire.decode(inc.frames, self.max_bytes, expected_schema=self.schema)
+        msg = wire.decode(
+            inc.frames, self.max_bytes, expected_schema=self.schema, expected_start=self.start
+        )
         if inc.authenticated_id is not None and msg.sender != inc.authenticated_id:
             raise wire.WireError("spoofed-id", f"claims {msg.sender}")
         via_seed = inc.neighbour is not None and inc.neighbour.startswith(SEED_PREFIX)
@@ -119,3 +141,7 @@ class Inbox:
                 detail,
                 sum(self.drops.values()),
             )
+
+
+def _named(start: str) -> str:
+    return f"sha256 {start[:16]}" if start else "none (the task's own initialisation)"

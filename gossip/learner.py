@@ -52,12 +52,20 @@ class TaskLearner:
         test: Any | None,
         train_config: Any,
         peer_id: str,
+        initial_model: Path | None = None,
+        task_name: str = "",
     ) -> None:
         import torch
 
         self.task, self.data, self.test, self.config = task, data, test, train_config
         torch.manual_seed(train_config.seed)
         self.model = task.build_model()
+        self.start = ""
+        """The sha256 of the initial model loaded (``initial_model``), ``""`` for none."""
+        if initial_model is not None:
+            from fedweave.learning.initial_model import load_initial_model
+
+            self.start = load_initial_model(self.model, initial_model, task_name)
         self.num_examples = len(data)
         self._warm_up()
         self._peer_salt = int(hashlib.sha256(peer_id.encode()).hexdigest()[:6], 16)
@@ -143,4 +151,6 @@ def build_learner(config: Any, peer_id: str) -> Learner:
         own = local_only_statistics(task, data)
         data = task.prepare(data, own)  # type: ignore[attr-defined]
         test = task.prepare(test, own) if test is not None else None  # type: ignore[attr-defined]
-    return TaskLearner(task, data, test, TrainConfig.of(config.training, task), peer_id)
+    train = TrainConfig.of(config.training, task)
+    initial = config.training.initial_model
+    return TaskLearner(task, data, test, train, peer_id, initial, config.data.task)

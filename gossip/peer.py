@@ -134,16 +134,20 @@ class Peer:
             weights,
             self.learner.num_examples,
             wire.schema_hash(weights),
+            start=getattr(self.learner, "start", ""),
             schedule=schedule_for(config.gossip.round_interval),
         )
-        self.recorder = Recorder(config, peer_id)
+        self.recorder = Recorder(config, peer_id, self.state.start)
         self.console = PeerConsole(config.training.rounds)
         self._stop_signal = 0
         self._duplicates_told: set[tuple[str, str]] = set()
         self._last_round = 0
         """The round this run ends at (0: until stopped); it gets a checkpoint."""
         stopping = self.stopping
-        self.inbox = Inbox(self.transport, self.state.schema, max_bytes, self._dispatch, stopping)
+        self.inbox = Inbox(
+            self.transport, self.state.schema, max_bytes, self._dispatch, stopping,
+            self.state.start,
+        )  # fmt: skip
         self.discovery = Discovery(self.state, self.members, self.transport, self.keyring)
         self.exchange = Exchange(
             config, self.state, self.members, self.transport, self.discovery, self.inbox, stopping
@@ -258,8 +262,9 @@ class Peer:
         return "completed", None
 
     def _stop_if_nobody_takes_our_model(self) -> None:
-        """Every live peer refused our model for its schema and none ever mixed with us:
-        this peer runs another task or model than the network and cannot learn with it."""
+        """Every live peer refused our model for its schema or its start and none ever mixed
+        with us: this peer runs another task or model than the network, or started from
+        another initial model, and cannot learn with it."""
         refused = self.exchange.schema_refused
         live = self.members.live()
         if self.exchange.mixes or not live or any(m.peer_id not in refused for m in live):
@@ -268,7 +273,9 @@ class Peer:
         raise UserError(
             f"every live peer ({len(live)}) refuses this peer's model: "
             f"{refused[live[0].peer_id]}; this peer runs --task {task} (schema "
-            f"{self.state.schema[:16]}): start it with the network's task and model"
+            f"{self.state.schema[:16]}, initial model "
+            f"{self.state.start[:16] or 'none'}): start it with the network's task, model and "
+            "initial model"
         )
 
     def _linger(self, seconds: float) -> None:

@@ -10,6 +10,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -74,9 +75,11 @@ class Recorder:
     checkpoint format: ``fedweave history export`` copies the last one, and a ``--resume``
     starts from it)."""
 
-    def __init__(self, config: RunConfig, peer_id: str) -> None:
+    def __init__(self, config: RunConfig, peer_id: str, start: str = "") -> None:
         self.config = config
         self.peer_id = peer_id
+        self.initial_sha256 = start
+        """The sha256 of the peer's ``--initial-model`` (``""``: none), pinned with the run."""
         self.results = ResultsLog(config.peer.results, config.peer.dump_models)
         self.history: HistoryWriter | None = None
         self._last: tuple[int, OrderedDict[str, np.ndarray], bool] | None = None
@@ -94,12 +97,12 @@ class Recorder:
                 url, config.history.resume, config.data.task, self.peer_id
             )
         else:
+            stored = stored_run_config(config, "peer")
+            if self.initial_sha256:
+                path = str(Path(config.training.initial_model).resolve())
+                stored["initial_model"] = {"path": path, "sha256": self.initial_sha256}
             self.history = open_history(
-                url,
-                config.peer.run_id,
-                config.data.task,
-                stored_run_config(config, "peer"),
-                config.training.seed,
+                url, config.peer.run_id, config.data.task, stored, config.training.seed
             )
         self.results.event("ready", peer=self.peer_id, addr=addr)
         return point

@@ -29,6 +29,9 @@ class PeerState:
             still hold the old arrays).
         num_examples: this peer's weight in example-weighted averages.
         schema: ``wire.schema_hash`` of the model; messages with another one are dropped.
+        start: the sha256 of the initial model file the peer started from (``--initial-model``),
+            ``""`` for the task's own initialisation; model messages carry it, and those of a
+            peer that started elsewhere are refused (``start-mismatch``).
         round: the last completed round (or the round a late joiner caught up to).
         schedule: the slot lattice every message advertises (``None``: back-to-back rounds).
         done: its rounds are over and it only answers others (lingering); every message
@@ -40,6 +43,7 @@ class PeerState:
     weights: OrderedDict[str, np.ndarray]
     num_examples: int
     schema: str
+    start: str = ""
     round: int = 0
     schedule: SlotSchedule | None = None
     done: bool = False
@@ -47,6 +51,8 @@ class PeerState:
     def message(self, type_: str, xid: int = 0, **fields: Any) -> wire.Message:
         """A message from this peer at its current round, carrying its slot."""
         slot = None if self.schedule is None else self.schedule.advertise(time.monotonic())
+        if type_ in wire.MODEL_TYPES:
+            fields.setdefault("start", self.start)
         return wire.Message(
             type_, self.peer_id, self.addr, self.round, xid, slot=slot, done=self.done, **fields
         )

@@ -69,6 +69,7 @@ INT8_LEVELS = 127
 
 _ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _REASON_RE = re.compile(r"^[ -~]*$")  # printable ASCII: safe to log
+_DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
 _ADDR_RE = re.compile(r"^tcp://[A-Za-z0-9._\-\[\]:*]{1,250}:[0-9]{1,5}$")
 
 
@@ -97,7 +98,9 @@ class Message:
     """One decoded (or to-be-encoded) gossip message.
 
     ``tensors`` is empty except for model messages; ``schema`` is the sha256 hex of the
-    tensor names/dtypes/shapes (see ``schema_hash``) and must equal the receiver's own.
+    tensor names/dtypes/shapes (see ``schema_hash``) and must equal the receiver's own;
+    ``start`` is the sha256 hex of the initial model file the sender started from (``""``:
+    the task's own initialisation) and must equal the receiver's own too.
     """
 
     type: str
@@ -108,6 +111,7 @@ class Message:
     peers: list[PeerEntry] = field(default_factory=list)
     num_examples: int = 0
     schema: str = ""
+    start: str = ""
     pull: bool = False
     status: str = "ok"
     share: float | None = None
@@ -233,6 +237,8 @@ def encode(message: Message) -> list[Any]:
         specs = tensor_specs(message.tensors)
         header["tensors"] = specs
         header["schema"] = message.schema or schema_hash(specs)
+        if message.start:
+            header["start"] = message.start
         if message.encoding not in ENCODINGS:
             raise WireError("bad-header", f"encoding {message.encoding}")
         if message.encoding != "raw" and message.tensors:
@@ -353,6 +359,7 @@ def decode(
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     expected_schema: str | None = None,
     check_finite: bool = True,
+    expected_start: str | None = None,
 ) -> Message:
     """Parse frames (without any ZeroMQ routing id) into a ``Message`` or raise ``WireError``.
 
@@ -363,6 +370,9 @@ def decode(
             (``schema-mismatch``); pull requests and non-``ok`` replies carry no tensors.
         check_finite: refuse float tensors holding NaN or infinity (``non-finite``), which
             would otherwise poison every model they are averaged into.
+        expected_start: when set, model messages whose ``start`` (the initial model's
+            sha256, absent: the task's own initialisation) differs are refused
+            (``start-mismatch``), checked as the schema is.
     """
     if not frames:
         raise WireError("malformed", "no frames")
@@ -434,6 +444,12 @@ def decode(
     checked = mtype == OFFER or status == "ok"  # busy/refused replies may come from anyone
     if checked and expected_schema is not None and schema != expected_schema:
         raise WireError("schema-mismatch", schema[:12], message)
+    start = header.get("start", "")
+    if not isinstance(start, str) or (start and not _DIGEST_RE.match(start)):
+        raise WireError("bad-header", "start must be 64 lowercase hex digits")
+    message.start = start
+    if checked and expected_start is not None and start != expected_start:
+        raise WireError("start-mismatch", (start or "none")[:12], message)
     if not specs:
         if mtype == OFFER and not pull:
             raise WireError("malformed", "an offer without tensors must be a pull")

@@ -185,7 +185,7 @@ def run_federated_simulation(
         weights = (
             start_weights
             if start_weights is not None
-            else initial_weights(data.task, config.training.seed)
+            else initial_weights(data.task, config.training.seed, config.training.initial_model)
         )
         server_app = make_server_app(
             settings, test_data, weights, [collector, *listeners], statistics, round_starts,

@@ -174,6 +174,12 @@ def _make_keys(work: Path, clients: int, allow: tuple[Path, ...] = ()) -> list[P
     return dirs
 
 
+def _data_dir(sim: GossipSimulation, work: Path) -> Path:
+    """Where the peers' data files and the shared test file are: ``--split-dir`` if given."""
+    split_dir = sim.config.simulation.split_dir
+    return split_dir.resolve() if split_dir is not None else work / "data"
+
+
 def _launch_plan(
     sim: GossipSimulation, work: Path, run_id: str | None, on_time: int
 ) -> list[_PeerProc]:
@@ -186,8 +192,8 @@ def _launch_plan(
     gpus_per_peer = sim.config.simulation.gpus_per_peer
     task = load_task(data.task)
     sites = write_split(
-        task, work / "data", data.clients, data.partition, data.alpha, data.shards_per_client,
-        training.seed,
+        task, _data_dir(sim, work), data.clients, data.partition, data.alpha,
+        data.shards_per_client, training.seed,
     )
     if sim.hosts is not None and len(sim.hosts) < data.clients:
         raise UserError(f"{len(sim.hosts)} hosts for {data.clients} peers; give one host per peer")
@@ -214,7 +220,7 @@ def _launch_plan(
             "--data",
             str(site),
             "--test-data",
-            str(test_file(work / "data")),
+            str(test_file(_data_dir(sim, work))),
             "--rounds",
             str(training.rounds),
             "--fanout",
@@ -257,6 +263,8 @@ def _launch_plan(
             "--dump-models",
             str(work / f"models-{i}"),
         ]
+        if training.initial_model is not None:
+            argv += ["--initial-model", str(training.initial_model)]
         if gossip.group_exchange:
             argv.append("--group-exchange")
         if compress != "raw":
@@ -304,8 +312,10 @@ def run_gossip_simulation(
     """
     from fedweave.config.commands import check_settings
     from fedweave.config.resume import stored_run_config
+    from fedweave.learning.initial_model import pin_initial_model
 
     stored_config = stored_run_config(sim.config, "simulate")
+    pin_initial_model(sim.config, stored_config, None)  # refused here before anything starts
     data, training, gossip = sim.config.data, sim.config.training, sim.config.gossip
     clients, rounds = data.clients, training.rounds
     check_settings(sim.config.replace(mode="gossip"), "simulate")  # a caller in code too
@@ -403,7 +413,7 @@ def run_gossip_simulation(
             {p.index: p.rounds for p in peers},
             {p.index: p.dumps for p in peers},
             rounds,
-            MeanModelScorer(data.task, test_file(work / "data")),
+            MeanModelScorer(data.task, test_file(_data_dir(sim, work))),
         )
         survivors = [p for p in peers if not p.killed]
         finals = [p.rounds[max(p.rounds)] for p in survivors if p.rounds]

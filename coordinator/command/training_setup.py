@@ -74,6 +74,7 @@ def check_run_input(store, config: RunConfig, resolved: Resolved) -> CheckedRun:
     from fedweave.coordinator.rounds.privacy_ledger import check_resumable
     from fedweave.coordinator.rounds.round_settings import test_data_of
     from fedweave.history.metrics import recorded_privacy
+    from fedweave.learning.initial_model import pin_initial_model
     from fedweave.learning.statistics import pinned_schema
     from fedweave.learning.task_packages import pinned_for_run
     from fedweave.learning.tasks import load_task
@@ -95,6 +96,7 @@ def check_run_input(store, config: RunConfig, resolved: Resolved) -> CheckedRun:
     package = pinned_for_run(config.data.task, recorded)
     if package is not None:
         stored["task_package"] = package
+    config = pin_initial_model(config, stored, run)
     return CheckedRun(config, stored, run, test_data_of(config))
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -55,10 +56,19 @@ from fedweave.learning.weights import get_weights
 log = logging.getLogger(__name__)
 
 
-def initial_weights(task_spec: str, seed: int) -> list[np.ndarray]:
-    """The global model before round 1: the task's model built under ``seed``."""
+def initial_weights(
+    task_spec: str, seed: int, initial_model: Path | None = None, sha256: str | None = None
+) -> list[np.ndarray]:
+    """The global model before round 1: the task's model built under ``seed``, or loaded from
+    ``initial_model`` (a checked safetensors file; ``sha256``: the run's pin of it, when the
+    run recorded one)."""
     seed_everything(seed)
-    return get_weights(load_task(task_spec).build_model())
+    model = load_task(task_spec).build_model()
+    if initial_model is not None:
+        from fedweave.learning.initial_model import load_initial_model
+
+        load_initial_model(model, initial_model, task_spec, sha256)
+    return get_weights(model)
 
 
 def make_server_app(

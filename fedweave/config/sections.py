@@ -97,6 +97,14 @@ class TrainingSection:
     )
     batch_size: int = setting(16, "Local batch size (default: the task's).", minimum=1)
     seed: int = setting(0, "Seeds the split, the initial model and local shuffling.")
+    initial_model: Path | None = setting(
+        None,
+        "Start from this model instead of the task's fresh one: a .safetensors file of the "
+        "task's model (names, shapes, dtypes checked; fedweave history export writes one), "
+        "pinned by its sha256 in the run's history (a resume and every gossip peer start "
+        "from the same file).",
+        identity=False,
+    )
     device: str | None = setting(
         None, "cuda, cuda:N or cpu (default: CUDA when present).", identity=False
     )
@@ -443,9 +451,9 @@ class SimulationSection:
         identity=False,
     )
     split_dir: Path | None = setting(
-        None, "Federated: where the per-site data files are written (default: a temporary "
-        "directory, removed after the run). On a Ray cluster of several machines, a directory "
-        "every node mounts at this same path.", identity=False,
+        None, "Where the per-site data files and the held-out test.npz are written (default: a "
+        "temporary directory, removed after the run). On a Ray cluster of several machines, a "
+        "directory every node mounts at this same path.", identity=False,
     )
     kill: str | None = setting(
         None, "Gossip fault injection: FRACTION@ROUND, e.g. 0.3@10 kills 30% of peers at "
@@ -674,10 +682,11 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         "stragglers", "fanout", "mix", "group_exchange", "round_interval", "exchange_timeout",
         "kill", "insecure",
         "gpus_per_client", "gpus_per_peer", "ray_address", "split_dir", "out", "db",
-        "checkpoint_dir", "resume", "track", "verbose",
+        "checkpoint_dir", "resume", "track", "verbose", "initial_model",
     ),
     "coordinator": (
-        "task", "test_data", "label_column", *_TRAINING, "min_clients", *_FEDERATION, *_ASYNC,
+        "task", "test_data", "label_column", *_TRAINING, "initial_model", "min_clients",
+        *_FEDERATION, *_ASYNC,
         *_EVALUATION, *_SECAGG, *_PRIVACY,
         "address", "insecure", "tls_dir", "allow_unregistered_sites", "site_timeout",
         "max_clock_skew", "state_dir", "once", "db", "checkpoint_dir", "resume", "track",
@@ -696,6 +705,7 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
     ),
     "peer": (
         "listen", "advertise", "seeds", "task", "data", "label_column", "test_data", *_TRAINING,
+        "initial_model",
         "fanout", "mix", "clip_tau", "trim_fraction", "group_exchange", "example_ratio",
         "distance_factor", "round_interval", "exchange_timeout", "drop_after", "max_message_mb",
         "compress", "wait_for_peers", "seed_timeout", "linger", "max_alone", "checkpoint_every",
