@@ -34,7 +34,7 @@ def centralized_accuracy(config: RunConfig, split_dir: Path) -> float:
     union = ArrayData(np.concatenate([s.x for s in sites]), np.concatenate([s.y for s in sites]))
     test = load_site_data(test_file(split_dir), task)
     model = task.build_model()
-    set_weights(model, initial_weights(data.task, training.seed))
+    set_weights(model, initial_weights(config))
     train_config = TrainConfig(
         epochs=training.rounds * training.local_epochs,
         lr=training.lr,

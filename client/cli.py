@@ -96,12 +96,14 @@ def supernode_command(
     eval_fraction: float = 0.1,
     floor: dict[str, str] | None = None,
     columns: Path | None = None,
+    base_model: Path | None = None,
 ) -> list[str]:
     """The ``flower-supernode`` command line for this site (``external_worker``: its
     ClientApps run in ``fedweave.client.worker``, not in a new process per message;
     ``floor``: the site's privacy floor as node-config entries, ``privacy_floor``;
-    ``columns``: its column map, ``--columns``)."""
+    ``columns``: its column map, ``--columns``; ``base_model``: ``--base-model``)."""
     from fedweave.contract import (
+        NODE_BASE_MODEL_KEY,
         NODE_COLUMNS_KEY,
         NODE_DATA_PATH_KEY,
         NODE_DEVICE_KEY,
@@ -117,6 +119,8 @@ def supernode_command(
         node_config += f" {NODE_LABEL_COLUMN_KEY}='{label_column}'"
     if columns is not None:
         node_config += f" {NODE_COLUMNS_KEY}='{columns.resolve()}'"
+    if base_model is not None:
+        node_config += f" {NODE_BASE_MODEL_KEY}='{base_model.resolve()}'"
     if device:
         node_config += f" {NODE_DEVICE_KEY}='{device}'"
     if name:
@@ -650,6 +654,7 @@ def _client(config: RunConfig, _resolved: Resolved) -> None:
         eval_fraction=config.evaluation.eval_fraction,
         floor=privacy_floor(config),
         columns=data.columns,
+        base_model=config.site.base_model,
     )
     journal = status = None
     if config.monitoring.status_address is not None:

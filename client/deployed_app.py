@@ -23,6 +23,7 @@ from flwr.common import Context
 
 from fedweave.client.mods import site_mods
 from fedweave.contract import (
+    NODE_BASE_MODEL_KEY,
     NODE_COLUMNS_KEY,
     NODE_DATA_PATH_KEY,
     NODE_DEVICE_KEY,
@@ -88,6 +89,7 @@ def site_client(context: Context):
         evaluation=evaluation,
         ledger_path=_config_str(context.node_config, NODE_PRIVACY_LEDGER_KEY),
         max_epsilon=_max_epsilon(context),
+        base_model=_config_str(context.node_config, NODE_BASE_MODEL_KEY),
     ).to_client()
 
 

@@ -21,6 +21,8 @@ from flwr.common import Context
 
 from fedweave.client.mods import site_mods
 from fedweave.contract import (
+    ADAPTER_KEY,
+    BASE_SHA256_KEY,
     BATCH_SIZE_KEY,
     CLIP_GRAD_NORM_KEY,
     COMPRESS_KEY,
@@ -82,6 +84,8 @@ class ClientSettings:
         torch_threads: intra-op threads per client (simulations run several per machine).
         ledger_dir: where simulated site ``i`` keeps its own sample-level DP ledger
             (``site-<i>.privacy-ledger.json``; default: none, in memory for one message).
+        base_model: a ``--peft lora`` run's base model file (simulation: the run's
+            ``--initial-model``, which every simulated site reads).
     """
 
     task: str
@@ -96,6 +100,7 @@ class ClientSettings:
     device: str | None = None
     torch_threads: int | None = None
     ledger_dir: str | None = None
+    base_model: str | None = None
 
 
 @lru_cache(maxsize=4)
@@ -176,6 +181,24 @@ def _check_task_package(config: dict) -> None:
         raise SiteRefusal(problem)
 
 
+@lru_cache(maxsize=2)
+def cached_adapted_task(task: Task, adapter: str, base_model: str | None, base_sha256: str) -> Any:
+    """``task`` adapted as the run says (``adapters.adapted_task``), its base read and checked
+    once a process; a base that is missing or is not the run's is the site's refusal, naming
+    both hashes."""
+    from fedweave.learning.adapters import adapted_task
+
+    try:
+        return adapted_task(
+            task, adapter, Path(base_model) if base_model else None, getattr(task, "name", "?"),
+            base_sha256,
+        )  # fmt: skip
+    except UserError as exc:
+        raise SiteRefusal(str(exc).splitlines()[0]) from None
+    except ValueError as exc:  # the coordinator's adapter line does not parse
+        raise SiteRefusal(f"the run's adapter is not one this site reads ({exc})") from None
+
+
 class TaskClient(NumPyClient):
     """Trains ``task`` on ``data`` starting from the weights the coordinator sends, and scores
     the global model on ``evaluation`` (the site's evaluation part; ``None``: it has none,
@@ -197,7 +220,9 @@ class TaskClient(NumPyClient):
         evaluation: Any | None = None,
         ledger_path: str | None = None,
         max_epsilon: float | None = None,
+        base_model: str | None = None,
     ) -> None:
+        self.base_model = base_model
         self.ledger_path = ledger_path
         self.max_epsilon = max_epsilon
         self.task = task
@@ -212,8 +237,21 @@ class TaskClient(NumPyClient):
     def get_parameters(self, config: dict) -> list[np.ndarray]:
         return get_weights(self.model)
 
+    def _adapt(self, config: dict) -> None:
+        """In a ``--peft lora`` run (``ADAPTER_KEY``), train and score the task's model on
+        this site's base (``base_model``, checked against the run's ``BASE_SHA256_KEY``) with
+        the run's adapters: the messages' tensors are the adapter's alone."""
+        adapter = config.get(ADAPTER_KEY)
+        if adapter is None:
+            return
+        self.task = cached_adapted_task(
+            self.task, str(adapter), self.base_model, str(config.get(BASE_SHA256_KEY, ""))
+        )
+        self.model = self.task.build_model()
+
     def fit(self, parameters: list[np.ndarray], config: dict) -> tuple[list[np.ndarray], int, dict]:
         _check_task_package(config)
+        self._adapt(config)
         work = float(config.get(WORK_FRACTION_KEY, 1.0))
         simulated = None
         if SITE_SPEEDS_KEY in config and not config.get(STATISTICS_STAGE_KEY):
@@ -435,6 +473,7 @@ class TaskClient(NumPyClient):
         """Every metric the task computes for the global model on this site's evaluation
         part, with its example count and (when named) the site's name."""
         _check_task_package(config)
+        self._adapt(config)
         started = time.perf_counter()
         scores, examples = self._scores(parameters, config)
         metrics: dict[str, Any] = {
@@ -472,7 +511,7 @@ def make_client_app(settings: ClientSettings) -> ClientApp:
             cached_task(settings.task), data,
             TrainConfig.for_task(cached_task(settings.task), device=settings.device), site_index,
             context.node_id, names[site_index] if site_index < len(names) else None, evaluation,
-            ledger_path=ledger,
+            ledger_path=ledger, base_model=settings.base_model,
         )  # fmt: skip
         return client.to_client()
 

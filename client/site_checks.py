@@ -30,10 +30,16 @@ def check_site_inputs(config: RunConfig) -> None:
     parse_host_port(config.site.coordinator or "", "--coordinator", "coord.example.org:9092")
     for flag, path in (
         ("--data", data.data), ("--eval-data", config.evaluation.eval_data),
-        ("--columns", data.columns),
+        ("--columns", data.columns), ("--base-model", config.site.base_model),
     ):  # fmt: skip
         if path is not None and "'" in str(path):  # the SuperNode's node config quotes it
             raise UserError(f"{flag} path {path} contains a single quote; rename or move the file")
+    base = config.site.base_model
+    if base is not None and not base.is_file():
+        raise UserError(
+            f"--base-model {base} does not exist; pass this site's copy of the run's base model "
+            "(the coordinator's --initial-model)"
+        )
     if data.columns is not None:  # the file itself; the worker checks it against the data
         from fedweave.learning.column_map import read_column_map
 

@@ -120,7 +120,8 @@ def read_deployment_file(path: Path) -> Deployment:
 
 PLAN_SETTINGS = (
     "task", "test_data", "label_column", "rounds", "local_epochs", "optimizer", "lr",
-    "weight_decay", "clip_grad_norm", "batch_size", "seed", "initial_model", "device",
+    "weight_decay", "clip_grad_norm", "batch_size", "seed", "initial_model", "peft",
+    "lora_rank", "lora_alpha", "lora_targets", "device",
     "min_clients", "clients_per_round", "strategy", "proximal_mu", "max_update_norm", "compress",
     "round_timeout", "min_replies", "schedule", "buffer", "max_staleness", "server_lr",
     "fraction_evaluate", "evaluate_every", "cross_site", "private_evaluation", "select_metric",

@@ -31,6 +31,9 @@ NODE_LABEL_COLUMN_KEY = "label-column"
 NODE_COLUMNS_KEY = "columns"
 """Node config: the absolute path of the site's column map (``fedweave client --columns``:
 its table's headers → the task's columns)."""
+NODE_BASE_MODEL_KEY = "base-model"
+"""Node config: the absolute path of the site's copy of a LoRA run's base model
+(``fedweave client --base-model``)."""
 NODE_DEVICE_KEY = "device"
 NODE_EVAL_DATA_KEY = "eval-data-path"
 """Node config: the site's own evaluation file (``fedweave client --eval-data``)."""
@@ -102,6 +105,12 @@ TASK_PACKAGE_KEY = "fw-task-package"
 """Fit and evaluate config: the installed task package the run pinned (JSON: task, package,
 version; ``fedweave/learning/task_packages.py``), which a site must have too; absent for a
 built-in or ``module:attr`` task."""
+ADAPTER_KEY = "fw-adapter"
+"""Fit and evaluate config of a ``--peft lora`` run: its adapter (``AdapterSpec.encode``); the
+messages' tensors are the adapter's (``fedweave/learning/adapters.py``)."""
+BASE_SHA256_KEY = "fw-base-sha256"
+"""Fit and evaluate config of a ``--peft lora`` run: the sha256 of its frozen base model's file,
+which the site's ``--base-model`` must have."""
 OPTIMIZER_KEY = "optimizer"
 WEIGHT_DECAY_KEY = "weight_decay"
 CLIP_GRAD_NORM_KEY = "clip_grad_norm"

@@ -62,7 +62,10 @@ class TaskLearner:
         self.model = task.build_model()
         self.start = ""
         """The sha256 of the initial model loaded (``initial_model``), ``""`` for none."""
-        if initial_model is not None:
+        adapted_base = getattr(task, "base_sha256", None)
+        if adapted_base is not None:  # --peft lora: the base is already in the model
+            self.start = adapted_base
+        elif initial_model is not None:
             from fedweave.learning.initial_model import load_initial_model
 
             self.start = load_initial_model(self.model, initial_model, task_name)
@@ -131,6 +134,7 @@ class VectorLearner:
 
 def build_learner(config: Any, peer_id: str) -> Learner:
     """The learner a peer's config asks for: its task on its local data."""
+    from fedweave.learning.adapters import run_task
     from fedweave.learning.data import load_site_data
     from fedweave.learning.statistics import local_only_statistics, needs_statistics
     from fedweave.learning.tasks import load_task
@@ -139,6 +143,7 @@ def build_learner(config: Any, peer_id: str) -> Learner:
     task = load_task(config.data.task)
     if config.data.data is None:
         raise UserError("a peer needs its local data: pass --data site.npz (or .csv)")
+    trained = run_task(config)  # --peft lora: adapters on the --initial-model
     data = load_site_data(Path(config.data.data), task, config.data.label_column)
     test_path = config.data.test_data
     test = (  # a CSV test file names its labels like the peer's own file
@@ -153,4 +158,4 @@ def build_learner(config: Any, peer_id: str) -> Learner:
         test = task.prepare(test, own) if test is not None else None  # type: ignore[attr-defined]
     train = TrainConfig.of(config.training, task)
     initial = config.training.initial_model
-    return TaskLearner(task, data, test, train, peer_id, initial, config.data.task)
+    return TaskLearner(trained, data, test, train, peer_id, initial, config.data.task)

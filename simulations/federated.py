@@ -185,7 +185,7 @@ def run_federated_simulation(
         weights = (
             start_weights
             if start_weights is not None
-            else initial_weights(data.task, config.training.seed, config.training.initial_model)
+            else initial_weights(config)
         )
         server_app = make_server_app(
             settings, test_data, weights, [collector, *listeners], statistics, round_starts,
@@ -197,6 +197,9 @@ def run_federated_simulation(
                 device=config.training.device, torch_threads=1,
                 eval_fraction=config.evaluation.eval_fraction,
                 ledger_dir=str(site_ledgers or out_dir / "site-ledgers"),
+                base_model=(
+                    str(config.training.initial_model) if config.training.initial_model else None
+                ),
             )
         )
         run_simulation(

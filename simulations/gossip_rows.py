@@ -22,16 +22,16 @@ class MeanModelScorer:
     """Test accuracy of a flattened model (``fedweave.gossip.averaging.flatten`` order) on ``test``.
 
     Args:
-        task_spec: the task the peers train (name or ``module:attr``).
+        task: the task the peers train (``adapters.run_task``: adapted in a ``--peft lora``
+            run, whose dumps are the adapters).
         test_path: the held-out file the peers evaluate on.
     """
 
-    def __init__(self, task_spec: str, test_path: Path) -> None:
+    def __init__(self, task: Any, test_path: Path) -> None:
         from fedweave.learning.data import load_site_data
-        from fedweave.learning.tasks import load_task
         from fedweave.learning.training import TrainConfig
 
-        self.task = load_task(task_spec)
+        self.task = task
         self.test = load_site_data(test_path, self.task)
         self.model = self.task.build_model()
         self.config = TrainConfig(device="cpu")

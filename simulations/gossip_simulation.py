@@ -265,6 +265,12 @@ def _launch_plan(
         ]
         if training.initial_model is not None:
             argv += ["--initial-model", str(training.initial_model)]
+        if training.peft != "none":
+            argv += ["--peft", training.peft, "--lora-rank", str(training.lora_rank)]
+            if training.lora_alpha is not None:
+                argv += ["--lora-alpha", str(training.lora_alpha)]
+            if training.lora_targets is not None:
+                argv += ["--lora-targets", training.lora_targets]
         if gossip.group_exchange:
             argv.append("--group-exchange")
         if compress != "raw":
@@ -312,10 +318,14 @@ def run_gossip_simulation(
     """
     from fedweave.config.commands import check_settings
     from fedweave.config.resume import stored_run_config
+    from fedweave.learning.adapters import run_adapter
     from fedweave.learning.initial_model import pin_initial_model
 
     stored_config = stored_run_config(sim.config, "simulate")
     pin_initial_model(sim.config, stored_config, None)  # refused here before anything starts
+    adapter = run_adapter(sim.config)
+    if adapter is not None:
+        stored_config["adapter"] = adapter
     data, training, gossip = sim.config.data, sim.config.training, sim.config.gossip
     clients, rounds = data.clients, training.rounds
     check_settings(sim.config.replace(mode="gossip"), "simulate")  # a caller in code too
@@ -406,6 +416,7 @@ def run_gossip_simulation(
                 p.stop(signal.SIGKILL)
             if store is not None and run_id is not None:
                 store.finish_run(run_id, status, reason=reason)
+        from fedweave.learning.adapters import run_task
         from fedweave.simulations.gossip_rows import MeanModelScorer, round_rows
         from fedweave.simulations.split import test_file
 
@@ -413,7 +424,7 @@ def run_gossip_simulation(
             {p.index: p.rounds for p in peers},
             {p.index: p.dumps for p in peers},
             rounds,
-            MeanModelScorer(data.task, test_file(_data_dir(sim, work))),
+            MeanModelScorer(run_task(sim.config), test_file(_data_dir(sim, work))),
         )
         survivors = [p for p in peers if not p.killed]
         finals = [p.rounds[max(p.rounds)] for p in survivors if p.rounds]

@@ -20,6 +20,7 @@ from fedweave.history.metrics import (
     recorded_statistics,
 )
 from fedweave.history.round_summary import RoundSummary, evaluated, privacy_spent, shown
+from fedweave.learning.adapters import run_adapter
 from fedweave.learning.initial_model import pin_initial_model
 from fedweave.learning.statistics import pinned_schema
 from fedweave.learning.task_metrics import headline_metric
@@ -99,6 +100,9 @@ def run_and_report(config: RunConfig, resolved: Resolved) -> dict:
     if package is not None:
         stored["task_package"] = package
     config = pin_initial_model(config, stored, run if resume else None)
+    adapter = run_adapter(config)  # --lora-targets and --lora-rank checked on the model
+    if adapter is not None:
+        stored["adapter"] = adapter
     config, stored["protections"] = _with_protections(config, offset, test)
     console.print(header_line(stored["protections"]), soft_wrap=True, highlight=False)
     if not resume:

@@ -63,7 +63,7 @@ def _evaluate(tmp_path: Path, db: str, *args: str, capsys) -> tuple[int, str]:
 
 def test_evaluate_refuses_bad_input_in_one_line_before_its_superlink_starts(tmp_path, capsys):
     db = f"sqlite:///{tmp_path / 'h.db'}"
-    fits = initial_weights(TASK, 0)
+    fits = initial_weights(RunConfig.of(task=TASK, seed=0))
     store = open_store(db)
     gossip = store.start_run("gossip", TASK, {"command": "peer"}, 0)
     empty = store.start_run("federated", TASK, STORED, 0)
@@ -97,7 +97,8 @@ def test_evaluate_refuses_bad_input_in_one_line_before_its_superlink_starts(tmp_
 
 def test_the_evaluation_run_takes_its_settings_and_models_from_the_evaluated_run(tmp_path):
     db = f"sqlite:///{tmp_path / 'h.db'}"
-    evaluated = _federated_run(db, tmp_path, initial_weights(TASK, 0), aucs=(0.99, 0.95))
+    start = initial_weights(RunConfig.of(task=TASK, seed=0))
+    evaluated = _federated_run(db, tmp_path, start, aucs=(0.99, 0.95))
     store = open_store(db)
     try:
         plan = prepare_evaluation(

@@ -77,7 +77,7 @@ def test_server_never_sees_a_site_plaintext(tmp_path, monkeypatch):
     split = tmp_path / "split"
     run_federated_simulation(sim, split_dir=split)
     task = load_task("digits")
-    start = initial_weights("digits", sim.training.seed)
+    start = initial_weights(sim)
     plaintexts = []
     for index in range(3):
         client = TaskClient(

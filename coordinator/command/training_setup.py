@@ -74,6 +74,7 @@ def check_run_input(store, config: RunConfig, resolved: Resolved) -> CheckedRun:
     from fedweave.coordinator.rounds.privacy_ledger import check_resumable
     from fedweave.coordinator.rounds.round_settings import test_data_of
     from fedweave.history.metrics import recorded_privacy
+    from fedweave.learning.adapters import run_adapter
     from fedweave.learning.initial_model import pin_initial_model
     from fedweave.learning.statistics import pinned_schema
     from fedweave.learning.task_packages import pinned_for_run
@@ -97,6 +98,9 @@ def check_run_input(store, config: RunConfig, resolved: Resolved) -> CheckedRun:
     if package is not None:
         stored["task_package"] = package
     config = pin_initial_model(config, stored, run)
+    adapter = run_adapter(config)  # --lora-targets and --lora-rank checked on the model
+    if adapter is not None:
+        stored["adapter"] = adapter
     return CheckedRun(config, stored, run, test_data_of(config))
 
 

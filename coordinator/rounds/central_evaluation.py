@@ -13,19 +13,18 @@ from fedweave.coordinator.rounds.federated_statistics import (
     StatisticsSink,
 )
 from fedweave.learning.statistics import digest, prepared
-from fedweave.learning.tasks import load_task
 from fedweave.learning.training import TrainConfig
 from fedweave.learning.weights import set_weights
 
 
 def make_central_evaluator(
-    task_spec: str, test_data: Any, device: str | None, sink: StatisticsSink | None = None
+    task: Any, test_data: Any, device: str | None, sink: StatisticsSink | None = None
 ):
-    """Score weights on the held-out test set with the task's own evaluate() (prepared with
-    the run's federated statistics once ``sink`` holds them); ``None`` without test data."""
+    """Score weights on the held-out test set with ``task``'s own evaluate() (the run's task,
+    ``adapters.run_task``; prepared with the run's federated statistics once ``sink`` holds
+    them); ``None`` without test data."""
     if test_data is None:
         return None
-    task = load_task(task_spec)
     model = task.build_model()
     config = TrainConfig(device=device)
     cache: dict[str, Any] = {}

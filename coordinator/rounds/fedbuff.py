@@ -293,7 +293,9 @@ def make_fedbuff_server_app(
             "--schedule async does not gather yet; use --schedule sync"
         )
     speeds = settings.site_speeds  # None: real time
-    evaluate = make_central_evaluator(config.data.task, test_data, config.training.device)
+    from fedweave.learning.adapters import run_task
+
+    evaluate = make_central_evaluator(run_task(config), test_data, config.training.device)
     told = [ModelHealth(listeners, int(getattr(task, "num_classes", 0)))]
     buffer_size, max_staleness = settings.buffer, config.federation.max_staleness
     server_lr = config.federation.server_lr or 1.0

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,6 +20,7 @@ from flwr.common import Context, ndarrays_to_parameters
 from flwr.server import Grid, LegacyContext, ServerApp, ServerConfig
 from flwr.server.workflow import DefaultWorkflow
 
+from fedweave.config import RunConfig
 from fedweave.coordinator.rounds.central_evaluation import make_central_evaluator
 from fedweave.coordinator.rounds.deadlines import (
     deadline_fit_workflow,
@@ -48,6 +48,7 @@ from fedweave.coordinator.rounds.site_outcomes import OutcomeGrid, SiteReplies
 from fedweave.coordinator.rounds.strategies import make_strategy
 from fedweave.coordinator.rounds.traffic import Traffic
 from fedweave.history.round_summary import RoundListener, RoundStartListener
+from fedweave.learning.adapters import run_task
 from fedweave.learning.statistics import declared_statistics, needs_statistics
 from fedweave.learning.tasks import load_task
 from fedweave.learning.training import seed_everything
@@ -56,18 +57,19 @@ from fedweave.learning.weights import get_weights
 log = logging.getLogger(__name__)
 
 
-def initial_weights(
-    task_spec: str, seed: int, initial_model: Path | None = None, sha256: str | None = None
-) -> list[np.ndarray]:
-    """The global model before round 1: the task's model built under ``seed``, or loaded from
-    ``initial_model`` (a checked safetensors file; ``sha256``: the run's pin of it, when the
-    run recorded one)."""
-    seed_everything(seed)
-    model = load_task(task_spec).build_model()
-    if initial_model is not None:
+def initial_weights(config: RunConfig, sha256: str | None = None) -> list[np.ndarray]:
+    """The global model before round 1: the task's model built under the run's seed, or
+    loaded from its ``--initial-model`` (a checked safetensors file; ``sha256``: the run's pin
+    of it, when the run recorded one); with ``--peft lora``, the adapters' tensors alone (the
+    base is each site's own copy of that file)."""
+    training = config.training
+    task = run_task(config, sha256)
+    seed_everything(training.seed)
+    model = task.build_model()
+    if training.initial_model is not None and training.peft == "none":
         from fedweave.learning.initial_model import load_initial_model
 
-        load_initial_model(model, initial_model, task_spec, sha256)
+        load_initial_model(model, training.initial_model, config.data.task, sha256)
     return get_weights(model)
 
 
@@ -133,7 +135,7 @@ def make_server_app(
             stragglers=config.simulation.stragglers,
             seed=config.training.seed,
             evaluator=make_central_evaluator(
-                config.data.task, test_data, config.training.device, sink
+                run_task(config), test_data, config.training.device, sink
             ),
             listeners=listeners,
             round_starts=round_starts,

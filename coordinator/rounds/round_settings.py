@@ -14,11 +14,14 @@ from __future__ import annotations
 import functools
 import json
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from fedweave.config import RunConfig
 from fedweave.config.cohorts import async_buffer, round_cohort
 from fedweave.contract import (
+    ADAPTER_KEY,
+    BASE_SHA256_KEY,
     BATCH_SIZE_KEY,
     CLIP_GRAD_NORM_KEY,
     COMPRESS_KEY,
@@ -59,6 +62,31 @@ def task_package_config(spec: str) -> dict[str, str]:
 
     pinned = pinned_package(spec)
     return {TASK_PACKAGE_KEY: json.dumps(pinned, sort_keys=True)} if pinned else {}
+
+
+def adapter_config(config: RunConfig) -> dict[str, str]:
+    """The round config's adapter of a ``--peft lora`` run (``ADAPTER_KEY``, and the base's
+    sha256), empty otherwise; computed once a process."""
+    training = config.training
+    if training.peft == "none":
+        return {}
+    return dict(
+        _adapter_config(
+            config.data.task, training.lora_rank, training.lora_alpha, training.lora_targets,
+            str(training.initial_model),
+        )  # fmt: skip
+    )
+
+
+@functools.lru_cache(maxsize=4)
+def _adapter_config(
+    task: str, rank: int, alpha: float | None, targets: str | None, base: str
+) -> tuple[tuple[str, str], ...]:
+    from fedweave.learning.adapters import adapter_spec
+    from fedweave.learning.initial_model import file_sha256
+
+    spec = adapter_spec(load_task(task).build_model(), rank, alpha, targets, task)
+    return ((ADAPTER_KEY, spec.encode()), (BASE_SHA256_KEY, file_sha256(Path(base))))
 
 
 @dataclass(frozen=True)
@@ -155,6 +183,7 @@ class ServerSettings:
             BATCH_SIZE_KEY: training.batch_size,
             SEED_KEY: training.seed,
             **task_package_config(self.config.data.task),
+            **adapter_config(self.config),
         }
 
     def fit_config(self, server_round: int, round_timeout: float) -> dict[str, int | float | str]:
@@ -182,6 +211,7 @@ class ServerSettings:
         training = self.config.training
         config: dict[str, int | float | str] = {
             **task_package_config(self.config.data.task),
+            **adapter_config(self.config),
             ROUND_KEY: server_round + self.round_offset,
             LOCAL_EPOCHS_KEY: training.local_epochs,
             LR_KEY: training.lr,

@@ -57,10 +57,10 @@ def run_plan(plan: DeployPlan, grid, context) -> None:
             weights
             if weights is not None
             else initial_weights(
-                config.data.task, config.training.seed, config.training.initial_model,
+                config,
                 (store.get_run(plan.run_id).config or {}).get("initial_model", {}).get("sha256"),
             )
-        )  # fmt: skip
+        )
         # `fedweave coordinator` checked the package is there (check_tracker); files land
         # relative to its directory, which Flower's processes inherit
         tracker = make_tracker(config.history.track, plan.run_id, store.get_run(plan.run_id).config)

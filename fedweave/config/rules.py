@@ -205,6 +205,29 @@ _federated_only(
 _federated_only("resume", "--resume is for federated runs; a gossip peer rejoins by starting again")
 
 
+# --- adapters --------------------------------------------------------------------------------
+
+
+@_rule("peft", "initial_model", says="LoRA adapts a pretrained base: --peft lora needs one")
+def _adapter_needs_a_base(o: Options) -> str | None:
+    if o["peft"] == "lora" and o["initial_model"] is None:
+        return (
+            "--peft lora trains adapters on a frozen pretrained base: give the base with "
+            "--initial-model FILE.safetensors"
+        )
+    return None
+
+
+@_rule("peft", "dp", federated=True, says="--dp sample trains every tensor (not with LoRA yet)")
+def _adapter_without_sample_dp(o: Options) -> str | None:
+    if o["peft"] == "lora" and o["dp"] == "sample":
+        return (
+            "--dp sample with --peft lora is not supported yet (Opacus would clip the frozen "
+            "base's per-example gradients too); use --dp central or --dp local with adapters"
+        )
+    return None
+
+
 # --- federated rounds ------------------------------------------------------------------------
 
 

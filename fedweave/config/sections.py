@@ -105,6 +105,26 @@ class TrainingSection:
         "from the same file).",
         identity=False,
     )
+    peft: str = setting(
+        "none",
+        "none: every tensor trains and travels; lora: the --initial-model is a frozen base and "
+        "only LoRA adapters (peft) and the output layer train, travel, are averaged and "
+        "checkpointed.",
+        choices=("none", "lora"),
+    )
+    lora_rank: int = setting(
+        8, "--peft lora: the adapters' rank r (below every target layer's smaller dimension).",
+        minimum=1,
+    )
+    lora_alpha: float | None = setting(
+        None, "--peft lora: lora_alpha, the adapters' update scaled by alpha / rank (default: "
+        "twice the rank).", above=0,
+    )
+    lora_targets: str | None = setting(
+        None, "--peft lora: the layers that get adapters, comma-separated names of the model's "
+        "nn.Linear/nn.Conv modules (fedweave task describe lists the tensors; default: every "
+        "such layer but the last, the output layer, which trains fully).",
+    )
     device: str | None = setting(
         None, "cuda, cuda:N or cpu (default: CUDA when present).", identity=False
     )
@@ -552,6 +572,11 @@ class SiteSection:
         "update: local or sample); sample (per-example DP-SGD here).",
         choices=("off", "any", "local", "sample"), identity=False,
     )
+    base_model: Path | None = setting(
+        None, "--peft lora runs: this site's copy of the run's frozen base model (its "
+        "--initial-model, a .safetensors file), checked against the sha256 the run pinned; "
+        "the base never travels.", identity=False,
+    )
     privacy_ledger: Path | None = setting(
         None, "Where this site keeps its own sample-level DP ledger (--dp sample runs): every "
         "DP-SGD step its data went through, across runs and restarts; the epsilon it reports "
@@ -658,6 +683,8 @@ _TRAINING = (
 )  # fmt: skip
 """Every training setting; the task declares the defaults of those it names
 (``fedweave/config/task_defaults.py``)."""
+_ADAPTER = ("peft", "lora_rank", "lora_alpha", "lora_targets")
+"""Adapters only (``fedweave/learning/adapters.py``)."""
 _SPLIT = ("task", "clients", "partition", "alpha", "shards_per_client")
 _FEDERATION = (
     "clients_per_round", "strategy", "proximal_mu", "max_update_norm", "compress",
@@ -682,10 +709,11 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         "stragglers", "fanout", "mix", "group_exchange", "round_interval", "exchange_timeout",
         "kill", "insecure",
         "gpus_per_client", "gpus_per_peer", "ray_address", "split_dir", "out", "db",
-        "checkpoint_dir", "resume", "track", "verbose", "initial_model",
+        "checkpoint_dir", "resume", "track", "verbose", "initial_model", *_ADAPTER,
     ),
     "coordinator": (
-        "task", "test_data", "label_column", *_TRAINING, "initial_model", "min_clients",
+        "task", "test_data", "label_column", *_TRAINING, "initial_model", *_ADAPTER,
+        "min_clients",
         *_FEDERATION, *_ASYNC,
         *_EVALUATION, *_SECAGG, *_PRIVACY,
         "address", "insecure", "tls_dir", "allow_unregistered_sites", "site_timeout",
@@ -701,11 +729,11 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         "coordinator", "name", "task", "data", "label_column", "columns", "eval_data",
         "eval_fraction", "device", "insecure", "ca_cert",
         "site_key", "connect_timeout", "runtime_port", "log_file", "status_address", "verbose",
-        "require_secure_agg", "require_dp", "max_epsilon", "privacy_ledger",
+        "require_secure_agg", "require_dp", "max_epsilon", "privacy_ledger", "base_model",
     ),
     "peer": (
         "listen", "advertise", "seeds", "task", "data", "label_column", "test_data", *_TRAINING,
-        "initial_model",
+        "initial_model", *_ADAPTER,
         "fanout", "mix", "clip_tau", "trim_fraction", "group_exchange", "example_ratio",
         "distance_factor", "round_interval", "exchange_timeout", "drop_after", "max_message_mb",
         "compress", "wait_for_peers", "seed_timeout", "linger", "max_alone", "checkpoint_every",

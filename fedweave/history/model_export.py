@@ -133,6 +133,12 @@ def export_models(
     from safetensors.numpy import save_file
 
     from fedweave.history.metrics import final_privacy
+    from fedweave.learning.adapters import (
+        ADAPTER_FILES,
+        merged_model,
+        recorded_adapter,
+        save_adapter,
+    )
     from fedweave.learning.tasks import load_task
 
     final, best, chosen = chosen_rounds(info, rows)
@@ -159,10 +165,23 @@ def export_models(
         "safetensors.torch.load_file(FILE))",
     }
     files = ((final, FINAL_FILE, PROGRAM_FILE), (best, BEST_FILE, BEST_PROGRAM_FILE))
+    adapter = recorded_adapter(info.config)
+    if adapter is not None:
+        meta["adapter"] = {"spec": adapter[0], "base_model": str(adapter[1]),
+                           "base_sha256": adapter[2], "files": list(ADAPTER_FILES)}  # fmt: skip
     for row, name, program in files:
         if row is None:
             continue
-        tensors = named_weights(info.task, checkpoint_weights(row))
+        if adapter is None:
+            tensors = named_weights(info.task, checkpoint_weights(row))
+        else:  # the adapters merged into the base: the task's own model, loadable as any
+            adapted = merged_model(task, info.config, checkpoint_weights(row), info.task)
+            if name == FINAL_FILE:
+                written += save_adapter(adapted, out_dir)
+            tensors = {
+                key: value.detach().cpu().numpy().copy()
+                for key, value in adapted.merged().state_dict().items()
+            }
         create_private(out_dir / name)
         save_file(
             tensors,

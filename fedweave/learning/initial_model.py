@@ -40,9 +40,9 @@ def _listed(names: list[str]) -> str:
     return shown + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
 
 
-def _header(path: Path) -> dict[str, Any]:
+def _header(path: Path, flag: str = "--initial-model") -> dict[str, Any]:
     """The safetensors header (tensor name → dtype, shape, offsets), or a ``UserError``."""
-    not_one = f"--initial-model {path} is not a safetensors file"
+    not_one = f"{flag} {path} is not a safetensors file"
     try:
         with path.open("rb") as handle:
             size_bytes = handle.read(8)
@@ -53,7 +53,7 @@ def _header(path: Path) -> dict[str, Any]:
                 raise UserError(f"{not_one} (its first 8 bytes are no header length)")
             header = json.loads(handle.read(size))
     except OSError as error:
-        raise UserError(f"--initial-model {path} cannot be read ({error.strerror})") from None
+        raise UserError(f"{flag} {path} cannot be read ({error.strerror})") from None
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise UserError(f"{not_one} (its header is not JSON)") from None
     if not isinstance(header, dict):
@@ -62,7 +62,9 @@ def _header(path: Path) -> dict[str, Any]:
     return header
 
 
-def read_initial_model(path: Path, model: Any, task_name: str) -> dict[str, np.ndarray]:
+def read_initial_model(
+    path: Path, model: Any, task_name: str, flag: str = "--initial-model"
+) -> dict[str, np.ndarray]:
     """The tensors of ``path`` as NumPy arrays in ``model``'s state-dict order, after checking
     they are exactly ``model``'s (names, shapes, dtypes) and finite; any misfit is one
     ``UserError`` naming the missing, unexpected and mis-shaped tensors."""
@@ -72,10 +74,10 @@ def read_initial_model(path: Path, model: Any, task_name: str) -> dict[str, np.n
     path = Path(path)
     if not path.is_file():
         raise UserError(
-            f"--initial-model {path} does not exist; pass a .safetensors file of the task's "
+            f"{flag} {path} does not exist; pass a .safetensors file of the task's "
             "model (fedweave history export writes one: model.safetensors)"
         )
-    header = _header(path)
+    header = _header(path, flag)
     wanted = {
         name: (tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."))
         for name, tensor in model.state_dict().items()
@@ -85,9 +87,7 @@ def read_initial_model(path: Path, model: Any, task_name: str) -> dict[str, np.n
     try:
         arrays = load_file(str(path))
     except (SafetensorError, OSError, ValueError) as error:
-        raise UserError(
-            f"--initial-model {path} is not a readable safetensors file ({error})"
-        ) from None
+        raise UserError(f"{flag} {path} is not a readable safetensors file ({error})") from None
     misfit = [
         f"{name} {list(arrays[name].shape)} {arrays[name].dtype} in the file, "
         f"{list(shape)} {dtype} in the model"
@@ -99,7 +99,7 @@ def read_initial_model(path: Path, model: Any, task_name: str) -> dict[str, np.n
         parts += [f"unexpected {_listed(unexpected)}"] if unexpected else []
         parts += [f"mis-shaped {_listed(misfit)}"] if misfit else []
         raise UserError(
-            f"--initial-model {path} does not fit the model of task {task_name!r}: "
+            f"{flag} {path} does not fit the model of task {task_name!r}: "
             + "; ".join(parts)
             + " (fedweave task describe NAME lists the model's tensors)"
         )
@@ -109,24 +109,27 @@ def read_initial_model(path: Path, model: Any, task_name: str) -> dict[str, np.n
         if arrays[name].dtype.kind in "fc" and not np.all(np.isfinite(arrays[name]))
     ]
     if bad:
-        raise UserError(f"--initial-model {path} holds NaN or infinite values in {_listed(bad)}")
+        raise UserError(f"{flag} {path} holds NaN or infinite values in {_listed(bad)}")
     return {name: arrays[name] for name in wanted}
 
 
-def load_initial_model(model: Any, path: Path, task_name: str, sha256: str | None = None) -> str:
+def load_initial_model(
+    model: Any, path: Path, task_name: str, sha256: str | None = None,
+    flag: str = "--initial-model",
+) -> str:
     """Load ``path`` into ``model`` (checked as ``read_initial_model`` does); returns the
     file's sha256, refusing a file whose sha256 is not ``sha256`` (the run's pin) when given."""
     import torch
 
     if not Path(path).is_file():
-        raise UserError(f"--initial-model {path} does not exist; pass the run's initial model")
+        raise UserError(f"{flag} {path} does not exist; pass the run's initial model")
     digest = file_sha256(Path(path))
     if sha256 is not None and digest != sha256:
         raise UserError(
-            f"--initial-model {path} has sha256 {digest[:16]}, the run started from "
+            f"{flag} {path} has sha256 {digest[:16]}, the run started from "
             f"{sha256[:16]}; pass the run's initial model"
         )
-    arrays = read_initial_model(path, model, task_name)
+    arrays = read_initial_model(path, model, task_name, flag)
     model.load_state_dict({name: torch.from_numpy(a.copy()) for name, a in arrays.items()})
     return digest
 
