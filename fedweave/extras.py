@@ -4,7 +4,8 @@
 sites on one machine needs Flower's Ray engine and flwr-datasets' partitioners (with Hugging
 Face ``datasets`` and pyarrow): ``pip install 'fedweave[simulation]'``. Reading Parquet site
 files needs pyarrow: ``pip install 'fedweave[parquet]'``; ``--track`` needs its tracker's
-package: ``pip install 'fedweave[tensorboard]'`` or ``'fedweave[mlflow]'``. A command that
+package: ``pip install 'fedweave[tensorboard]'`` or ``'fedweave[mlflow]'``; ``--peft lora`` needs
+``peft``: ``pip install 'fedweave[peft]'``. A command that
 needs an extra that is not installed says which one in one line (``UserError``: exit 2, no
 traceback) before it imports anything from it.
 """
@@ -21,6 +22,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "parquet": ("pyarrow",),
     "tensorboard": ("tensorboard",),
     "mlflow": ("mlflow",),
+    "peft": ("peft",),
 }
 
 

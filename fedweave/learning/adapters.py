@@ -237,7 +237,10 @@ def adapted_task(task: Any, spec_line: str | None, base_path: Path | None, task_
     ``base_sha256``, the run's pin, naming both)."""
     if spec_line is None:
         return task
+    from fedweave.extras import require
     from fedweave.learning.initial_model import load_initial_model
+
+    require("peft", "a --peft lora run")
 
     if base_path is None:
         raise UserError(
@@ -256,7 +259,10 @@ def run_adapter(config: Any) -> str | None:
     training = config.training
     if training.peft == "none":
         return None
+    from fedweave.extras import require
     from fedweave.learning.tasks import load_task
+
+    require("peft", "--peft lora")
 
     model = load_task(config.data.task).build_model()
     return adapter_spec(

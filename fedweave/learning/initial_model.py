@@ -127,7 +127,8 @@ def load_initial_model(
     if sha256 is not None and digest != sha256:
         raise UserError(
             f"{flag} {path} has sha256 {digest[:16]}, the run started from "
-            f"{sha256[:16]}; pass the run's initial model"
+            f"{sha256[:16]}; pass the run's "
+            + ("initial model" if flag == "--initial-model" else "base model (its --initial-model)")
         )
     arrays = read_initial_model(path, model, task_name, flag)
     model.load_state_dict({name: torch.from_numpy(a.copy()) for name, a in arrays.items()})

@@ -1,0 +1,68 @@
+"""A deployed LoRA run (``--peft lora``, issue 35): four sites as real processes on loopback
+with TLS, site keys and SecAgg+. Three hold the run's base model (``--base-model``); one holds
+another file and is refused with both hashes, recorded against its name, while the round goes
+on with the others. The replies carry the adapters only, and the export holds peft's adapter."""
+
+from __future__ import annotations
+
+import pytest
+from test_deploy_support import (
+    Processes,
+    coordinator_args,
+    free_port,
+    make_deployment,
+    recorded,
+    run_fedweave,
+    site_args,
+    wait_for,
+    wait_for_success,
+)
+from test_initial_model import _pretrained
+
+SITES = 4
+FULL_MODEL_BYTES = 8_970 * 4  # the digits model's float32 tensors: what full fine-tuning sends
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_deployed_lora_run_sends_adapters_and_refuses_a_site_with_another_base(tmp_path):
+    make_deployment(tmp_path, SITES)
+    base = _pretrained(tmp_path / "base.safetensors", epochs=8)
+    _pretrained(tmp_path / "other.safetensors", epochs=1)
+    db = f"sqlite:///{tmp_path / 'history.db'}"
+    port = free_port()
+    procs = Processes(tmp_path)
+    try:
+        coord = procs.start(
+            "coordinator",
+            *coordinator_args(port, db, 2, SITES, "--once", "--min-replies", "3", "--lr", "0.05",
+                              "--initial-model", "base.safetensors", "--peft", "lora",
+                              "--lora-rank", "4"),
+        )  # fmt: skip
+        wait_for(
+            lambda: "sites connected" in procs.output("coordinator"), 60,
+            "the coordinator to listen", coord, lambda: procs.output("coordinator"),
+        )  # fmt: skip
+        for i in range(SITES):
+            own = "other.safetensors" if i == SITES - 1 else "base.safetensors"
+            procs.start(f"site{i}", *site_args(port, i, None, "--base-model", own))
+        wait_for_success(procs, coord, "the run to complete")
+    finally:
+        procs.close()
+    rounds, sites, run = recorded(db)
+    assert run.status == "completed" and len(rounds) == 2, (run.status, rounds)
+    assert run.config["adapter"] == "lora r=4 alpha=8 targets=0,2 full=4"
+    for row in rounds:
+        assert row["replied"] == SITES - 1, row
+        assert row["eval_accuracy"] > 0.7, row
+    # each reply is SecAgg+'s masked vector of the 1,674 adapter values, not the model's 8,970
+    assert all(s["metrics"]["uplink_bytes"] < 0.3 * FULL_MODEL_BYTES for s in sites), sites
+    refused = [s for s in sites if s["status"] != "ok"]
+    assert {(s["site_id"], s["status"]) for s in refused} == {(f"site{SITES - 1}", "refused")}
+    reason = refused[0]["reason"]
+    assert "--base-model" in reason and "has sha256" in reason, reason
+    assert f"the run started from {run.config['initial_model']['sha256'][:16]}" in reason
+    done = run_fedweave("history", "export", run.run_id, "--db", db, "--to", "out", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "out" / "adapter_model.safetensors").is_file()
+    assert base.is_file()
