@@ -124,6 +124,18 @@ def test_a_lora_simulation_sends_only_adapters_and_peft_loads_the_export(tmp_pat
     with torch.no_grad():
         x = torch.from_numpy(test.x[:20])
         torch.testing.assert_close(peft_model(x), merged(x), atol=1e-5, rtol=1e-5)
+    # predict: the adapter on the run's base, from the history, as the export has it
+    np.savez(tmp_path / "new.npz", x=test.x, y=np.zeros_like(test.y))
+    done = subprocess.run([*FEDWEAVE, "predict", "--run", run.run_id, "--db", db, "--data",
+                           str(tmp_path / "new.npz"), "--out", str(tmp_path / "p.csv")],
+                          capture_output=True, text=True, timeout=200)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    import pandas as pd
+
+    predicted = pd.read_csv(tmp_path / "p.csv")["prediction"].to_numpy()
+    assert (predicted.astype(int) == test.y).mean() == pytest.approx(
+        rows[-1]["eval_accuracy"], abs=1e-9
+    )
 
 
 @pytest.mark.slow

@@ -47,9 +47,15 @@ def test_a_deployed_lora_run_sends_adapters_and_refuses_a_site_with_another_base
             own = "other.safetensors" if i == SITES - 1 else "base.safetensors"
             procs.start(f"site{i}", *site_args(port, i, None, "--base-model", own))
         wait_for_success(procs, coord, "the run to complete")
+        rounds, sites, run = recorded(db)
+        evaluation = procs.start(
+            "evaluate", "evaluate", "--run", run.run_id, "--address", f"127.0.0.1:{port}",
+            "--min-clients", str(SITES), "--db", db, "--tls-dir", "tls", "--round-timeout", "120",
+        )  # fmt: skip
+        wait_for_success(procs, evaluation, "the evaluation-only run", 240)
     finally:
         procs.close()
-    rounds, sites, run = recorded(db)
+    _the_sites_score_the_recorded_adapter_again(db, run.run_id)
     assert run.status == "completed" and len(rounds) == 2, (run.status, rounds)
     assert run.config["adapter"] == "lora r=4 alpha=8 targets=0,2 full=4"
     for row in rounds:
@@ -66,3 +72,19 @@ def test_a_deployed_lora_run_sends_adapters_and_refuses_a_site_with_another_base
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "out" / "adapter_model.safetensors").is_file()
     assert base.is_file()
+
+
+def _the_sites_score_the_recorded_adapter_again(db: str, run_id: str) -> None:
+    """``fedweave evaluate RUN``: the sites are told the run's adapter and base hash, so they
+    score its recorded adapters on their base; the one with another base refuses again."""
+    from fedweave.history import open_store
+
+    with open_store(db) as store:
+        info = next(r for r in store.list_runs() if r.run_id != run_id)
+        (row,) = store.rounds(info.run_id)
+    assert info.status == "completed" and info.config["command"] == "evaluate", info
+    sites = row["extra"]["evaluation"]["sites"]
+    assert sorted((s["site"], s["status"]) for s in sites) == [
+        *((f"site{i}", "ok") for i in range(SITES - 1)), (f"site{SITES - 1}", "refused"),
+    ], sites
+    assert row["extra"]["evaluation"]["federated"]["accuracy"] > 0.7, row

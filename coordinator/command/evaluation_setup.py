@@ -89,7 +89,7 @@ def _check_models(info: Any, models: list[EvaluatedModel]) -> None:
             "a run that completed a round: fedweave history runs"
         )
     for model in models:
-        named_weights(info.task, checkpoint_weights(model.row))
+        named_weights(info.task, checkpoint_weights(model.row), info.config)
 
 
 def evaluation_header(facts: dict[str, Any]) -> str:

@@ -47,11 +47,13 @@ def score_at_sites(
     models: list[tuple[str, list]],
     statistics: dict[str, Any] | None,
     site_replies: Any = None,
+    run_config: dict[str, Any] | None = None,
 ) -> Any:
     """Send every connected site each of ``models`` (name, weights; the first is the final
     global model) and gather one ``RoundSummary``: the final model's figures, each site's
     evaluation of it, and the matrix. ``site_replies``: the ``SiteReplies`` the grid notes
-    what each site said in (for a failed site's name), or None."""
+    what each site said in (for a failed site's name), or None. ``run_config``: more keys
+    every site is told (a LoRA run's adapter, ``recorded_adapter_config``)."""
     from flwr.common import EvaluateIns, ndarrays_to_parameters
 
     from fedweave.contract import BATCH_SIZE_KEY, CROSS_SITE_MODEL_KEY, ROUND_KEY, SEED_KEY
@@ -71,6 +73,7 @@ def score_at_sites(
         BATCH_SIZE_KEY: config.training.batch_size,
         SEED_KEY: config.training.seed,
         **StatisticsSink(statistics).config(),
+        **(run_config or {}),
     }
     instructions, expected = [], []
     for index, (name, weights) in enumerate(models):
@@ -120,6 +123,7 @@ def run_evaluation(plan: Any, grid: Any, context: Any) -> None:
     from fedweave.coordinator.rounds.site_outcomes import OutcomeGrid, SiteReplies
     from fedweave.history.metrics import recorded_statistics
     from fedweave.history.model_export import checkpoint_weights, evaluated_models
+    from fedweave.learning.adapters import recorded_adapter_config
 
     with recording_run(plan) as recording:
         store, config = recording.store, plan.config
@@ -133,6 +137,9 @@ def run_evaluation(plan: Any, grid: Any, context: Any) -> None:
             raise RuntimeError(f"run {evaluated.run_id} has no recorded model")
         site_replies = SiteReplies()  # what each site said, by node, with its name
         grid = OutcomeGrid(grid, site_replies)
-        summary = score_at_sites(grid, config, models, recorded_statistics(rows), site_replies)
+        summary = score_at_sites(
+            grid, config, models, recorded_statistics(rows), site_replies,
+            recorded_adapter_config(evaluated.config),
+        )  # fmt: skip
         recorder = HistoryRecorder(store, plan.run_id, Path(config.history.checkpoint_dir))
         SiteNames([recorder], registered_site_names(plan.deployment_file)).on_round(summary)

@@ -53,11 +53,18 @@ def checkpoint_weights(row: dict[str, Any]) -> list[np.ndarray]:
         raise HistoryError(f"round {row['round']}: {exc}") from None
 
 
-def named_weights(task_spec: str, weights: list[np.ndarray]) -> dict[str, np.ndarray]:
-    """``weights`` by the task model's ``state_dict`` keys; refused when they do not fit."""
+def named_weights(
+    task_spec: str, weights: list[np.ndarray], stored: dict | None = None
+) -> dict[str, np.ndarray]:
+    """``weights`` by the task model's ``state_dict`` keys (a LoRA run's, its stored config
+    ``stored`` recording an adapter: the adapter's); refused when they do not fit."""
+    from fedweave.learning.adapters import AdaptedTask, AdapterSpec, recorded_adapter
     from fedweave.learning.tasks import load_task
 
-    model = load_task(task_spec).build_model()
+    task, adapter = load_task(task_spec), recorded_adapter(stored)
+    if adapter is not None:
+        task = AdaptedTask(task, AdapterSpec.decode(adapter[0]), None, adapter[2])
+    model = task.build_model()
     state = model.state_dict()
     mismatch = len(state) != len(weights) or any(
         tuple(tensor.shape) != array.shape

@@ -71,6 +71,7 @@ def predict_run(
     returns (examples, round of the model used)."""
     import torch
 
+    from fedweave.learning.adapters import merged_model, recorded_adapter
     from fedweave.learning.prediction import model_outputs, prediction_columns
     from fedweave.learning.statistics import prepared
     from fedweave.learning.tasks import load_task
@@ -91,9 +92,12 @@ def predict_run(
         )
     task = load_task(info.task)
     _check_schema(info, task)
-    tensors = named_weights(info.task, checkpoint_weights(row))
-    model = task.build_model()
-    model.load_state_dict({name: torch.from_numpy(array) for name, array in tensors.items()})
+    if recorded_adapter(info.config) is not None:  # a LoRA run: its adapter on its base
+        model = merged_model(task, info.config, checkpoint_weights(row), info.task).merged()
+    else:
+        tensors = named_weights(info.task, checkpoint_weights(row))
+        model = task.build_model()
+        model.load_state_dict({name: torch.from_numpy(array) for name, array in tensors.items()})
     data = prepared(task, _read(task, data_path, label_column, columns), recorded_statistics(rows))
     outputs = model_outputs(model, data, TrainConfig(device=None))
     header, values = prediction_columns(task, outputs, data)

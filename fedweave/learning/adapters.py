@@ -211,22 +211,26 @@ class AdaptedTask:
     Args:
         task: the run's task.
         spec: the adapter.
-        base: the base model's tensors (the run's ``--initial-model``).
+        base: the base model's tensors (the run's ``--initial-model``); None: the task's
+            fresh model (for the adapter's names and shapes only).
         base_sha256: the sha256 of the base model's file (recorded with the run).
     """
 
-    def __init__(self, task: Any, spec: AdapterSpec, base: dict[str, np.ndarray],
+    def __init__(self, task: Any, spec: AdapterSpec, base: dict[str, np.ndarray] | None,
                  base_sha256: str) -> None:  # fmt: skip
         self.task, self.spec, self.base, self.base_sha256 = task, spec, base, base_sha256
 
     def __getattr__(self, name: str) -> Any:
+        if name == "task":  # not set yet (a copy being made): no recursion into itself
+            raise AttributeError(name)
         return getattr(self.task, name)
 
     def build_model(self) -> Any:
         import torch
 
         model = self.task.build_model()
-        model.load_state_dict({n: torch.from_numpy(a.copy()) for n, a in self.base.items()})
+        if self.base is not None:
+            model.load_state_dict({n: torch.from_numpy(a.copy()) for n, a in self.base.items()})
         return adapted_model_class()(_adapt(model, self.spec))
 
 
@@ -289,6 +293,17 @@ def recorded_adapter(stored: dict | None) -> tuple[str, Path, str] | None:
     if not adapter:
         return None
     return str(adapter), Path(str(base.get("path", ""))), str(base.get("sha256", ""))
+
+
+def recorded_adapter_config(stored: dict | None) -> dict[str, str]:
+    """What sites are told to score a LoRA run's recorded models (its adapter and base's
+    sha256, ``ADAPTER_KEY``), empty for a run that trained every tensor."""
+    from fedweave.contract import ADAPTER_KEY, BASE_SHA256_KEY
+
+    recorded = recorded_adapter(stored)
+    if recorded is None:
+        return {}
+    return {ADAPTER_KEY: recorded[0], BASE_SHA256_KEY: recorded[2]}
 
 
 def merged_model(task: Any, stored: dict, weights: list[np.ndarray], task_name: str) -> Any:
