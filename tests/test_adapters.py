@@ -21,7 +21,7 @@ from fedweave.learning.tasks import load_task
 def test_default_targets_are_every_layer_but_the_output_and_each_misfit_is_one_line():
     model = load_task("digits").build_model()  # Linear 0, 2 and the output 4, 64 wide
     spec = adapter_spec(model, 4, None, None, "digits")
-    assert spec == AdapterSpec(4, 8.0, ("0", "2"), ("4",))
+    assert spec == AdapterSpec(4, 4.0, ("0", "2"), ("4",))
     assert AdapterSpec.decode(spec.encode()) == spec
     assert adapter_spec(model, 4, 2.0, "0,4", "digits").full == ()  # the output adapted too
     with pytest.raises(UserError, match=r"^--lora-targets 1,9: 1, 9 is not a linear .* its "
@@ -101,7 +101,7 @@ def test_a_lora_simulation_sends_only_adapters_and_peft_loads_the_export(tmp_pat
         runs[name] = (db, *_rows(db))
     full_bytes = runs["full"][1][-1]["bytes_in"]
     db, rows, run = runs["lora"]
-    assert run.config["adapter"] == "lora r=4 alpha=8 targets=0,2 full=4"
+    assert run.config["adapter"] == "lora r=4 alpha=4 targets=0,2 full=4"
     assert run.config["settings"]["training"]["peft"] == "lora"
     # 1,674 trainable values of 8,970: SecAgg+'s vectors and the replies carry only those
     assert rows[-1]["bytes_in"] < 0.3 * full_bytes, (rows[-1]["bytes_in"], full_bytes)
@@ -154,7 +154,7 @@ def test_gossip_peers_exchange_adapters_only(tmp_path):
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["final_accuracy"] > 0.7, report
     _, run = _rows(f"sqlite:///{tmp_path / 'g.db'}")
-    assert run.config["adapter"] == "lora r=4 alpha=8 targets=0,2 full=4"
+    assert run.config["adapter"] == "lora r=4 alpha=4 targets=0,2 full=4"
 
 
 @pytest.mark.parametrize(

@@ -57,7 +57,7 @@ def test_a_deployed_lora_run_sends_adapters_and_refuses_a_site_with_another_base
         procs.close()
     _the_sites_score_the_recorded_adapter_again(db, run.run_id)
     assert run.status == "completed" and len(rounds) == 2, (run.status, rounds)
-    assert run.config["adapter"] == "lora r=4 alpha=8 targets=0,2 full=4"
+    assert run.config["adapter"] == "lora r=4 alpha=4 targets=0,2 full=4"
     for row in rounds:
         assert row["replied"] == SITES - 1, row
         assert row["eval_accuracy"] > 0.7, row

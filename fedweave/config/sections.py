@@ -118,7 +118,7 @@ class TrainingSection:
     )
     lora_alpha: float | None = setting(
         None, "--peft lora: lora_alpha, the adapters' update scaled by alpha / rank (default: "
-        "twice the rank).", above=0,
+        "the rank, a scale of 1; 2x the rank diverged at SGD's usual rates here).", above=0,
     )
     lora_targets: str | None = setting(
         None, "--peft lora: the layers that get adapters, comma-separated names of the model's "

@@ -11,7 +11,7 @@ frozen base never travels: each site reads it from its own file, checked against
 pinned sha256.
 
 The adapter is declared as one string (``AdapterSpec.encode``) that the run's sites are sent and
-the history stores: ``lora r=4 alpha=8 targets=0,2 full=4``.
+the history stores: ``lora r=4 alpha=4 targets=0,2 full=4``.
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def adapter_spec(
             f"--lora-rank {rank} is not below the smaller dimension of {', '.join(too_small)}; "
             "pick a smaller rank or leave that layer out with --lora-targets"
         )
-    return AdapterSpec(rank, float(alpha if alpha is not None else 2 * rank), chosen, full)
+    return AdapterSpec(rank, float(alpha if alpha is not None else rank), chosen, full)
 
 
 def _adapt(model: Any, spec: AdapterSpec) -> Any:
