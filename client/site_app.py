@@ -193,8 +193,11 @@ def cached_adapted_task(task: Task, adapter: str, base_model: str | None, base_s
             task, adapter, Path(base_model) if base_model else None, getattr(task, "name", "?"),
             base_sha256,
         )  # fmt: skip
-    except UserError as exc:
-        raise SiteRefusal(str(exc).splitlines()[0]) from None
+    except UserError as exc:  # the file's name only: where it lies is this site's business
+        shown = str(exc).splitlines()[0]
+        if base_model:
+            shown = shown.replace(str(Path(base_model)), Path(base_model).name)
+        raise SiteRefusal(shown) from None
     except ValueError as exc:  # the coordinator's adapter line does not parse
         raise SiteRefusal(f"the run's adapter is not one this site reads ({exc})") from None
 

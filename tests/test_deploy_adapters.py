@@ -14,7 +14,7 @@ from test_deploy_support import (
     recorded,
     run_fedweave,
     site_args,
-    wait_for,
+    start_coordinator,
     wait_for_success,
 )
 from test_initial_model import _pretrained
@@ -33,15 +33,10 @@ def test_a_deployed_lora_run_sends_adapters_and_refuses_a_site_with_another_base
     port = free_port()
     procs = Processes(tmp_path)
     try:
-        coord = procs.start(
-            "coordinator",
-            *coordinator_args(port, db, 2, SITES, "--once", "--min-replies", "3", "--lr", "0.05",
-                              "--initial-model", "base.safetensors", "--peft", "lora",
-                              "--lora-rank", "4"),
-        )  # fmt: skip
-        wait_for(
-            lambda: "sites connected" in procs.output("coordinator"), 60,
-            "the coordinator to listen", coord, lambda: procs.output("coordinator"),
+        coord = start_coordinator(
+            procs, *coordinator_args(port, db, 2, SITES, "--once", "--min-replies", "3", "--lr",
+                                     "0.05", "--initial-model", "base.safetensors", "--peft",
+                                     "lora", "--lora-rank", "4"),
         )  # fmt: skip
         for i in range(SITES):
             own = "other.safetensors" if i == SITES - 1 else "base.safetensors"
@@ -67,6 +62,7 @@ def test_a_deployed_lora_run_sends_adapters_and_refuses_a_site_with_another_base
     assert {(s["site_id"], s["status"]) for s in refused} == {(f"site{SITES - 1}", "refused")}
     reason = refused[0]["reason"]
     assert "--base-model" in reason and "has sha256" in reason, reason
+    assert str(tmp_path) not in reason, reason  # the file named, not where the site keeps it
     assert f"the run started from {run.config['initial_model']['sha256'][:16]}" in reason
     done = run_fedweave("history", "export", run.run_id, "--db", db, "--to", "out", cwd=tmp_path)
     assert done.returncode == 0, done.stderr

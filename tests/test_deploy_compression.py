@@ -16,7 +16,7 @@ from test_deploy_support import (
     make_deployment,
     recorded,
     site_args,
-    wait_for,
+    start_coordinator,
     wait_for_success,
 )
 
@@ -41,14 +41,9 @@ def test_deployed_sites_send_int8_updates_and_the_history_counts_their_bytes(tmp
     port = free_port()
     procs = Processes(tmp_path)
     try:
-        coord = procs.start(
-            "coordinator",
-            *coordinator_args(port, db, ROUNDS, SITES, "--once", "--no-secure-agg",
-                              "--compress", "int8"),
-        )  # fmt: skip
-        wait_for(
-            lambda: "sites connected" in procs.output("coordinator"), 60,
-            "the coordinator to listen", coord, lambda: procs.output("coordinator"),
+        coord = start_coordinator(
+            procs, *coordinator_args(port, db, ROUNDS, SITES, "--once", "--no-secure-agg",
+                                     "--compress", "int8"),
         )  # fmt: skip
         for i in range(SITES):
             procs.start(f"site{i}", *site_args(port, i))

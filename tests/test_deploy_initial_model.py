@@ -17,7 +17,7 @@ from test_deploy_support import (
     recorded,
     run_fedweave,
     site_args,
-    wait_for,
+    start_coordinator,
     wait_for_success,
 )
 from test_initial_model import _pretrained
@@ -36,14 +36,9 @@ def test_a_deployed_run_starts_from_the_initial_model_and_pins_it(tmp_path):
     port = free_port()
     procs = Processes(tmp_path)
     try:
-        coord = procs.start(
-            "coordinator",
-            *coordinator_args(port, db, 1, SITES, "--once", "--no-secure-agg", "--lr", "0",
-                              "--initial-model", "pretrained.safetensors"),
-        )  # fmt: skip
-        wait_for(
-            lambda: "sites connected" in procs.output("coordinator"), 60,
-            "the coordinator to listen", coord, lambda: procs.output("coordinator"),
+        coord = start_coordinator(
+            procs, *coordinator_args(port, db, 1, SITES, "--once", "--no-secure-agg", "--lr",
+                                     "0", "--initial-model", "pretrained.safetensors"),
         )  # fmt: skip
         for i in range(SITES):
             procs.start(f"site{i}", *site_args(port, i))

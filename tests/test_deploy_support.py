@@ -165,6 +165,17 @@ def wait_for(
     )
 
 
+def start_coordinator(procs: Processes, *args: str, timeout: float = 60) -> subprocess.Popen:
+    """Start ``fedweave ARGS`` (a coordinator, e.g. ``coordinator_args(...)``) as
+    ``coordinator`` and wait until it listens (its console says ``sites connected``)."""
+    proc = procs.start("coordinator", *args)
+    wait_for(
+        lambda: "sites connected" in procs.output("coordinator"), timeout,
+        "the coordinator to listen", proc, lambda: procs.output("coordinator"),
+    )  # fmt: skip
+    return proc
+
+
 def wait_for_success(
     procs: Processes, proc: subprocess.Popen, what: str, timeout: float = 600
 ) -> str:
