@@ -25,6 +25,7 @@ from fedweave.gossip.peer_outputs import (
     open_history,
     resume_history,
 )
+from fedweave.learning.adapters import run_adapter
 
 log = logging.getLogger("fedweave.gossip")
 
@@ -101,6 +102,9 @@ class Recorder:
             if self.initial_sha256:
                 path = str(Path(config.training.initial_model).resolve())
                 stored["initial_model"] = {"path": path, "sha256": self.initial_sha256}
+            adapter = run_adapter(config)  # a LoRA run's checkpoints are its adapter's tensors
+            if adapter is not None:
+                stored["adapter"] = adapter
             self.history = open_history(
                 url, config.peer.run_id, config.data.task, stored, config.training.seed
             )
