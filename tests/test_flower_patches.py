@@ -264,21 +264,26 @@ def test_an_altered_flower_function_refuses_a_correctness_patch():
 
 def test_secagg_stages_wait_what_the_policy_says_and_forget_silent_sites(monkeypatch):
     """``StagedSecAggPlusWorkflow`` on Flower's own workflow state: each stage sends with the
-    wait ``stage_wait`` chose, a halt stops before the stage, and after the key advertisement
-    the sites that sent no keys are gone from the sampled sites and every neighbourhood."""
+    wait ``stage_wait`` chose, a halt stops before the stage, after the key advertisement the
+    sites that sent no keys, and after the key shares the sites that sent no shares, are gone
+    from the sampled sites and every neighbourhood (else Flower's unmasking asks the others
+    for shares they never got, and the round halts for everyone)."""
     from flwr.server.workflow import SecAggPlusWorkflow
     from flwr.server.workflow.secure_aggregation.secaggplus_workflow import WorkflowState
 
     from fedweave.coordinator.rounds.deadlines import DeadlineSecAggPlusWorkflow, RoundDeadline
     from fedweave.flower_patches.secagg_stages import STAGES
 
-    sent = []
+    sent, seen = [], []
 
     def stage(name):
         def run(self, grid, context, state):
             sent.append((name, self.timeout))
             if name == "setup":
-                state.active_node_ids = {1, 2, 3}  # site 4 advertised no keys
+                state.active_node_ids = {1, 2, 3, 5}  # site 4 advertised no keys
+            if name == "share_keys":
+                seen.append(set(state.sampled_node_ids))
+                state.active_node_ids = {1, 2, 3}  # site 5 advertised keys, sent no shares
             return True
 
         return run
@@ -289,8 +294,8 @@ def test_secagg_stages_wait_what_the_policy_says_and_forget_silent_sites(monkeyp
     for name in STAGES:
         monkeypatch.setattr(SecAggPlusWorkflow, f"{name}_stage", stage(name))
     state = WorkflowState(
-        sampled_node_ids={1, 2, 3, 4},
-        nid_to_neighbours={n: {1, 2, 3, 4} - {n} for n in (1, 2, 3, 4)},
+        sampled_node_ids={1, 2, 3, 4, 5},
+        nid_to_neighbours={n: {1, 2, 3, 4, 5} - {n} for n in (1, 2, 3, 4, 5)},
     )
     workflow.begin_round()
     for name in STAGES:
@@ -298,6 +303,7 @@ def test_secagg_stages_wait_what_the_policy_says_and_forget_silent_sites(monkeyp
     assert [name for name, _ in sent] == list(STAGES)
     assert all(29.0 < wait <= 30.0 for _, wait in sent)  # the per-stage cap, under 60 s left
     assert set(workflow.stage_seconds) == set(STAGES)
+    assert seen == [{1, 2, 3, 5}]  # site 4 forgotten after the key advertisement
     assert state.sampled_node_ids == {1, 2, 3}
     assert state.nid_to_neighbours == {1: {2, 3}, 2: {1, 3}, 3: {1, 2}}
     workflow.end_round()

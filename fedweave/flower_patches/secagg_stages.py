@@ -24,13 +24,16 @@ STAGES = ("setup", "share_keys", "collect_masked_vectors", "unmask")
 
 
 def forget_sites_without_keys(state) -> None:
-    """Take the sites that did not answer SecAgg+'s key advertisement out of the round.
+    """Take the sites that did not answer SecAgg+'s key advertisement, or did not send their
+    key shares, out of the round.
 
     Flower 1.41 keeps them among the round's sampled sites, so its unmasking stage lists them
-    as dropped and asks the others for their key shares, which they never made (key shares
-    go only to sites that advertised keys): every surviving site's ClientApp then fails with
-    a ``KeyError`` and the whole round halts. Such a site shares no mask with anyone, so the
-    protocol is unchanged by forgetting it, and the round goes on with the others.
+    as dropped and asks the others for their key shares, which the others never received (a
+    site that advertised no keys got none; one silent in the share stage sent none): every
+    surviving site's ClientApp then fails with a ``KeyError`` and the whole round halts. A
+    site masks only with the sites whose shares it received, so such a site shares no mask
+    with anyone, the protocol is unchanged by forgetting it, and the round goes on with the
+    others.
     """
     silent = set(state.sampled_node_ids) - set(state.active_node_ids)
     if not silent:
@@ -55,7 +58,8 @@ def stages_problem() -> str | None:
 class StagedSecAggPlusWorkflow(SecAggPlusWorkflow):
     """Flower's SecAgg+ workflow asking ``stage_wait(name)`` before each stage how long that
     stage may wait for replies (``None``: halt the round there), timing each stage
-    (``stage_seconds``), and forgetting the sites without keys after ``setup``.
+    (``stage_seconds``), and forgetting the sites without keys after ``setup`` and the sites
+    that sent no key shares after ``share_keys``.
 
     ``SecAggPlusWorkflow``'s own ``timeout`` is kept as ``stage_timeout`` (the longest any one
     stage waits); ``begin_round`` and ``end_round`` run around each round. Raises
@@ -110,8 +114,11 @@ class StagedSecAggPlusWorkflow(SecAggPlusWorkflow):
         return enough
 
     def share_keys_stage(self, grid, context, state) -> bool:
-        """Key shares."""
-        return self._stage("share_keys", super().share_keys_stage, grid, context, state)
+        """Key shares; a site that sent none is then out of the round."""
+        enough = self._stage("share_keys", super().share_keys_stage, grid, context, state)
+        if "share_keys" in self.stage_seconds:
+            forget_sites_without_keys(state)
+        return enough
 
     def collect_masked_vectors_stage(self, grid, context, state) -> bool:
         """Local training and the masked updates."""
