@@ -31,6 +31,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 TASK = "finetune_task:TASK"
+PERSONAL = "finetune_task:PERSONAL"
 SITES = 5
 
 
@@ -69,22 +70,36 @@ def pretrain(path: Path, epochs: int = 30) -> float:
 
 
 def simulate(
-    work: Path, name: str, seed: int, rounds: int, lr: float, extra: list[str], env: dict
+    work: Path, name: str, seed: int, rounds: int, lr: float, extra: list[str], env: dict,
+    task: str = TASK,
 ) -> list:
-    """The recorded rounds of one ``fedweave simulate`` run."""
+    """The recorded rounds of one ``fedweave simulate`` run (federated evaluation every
+    round: each site scores the global model, or its own with a personal head, on its own
+    held-out tenth)."""
     from fedweave.history import open_store
 
     db = f"sqlite:///{work / f'{name}-{seed}.db'}"
     command = [
-        sys.executable, "-m", "fedweave.cli", "simulate", "--task", TASK, "--clients",
+        sys.executable, "-m", "fedweave.cli", "simulate", "--task", task, "--clients",
         str(SITES), "--rounds", str(rounds), "--partition", "dirichlet", "--alpha", "0.5",
-        "--seed", str(seed), "--lr", str(lr), "--evaluate-every", "0", "--db", db, *extra,
+        "--seed", str(seed), "--lr", str(lr), "--evaluate-every", "1", "--db", db,
+        "--checkpoint-dir", str(work / "checkpoints"), *extra,
     ]  # fmt: skip
     done = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{name} seed {seed} failed:\n{done.stderr[-3000:]}")
     with open_store(db) as store:
         return store.rounds(store.list_runs()[0].run_id)
+
+
+def sites_accuracy(row: dict) -> float:
+    """The round's federated evaluation: the sites' accuracies on their own held-out parts,
+    weighted by their examples."""
+    return float(row["extra"]["evaluation"]["federated"]["accuracy"])
+
+
+def _mean(values: list[float]) -> str:
+    return f"{statistics.mean(values):.4f}" if values else "-"
 
 
 def main() -> None:
@@ -94,6 +109,8 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=0.02,
                         help="every run's local learning rate (SGD with the task's momentum; at "
                              "0.05 one seed's LoRA run diverged to NaN at its most skewed site)")
+    parser.add_argument("--local-epochs", type=int, default=1,
+                        help="every run's local epochs a round")
     parser.add_argument("--deployed-rounds", type=int, default=3,
                         help="rounds of each deployed run (0: skip the deployed part)")
     parser.add_argument("--keep", type=Path, metavar="DIR",
@@ -109,35 +126,49 @@ def main() -> None:
         base = work / "pretrained.safetensors"
         print(f"pretrained on 5,000 MNIST images pooled to 8x8: digits test accuracy "
               f"{pretrain(base):.4f} before fine-tuning", flush=True)  # fmt: skip
-        start = ["--initial-model", str(base)]
-        kinds = {
-            "scratch": [],
-            "full": start,
-            "lora-4": [*start, "--peft", "lora", "--lora-rank", "4"],
-            "lora-16": [*start, "--peft", "lora", "--lora-rank", "16"],
+        start = ["--initial-model", str(base), "--local-epochs", str(args.local_epochs)]
+        lora4 = [*start, "--peft", "lora", "--lora-rank", "4"]
+        kinds = {  # name: (task, flags)
+            "scratch": (TASK, ["--local-epochs", str(args.local_epochs)]),
+            "full": (TASK, start),
+            "lora-4": (TASK, lora4),
+            "lora-16": (TASK, [*start, "--peft", "lora", "--lora-rank", "16"]),
+            "lora-4+head": (PERSONAL, lora4),
         }
         results: dict[str, dict[str, list[float]]] = {}
         marks = sorted({1, min(5, args.rounds), args.rounds})
-        for name, extra in kinds.items():
-            got: dict[str, list[float]] = {f"r{m}": [] for m in marks} | {"bytes": []}
+        for name, (task, extra) in kinds.items():
+            got: dict[str, list[float]] = (
+                {f"r{m}": [] for m in marks} | {f"site r{m}": [] for m in marks} | {"bytes": []}
+            )
             for seed in args.seeds:
-                rows = simulate(work, name, seed, args.rounds, args.lr, extra, env)
+                rows = simulate(work, name, seed, args.rounds, args.lr, extra, env, task)
                 for m in marks:
-                    got[f"r{m}"].append(float(rows[m - 1]["eval_accuracy"]))
+                    got[f"site r{m}"].append(sites_accuracy(rows[m - 1]))
+                    if task != PERSONAL:  # a personal head has no central score
+                        got[f"r{m}"].append(float(rows[m - 1]["eval_accuracy"]))
                 got["bytes"].append(statistics.mean(r["bytes_in"] + r["bytes_out"] for r in rows))
-                print(f"{name:8s} seed {seed}: " + ", ".join(
-                    f"round {m} {rows[m - 1]['eval_accuracy']:.4f}" for m in marks
+                print(f"{name:11s} seed {seed}: " + ", ".join(
+                    f"round {m} {_mean(got[f'r{m}'][-1:])} (sites {got[f'site r{m}'][-1]:.4f})"
+                    for m in marks
                 ) + f"; {got['bytes'][-1] / 1e3:.0f} kB a round", flush=True)  # fmt: skip
             results[name] = got
-        print(f"\nmean of seeds {args.seeds} ({SITES} sites, dirichlet 0.5, lr {args.lr}):")
+        print(f"\nmean of seeds {args.seeds} ({SITES} sites, dirichlet 0.5, lr {args.lr}, "
+              f"{args.local_epochs} local epoch(s)); central test accuracy (sites: the mean of "
+              "the sites' own held-out tenth):")  # fmt: skip
         full = results["full"]
+        last = args.rounds
         for name, got in results.items():
-            accuracy = ", ".join(f"round {m} {statistics.mean(got[f'r{m}']):.4f}" for m in marks)
+            accuracy = ", ".join(f"round {m} {_mean(got[f'r{m}'])} (sites "
+                                 f"{statistics.mean(got[f'site r{m}']):.4f})" for m in marks)
             ratio = statistics.mean(got["bytes"]) / statistics.mean(full["bytes"])
-            gap = 100 * (statistics.mean(got[f"r{args.rounds}"])
-                         - statistics.mean(full[f"r{args.rounds}"]))  # fmt: skip
-            print(f"  {name:8s} {accuracy}; {statistics.mean(got['bytes']) / 1e3:.0f} kB a "
-                  f"round = {ratio:.3f}x full's; final {gap:+.2f} points vs full", flush=True)
+            gap = (f"central {100 * (statistics.mean(got[f'r{last}']) - statistics.mean(full[f'r{last}'])):+.2f}"  # noqa: E501
+                   if got[f"r{last}"] else "central -")
+            site_gap = 100 * (statistics.mean(got[f"site r{last}"])
+                              - statistics.mean(full[f"site r{last}"]))  # fmt: skip
+            print(f"  {name:11s} {accuracy}; {statistics.mean(got['bytes']) / 1e3:.0f} kB a "
+                  f"round = {ratio:.3f}x full's; final vs full: {gap}, sites {site_gap:+.2f} "
+                  "points", flush=True)
         print(json.dumps({k: {m: statistics.mean(v) for m, v in g.items()}
                           for k, g in results.items()}))  # fmt: skip
         if args.deployed_rounds:

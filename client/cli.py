@@ -70,6 +70,16 @@ def privacy_floor(config) -> dict[str, str]:
     return floor
 
 
+def personal_state_entry(config) -> dict[str, str]:
+    """This site's folder of local layers (``--personal-state``, else ``DATA.personal`` beside
+    its data file) as a node-config entry."""
+    from fedweave.contract import NODE_PERSONAL_STATE_KEY
+
+    data = config.data.data
+    folder = config.site.personal_state or data.with_name(data.name + ".personal")
+    return {NODE_PERSONAL_STATE_KEY: str(Path(folder).resolve())}
+
+
 def site_ledger_path(config) -> Path:
     """This site's own sample-DP ledger: ``--privacy-ledger``, else beside its data file (the
     ledger is that data's: what it has spent across every run)."""
@@ -652,7 +662,7 @@ def _client(config: RunConfig, _resolved: Resolved) -> None:
         name=name,
         eval_data=config.evaluation.eval_data,
         eval_fraction=config.evaluation.eval_fraction,
-        floor=privacy_floor(config),
+        floor={**privacy_floor(config), **personal_state_entry(config)},
         columns=data.columns,
         base_model=config.site.base_model,
     )

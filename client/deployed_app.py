@@ -9,7 +9,8 @@ Settings come from Flower, not from Python arguments, because Flower builds this
   file, the only data it trains on), ``task`` (what the operator says this site holds),
   ``label-column`` (CSV), ``device`` (``cpu``/``cuda``; empty: auto), ``eval-data-path``
   (the site's own evaluation file) or ``eval-fraction`` (the share of its data it holds out
-  to evaluate the global model on).
+  to evaluate the global model on), ``personal-state`` (the folder it keeps a task's local
+  layers in).
 
 A site whose task differs from the run's, or whose data does not fit the run's model, answers
 with an error naming the reason; the coordinator records it as a failed site and the round
@@ -31,6 +32,7 @@ from fedweave.contract import (
     NODE_EVAL_FRACTION_KEY,
     NODE_LABEL_COLUMN_KEY,
     NODE_MAX_EPSILON_KEY,
+    NODE_PERSONAL_STATE_KEY,
     NODE_PRIVACY_LEDGER_KEY,
     NODE_SITE_NAME_KEY,
     NODE_TASK_KEY,
@@ -90,6 +92,7 @@ def site_client(context: Context):
         ledger_path=_config_str(context.node_config, NODE_PRIVACY_LEDGER_KEY),
         max_epsilon=_max_epsilon(context),
         base_model=_config_str(context.node_config, NODE_BASE_MODEL_KEY),
+        layers_dir=_config_str(context.node_config, NODE_PERSONAL_STATE_KEY),
     ).to_client()
 
 

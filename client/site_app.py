@@ -29,10 +29,12 @@ from fedweave.contract import (
     DROPS_PARTIAL_WORK_KEY,
     JOB_KEY,
     LOCAL_EPOCHS_KEY,
+    LOCAL_LAYERS_KEY,
     LR_KEY,
     NODE_DATA_PATH_KEY,
     NODE_PARTITION_KEY,
     OPTIMIZER_KEY,
+    PERSONAL_RUN_KEY,
     PRIVATE_EVALUATION_KEY,
     PROXIMAL_MU_KEY,
     ROUND_KEY,
@@ -86,6 +88,9 @@ class ClientSettings:
             (``site-<i>.privacy-ledger.json``; default: none, in memory for one message).
         base_model: a ``--peft lora`` run's base model file (simulation: the run's
             ``--initial-model``, which every simulated site reads).
+        layers_dir: where simulated site ``NAME`` keeps the local layers of a task that
+            declares them (``NAME/<run id>.safetensors``; default: none, and such a run is
+            refused).
     """
 
     task: str
@@ -101,6 +106,7 @@ class ClientSettings:
     torch_threads: int | None = None
     ledger_dir: str | None = None
     base_model: str | None = None
+    layers_dir: str | None = None
 
 
 @lru_cache(maxsize=4)
@@ -224,8 +230,12 @@ class TaskClient(NumPyClient):
         ledger_path: str | None = None,
         max_epsilon: float | None = None,
         base_model: str | None = None,
+        layers_dir: str | None = None,
     ) -> None:
         self.base_model = base_model
+        self.layers_dir = layers_dir
+        self.site_layers: Any = None
+        self.layers_loaded = False
         self.ledger_path = ledger_path
         self.max_epsilon = max_epsilon
         self.task = task
@@ -252,9 +262,54 @@ class TaskClient(NumPyClient):
         )
         self.model = self.task.build_model()
 
+    def _personalize(self, config: dict) -> None:
+        """In a run whose task keeps local layers at the sites (``LOCAL_LAYERS_KEY``), the
+        messages' tensors are the shared ones; this site's own layers are read from its file
+        of the run (``SiteLayers``, kept until the next round) or, in its first round, the
+        model's start."""
+        from fedweave.learning.personal import PersonalTask, SiteLayers, declared_local_layers
+
+        if isinstance(self.task, PersonalTask):  # this client read its layers already
+            return
+        layers = config.get(LOCAL_LAYERS_KEY)
+        declared = declared_local_layers(self.task)
+        if layers is None:
+            if declared:
+                raise SiteRefusal(
+                    f"task '{self.task.name}' here keeps layers {', '.join(declared)} at the "
+                    "site, but the run shares every tensor; install the coordinator's task code"
+                )
+            return
+        if tuple(str(layers).split(",")) != declared:
+            raise SiteRefusal(
+                f"the run keeps layers {layers} at the sites, this site's task "
+                f"'{self.task.name}' declares {', '.join(declared) or 'none'}; install the "
+                "coordinator's task code here"
+            )
+        if not self.layers_dir:
+            raise SiteRefusal(
+                "this run keeps layers at each site and this site has no folder for them; "
+                "start it with --personal-state DIR"
+            )
+        try:
+            self.site_layers = SiteLayers(Path(self.layers_dir), str(config.get(PERSONAL_RUN_KEY)))
+        except ValueError as exc:
+            raise SiteRefusal(f"the run's id for its local layers is not one ({exc})") from None
+        self.task = PersonalTask(self.task, declared)
+        torch.manual_seed(int(config.get(SEED_KEY, 0)))  # the layers' start, the same everywhere
+        self.model = self.task.build_model()
+        try:
+            self.layers_loaded = self.site_layers.load_into(self.model)
+        except Exception as exc:  # a file of another model: say which, train nothing
+            raise SiteRefusal(
+                f"this site's local layers {self.site_layers.path.name} do not fit the run's "
+                f"model ({str(exc).splitlines()[0][:160]}); move that file away to start them anew"
+            ) from None
+
     def fit(self, parameters: list[np.ndarray], config: dict) -> tuple[list[np.ndarray], int, dict]:
         _check_task_package(config)
         self._adapt(config)
+        self._personalize(config)
         work = float(config.get(WORK_FRACTION_KEY, 1.0))
         simulated = None
         if SITE_SPEEDS_KEY in config and not config.get(STATISTICS_STAGE_KEY):
@@ -300,6 +355,13 @@ class TaskClient(NumPyClient):
             metrics[SITE_NAME_METRIC] = self.site_name
         if simulated is not None:
             metrics[SIMULATED_SECONDS_METRIC] = simulated
+        if self.site_layers is not None:
+            if not all(bool(torch.isfinite(t).all()) for t in self.model.personal_state().values()):
+                raise SiteRefusal(
+                    "training took this site's local layers to NaN or infinity; its previous "
+                    "ones are kept (a lower --lr may help)"
+                )
+            self.site_layers.save(self.model)
         return get_weights(self.model), count_as_sent(len(data), config), metrics
 
     def _train_with_sample_dp(self, data: Any, train_config: TrainConfig, config: dict) -> dict:
@@ -444,6 +506,11 @@ class TaskClient(NumPyClient):
                 "this site holds no evaluation data: start it with --eval-data FILE or an "
                 "--eval-fraction above 0"
             )
+        if self.site_layers is not None and not self.layers_loaded:
+            raise SiteRefusal(
+                "this site has no local layers of the run yet (it has not trained in it), so "
+                "it has no model of its own to score"
+            )
         data = self._prepared(config, self.evaluation)
         self._load_global(parameters)
         return self.task.evaluate(self.model, data, self.config), len(data)
@@ -477,6 +544,7 @@ class TaskClient(NumPyClient):
         part, with its example count and (when named) the site's name."""
         _check_task_package(config)
         self._adapt(config)
+        self._personalize(config)
         started = time.perf_counter()
         scores, examples = self._scores(parameters, config)
         metrics: dict[str, Any] = {
@@ -515,6 +583,11 @@ def make_client_app(settings: ClientSettings) -> ClientApp:
             TrainConfig.for_task(cached_task(settings.task), device=settings.device), site_index,
             context.node_id, names[site_index] if site_index < len(names) else None, evaluation,
             ledger_path=ledger, base_model=settings.base_model,
+            layers_dir=(
+                str(Path(settings.layers_dir) / (names[site_index] if site_index < len(names)
+                                                 else f"site-{site_index}"))
+                if settings.layers_dir else None
+            ),
         )  # fmt: skip
         return client.to_client()
 

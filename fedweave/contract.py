@@ -111,6 +111,13 @@ messages' tensors are the adapter's (``fedweave/learning/adapters.py``)."""
 BASE_SHA256_KEY = "fw-base-sha256"
 """Fit and evaluate config of a ``--peft lora`` run: the sha256 of its frozen base model's file,
 which the site's ``--base-model`` must have."""
+LOCAL_LAYERS_KEY = "fw-local-layers"
+"""Fit and evaluate config of a run whose task declares site-local layers
+(``fedweave/learning/personal.py``): their module names (comma-separated), which the site's
+task must declare too; the messages' tensors are the shared ones."""
+PERSONAL_RUN_KEY = "fw-personal-run"
+"""Fit and evaluate config beside ``LOCAL_LAYERS_KEY``: the history's run id, which names the
+site's file of the run's local layers (a resume keeps it)."""
 OPTIMIZER_KEY = "optimizer"
 WEIGHT_DECAY_KEY = "weight_decay"
 CLIP_GRAD_NORM_KEY = "clip_grad_norm"
@@ -186,6 +193,8 @@ SAMPLE_DP_EPSILON_METRIC = "dp_epsilon"
 delta."""
 NODE_PRIVACY_LEDGER_KEY = "privacy-ledger"
 """Node config: the file a site keeps its own sample-level DP ledger in (``--privacy-ledger``)."""
+NODE_PERSONAL_STATE_KEY = "personal-state"
+"""Node config: the folder a site keeps its runs' local layers in (``--personal-state``)."""
 
 CLIPPED_FRACTION_METRIC = "secagg_clipped_fraction"
 """Fit metric: share of a site's weights SecAgg+ will clip (reported, never silent)."""

@@ -136,10 +136,12 @@ def build_learner(config: Any, peer_id: str) -> Learner:
     """The learner a peer's config asks for: its task on its local data."""
     from fedweave.learning.adapters import run_task
     from fedweave.learning.data import load_site_data
+    from fedweave.learning.personal import refuse_in_gossip
     from fedweave.learning.statistics import local_only_statistics, needs_statistics
     from fedweave.learning.tasks import load_task
     from fedweave.learning.training import TrainConfig
 
+    refuse_in_gossip(config.data.task)
     task = load_task(config.data.task)
     if config.data.data is None:
         raise UserError("a peer needs its local data: pass --data site.npz (or .csv)")

@@ -36,14 +36,16 @@ from fedweave.simulations.site_files import (
 from fedweave.simulations.split import test_file, write_split
 
 
-def server_settings(config: RunConfig, round_offset: int = 0) -> ServerSettings:
+def server_settings(config: RunConfig, round_offset: int = 0, run_id: str = "") -> ServerSettings:
     """The coordinator's settings for a simulation of ``config`` after ``round_offset`` rounds
-    (every simulated site is connected, so the cohort is drawn from all of them)."""
+    (every simulated site is connected, so the cohort is drawn from all of them; ``run_id``:
+    the history's, which names each site's file of the task's local layers)."""
     return ServerSettings(
         config=config,
         min_clients=config.data.clients,
         rounds=config.training.rounds - round_offset,
         round_offset=round_offset,
+        run_id=run_id,
     )
 
 
@@ -129,6 +131,8 @@ def run_federated_simulation(
     privacy: dict | None = None,
     ended_early: Callable[[str], None] | None = None,
     site_ledgers: Path | None = None,
+    run_id: str = "",
+    site_layers: Path | None = None,
 ) -> list[dict]:
     """Split the data, run ``rounds - round_offset`` rounds, return the report rows.
 
@@ -149,6 +153,10 @@ def run_federated_simulation(
         site_ledgers: where the simulated sites keep their own sample-DP ledgers
             (``--dp sample``; a recorded run's, so a resume continues them); default: the
             split directory.
+        run_id: the history's run id (names each site's file of the task's local layers).
+        site_layers: where simulated site ``NAME`` keeps its local layers (``NAME/<run
+            id>.safetensors``, a task's ``local_layers``; a recorded run's, so a resume and
+            ``fedweave predict --site NAME`` find them); default: the split directory.
     """
     from flwr.simulation import run_simulation
 
@@ -161,7 +169,7 @@ def run_federated_simulation(
     quiet_flower(verbose)
     check_settings(config, "simulate")  # a caller in code gets the command's checks too
     config = with_planned_noise(config)  # --target-epsilon (the command did it already)
-    settings = server_settings(config, round_offset)
+    settings = server_settings(config, round_offset, run_id)
     data = config.data
     task = load_task(data.task)
     with tempfile.TemporaryDirectory(prefix="fedweave-split-") as tmp:
@@ -197,6 +205,7 @@ def run_federated_simulation(
                 device=config.training.device, torch_threads=1,
                 eval_fraction=config.evaluation.eval_fraction,
                 ledger_dir=str(site_ledgers or out_dir / "site-ledgers"),
+                layers_dir=str(site_layers or out_dir / "site-layers"),
                 base_model=(
                     str(config.training.initial_model) if config.training.initial_model else None
                 ),

@@ -320,7 +320,9 @@ def run_gossip_simulation(
     from fedweave.config.resume import stored_run_config
     from fedweave.learning.adapters import run_adapter
     from fedweave.learning.initial_model import pin_initial_model
+    from fedweave.learning.personal import refuse_in_gossip
 
+    refuse_in_gossip(sim.config.data.task)
     stored_config = stored_run_config(sim.config, "simulate")
     pin_initial_model(sim.config, stored_config, None)  # refused here before anything starts
     adapter = run_adapter(sim.config)

@@ -22,6 +22,7 @@ from fedweave.history.metrics import (
 from fedweave.history.round_summary import RoundSummary, evaluated, privacy_spent, shown
 from fedweave.learning.adapters import run_adapter
 from fedweave.learning.initial_model import pin_initial_model
+from fedweave.learning.personal import task_local_layers
 from fedweave.learning.statistics import pinned_schema
 from fedweave.learning.task_metrics import headline_metric
 from fedweave.learning.task_packages import pinned_for_run
@@ -103,6 +104,9 @@ def run_and_report(config: RunConfig, resolved: Resolved) -> dict:
     adapter = run_adapter(config)  # --lora-targets and --lora-rank checked on the model
     if adapter is not None:
         stored["adapter"] = adapter
+    local = task_local_layers(config.data.task)  # a task's local_layers checked on its model
+    if local:
+        stored["local_layers"] = list(local)
     config, stored["protections"] = _with_protections(config, offset, test)
     console.print(header_line(stored["protections"]), soft_wrap=True, highlight=False)
     if not resume:
@@ -133,6 +137,8 @@ def run_and_report(config: RunConfig, resolved: Resolved) -> dict:
                 privacy=privacy,
                 ended_early=ended.append,
                 site_ledgers=config.history.checkpoint_dir / run_id / "site-ledgers",
+                run_id=run_id,
+                site_layers=config.history.checkpoint_dir / run_id / "site-layers",
             )
         recorder.flush()
     except KeyboardInterrupt:

@@ -165,10 +165,13 @@ def wait_for(
     )
 
 
-def start_coordinator(procs: Processes, *args: str, timeout: float = 60) -> subprocess.Popen:
-    """Start ``fedweave ARGS`` (a coordinator, e.g. ``coordinator_args(...)``) as
-    ``coordinator`` and wait until it listens (its console says ``sites connected``)."""
-    proc = procs.start("coordinator", *args)
+def start_coordinator(
+    procs: Processes, *args: str, timeout: float = 60, env: dict[str, str] | None = None
+) -> subprocess.Popen:
+    """Start ``fedweave ARGS`` (a coordinator, e.g. ``coordinator_args(...)``; ``env`` added
+    to its environment) as ``coordinator`` and wait until it listens (its console says
+    ``sites connected``)."""
+    proc = procs.start("coordinator", *args, env=env)
     wait_for(
         lambda: "sites connected" in procs.output("coordinator"), timeout,
         "the coordinator to listen", proc, lambda: procs.output("coordinator"),

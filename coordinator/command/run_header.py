@@ -39,6 +39,7 @@ def protections(
             default deadline sized on it).
     """
     from fedweave.config.cohorts import derive_shares
+    from fedweave.learning.personal import task_local_layers
 
     secure = config.secure_aggregation.secure_agg
     secagg: dict[str, Any] = {"on": secure}
@@ -96,6 +97,7 @@ def protections(
             "federated_every": config.evaluation.evaluate_every,
             "fraction_evaluate": config.evaluation.fraction_evaluate,
             "private": config.evaluation.private_evaluation,
+            "local_layers": list(task_local_layers(config.data.task)),
         },
         **_schedule(config, cohort),
     }
@@ -165,7 +167,7 @@ def header_line(facts: dict[str, Any]) -> str:
     )
     every = evaluation["federated_every"]
     scored = [
-        *(["central"] if evaluation["central"] else []),
+        *(["central"] if evaluation["central"] and not evaluation.get("local_layers") else []),
         *(
             [
                 f"federated every {'' if every == 1 else f'{every} '}round"
@@ -201,8 +203,17 @@ def header_line(facts: dict[str, Any]) -> str:
         f"DP {dp_text}; strategy "
         f"{facts['strategy']}; {facts['sites_per_round']} sites a round; round deadline "
         f"{deadline}, min replies {facts['min_replies']}{straggling}; evaluation "
-        f"{' + '.join(scored) or 'none'}" + _compress_text(facts) + _clock_text(facts)
+        f"{' + '.join(scored) or 'none'}" + _local_text(evaluation) + _compress_text(facts)
+        + _clock_text(facts)
     )
+
+
+def _local_text(evaluation: dict[str, Any]) -> str:
+    layers = evaluation.get("local_layers")
+    if not layers:
+        return ""
+    return (f"; layers {', '.join(layers)} stay at each site (never sent; each site scores "
+            "with its own, no central evaluation)")  # fmt: skip
 
 
 def _compress_text(facts: dict[str, Any]) -> str:

@@ -76,6 +76,7 @@ def check_run_input(store, config: RunConfig, resolved: Resolved) -> CheckedRun:
     from fedweave.history.metrics import recorded_privacy
     from fedweave.learning.adapters import run_adapter
     from fedweave.learning.initial_model import pin_initial_model
+    from fedweave.learning.personal import task_local_layers
     from fedweave.learning.statistics import pinned_schema
     from fedweave.learning.task_packages import pinned_for_run
     from fedweave.learning.tasks import load_task
@@ -101,6 +102,9 @@ def check_run_input(store, config: RunConfig, resolved: Resolved) -> CheckedRun:
     adapter = run_adapter(config)  # --lora-targets and --lora-rank checked on the model
     if adapter is not None:
         stored["adapter"] = adapter
+    local = task_local_layers(config.data.task)  # a task's local_layers checked on its model
+    if local:
+        stored["local_layers"] = list(local)
     return CheckedRun(config, stored, run, test_data_of(config))
 
 

@@ -22,8 +22,11 @@ def make_central_evaluator(
 ):
     """Score weights on the held-out test set with ``task``'s own evaluate() (the run's task,
     ``adapters.run_task``; prepared with the run's federated statistics once ``sink`` holds
-    them); ``None`` without test data."""
-    if test_data is None:
+    them); ``None`` without test data, or when the task keeps local layers at the sites (the
+    coordinator has no site's own layers: the sites' evaluations score the run)."""
+    from fedweave.learning.personal import PersonalTask
+
+    if test_data is None or isinstance(task, PersonalTask):
         return None
     model = task.build_model()
     config = TrainConfig(device=device)

@@ -68,8 +68,9 @@ def initial_weights(config: RunConfig, sha256: str | None = None) -> list[np.nda
     model = task.build_model()
     if training.initial_model is not None and training.peft == "none":
         from fedweave.learning.initial_model import load_initial_model
+        from fedweave.learning.personal import unwrapped
 
-        load_initial_model(model, training.initial_model, config.data.task, sha256)
+        load_initial_model(unwrapped(model), training.initial_model, config.data.task, sha256)
     return get_weights(model)
 
 

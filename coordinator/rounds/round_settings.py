@@ -28,10 +28,12 @@ from fedweave.contract import (
     DELIVERY_ALLOWANCE_KEY,
     DROPS_PARTIAL_WORK_KEY,
     LOCAL_EPOCHS_KEY,
+    LOCAL_LAYERS_KEY,
     LR_KEY,
     MAX_CLOCK_SKEW_KEY,
     MAX_NORM_KEY,
     OPTIMIZER_KEY,
+    PERSONAL_RUN_KEY,
     ROUND_KEY,
     SECAGG_CLIP_KEY,
     SECAGG_MAX_WEIGHT_KEY,
@@ -89,6 +91,24 @@ def _adapter_config(
     return ((ADAPTER_KEY, spec.encode()), (BASE_SHA256_KEY, file_sha256(Path(base))))
 
 
+@functools.lru_cache(maxsize=8)
+def _local_layers(task: str) -> tuple[str, ...]:
+    from fedweave.learning.personal import check_local_layers
+
+    loaded = load_task(task)
+    return check_local_layers(loaded, loaded.build_model())
+
+
+def personal_config(config: RunConfig, run_id: str) -> dict[str, str]:
+    """The round config of a run whose task keeps local layers at the sites
+    (``LOCAL_LAYERS_KEY``, and the run id that names each site's file of them), empty
+    otherwise."""
+    layers = _local_layers(config.data.task)
+    if not layers:
+        return {}
+    return {LOCAL_LAYERS_KEY: ",".join(layers), PERSONAL_RUN_KEY: run_id or "run"}
+
+
 @dataclass(frozen=True)
 class ServerSettings:
     """What one coordinator process runs.
@@ -99,12 +119,15 @@ class ServerSettings:
         min_clients: sites that must be connected before round 1 (all sites in simulation).
         rounds: rounds to run in this process (after a resume: the remaining ones).
         round_offset: rounds already completed before this process (resume; default 0).
+        run_id: the history's run id (names each site's file of a task's local layers;
+            default: none recorded, ``"run"``).
     """
 
     config: RunConfig
     min_clients: int
     rounds: int
     round_offset: int = 0
+    run_id: str = ""
 
     @property
     def cohort(self) -> int:
@@ -184,6 +207,7 @@ class ServerSettings:
             SEED_KEY: training.seed,
             **task_package_config(self.config.data.task),
             **adapter_config(self.config),
+            **personal_config(self.config, self.run_id),
         }
 
     def fit_config(self, server_round: int, round_timeout: float) -> dict[str, int | float | str]:
@@ -212,6 +236,7 @@ class ServerSettings:
         config: dict[str, int | float | str] = {
             **task_package_config(self.config.data.task),
             **adapter_config(self.config),
+            **personal_config(self.config, self.run_id),
             ROUND_KEY: server_round + self.round_offset,
             LOCAL_EPOCHS_KEY: training.local_epochs,
             LR_KEY: training.lr,

@@ -52,6 +52,7 @@ def run_plan(plan: DeployPlan, grid, context) -> None:
             min_clients=config.federation.min_clients,
             rounds=remaining,
             round_offset=offset,
+            run_id=plan.run_id,
         )
         start = (
             weights

@@ -124,6 +124,7 @@ def run_evaluation(plan: Any, grid: Any, context: Any) -> None:
     from fedweave.history.metrics import recorded_statistics
     from fedweave.history.model_export import checkpoint_weights, evaluated_models
     from fedweave.learning.adapters import recorded_adapter_config
+    from fedweave.learning.personal import recorded_personal_config
 
     with recording_run(plan) as recording:
         store, config = recording.store, plan.config
@@ -139,7 +140,8 @@ def run_evaluation(plan: Any, grid: Any, context: Any) -> None:
         grid = OutcomeGrid(grid, site_replies)
         summary = score_at_sites(
             grid, config, models, recorded_statistics(rows), site_replies,
-            recorded_adapter_config(evaluated.config),
+            {**recorded_adapter_config(evaluated.config),
+             **recorded_personal_config(evaluated.config, evaluated.run_id)},
         )  # fmt: skip
         recorder = HistoryRecorder(store, plan.run_id, Path(config.history.checkpoint_dir))
         SiteNames([recorder], registered_site_names(plan.deployment_file)).on_round(summary)

@@ -583,6 +583,12 @@ class SiteSection:
         "is read from it (default: DATA.privacy-ledger.json beside its --data file).",
         identity=False,
     )
+    personal_state: Path | None = setting(
+        None, "Where this site keeps the local layers of a task that declares them "
+        "(local_layers: a personal head, never sent), one file a run, across rounds and "
+        "restarts (default: the folder DATA.personal beside its --data file).",
+        identity=False,
+    )
 
 
 @dataclass(frozen=True)
@@ -730,6 +736,7 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         "eval_fraction", "device", "insecure", "ca_cert",
         "site_key", "connect_timeout", "runtime_port", "log_file", "status_address", "verbose",
         "require_secure_agg", "require_dp", "max_epsilon", "privacy_ledger", "base_model",
+        "personal_state",
     ),
     "peer": (
         "listen", "advertise", "seeds", "task", "data", "label_column", "test_data", *_TRAINING,

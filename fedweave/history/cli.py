@@ -798,6 +798,24 @@ def predict_command(
             show_default=False,
         ),
     ] = None,
+    site: Annotated[
+        str | None,
+        typer.Option(
+            "--site",
+            help="A run whose task keeps local layers at the sites (a personal head): score "
+            "with this simulated site's own layers (kept beside the run's checkpoints).",
+            show_default=False,
+        ),
+    ] = None,
+    site_layers: Annotated[
+        Path | None,
+        typer.Option(
+            "--site-layers",
+            help="The same for a deployed site: its file of the run's local layers "
+            "(RUN.safetensors in its fedweave client --personal-state folder).",
+            show_default=False,
+        ),
+    ] = None,
     db: DbOption = DEFAULT_DB_URL,
 ) -> None:
     """Score a data file with a recorded run's final (or best) model: one CSV row per
@@ -806,7 +824,9 @@ def predict_command(
 
     with user_errors_as_one_line():
         with _open(db) as store:
-            count, round_number = predict_run(store, run_id, data, out, best, label_column, columns)
+            count, round_number = predict_run(
+                store, run_id, data, out, best, label_column, columns, site, site_layers
+            )
         typer.echo(f"wrote {out}: {count} predictions by the model of round {round_number}")
 
 

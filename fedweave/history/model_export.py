@@ -57,13 +57,18 @@ def named_weights(
     task_spec: str, weights: list[np.ndarray], stored: dict | None = None
 ) -> dict[str, np.ndarray]:
     """``weights`` by the task model's ``state_dict`` keys (a LoRA run's, its stored config
-    ``stored`` recording an adapter: the adapter's); refused when they do not fit."""
+    ``stored`` recording an adapter: the adapter's; a task's with local layers: its shared
+    ones); refused when they do not fit."""
     from fedweave.learning.adapters import AdaptedTask, AdapterSpec, recorded_adapter
+    from fedweave.learning.personal import PersonalTask
     from fedweave.learning.tasks import load_task
 
     task, adapter = load_task(task_spec), recorded_adapter(stored)
     if adapter is not None:
         task = AdaptedTask(task, AdapterSpec.decode(adapter[0]), None, adapter[2])
+    layers = tuple((stored or {}).get("local_layers") or ())
+    if layers:  # the shared tensors: the sites keep the rest
+        task = PersonalTask(task, layers)
     model = task.build_model()
     state = model.state_dict()
     mismatch = len(state) != len(weights) or any(
@@ -132,6 +137,47 @@ def evaluated_models(info: Any, rows: list[dict[str, Any]]) -> list[EvaluatedMod
     return models
 
 
+def recorded_model(
+    info: RunInfo, weights: list[np.ndarray], site_layers: Path | None = None
+) -> Any:
+    """The task's own model (``build_model()``'s) of a run whose recorded ``weights`` are not
+    the whole of it: a LoRA run's adapter merged into its base, and a run whose task keeps
+    local layers at the sites with a site's own (``site_layers``: its file of the run) or,
+    without one, their start (the task's model under the run's seed; a LoRA run's base)."""
+    import torch
+
+    from fedweave.learning.adapters import merged_model, recorded_adapter
+    from fedweave.learning.personal import PersonalTask, SiteLayers
+    from fedweave.learning.tasks import load_task
+    from fedweave.learning.weights import set_weights
+
+    task = load_task(info.task)
+    layers = tuple(info.config.get("local_layers") or ())
+    if layers:
+        task = PersonalTask(task, layers)
+    torch.manual_seed(int(info.seed or 0))  # the local layers' start, as the sites built it
+    if recorded_adapter(info.config) is not None:
+        model = merged_model(task, info.config, weights, info.task)
+    else:
+        model = task.build_model()
+        try:
+            set_weights(model, weights)
+        except (ValueError, RuntimeError) as exc:
+            raise HistoryError(
+                f"the recorded model does not fit task '{info.task}' as it is installed here "
+                f"({str(exc).splitlines()[0][:120]}); install the task code the run used"
+            ) from None
+    if site_layers is not None:
+        try:
+            SiteLayers.at(site_layers).load_into(model)
+        except Exception as exc:  # not the run's layers: say whose file, load nothing
+            raise HistoryError(
+                f"{site_layers} does not hold run {info.run_id}'s local layers "
+                f"({str(exc).splitlines()[0][:160]})"
+            ) from None
+    return model.merged()
+
+
 def export_models(
     info: RunInfo, rows: list[dict[str, Any]], out_dir: Path, statistics: dict[str, Any] | None
 ) -> list[Path]:
@@ -146,6 +192,7 @@ def export_models(
         recorded_adapter,
         save_adapter,
     )
+    from fedweave.learning.personal import PersonalTask, unwrapped
     from fedweave.learning.tasks import load_task
 
     final, best, chosen = chosen_rounds(info, rows)
@@ -176,18 +223,27 @@ def export_models(
     if adapter is not None:
         meta["adapter"] = {"spec": adapter[0], "base_model": str(adapter[1]),
                            "base_sha256": adapter[2], "files": list(ADAPTER_FILES)}  # fmt: skip
+    local = info.config.get("local_layers")
+    if local:
+        meta["local_layers"] = {
+            "layers": list(local),
+            "note": "each site keeps its own: these files hold their start; a site scores with "
+            "its own: fedweave predict RUN --site NAME (simulated) or --site-layers FILE",
+        }
     for row, name, program in files:
         if row is None:
             continue
-        if adapter is None:
+        if adapter is None and not local:
             tensors = named_weights(info.task, checkpoint_weights(row))
-        else:  # the adapters merged into the base: the task's own model, loadable as any
-            adapted = merged_model(task, info.config, checkpoint_weights(row), info.task)
-            if name == FINAL_FILE:
-                written += save_adapter(adapted, out_dir)
+        else:  # the task's own model, loadable as any: the adapters merged into the base, the
+            # local layers at their start
+            if adapter is not None and name == FINAL_FILE:
+                trained = PersonalTask(task, tuple(local)) if local else task
+                adapted = merged_model(trained, info.config, checkpoint_weights(row), info.task)
+                written += save_adapter(unwrapped(adapted), out_dir)
             tensors = {
                 key: value.detach().cpu().numpy().copy()
-                for key, value in adapted.merged().state_dict().items()
+                for key, value in recorded_model(info, checkpoint_weights(row)).state_dict().items()
             }
         create_private(out_dir / name)
         save_file(

@@ -57,6 +57,36 @@ def _check_schema(info: Any, task: Any) -> None:
         )
 
 
+def _site_layers(info: Any, row: dict, site: str | None, path: Path | None) -> Path | None:
+    """The file of one site's local layers a prediction uses (``--site``, ``--site-layers``),
+    or None for a run whose task has none; refused when they do not go together."""
+    local = (info.config or {}).get("local_layers")
+    given = "--site" if site is not None else "--site-layers" if path is not None else None
+    if not local:
+        if given:
+            raise HistoryError(f"run {info.run_id} keeps no layers at its sites; drop {given}")
+        return None
+    if site is not None and path is not None:
+        raise HistoryError("give --site (a simulated site) or --site-layers FILE, not both")
+    if path is not None:
+        return path
+    folder = Path(str(row["checkpoint_path"])).parent / "site-layers"
+    if site is None:
+        raise HistoryError(
+            f"run {info.run_id} keeps layers {', '.join(local)} at each site: name whose to "
+            "score with, --site NAME (a simulated site) or --site-layers FILE (a deployed "
+            "site's RUN.safetensors in its --personal-state folder)"
+        )
+    found = folder / site / f"{info.run_id}.safetensors"
+    if not found.is_file():
+        known = sorted(p.parent.name for p in folder.glob(f"*/{info.run_id}.safetensors"))
+        raise HistoryError(
+            f"run {info.run_id} has no local layers of site {site!r} here; its sites' are "
+            f"{', '.join(known) or 'none (a deployed run: --site-layers FILE)'}"
+        )
+    return found
+
+
 def predict_run(
     store: Any,
     run_ref: str,
@@ -65,13 +95,17 @@ def predict_run(
     best: bool = False,
     label_column: str | None = None,
     columns: Path | None = None,
+    site: str | None = None,
+    site_layers: Path | None = None,
 ) -> tuple[int, int]:
     """Write ``out`` (CSV: ``row``, then the prediction columns) for every example of
     ``data_path`` (its headers renamed by the column map ``columns``, as a site's);
-    returns (examples, round of the model used)."""
+    returns (examples, round of the model used). A run whose task keeps local layers at the
+    sites scores with one site's own: simulated ``site``'s, or a site's file ``site_layers``."""
     import torch
 
-    from fedweave.learning.adapters import merged_model, recorded_adapter
+    from fedweave.history.model_export import recorded_model
+    from fedweave.learning.adapters import recorded_adapter
     from fedweave.learning.prediction import model_outputs, prediction_columns
     from fedweave.learning.statistics import prepared
     from fedweave.learning.tasks import load_task
@@ -92,8 +126,9 @@ def predict_run(
         )
     task = load_task(info.task)
     _check_schema(info, task)
-    if recorded_adapter(info.config) is not None:  # a LoRA run: its adapter on its base
-        model = merged_model(task, info.config, checkpoint_weights(row), info.task).merged()
+    layers = _site_layers(info, row, site, site_layers)
+    if layers is not None or recorded_adapter(info.config) is not None:
+        model = recorded_model(info, checkpoint_weights(row), layers)
     else:
         tensors = named_weights(info.task, checkpoint_weights(row))
         model = task.build_model()

@@ -276,13 +276,15 @@ def run_adapter(config: Any) -> str | None:
 
 def run_task(config: Any, base_sha256: str | None = None) -> Any:
     """The task a run's coordinator (or simulation) trains: the task, adapted when the run
-    has ``--peft lora`` (its base: the run's ``--initial-model``)."""
+    has ``--peft lora`` (its base: the run's ``--initial-model``), its model's tensors the
+    shared ones when the task keeps local layers at the sites (``personal.py``)."""
+    from fedweave.learning.personal import personal_task
     from fedweave.learning.tasks import load_task
 
     task = load_task(config.data.task)
-    return adapted_task(
+    return personal_task(adapted_task(
         task, run_adapter(config), config.training.initial_model, config.data.task, base_sha256
-    )
+    ))
 
 
 def recorded_adapter(stored: dict | None) -> tuple[str, Path, str] | None:
@@ -309,11 +311,19 @@ def recorded_adapter_config(stored: dict | None) -> dict[str, str]:
 def merged_model(task: Any, stored: dict, weights: list[np.ndarray], task_name: str) -> Any:
     """The ``AdaptedModel`` of a LoRA run (its stored config ``stored``) holding the recorded
     adapter ``weights``, on the run's base read from where it was pinned (a one-line
-    ``UserError`` if it is gone or changed)."""
+    ``UserError`` if it is gone or changed); ``task``: the run's task, or its ``PersonalTask``
+    (then a ``SharedModel`` around the adapted model, the weights its shared tensors)."""
     import torch
 
+    from fedweave.learning.personal import PersonalTask
+
     line, base, sha256 = recorded_adapter(stored)  # type: ignore[misc]
-    adapted = adapted_task(task, line, base, task_name, sha256)
+    if isinstance(task, PersonalTask):
+        adapted = PersonalTask(
+            adapted_task(task.task, line, base, task_name, sha256), task.local_layers
+        )
+    else:
+        adapted = adapted_task(task, line, base, task_name, sha256)
     model = adapted.build_model()
     names = list(model.state_dict())
     if len(names) != len(weights):

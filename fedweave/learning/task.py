@@ -83,7 +83,9 @@ class Task(Protocol):
     data (the synthetic tasks) defines ``site_data(index, seed) -> (train, test)``; a
     simulation then writes site ``index``'s file from it instead of splitting
     ``load_data()``. Tasks that need federated statistics before round 1 declare them as
-    ``fedweave/learning/statistics.py`` describes.
+    ``fedweave/learning/statistics.py`` describes. ``local_layers``: names of modules of the
+    model (``named_modules()``) whose tensors stay at each site, a personal head
+    (``fedweave/learning/personal.py``).
 
     Attributes:
         name: short identifier recorded in the history (``"digits"``).
