@@ -266,7 +266,9 @@ def _launch_plan(
         if training.initial_model is not None:
             argv += ["--initial-model", str(training.initial_model)]
         if training.peft != "none":
-            argv += ["--peft", training.peft, "--lora-rank", str(training.lora_rank)]
+            argv += ["--peft", training.peft]
+            if training.lora_rank is not None:
+                argv += ["--lora-rank", str(training.lora_rank)]
             if training.lora_alpha is not None:
                 argv += ["--lora-alpha", str(training.lora_alpha)]
             if training.lora_targets is not None:

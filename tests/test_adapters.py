@@ -6,6 +6,7 @@ the merged model and the adapter in peft's own format, which peft loads on the b
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -34,6 +35,33 @@ def test_default_targets_are_every_layer_but_the_output_and_each_misfit_is_one_l
                 "lora r=4 alpha=8 targets=;rm full="):  # fmt: skip
         with pytest.raises(ValueError):
             AdapterSpec.decode(bad)
+
+
+def test_a_task_declares_its_own_lora_and_the_flags_override_it():
+    """A task's ``peft_config`` (peft's ``LoraConfig``) gives the run's rank, alpha, targets and
+    fully trained modules; a flag given wins over it; one asking for what fedweave does not
+    train (dropout) is one line."""
+    from declaring_tasks import DECLARED
+    from peft import LoraConfig
+
+    from fedweave.learning.adapters import declared_lora
+
+    declared = declared_lora(DECLARED, "declared")
+    model = DECLARED.build_model()
+    assert adapter_spec(model, None, None, None, "declared", declared) == AdapterSpec(
+        2, 4.0, ("2",), ("4",)
+    )
+    assert adapter_spec(model, 3, 1.0, "0", "declared", declared) == AdapterSpec(
+        3, 1.0, ("0",), ("4",)
+    )
+    assert adapter_spec(model, None, None, None, "digits").rank == 8  # nothing declared
+    DECLARED.peft_config = lambda: LoraConfig(r=2, target_modules=["2"], lora_dropout=0.1)
+    try:
+        with pytest.raises(UserError, match=r"lora_dropout 0.1, bias 'none', use_dora False: "
+                                            r"fedweave trains LoRA without dropout"):  # fmt: skip
+            declared_lora(DECLARED, "declared")
+    finally:
+        del DECLARED.peft_config
 
 
 def test_the_adapted_model_state_is_its_trainable_tensors_on_the_pinned_base(tmp_path):
@@ -166,16 +194,20 @@ def test_gossip_peers_exchange_adapters_only(tmp_path):
          "error: --lora-rank 64 is not below the smaller dimension of 0 (64), 2 (64)"),
         (["--peft", "lora", "--initial-model", "BASE", "--dp", "sample"],
          "error: --dp sample with --peft lora is not supported yet"),
+        (["--task", "declaring_tasks:PATTERN", "--peft", "lora", "--initial-model", "BASE"],
+         "error: task 'declaring_tasks:PATTERN' declares a peft_config whose target_modules is "
+         "a pattern ('.*'); name the modules"),
     ],
 )  # fmt: skip
 def test_bad_adapter_input_is_one_line_before_anything_runs(tmp_path, extra, says):
     base = _pretrained(tmp_path / "base.safetensors", epochs=1)
     db = tmp_path / "h.db"
     args = [str(base) if a == "BASE" else a for a in extra]
+    tests = str(Path(__file__).resolve().parent)
     done = subprocess.run(
         [*FEDWEAVE, "simulate", "--task", "digits", "--clients", "3", "--rounds", "1",
          "--db", f"sqlite:///{db}", *args],
-        capture_output=True, text=True, timeout=200,
+        capture_output=True, text=True, timeout=200, env={**os.environ, "PYTHONPATH": tests},
     )  # fmt: skip
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1, done.stderr[-2000:]

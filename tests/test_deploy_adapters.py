@@ -26,7 +26,7 @@ from test_initial_model import _pretrained
 
 SITES = 4
 FULL_MODEL_BYTES = 8_970 * 4  # the digits model's float32 tensors: what full fine-tuning sends
-TASK = ["--task", "personal_tasks:PERSONAL"]  # digits, its output layer kept at each site
+TASK = ["--task", "declaring_tasks:PERSONAL"]  # digits, its output layer kept at each site
 TESTS = str(Path(__file__).resolve().parent)
 ENV = {"PYTHONPATH": os.pathsep.join(p for p in (TESTS, os.environ.get("PYTHONPATH")) if p)}
 

@@ -22,7 +22,7 @@ ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(
 
 
 def _client(layers_dir: Path, data, task=None):
-    from personal_tasks import PERSONAL
+    from declaring_tasks import PERSONAL
 
     from fedweave.client.site_app import TaskClient
     from fedweave.learning.training import TrainConfig
@@ -42,7 +42,7 @@ def test_a_site_sends_only_shared_tensors_and_keeps_its_head_across_restarts(tmp
     """Two fits by two clients (a deployed site builds one per message: a restart reads the
     same file): the reply holds layers 0 and 2 only; the head trains, is kept in the site's
     file (private), and the second fit starts from it, not from the model's start."""
-    from personal_tasks import PERSONAL
+    from declaring_tasks import PERSONAL
     from safetensors.torch import load_file
 
     train, _ = PERSONAL.load_data()
@@ -79,7 +79,7 @@ def test_a_site_sends_only_shared_tensors_and_keeps_its_head_across_restarts(tmp
 
 
 def test_a_site_refuses_what_does_not_match_with_the_reason(tmp_path):
-    from personal_tasks import PERSONAL
+    from declaring_tasks import PERSONAL
 
     from fedweave.contract import SiteRefusal
     from fedweave.learning.tasks import load_task
@@ -108,7 +108,7 @@ def test_a_site_refuses_what_does_not_match_with_the_reason(tmp_path):
 
 
 def test_a_declaration_that_does_not_fit_the_model_is_one_line():
-    from personal_tasks import NO_SUCH, WHOLE
+    from declaring_tasks import NO_SUCH, WHOLE
 
     from fedweave.learning.personal import check_local_layers
 
@@ -117,13 +117,13 @@ def test_a_declaration_that_does_not_fit_the_model_is_one_line():
         check_local_layers(NO_SUCH, NO_SUCH.build_model())
     with pytest.raises(UserError, match="are the whole model; nothing would be shared"):
         check_local_layers(WHOLE, WHOLE.build_model())
-    done = subprocess.run([*FEDWEAVE, "simulate", "--task", "personal_tasks:NO_SUCH", "--rounds",
+    done = subprocess.run([*FEDWEAVE, "simulate", "--task", "declaring_tasks:NO_SUCH", "--rounds",
                            "1", "--clients", "3"], capture_output=True, text=True, timeout=120,
                           env=ENV)  # fmt: skip
     assert done.returncode == 2 and "does not have" in done.stderr, done.stderr[-2000:]
     assert "recorded in the history" not in done.stderr  # refused before the run is recorded
     done = subprocess.run([*FEDWEAVE, "simulate", "--mode", "gossip", "--task",
-                           "personal_tasks:PERSONAL", "--rounds", "1", "--clients", "3"],
+                           "declaring_tasks:PERSONAL", "--rounds", "1", "--clients", "3"],
                           capture_output=True, text=True, timeout=120, env=ENV)  # fmt: skip
     assert done.returncode == 2 and "gossip peers do not keep site-local" in done.stderr, (
         done.stderr[-2000:]
@@ -137,7 +137,7 @@ def test_a_simulation_keeps_each_head_at_its_site_and_predict_uses_it(tmp_path):
     file; ``predict --site`` scores with the global adapters and that site's head, as the
     model built by hand from the checkpoint and the file does."""
     import torch
-    from personal_tasks import PERSONAL
+    from declaring_tasks import PERSONAL
     from safetensors.torch import load_file
     from test_initial_model import _pretrained
 
@@ -147,7 +147,7 @@ def test_a_simulation_keeps_each_head_at_its_site_and_predict_uses_it(tmp_path):
     base = _pretrained(tmp_path / "base.safetensors", epochs=8)
     db = f"sqlite:///{tmp_path / 'h.db'}"
     done = subprocess.run(
-        [*FEDWEAVE, "simulate", "--task", "personal_tasks:PERSONAL", "--clients", "3", "--rounds",
+        [*FEDWEAVE, "simulate", "--task", "declaring_tasks:PERSONAL", "--clients", "3", "--rounds",
          "2", "--seed", "0", "--lr", "0.05", "--initial-model", str(base), "--peft", "lora",
          "--lora-rank", "4", "--partition", "dirichlet", "--alpha", "0.5", "--db", db,
          "--checkpoint-dir", str(tmp_path / "ck"), "--split-dir", str(tmp_path / "split")],

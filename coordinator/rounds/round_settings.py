@@ -82,12 +82,15 @@ def adapter_config(config: RunConfig) -> dict[str, str]:
 
 @functools.lru_cache(maxsize=4)
 def _adapter_config(
-    task: str, rank: int, alpha: float | None, targets: str | None, base: str
+    task: str, rank: int | None, alpha: float | None, targets: str | None, base: str
 ) -> tuple[tuple[str, str], ...]:
-    from fedweave.learning.adapters import adapter_spec
+    from fedweave.learning.adapters import adapter_spec, declared_lora
     from fedweave.learning.initial_model import file_sha256
 
-    spec = adapter_spec(load_task(task).build_model(), rank, alpha, targets, task)
+    loaded = load_task(task)
+    spec = adapter_spec(
+        loaded.build_model(), rank, alpha, targets, task, declared_lora(loaded, task)
+    )
     return ((ADAPTER_KEY, spec.encode()), (BASE_SHA256_KEY, file_sha256(Path(base))))
 
 

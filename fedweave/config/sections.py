@@ -112,18 +112,20 @@ class TrainingSection:
         "checkpointed.",
         choices=("none", "lora"),
     )
-    lora_rank: int = setting(
-        8, "--peft lora: the adapters' rank r (below every target layer's smaller dimension).",
-        minimum=1,
+    lora_rank: int | None = setting(
+        None, "--peft lora: the adapters' rank r, below every target layer's smaller dimension "
+        "(default: the task's declared peft_config's, else 8).", minimum=1,
     )
     lora_alpha: float | None = setting(
         None, "--peft lora: lora_alpha, the adapters' update scaled by alpha / rank (default: "
-        "the rank, a scale of 1; 2x the rank diverged at SGD's usual rates here).", above=0,
+        "the task's declared peft_config's, else the rank, a scale of 1; 2x the rank diverged "
+        "at SGD's usual rates here).", above=0,
     )
     lora_targets: str | None = setting(
         None, "--peft lora: the layers that get adapters, comma-separated names of the model's "
-        "nn.Linear/nn.Conv modules (fedweave task describe lists the tensors; default: every "
-        "such layer but the last, the output layer, which trains fully).",
+        "nn.Linear/nn.Conv modules (fedweave task describe lists the tensors; default: the "
+        "task's declared peft_config's, else every such layer but the last, the output layer, "
+        "which trains fully).",
     )
     device: str | None = setting(
         None, "cuda, cuda:N or cpu (default: CUDA when present).", identity=False

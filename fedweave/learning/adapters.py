@@ -95,12 +95,68 @@ def _smaller_dimension(module: Any) -> int:
     return min(module.in_channels, module.out_channels)
 
 
+DEFAULT_RANK = 8
+"""LoRA's rank when neither ``--lora-rank`` nor the task's ``peft_config`` says."""
+
+
+@dataclass(frozen=True)
+class DeclaredLora:
+    """What a task's ``peft_config`` (a ``peft.LoraConfig``, or a method returning one)
+    declares; each field ``None`` where it leaves fedweave's default."""
+
+    rank: int | None = None
+    alpha: float | None = None
+    targets: tuple[str, ...] | None = None
+    full: tuple[str, ...] | None = None
+
+
+def declared_lora(task: Any, task_name: str) -> DeclaredLora:
+    """The task's declared LoRA config (``peft_config``), checked: fedweave honours its ``r``,
+    ``lora_alpha``, ``target_modules`` (names, not a pattern) and ``modules_to_save``; a config
+    asking for more (dropout, biases, another kind) is one line."""
+    declared = getattr(task, "peft_config", None)
+    if declared is None:
+        return DeclaredLora()
+    if callable(declared):
+        declared = declared()
+    from peft import LoraConfig
+
+    says = f"task {task_name!r} declares a peft_config"
+    if not isinstance(declared, LoraConfig):
+        raise UserError(f"{says} of type {type(declared).__name__}; fedweave takes a LoraConfig")
+    if declared.lora_dropout or declared.bias != "none" or declared.use_dora:
+        raise UserError(
+            f"{says} with lora_dropout {declared.lora_dropout:g}, bias {declared.bias!r}, "
+            f"use_dora {declared.use_dora}: fedweave trains LoRA without dropout, biases or "
+            "DoRA yet; drop those from the task's peft_config"
+        )
+    targets = declared.target_modules
+    if isinstance(targets, str):
+        raise UserError(
+            f"{says} whose target_modules is a pattern ({targets!r}); name the modules "
+            "(a list of names from model.named_modules())"
+        )
+    full = declared.modules_to_save
+    return DeclaredLora(
+        int(declared.r), float(declared.lora_alpha),
+        tuple(sorted(targets)) if targets else None, tuple(full) if full is not None else None,
+    )  # fmt: skip
+
+
 def adapter_spec(
-    model: Any, rank: int, alpha: float | None, targets: str | None, task_name: str
+    model: Any, rank: int | None, alpha: float | None, targets: str | None, task_name: str,
+    declared: DeclaredLora | None = None,
 ) -> AdapterSpec:
-    """The run's ``AdapterSpec`` for ``model``, checked (one-line ``UserError``): targets
-    default to every linear/convolutional layer but the last (the output layer, which trains
-    fully); a rank must be below every target's smaller dimension."""
+    """The run's ``AdapterSpec`` for ``model``, checked (one-line ``UserError``): each of
+    ``rank``, ``alpha``, ``targets`` (the flags) given, else the task's ``declared`` config's,
+    else fedweave's default (rank 8, alpha the rank, targets every linear/convolutional layer
+    but the last: the output layer, which trains fully); a rank must be below every target's
+    smaller dimension."""
+    declared = declared or DeclaredLora()
+    rank = rank if rank is not None else declared.rank or DEFAULT_RANK
+    alpha = alpha if alpha is not None else declared.alpha
+    if targets is None and declared.targets is not None:
+        targets = ",".join(declared.targets)
     layers = dict(adaptable_layers(model))
     if not layers:
         raise UserError(
@@ -125,6 +181,14 @@ def adapter_spec(
                 f"{', '.join(names)}"
             )
         full = () if names[-1] in chosen else (names[-1],)
+    if declared.full is not None:
+        unknown = [n for n in declared.full if n not in dict(model.named_modules())]
+        if unknown:
+            raise UserError(
+                f"task {task_name!r} declares a peft_config whose modules_to_save "
+                f"{', '.join(unknown)} are not modules of its model"
+            )
+        full = declared.full
     too_small = [
         f"{name} ({_smaller_dimension(layers[name])})"
         for name in chosen
@@ -268,10 +332,11 @@ def run_adapter(config: Any) -> str | None:
 
     require("peft", "--peft lora")
 
-    model = load_task(config.data.task).build_model()
+    task = load_task(config.data.task)
     return adapter_spec(
-        model, training.lora_rank, training.lora_alpha, training.lora_targets, config.data.task
-    ).encode()
+        task.build_model(), training.lora_rank, training.lora_alpha, training.lora_targets,
+        config.data.task, declared_lora(task, config.data.task),
+    ).encode()  # fmt: skip
 
 
 def run_task(config: Any, base_sha256: str | None = None) -> Any:
