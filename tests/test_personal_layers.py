@@ -5,6 +5,7 @@ and ``fedweave predict --site NAME`` uses them."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -192,6 +193,17 @@ def test_a_simulation_keeps_each_head_at_its_site_and_predict_uses_it(tmp_path):
     with torch.no_grad():
         by_hand = model(torch.from_numpy(x)).argmax(1).numpy()
     np.testing.assert_array_equal(predicted, by_hand)
+
+    done = subprocess.run([*FEDWEAVE, "history", "export", run.run_id, "--db", db, "--to",
+                           str(tmp_path / "out")], capture_output=True, text=True, timeout=200,
+                          env=ENV)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    meta = json.loads((tmp_path / "out" / "model.json").read_text())
+    assert meta["local_layers"]["layers"] == ["4"] and "their start" in meta["local_layers"]["note"]
+    exported = PERSONAL.build_model()  # the task's own model: the adapters merged, the head's start
+    exported.load_state_dict(load_file(str(tmp_path / "out" / "model.safetensors")))
+    np.testing.assert_array_equal(exported.state_dict()["4.weight"].numpy(),
+                                  load_file(str(base))["4.weight"].numpy())  # fmt: skip
 
     for args, says in ((["--site", "site-7"], "its sites' are site-0, site-1, site-2"),
                        ([], "name whose to score with, --site NAME")):  # fmt: skip
