@@ -94,19 +94,13 @@ def _adapter_config(
     return ((ADAPTER_KEY, spec.encode()), (BASE_SHA256_KEY, file_sha256(Path(base))))
 
 
-@functools.lru_cache(maxsize=8)
-def _local_layers(task: str) -> tuple[str, ...]:
-    from fedweave.learning.personal import check_local_layers
-
-    loaded = load_task(task)
-    return check_local_layers(loaded, loaded.build_model())
-
-
 def personal_config(config: RunConfig, run_id: str) -> dict[str, str]:
     """The round config of a run whose task keeps local layers at the sites
     (``LOCAL_LAYERS_KEY``, and the run id that names each site's file of them), empty
     otherwise."""
-    layers = _local_layers(config.data.task)
+    from fedweave.learning.personal import task_local_layers
+
+    layers = task_local_layers(config.data.task)
     if not layers:
         return {}
     return {LOCAL_LAYERS_KEY: ",".join(layers), PERSONAL_RUN_KEY: run_id or "run"}

@@ -189,6 +189,13 @@ class PersonalTask:
     def build_model(self) -> Any:
         return shared_model_class()(self.task.build_model(), self.local_layers)
 
+    def train(self, model: Any, data: Any, config: Any) -> dict[str, float]:
+        """The task's own training, on the model it built (not the wrapper around it)."""
+        return self.task.train(unwrapped(model), data, config)
+
+    def evaluate(self, model: Any, data: Any, config: Any) -> dict[str, float]:
+        return self.task.evaluate(unwrapped(model), data, config)
+
 
 def personal_task(task: Any) -> Any:
     """``task`` as a run with its declared local layers trains it (itself when it declares
