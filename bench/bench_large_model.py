@@ -2,7 +2,7 @@
 64-4096-4096-10 MLP on digits (17.1M parameters, 68 MB), a coordinator and 3 sites on
 loopback with TLS and site keys, plain and with SecAgg+.
 
-    python bench/bench_large_model.py [--rounds 3] [--modes plain secagg]
+    python bench/bench_large_model.py [--rounds 3] [--modes plain secagg] [--downlink full fp16]
 
 Each run is ``fedweave coordinator`` and ``fedweave client`` as docs/deploy.md sets them up
 (``bench_deployment.py``'s setup), with the task ``large_model_task:TASK`` (this folder, on
@@ -10,6 +10,8 @@ Each run is ``fedweave coordinator`` and ``fedweave client`` as docs/deploy.md s
 for rounds 2..R (round 1 also pays for the sites' start-up), the round's seconds, the slowest
 site's own training seconds, and their difference: the time a round spends on something other
 than training. The issue's goal: at most 2 s plain and 4 s with SecAgg+ on this machine.
+``--downlink full fp16`` runs each mode with the global model sent both ways (issue 36's
+half-size transfer), one after the other in the same process, so the two compare.
 """
 
 from __future__ import annotations
@@ -99,6 +101,9 @@ def main() -> None:
     parser.add_argument("--sites", type=int, default=3)
     parser.add_argument("--modes", nargs="+", choices=("plain", "secagg"),
                         default=["plain", "secagg"])  # fmt: skip
+    parser.add_argument("--downlink", nargs="+", choices=("full", "fp16"), default=["full"],
+                        help="how the global model goes to the sites; each one given runs "
+                             "every mode (default: full)")  # fmt: skip
     parser.add_argument("--keep", type=Path, metavar="DIR",
                         help="work in DIR and keep its logs and histories (default: a "
                              "temporary folder, removed at the end)")  # fmt: skip
@@ -110,18 +115,20 @@ def main() -> None:
         work = args.keep or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         prepare(work, args.sites, env)
-        for mode in args.modes:
+        for mode, downlink in [(m, d) for m in args.modes for d in args.downlink]:
             started = time.perf_counter()
-            rounds = run(work, args.sites, args.rounds, mode == "secagg", env)
+            rounds = run(work, args.sites, args.rounds, mode == "secagg", env,
+                         coordinator_extra=["--downlink", downlink])  # fmt: skip
+            mode = f"{mode}, {downlink} down"
             for row in rounds:
-                print(f"{mode:6s} round {row['round']}: {row['seconds']:6.1f} s, slowest site "
+                print(f"{mode} round {row['round']}: {row['seconds']:6.1f} s, slowest site "
                       f"trained {row['training']:5.1f} s, beyond training "
                       f"{row['seconds'] - row['training']:5.1f} s; bytes in "
                       f"{row['bytes_in'] / 1e6:.0f} MB, out {row['bytes_out'] / 1e6:.0f} MB",
                       flush=True)  # fmt: skip
             later = rounds[1:] or rounds
             beyond = statistics.median(r["seconds"] - r["training"] for r in later)
-            goal = 2.0 if mode == "plain" else 4.0
+            goal = 2.0 if mode.startswith("plain") else 4.0
             print(f"{mode}: median of rounds 2..{args.rounds}: "
                   f"{statistics.median(r['seconds'] for r in later):.1f} s a round, "
                   f"{beyond:.1f} s beyond training (goal <= {goal:g} s); "

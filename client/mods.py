@@ -33,6 +33,7 @@ from flwr.app import Context, Message, MessageType
 from flwr.common import parameters_to_ndarrays
 
 from fedweave.client.compression_mod import compression_when_asked
+from fedweave.client.downlink_mod import downlink_restored
 from fedweave.client.held_updates import holding_updates_when_asked
 from fedweave.contract import (
     CLIPPED_FRACTION_METRIC,
@@ -54,6 +55,7 @@ from fedweave.contract import (
     PRIVATE_EVALUATION_KEY,
     SECAGG_CLIP_KEY,
     SECAGG_MAX_WEIGHT_KEY,
+    SECAGG_VECTOR_ARRAYS_KEY,
     STATISTICS_STAGE_KEY,
     LateWork,
     SiteOutcome,
@@ -429,12 +431,16 @@ def _fit_config(msg: Message) -> dict | None:
 
 
 def secagg_when_asked(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
-    """Flower's ``secaggplus_mod`` for rounds the coordinator runs under SecAgg+; plain
-    rounds pass through, so one ClientApp serves coordinators with and without it."""
+    """Flower's ``secaggplus_mod`` for rounds the coordinator runs under SecAgg+, its masked
+    vector sent in an array record where the coordinator reads it there
+    (``SECAGG_VECTOR_ARRAYS_KEY``, ``flower_patches/secagg_vectors.py``: a fraction of the
+    seconds Flower's config record costs); plain rounds pass through, so one ClientApp serves
+    coordinators with and without it."""
     from flwr.client.mod import secaggplus_mod
 
     from fedweave.flower_patches import use_fedweave_secagg
     from fedweave.flower_patches.message_records import RECORD_KEY_CONFIGS
+    from fedweave.flower_patches.secagg_vectors import vector_as_arrays
 
     use_fedweave_secagg()
 
@@ -442,7 +448,11 @@ def secagg_when_asked(msg: Message, context: Context, call_next: ClientAppCallab
         msg.metadata.message_type == MessageType.TRAIN
         and RECORD_KEY_CONFIGS in msg.content.config_records
     ):
-        return secaggplus_mod(msg, context, call_next)
+        reply = secaggplus_mod(msg, context, call_next)
+        fit_config = msg.content.config_records.get("fitins.config")
+        if fit_config is not None and fit_config.get(SECAGG_VECTOR_ARRAYS_KEY):
+            reply = vector_as_arrays(reply)
+        return reply
     return call_next(msg, context)
 
 
@@ -475,13 +485,15 @@ def local_dp_when_asked(msg: Message, context: Context, call_next: ClientAppCall
 
 def site_mods(site_name_of: SiteNameOf = node_site_name) -> list[Mod]:
     """Every site mod, outermost first: every outcome becomes a reply with its code and the
-    site's name (``site_name_of``); late rounds, a wrong clock and a round below the site's
-    privacy floor are refused before anything else; SecAgg+ masks what the update check has
-    passed, after DP has clipped or noised it; ``--compress`` compresses the same (never
-    under SecAgg+: the coordinator refuses both)."""
+    site's name (``site_name_of``); a model sent at half precision (``--downlink fp16``) is
+    restored to its dtypes before any other mod sees it; late rounds, a wrong clock and a
+    round below the site's privacy floor are refused before anything else; SecAgg+ masks
+    what the update check has passed, after DP has clipped or noised it; ``--compress``
+    compresses the same (never under SecAgg+: the coordinator refuses both)."""
 
     return [
         answering_outcomes(site_name_of),
+        downlink_restored,
         stale_round_guard,
         clock_guard,
         privacy_floor,

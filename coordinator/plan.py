@@ -123,7 +123,7 @@ PLAN_SETTINGS = (
     "weight_decay", "clip_grad_norm", "batch_size", "seed", "initial_model", "peft",
     "lora_rank", "lora_alpha", "lora_targets", "device",
     "min_clients", "clients_per_round", "strategy", "proximal_mu", "max_update_norm", "compress",
-    "round_timeout", "min_replies", "schedule", "buffer", "max_staleness", "server_lr",
+    "downlink", "round_timeout", "min_replies", "schedule", "buffer", "max_staleness", "server_lr",
     "fraction_evaluate", "evaluate_every", "cross_site", "private_evaluation", "select_metric",
     "select_mode", "run",
     "secure_agg", "secagg_timeout", "dp", "noise_multiplier", "clipping_norm", "dp_epsilon",

@@ -156,6 +156,10 @@ HELD_METRIC = "held_job"
 COMPRESS_KEY = "fw-compress"
 """Fit config: the run's ``--compress`` spec (``fedweave/learning/compression.py``); the site
 sends its compressed update instead of its model. Absent: the model, uncompressed."""
+DOWNLINK_KEY = "fw-downlink"
+"""Fit and evaluate config (``--downlink fp16``): which tensors of the message's model were
+sent at half precision and the dtype each goes back to (``fedweave/downlink.py``);
+the coordinator's grid writes it as it rounds them. Absent: the model as the task holds it."""
 COMPRESSION_METRIC = "compression"
 """Fit metric: the compression the site's update is in (the coordinator refuses any other)."""
 UPLINK_BYTES_METRIC = "uplink_bytes"
@@ -174,6 +178,10 @@ DELIVERY_ALLOWANCE_KEY = "fw-delivery-allowance"
 how far ahead a site's clock seems is only known up to this delay."""
 SECAGG_CLIP_KEY = "fw-secagg-clipping-range"
 SECAGG_MAX_WEIGHT_KEY = "fw-secagg-max-weight"
+SECAGG_VECTOR_ARRAYS_KEY = "fw-secagg-vector-arrays"
+"""Fit config (SecAgg+): the coordinator reads a site's masked vector from an array record
+(``fedweave/flower_patches/secagg_vectors.py``), so the site sends it there. Absent (a
+coordinator of an earlier fedweave): in Flower's own config record, which both read."""
 LOCAL_DP_KEYS = (
     "fw-local-dp-clipping-norm",
     "fw-local-dp-sensitivity",

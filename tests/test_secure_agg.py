@@ -73,6 +73,16 @@ def test_server_never_sees_a_site_plaintext(tmp_path, monkeypatch):
         return array
 
     monkeypatch.setattr(workflow, "bytes_to_ndarray", capture)
+    from fedweave.flower_patches import secagg_vectors
+
+    carried: list[bool] = []  # whether each reply's vector travelled in an array record
+    put_back = secagg_vectors.vector_where_flower_reads_it
+
+    def note(reply):
+        carried.append(secagg_vectors.MASKED_VECTOR_RECORD in reply.content.array_records)
+        return put_back(reply)
+
+    monkeypatch.setattr(secagg_vectors, "vector_where_flower_reads_it", note)
     sim = RunConfig.of(clients=3, rounds=1, partition="iid", seed=5, secure_agg=True)
     split = tmp_path / "split"
     run_federated_simulation(sim, split_dir=split)
@@ -86,7 +96,9 @@ def test_server_never_sees_a_site_plaintext(tmp_path, monkeypatch):
         fit_config = {"round": 1, "seed": sim.training.seed, "local_epochs": 1}
         weights, _, _ = client.fit(start, fit_config)
         plaintexts.append(np.concatenate([w.ravel() for w in weights]))
-    # each site sends its masked weight factor, then its whole model as one masked vector
+    # each site sends its masked weight factor, then its whole model as one masked vector,
+    # in an array record (issue 36), put back where Flower's stage reads it
+    assert carried == [True] * 3
     assert len(captured) == 3 * 2
     for site in range(3):
         masked = captured[2 * site + 1]

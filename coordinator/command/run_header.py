@@ -104,8 +104,8 @@ def protections(
 
 
 def _schedule(config: RunConfig, cohort: int) -> dict[str, Any]:
-    """An asynchronous schedule, compressed updates and a simulated clock, when the run has
-    them."""
+    """An asynchronous schedule, compressed updates, a half-precision downlink and a simulated
+    clock, when the run has them."""
     federation, simulation = config.federation, config.simulation
     found: dict[str, Any] = {}
     if federation.schedule == "async":
@@ -118,6 +118,8 @@ def _schedule(config: RunConfig, cohort: int) -> dict[str, Any]:
         }
     if federation.compress != "none":
         found["compress"] = federation.compress
+    if federation.downlink != "full":
+        found["downlink"] = federation.downlink
     if simulation.site_speeds is not None:
         found["simulated_clock"] = {
             "site_speeds": simulation.site_speeds,
@@ -195,7 +197,8 @@ def header_line(facts: dict[str, Any]) -> str:
             f"moves every {schedule['buffer']} site updates, each weighted by its staleness"
             + (", each buffer summed by its own SecAgg+ round" if secagg["on"] else "")
             + (f", discarded beyond {stale} steps" if stale is not None else "")
-            + "; evaluation central, every step" + _compress_text(facts) + _clock_text(facts)
+            + "; evaluation central, every step" + _compress_text(facts) + _downlink_text(facts)
+            + _clock_text(facts)
         )
     return (
         f"SecAgg+ {secure}; TLS {_on_off(facts['tls'], 'on', 'OFF')}; site authentication "
@@ -204,7 +207,7 @@ def header_line(facts: dict[str, Any]) -> str:
         f"{facts['strategy']}; {facts['sites_per_round']} sites a round; round deadline "
         f"{deadline}, min replies {facts['min_replies']}{straggling}; evaluation "
         f"{' + '.join(scored) or 'none'}" + _local_text(evaluation) + _compress_text(facts)
-        + _clock_text(facts)
+        + _downlink_text(facts) + _clock_text(facts)
     )
 
 
@@ -219,6 +222,11 @@ def _local_text(evaluation: dict[str, Any]) -> str:
 def _compress_text(facts: dict[str, Any]) -> str:
     kind = facts.get("compress")
     return f"; updates sent {kind}-compressed, with error feedback" if kind else ""
+
+
+def _downlink_text(facts: dict[str, Any]) -> str:
+    kind = facts.get("downlink")
+    return f"; global model sent at {kind} (half the bytes down)" if kind else ""
 
 
 def _clock_text(facts: dict[str, Any]) -> str:

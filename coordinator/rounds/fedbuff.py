@@ -75,6 +75,7 @@ from fedweave.contract import (
     outcome_of,
     read_outcome,
 )
+from fedweave.coordinator.rounds.downlink import HalfPrecisionGrid
 from fedweave.coordinator.rounds.secure_agg import make_secagg_workflow
 from fedweave.coordinator.rounds.secure_buffer import BufferSum, secure_buffer_sum
 from fedweave.coordinator.rounds.site_weights import (
@@ -83,7 +84,8 @@ from fedweave.coordinator.rounds.site_weights import (
     bounded_note,
     count_bound,
 )
-from fedweave.coordinator.rounds.traffic import Traffic
+from fedweave.coordinator.rounds.traffic import Traffic, payload_bytes
+from fedweave.downlink import halved
 from fedweave.errors import UserError
 from fedweave.flower_patches import message_records as compat
 from fedweave.flower_patches.object_pulls import pulls_end_by, unavailable
@@ -314,10 +316,15 @@ def make_fedbuff_server_app(
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
+        if settings.downlink == "fp16":
+            grid = HalfPrecisionGrid(grid)
         nodes = _wait_for_nodes(grid, settings.min_clients)
         arrivals = _Arrivals(grid)
         models: dict[int, list[np.ndarray]] = {0: [w.copy() for w in start_weights]}
-        model_bytes = sum(int(w.nbytes) for w in start_weights)
+        model_bytes = sum(  # what a job sends down
+            int(w.nbytes)
+            for w in (halved(start_weights)[0] if settings.downlink == "fp16" else start_weights)
+        )
         update_bytes = compression.sent_bytes(start_weights)  # what a site's job sends up
         version, clock = 0, clock_start
         sites: dict[int, _Site] = {}
@@ -343,13 +350,13 @@ def make_fedbuff_server_app(
                 {**settings.fit_config(step + 1, job_deadline), **extra_config,
                  JOB_KEY: number, **({HOLD_KEY: True} if secure else {})},
             )  # fmt: skip
-            traffic["out"] += sum(len(tensor) for tensor in ins.parameters.tensors)
             message = Message(
                 content=compat.fitins_to_recorddict(ins, True), dst_node_id=node,
                 message_type=MessageType.TRAIN,
                 group_id=str(step + 1 + settings.round_offset),
             )  # fmt: skip
             (message_id,) = grid.push_messages([message])
+            traffic["out"] += payload_bytes(message.content)  # as sent (--downlink: halved)
             if speeds is None:
                 running[message_id] = _Job(time.monotonic(), node, step, message_id, clock,
                                            number)  # fmt: skip

@@ -25,6 +25,7 @@ from fedweave.coordinator.rounds.central_evaluation import make_central_evaluato
 from fedweave.coordinator.rounds.deadlines import (
     deadline_fit_workflow,
 )
+from fedweave.coordinator.rounds.downlink import HalfPrecisionGrid
 from fedweave.coordinator.rounds.federated_evaluation import federated_evaluate_workflow
 from fedweave.coordinator.rounds.federated_statistics import (
     StatisticsFirst,
@@ -130,6 +131,8 @@ def make_server_app(
             grid, site_replies, traffic,
             settings.secagg.max_weight if settings.secure_agg else None,
         )  # fmt: skip
+        if settings.downlink == "fp16":  # outside the counting grid: it counts what is sent
+            grid = HalfPrecisionGrid(grid)
         strategy = make_strategy(
             config.federation.strategy,
             settings.secure_agg,

@@ -37,6 +37,7 @@ from fedweave.contract import (
     ROUND_KEY,
     SECAGG_CLIP_KEY,
     SECAGG_MAX_WEIGHT_KEY,
+    SECAGG_VECTOR_ARRAYS_KEY,
     SEED_KEY,
     SIMULATED_DEADLINE_KEY,
     SITE_SPEEDS_KEY,
@@ -164,6 +165,11 @@ class ServerSettings:
         """The run's ``--compress`` (a spec that does not parse: its one line)."""
         return Compression.parse(self.config.federation.compress)
 
+    @property
+    def downlink(self) -> str:
+        """How the global model goes to the sites (``--downlink``): ``full`` or ``fp16``."""
+        return self.config.federation.downlink
+
     def deadline(self, test_data: Any) -> RoundDeadline:
         """``--round-timeout``, or the default sized from the task (``deadlines.py``) on the
         coordinator's held-out data, or, without any, ``NO_DATA_DEADLINE_SECONDS`` measured
@@ -252,6 +258,7 @@ class ServerSettings:
         if self.secure_agg:
             config[SECAGG_CLIP_KEY] = secagg.clipping_range
             config[SECAGG_MAX_WEIGHT_KEY] = secagg.max_weight
+            config[SECAGG_VECTOR_ARRAYS_KEY] = True
         speeds = self.site_speeds
         if speeds is not None:
             config[SITE_SPEEDS_KEY] = speeds.spec

@@ -10,8 +10,9 @@ The reporting strategy reads a silent-looking site's outcome there: what the sit
 when it said nothing, ``late``.
 
 A reply whose content is not the result it was asked for (no fit or evaluation result, a
-status code Flower does not know) is turned into an error reply from the same site and noted
-``failed`` with ``malformed reply``, so a workflow never trips over it.
+status code Flower does not know, a SecAgg+ masked vector that NumPy cannot read or that is
+laid out otherwise than most sites' are) is turned into an error reply from the same site and
+noted ``failed`` with ``malformed reply``, so a workflow never trips over it.
 """
 
 from __future__ import annotations
@@ -158,6 +159,35 @@ def reported_count_problem(reply: Any, max_fit_count: float | None = None) -> st
     return None
 
 
+def masked_vector_problems(replies: list[Any]) -> dict[int, str]:
+    """``id(reply)`` → why its SecAgg+ masked vector cannot join the sum, for the replies of
+    ``replies`` that carry one: malformed (``secagg_vectors.masked_vector_layout``), or laid
+    out otherwise than more than half of the well-formed ones are (honest sites' vectors all
+    share the layout of the round's model or statistics; with no such majority, none joins
+    and the protocol's threshold decides whether the round goes on)."""
+    from collections import Counter
+
+    from fedweave.flower_patches.secagg_vectors import masked_vector_layout
+
+    layouts = [(id(reply), masked_vector_layout(reply)) for reply in replies]
+    layouts = [(key, layout) for key, layout in layouts if layout is not None]
+    counts = Counter(layout for _key, layout in layouts if not isinstance(layout, str))
+    common, count = counts.most_common(1)[0] if counts else (None, 0)
+    majority = common if 2 * count > sum(counts.values()) else None
+    problems = {}
+    for key, layout in layouts:
+        if isinstance(layout, str):
+            problems[key] = layout
+        elif layout != majority:
+            shown = f"masked vector shaped {one_line(str(layout), 80)}"
+            problems[key] = (
+                f"{shown}; most of the round's sites sent {one_line(str(majority), 80)}"
+                if majority is not None
+                else f"{shown}; no layout is shared by most of the round's sites"
+            )
+    return problems
+
+
 class OutcomeGrid:
     """A grid that notes every error reply's outcome in ``replies`` under its round and node,
     and turns a malformed result into an error reply (``result_problem``); everything else is
@@ -194,18 +224,19 @@ class OutcomeGrid:
         if self.traffic is not None:
             for message in messages:
                 self.traffic.sent(message)
-        received = self._grid.send_and_receive(messages, timeout=timeout)
+        received = list(self._grid.send_and_receive(messages, timeout=timeout))
         # pushing gave each message its id: a reply names the one it answers
         sent = {message.metadata.message_id: message for message in messages}
+        vectors = masked_vector_problems(received)
         replies = []
         for reply in received:
             asked = sent.get(reply.metadata.reply_to_message_id)
             if self.traffic is not None and asked is not None:
                 self.traffic.received(reply, asked)
-            replies.append(self._noted(reply, asked))
+            replies.append(self._noted(reply, asked, vectors.get(id(reply))))
         return replies
 
-    def _noted(self, reply: Any, asked: Any):  # type: ignore[no-untyped-def]
+    def _noted(self, reply: Any, asked: Any, vector_problem: str | None = None):  # type: ignore[no-untyped-def]
         from flwr.app import Error, Message
 
         if asked is None or asked.metadata.dst_node_id != reply.metadata.src_node_id:
@@ -230,6 +261,10 @@ class OutcomeGrid:
         if problem is not None:  # an insider's count would weigh the mean, or fail it
             self.replies.note(group_id, node_id, SiteSaid("rejected", problem))
             return Message(Error(code=UpdateRejected.code, reason=problem), reply_to=asked)
+        if vector_problem is not None:  # Flower's sum would raise, halting everyone's round
+            reason = f"malformed reply: {vector_problem}"
+            self.replies.note(group_id, node_id, SiteSaid("failed", reason))
+            return Message(Error(code=SITE_FAILED_CODE, reason=reason), reply_to=asked)
         return reply
 
     def __getattr__(self, name: str):  # type: ignore[no-untyped-def]

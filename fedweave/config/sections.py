@@ -166,6 +166,14 @@ class FederationSection:
         "send it later (error feedback). Plain rounds only (SecAgg+ quantizes on its own). "
         "Gossip: fp16 or int8, each peer's whole model.",
     )
+    downlink: str = setting(
+        "full",
+        "How the coordinator sends the global model to the sites: full (as the task holds "
+        "it) or fp16 (half the bytes: each floating-point tensor rounded to half precision, "
+        "kept whole where half precision cannot hold it; each site trains from it restored "
+        "to the task's precision, and the coordinator keeps its own model at full precision).",
+        choices=("full", "fp16"),
+    )
     round_timeout: float | None = setting(
         None,
         "Seconds a round waits for its sites, training included (SecAgg+ too); sites that "
@@ -695,7 +703,7 @@ _ADAPTER = ("peft", "lora_rank", "lora_alpha", "lora_targets")
 """Adapters only (``fedweave/learning/adapters.py``)."""
 _SPLIT = ("task", "clients", "partition", "alpha", "shards_per_client")
 _FEDERATION = (
-    "clients_per_round", "strategy", "proximal_mu", "max_update_norm", "compress",
+    "clients_per_round", "strategy", "proximal_mu", "max_update_norm", "compress", "downlink",
     "round_timeout", "min_replies",
 )  # fmt: skip
 _ASYNC = ("schedule", "buffer", "max_staleness", "server_lr")

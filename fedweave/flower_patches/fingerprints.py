@@ -99,6 +99,10 @@ WRAPPED: dict[str, dict[str, str]] = {
         f"{_SECAGG_MOD}:quantize": "5371722c0320e506",
         f"{_SECAGG_MOD}:pseudo_rand_gen": "19ee2545ed58c017",
         f"{_SECAGG_WORKFLOW}:pseudo_rand_gen": "19ee2545ed58c017",
+        # secagg_vectors: where the site's reply carries its masked vector (the coordinator's
+        # collect stage, which reads it there, is secagg_stages')
+        f"{_SECAGG_MOD}:_collect_masked_vectors": "d638fe6563407bc1",
+        f"{_SECAGG_MOD}:secaggplus_mod": "cc0e7d467b4de166",
     },
     "secagg_crypto": {
         f"{_SECAGG_MOD}:create_shares": "d922b6370cd57ff1",

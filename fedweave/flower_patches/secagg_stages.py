@@ -55,6 +55,23 @@ def stages_problem() -> str | None:
     )
 
 
+class _VectorsWhereFlowerReadsThem:
+    """A grid whose replies carry their masked vector where Flower's collect stage reads it
+    (``secagg_vectors.vector_where_flower_reads_it``); everything else is the wrapped grid's."""
+
+    def __init__(self, grid) -> None:
+        self._grid = grid
+
+    def send_and_receive(self, messages, *, timeout: float | None = None):
+        from fedweave.flower_patches.secagg_vectors import vector_where_flower_reads_it
+
+        replies = self._grid.send_and_receive(messages, timeout=timeout)
+        return [vector_where_flower_reads_it(reply) for reply in replies]
+
+    def __getattr__(self, name: str):
+        return getattr(self._grid, name)
+
+
 class StagedSecAggPlusWorkflow(SecAggPlusWorkflow):
     """Flower's SecAgg+ workflow asking ``stage_wait(name)`` before each stage how long that
     stage may wait for replies (``None``: halt the round there), timing each stage
@@ -121,10 +138,12 @@ class StagedSecAggPlusWorkflow(SecAggPlusWorkflow):
         return enough
 
     def collect_masked_vectors_stage(self, grid, context, state) -> bool:
-        """Local training and the masked updates."""
+        """Local training and the masked updates (each site's vector travels in an array
+        record: ``secagg_vectors``; put back where Flower's stage reads it)."""
         return self._stage(
-            "collect_masked_vectors", super().collect_masked_vectors_stage, grid, context, state
-        )
+            "collect_masked_vectors", super().collect_masked_vectors_stage,
+            _VectorsWhereFlowerReadsThem(grid), context, state,
+        )  # fmt: skip
 
     def unmask_stage(self, grid, context, state) -> bool:
         """Unmasking."""
