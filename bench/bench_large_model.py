@@ -3,6 +3,7 @@
 loopback with TLS and site keys, plain and with SecAgg+.
 
     python bench/bench_large_model.py [--rounds 3] [--modes plain secagg] [--downlink full fp16]
+        [--sites 3] [--memory]
 
 Each run is ``fedweave coordinator`` and ``fedweave client`` as docs/deploy.md sets them up
 (``bench_deployment.py``'s setup), with the task ``large_model_task:TASK`` (this folder, on
@@ -12,6 +13,8 @@ site's own training seconds, and their difference: the time a round spends on so
 than training. The issue's goal: at most 2 s plain and 4 s with SecAgg+ on this machine.
 ``--downlink full fp16`` runs each mode with the global model sent both ways (issue 36's
 half-size transfer), one after the other in the same process, so the two compare.
+``--memory`` adds each run's peak resident memory: the ServerApp's (where the coordinator
+aggregates), the coordinator's processes', the sites', and all of them at one moment.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ def run(
     task: str = TASK,
     coordinator_extra: Sequence[str] = (),
     site_command: Callable[[int, list[str]], list[str]] | None = None,
+    memory: bool = False,
 ) -> list[dict]:
     """The recorded rounds of one deployed run, with each site's training seconds, its
     central accuracy and when it ended (seconds since the first round started).
@@ -60,6 +64,7 @@ def run(
         *([] if secure else ["--no-secure-agg"]), *coordinator_extra,
     ]  # fmt: skip
     procs = []
+    sampler = MemorySampler()
     try:
         with (work / f"coordinator-{port}.log").open("wb") as log:
             procs.append(subprocess.Popen(fedweave(*coordinator), cwd=work, env=env, stdout=log,
@@ -74,10 +79,13 @@ def run(
             with (work / f"site{i}-{port}.out").open("wb") as log:
                 procs.append(subprocess.Popen(command, cwd=work, env=env, stdout=log,
                                               stderr=log, **tied_to_us()))  # fmt: skip
+        if memory:  # its reads of /proc cost CPU the round's seconds would feel
+            sampler.start(procs[0].pid, [proc.pid for proc in procs[1:]])
         code = procs[0].wait(timeout=120 + rounds * 600)
         if code != 0:
             raise SystemExit(f"the coordinator failed (exit {code}); see {work}")
     finally:
+        sampler.stop()
         for proc in procs:
             stop_process_group(proc, grace=10)
     with open_store(db) as store:
@@ -91,8 +99,73 @@ def run(
                     "training": max(trained) if trained else 0.0,
                     "bytes_in": row["bytes_in"], "bytes_out": row["bytes_out"],
                     "accuracy": row["eval_accuracy"],
-                    "ended_s": (row["ended_at"] - began).total_seconds()})  # fmt: skip
+                    "ended_s": (row["ended_at"] - began).total_seconds(),
+                    "memory": sampler.peaks})  # fmt: skip
     return out
+
+
+def _process_table() -> dict[int, tuple[int, int, str]]:
+    """pid → (parent pid, resident bytes, command line) of every process, from ``/proc``."""
+    table = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            parent = int(stat[stat.rindex(")") + 2 :].split()[1])
+            rss = int((entry / "statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+        table[int(entry.name)] = (parent, rss, command)
+    return table
+
+
+def _tree(table: dict[int, tuple[int, int, str]], root: int) -> list[int]:
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        if pid in table:
+            found.append(pid)
+            todo.extend(child for child, (parent, _, _) in table.items() if parent == pid)
+    return found
+
+
+class MemorySampler:
+    """Peak resident memory, sampled every 0.2 s from ``/proc``: the ServerApp (the
+    ``flwr-serverapp`` process, where the coordinator aggregates), the coordinator's whole
+    process tree (SuperLink, SuperExec, ServerApp), every site's tree, and all of them summed
+    at one moment."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.peaks = {"serverapp": 0, "coordinator": 0, "sites": 0, "all": 0}
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, coordinator: int, sites: list[int]) -> None:
+        import threading
+
+        def sample() -> None:
+            while not self._done.wait(0.2):
+                table = _process_table()
+                mine = _tree(table, coordinator)
+                theirs = [pid for site in sites for pid in _tree(table, site)]
+                serverapp = sum(table[p][1] for p in mine if "flwr-serverapp" in table[p][2])
+                now = {"serverapp": serverapp, "coordinator": sum(table[p][1] for p in mine),
+                       "sites": sum(table[p][1] for p in theirs)}  # fmt: skip
+                now["all"] = now["coordinator"] + now["sites"]
+                for key, value in now.items():
+                    self.peaks[key] = max(self.peaks[key], value)
+
+        self._thread = threading.Thread(target=sample, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._done.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
 
 
 def main() -> None:
@@ -104,6 +177,9 @@ def main() -> None:
     parser.add_argument("--downlink", nargs="+", choices=("full", "fp16"), default=["full"],
                         help="how the global model goes to the sites; each one given runs "
                              "every mode (default: full)")  # fmt: skip
+    parser.add_argument("--memory", action="store_true",
+                        help="also sample every process's resident memory from /proc (0.2 s; "
+                             "it costs CPU, so take seconds from a run without it)")  # fmt: skip
     parser.add_argument("--keep", type=Path, metavar="DIR",
                         help="work in DIR and keep its logs and histories (default: a "
                              "temporary folder, removed at the end)")  # fmt: skip
@@ -118,7 +194,8 @@ def main() -> None:
         for mode, downlink in [(m, d) for m in args.modes for d in args.downlink]:
             started = time.perf_counter()
             rounds = run(work, args.sites, args.rounds, mode == "secagg", env,
-                         coordinator_extra=["--downlink", downlink])  # fmt: skip
+                         coordinator_extra=["--downlink", downlink],
+                         memory=args.memory)  # fmt: skip
             mode = f"{mode}, {downlink} down"
             for row in rounds:
                 print(f"{mode} round {row['round']}: {row['seconds']:6.1f} s, slowest site "
@@ -129,6 +206,13 @@ def main() -> None:
             later = rounds[1:] or rounds
             beyond = statistics.median(r["seconds"] - r["training"] for r in later)
             goal = 2.0 if mode.startswith("plain") else 4.0
+            if args.memory and rounds:
+                peaks = rounds[-1]["memory"]
+                print(f"{mode}: peak resident memory: ServerApp "
+                      f"{peaks['serverapp'] / 1e9:.2f} GB, coordinator's processes "
+                      f"{peaks['coordinator'] / 1e9:.2f} GB, the sites' "
+                      f"{peaks['sites'] / 1e9:.2f} GB, all at once {peaks['all'] / 1e9:.2f} GB",
+                      flush=True)  # fmt: skip
             print(f"{mode}: median of rounds 2..{args.rounds}: "
                   f"{statistics.median(r['seconds'] for r in later):.1f} s a round, "
                   f"{beyond:.1f} s beyond training (goal <= {goal:g} s); "

@@ -4,10 +4,10 @@ issue 36), and a site's malformed vector failing that site instead of the round.
 On the site's side, Flower's real ``secaggplus_mod`` output layout (its config record's list
 of byte strings) is moved into the array record and back for Flower's collect stage, byte for
 byte. On the coordinator's, ``OutcomeGrid`` (under it the stand-in grid of
-``test_site_outcomes.py``) fails the site whose vector NumPy cannot read as integers or that is
-laid out otherwise than most sites' are. Real SecAgg+ rounds through the new layout:
-``test_secure_agg.py`` (the sum equals FedAvg's within quantization; the coordinator never
-sees a site's plaintext) and every deployed SecAgg+ test.
+``test_site_outcomes.py``) fails the site whose vector is missing or empty, that NumPy cannot
+read as integers, or that is laid out otherwise than most sites' are. Real SecAgg+ rounds
+through the new layout: ``test_secure_agg.py`` (the sum equals FedAvg's within
+quantization; the coordinator never sees a site's plaintext) and every deployed SecAgg+ test.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import io
 import numpy as np
 from flwr.app import ConfigRecord, Message
 from flwr.common import ndarray_to_bytes
-from flwr.common.secure_aggregation.secaggplus_constants import Key
+from flwr.common.secure_aggregation.secaggplus_constants import Key, Stage
 from test_site_outcomes import ROUND, _Grid, fit_result, instruction
 
 from fedweave.contract import SITE_FAILED_CODE
@@ -47,14 +47,26 @@ def _vector(size: int = MODEL_SIZE, seed: int = 0) -> list[bytes]:
     ]
 
 
-def _collect_reply(datas: list) -> Message:
-    """A collect-stage reply as Flower's ``secaggplus_mod`` returns it, its vector moved by
-    the site (``vector_as_arrays``)."""
+def _collect(node: int) -> Message:
+    """SecAgg+'s collect-stage instruction to ``node``, as Flower's workflow sends it."""
+    message = instruction(node)
+    message.content.config_records[RECORD_KEY_CONFIGS] = ConfigRecord(
+        {Key.STAGE: Stage.COLLECT_MASKED_VECTORS}
+    )
+    return message
+
+
+ASKED = _collect(41)
+
+
+def _collect_reply(datas: list | None) -> Message:
+    """A collect-stage reply as Flower's ``secaggplus_mod`` returns it (``None``: without the
+    vector's key), its vector moved by the site (``vector_as_arrays``)."""
     content = fit_result()
     content.config_records[RECORD_KEY_CONFIGS] = ConfigRecord(
-        {Key.MASKED_PARAMETERS: list(datas)}, False
+        {} if datas is None else {Key.MASKED_PARAMETERS: list(datas)}, False
     )
-    return vector_as_arrays(Message(content, reply_to=instruction(41)))
+    return vector_as_arrays(Message(content, reply_to=ASKED))
 
 
 def test_the_vector_travels_as_arrays_and_comes_back_byte_for_byte():
@@ -65,12 +77,12 @@ def test_the_vector_travels_as_arrays_and_comes_back_byte_for_byte():
     record = reply.content.array_records[MASKED_VECTOR_RECORD]
     assert [array.data for array in record.values()] == datas
     assert payload_bytes(reply.content) == sum(len(d) for d in datas)  # counted as before
-    assert masked_vector_layout(reply) == ((1,), (MODEL_SIZE,))
+    assert masked_vector_layout(reply, ASKED) == ((1,), (MODEL_SIZE,))
 
     back = vector_where_flower_reads_it(reply)
     assert back.content.config_records[RECORD_KEY_CONFIGS][Key.MASKED_PARAMETERS] == datas
     assert MASKED_VECTOR_RECORD not in back.content.array_records
-    assert masked_vector_layout(back) == ((1,), (MODEL_SIZE,))  # read where Flower keeps it
+    assert masked_vector_layout(back, ASKED) == ((1,), (MODEL_SIZE,))  # read where Flower keeps it
 
 
 def test_replies_of_other_stages_and_plain_rounds_are_left_alone():
@@ -79,9 +91,10 @@ def test_replies_of_other_stages_and_plain_rounds_are_left_alone():
     assert vector_as_arrays(keys) is keys and not keys.content.array_records.get(
         MASKED_VECTOR_RECORD
     )
-    assert masked_vector_layout(keys) is None
+    assert masked_vector_layout(keys, instruction(41)) is None  # not the collect stage
     plain = Message(fit_result(), reply_to=instruction(42))
-    assert vector_as_arrays(plain) is plain and masked_vector_layout(plain) is None
+    assert vector_as_arrays(plain) is plain
+    assert masked_vector_layout(plain, instruction(42)) is None
     assert vector_where_flower_reads_it(plain) is plain
 
 
@@ -96,31 +109,34 @@ def test_a_vector_numpy_would_not_read_as_integers_is_named():
         "floats": ([factor, floats], "dtype float32, not integers"),
         "objects": ([factor, objects], "not integers"),
         "garbage": ([factor, b"\x00" * 64], "not a NumPy array"),
+        "empty": ([], "an empty masked vector"),
+        "none": (None, "no masked vector"),
     }
     for name, (datas, problem) in cases.items():
-        layout = masked_vector_layout(_collect_reply(datas))
+        layout = masked_vector_layout(_collect_reply(datas), ASKED)
         assert isinstance(layout, str) and problem in layout, (name, layout)
 
 
 def test_a_site_whose_vector_does_not_fit_fails_alone_and_the_others_go_on():
-    """Four sites of a SecAgg+ collect stage: two honest, one with a vector one value short
+    """Five sites of a SecAgg+ collect stage: two honest, one with a vector one value short
     (Flower's sum would raise on it, halting everyone's round), one whose bytes NumPy cannot
-    read. The two are failed with the reason, noted against their node; the honest replies
+    read, one with an empty vector (Flower's unmasking raised ``IndexError`` on it, ending the
+    run). The three are failed with the reason, noted against their node; the honest replies
     reach the workflow with their vectors where Flower reads them."""
     answers = {
         41: _collect_reply(_vector(seed=1)).content,
         42: _collect_reply(_vector(MODEL_SIZE - 1, seed=2)).content,
         43: _collect_reply(_vector(seed=3)).content,
         44: _collect_reply([_vector()[0], b"\x93NUMPY"]).content,
+        45: _collect_reply([]).content,
     }
-    asked = [instruction(node) for node in answers]
-    for message in asked:
-        message.content.config_records[RECORD_KEY_CONFIGS] = ConfigRecord({"stage": "collect"})
+    asked = [_collect(node) for node in answers]
     replies = SiteReplies()
     received = OutcomeGrid(_Grid(answers), replies).send_and_receive(asked)
     by_node = {reply.metadata.src_node_id: reply for reply in received}
     assert not by_node[41].has_error() and not by_node[43].has_error()
-    for node in (42, 44):
+    assert replies.said(ROUND, 45).reason == "malformed reply: an empty masked vector"
+    for node in (42, 44, 45):
         assert by_node[node].has_error() and by_node[node].error.code == SITE_FAILED_CODE
         assert replies.said(ROUND, node).status == "failed"
     assert "masked vector shaped ((1,), (999,)); most of the round's sites sent ((1,), " \
@@ -135,7 +151,7 @@ def test_a_site_whose_vector_does_not_fit_fails_alone_and_the_others_go_on():
 def test_without_a_majority_layout_no_vector_joins():
     one = _collect_reply(_vector(seed=1))
     other = _collect_reply(_vector(MODEL_SIZE + 1, seed=2))
-    problems = masked_vector_problems([one, other])
+    problems = masked_vector_problems([(one, ASKED), (other, ASKED)])
     assert set(problems) == {id(one), id(other)}
     assert all("no layout is shared by most" in text for text in problems.values())
-    assert masked_vector_problems([one]) == {}
+    assert masked_vector_problems([(one, ASKED)]) == {}

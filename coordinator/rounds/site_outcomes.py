@@ -159,17 +159,21 @@ def reported_count_problem(reply: Any, max_fit_count: float | None = None) -> st
     return None
 
 
-def masked_vector_problems(replies: list[Any]) -> dict[int, str]:
-    """``id(reply)`` → why its SecAgg+ masked vector cannot join the sum, for the replies of
-    ``replies`` that carry one: malformed (``secagg_vectors.masked_vector_layout``), or laid
-    out otherwise than more than half of the well-formed ones are (honest sites' vectors all
-    share the layout of the round's model or statistics; with no such majority, none joins
-    and the protocol's threshold decides whether the round goes on)."""
+def masked_vector_problems(answers: list[tuple[Any, Any]]) -> dict[int, str]:
+    """``id(reply)`` → why its SecAgg+ masked vector cannot join the sum, for the
+    ``(reply, asked)`` pairs of ``answers`` that answer SecAgg+'s collect stage: missing or
+    malformed (``secagg_vectors.masked_vector_layout``), or laid out otherwise than more than
+    half of the well-formed ones are (honest sites' vectors all share the layout of the
+    round's model or statistics; with no such majority, none joins and the protocol's
+    threshold decides whether the round goes on)."""
     from collections import Counter
 
     from fedweave.flower_patches.secagg_vectors import masked_vector_layout
 
-    layouts = [(id(reply), masked_vector_layout(reply)) for reply in replies]
+    layouts = [
+        (id(reply), masked_vector_layout(reply, asked) if asked is not None else None)
+        for reply, asked in answers
+    ]
     layouts = [(key, layout) for key, layout in layouts if layout is not None]
     counts = Counter(layout for _key, layout in layouts if not isinstance(layout, str))
     common, count = counts.most_common(1)[0] if counts else (None, 0)
@@ -227,10 +231,10 @@ class OutcomeGrid:
         received = list(self._grid.send_and_receive(messages, timeout=timeout))
         # pushing gave each message its id: a reply names the one it answers
         sent = {message.metadata.message_id: message for message in messages}
-        vectors = masked_vector_problems(received)
+        asked_by = [(reply, sent.get(reply.metadata.reply_to_message_id)) for reply in received]
+        vectors = masked_vector_problems(asked_by)
         replies = []
-        for reply in received:
-            asked = sent.get(reply.metadata.reply_to_message_id)
+        for reply, asked in asked_by:
             if self.traffic is not None and asked is not None:
                 self.traffic.received(reply, asked)
             replies.append(self._noted(reply, asked, vectors.get(id(reply))))

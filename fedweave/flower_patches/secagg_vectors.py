@@ -22,9 +22,9 @@ arrays and byte strings alike).
 Before they go back, the coordinator's grid reads each site's vector layout
 (``masked_vector_layout``: integer arrays that NumPy reads from exactly their bytes, and their
 shapes); ``coordinator/rounds/site_outcomes.OutcomeGrid`` fails the sites whose vector is
-malformed or is not laid out as most sites' are, and the protocol unmasks the others as if
-those had dropped out. Before, one such vector made Flower's sum raise, and halted the round
-for every site.
+missing, empty, malformed or not laid out as most sites' are, and the protocol unmasks the
+others as if those had dropped out. Before, one such reply made Flower's collect or unmask
+stage raise, which ended the run (an empty vector: an ``IndexError`` at unmasking).
 
 The Flower code this relies on is fingerprinted: the site's ``secaggplus_mod`` and
 ``_collect_masked_vectors`` with fedweave's masks (``secagg_masks``, which a site installs
@@ -106,22 +106,36 @@ def _vector_shape(data: object) -> tuple[int, ...] | str:
     return shape
 
 
-def masked_vector_layout(reply: Any) -> tuple[tuple[int, ...], ...] | str | None:
-    """The shapes of the masked vector ``reply`` carries (in ``MASKED_VECTOR_RECORD`` or where
-    Flower puts it), why NumPy would not read it as integers, or None: no masked vector (a
-    reply of another stage, or an error)."""
+def asks_for_masked_vector(asked: Any) -> bool:
+    """Whether ``asked`` is SecAgg+'s collect stage: the instruction whose answer is a site's
+    masked vector."""
+    from flwr.common.secure_aggregation.secaggplus_constants import Key, Stage
+
     from fedweave.flower_patches.message_records import RECORD_KEY_CONFIGS
 
-    if reply.has_error():
+    config = asked.content.config_records.get(RECORD_KEY_CONFIGS)
+    return config is not None and config.get(Key.STAGE) == Stage.COLLECT_MASKED_VECTORS
+
+
+def masked_vector_layout(reply: Any, asked: Any) -> tuple[tuple[int, ...], ...] | str | None:
+    """The shapes of the masked vector ``reply`` carries (in ``MASKED_VECTOR_RECORD`` or where
+    Flower puts it) in answer to SecAgg+'s collect stage ``asked``, or why it is none that
+    Flower could add up (missing, empty, not integers NumPy reads from exactly its bytes);
+    None where ``asked`` is another instruction or ``reply`` an error."""
+    from fedweave.flower_patches.message_records import RECORD_KEY_CONFIGS
+
+    if reply.has_error() or not asks_for_masked_vector(asked):
         return None
     config = reply.content.config_records.get(RECORD_KEY_CONFIGS)
     record = reply.content.array_records.get(MASKED_VECTOR_RECORD)
     if record is not None:
         datas = [array.data for array in record.values()]
-    elif config is not None and config.get(_masked_key()):
+    elif config is not None and isinstance(config.get(_masked_key()), list):
         datas = list(config[_masked_key()])
     else:
-        return None
+        return "no masked vector"
+    if not datas:
+        return "an empty masked vector"
     shapes = []
     for index, data in enumerate(datas):
         shape = _vector_shape(data)
