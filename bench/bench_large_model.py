@@ -3,7 +3,7 @@
 loopback with TLS and site keys, plain and with SecAgg+.
 
     python bench/bench_large_model.py [--rounds 3] [--modes plain secagg] [--downlink full fp16]
-        [--sites 3] [--memory]
+        [--sites 3] [--model TASK|WIDE] [--memory]
 
 Each run is ``fedweave coordinator`` and ``fedweave client`` as docs/deploy.md sets them up
 (``bench_deployment.py``'s setup), with the task ``large_model_task:TASK`` (this folder, on
@@ -177,6 +177,9 @@ def main() -> None:
     parser.add_argument("--downlink", nargs="+", choices=("full", "fp16"), default=["full"],
                         help="how the global model goes to the sites; each one given runs "
                              "every mode (default: full)")  # fmt: skip
+    parser.add_argument("--model", choices=("TASK", "WIDE"), default="TASK",
+                        help="TASK: the 64-4096-4096-10 MLP (17.1M parameters); WIDE: "
+                             "64-8192-8192-10 (67.7M; bench/large_model_task.py)")  # fmt: skip
     parser.add_argument("--memory", action="store_true",
                         help="also sample every process's resident memory from /proc (0.2 s; "
                              "it costs CPU, so take seconds from a run without it)")  # fmt: skip
@@ -194,6 +197,7 @@ def main() -> None:
         for mode, downlink in [(m, d) for m in args.modes for d in args.downlink]:
             started = time.perf_counter()
             rounds = run(work, args.sites, args.rounds, mode == "secagg", env,
+                         task=f"large_model_task:{args.model}",
                          coordinator_extra=["--downlink", downlink],
                          memory=args.memory)  # fmt: skip
             mode = f"{mode}, {downlink} down"
