@@ -3,7 +3,7 @@
 loopback with TLS and site keys, plain and with SecAgg+.
 
     python bench/bench_large_model.py [--rounds 3] [--modes plain secagg] [--downlink full fp16]
-        [--sites 3] [--model TASK|WIDE] [--memory]
+        [--transfer flower bulk] [--sites 3] [--model TASK|WIDE] [--memory]
 
 Each run is ``fedweave coordinator`` and ``fedweave client`` as docs/deploy.md sets them up
 (``bench_deployment.py``'s setup), with the task ``large_model_task:TASK`` (this folder, on
@@ -12,7 +12,9 @@ for rounds 2..R (round 1 also pays for the sites' start-up), the round's seconds
 site's own training seconds, and their difference: the time a round spends on something other
 than training. The issue's goal: at most 2 s plain and 4 s with SecAgg+ on this machine.
 ``--downlink full fp16`` runs each mode with the global model sent both ways (issue 36's
-half-size transfer), one after the other in the same process, so the two compare.
+half-size transfer), one after the other in the same process, so the two compare;
+``--transfer flower bulk`` the same with the tensors through Flower's messages and through the
+coordinator's transfer server (``--bulk-address``, issue 36's bulk path).
 ``--memory`` adds each run's peak resident memory: the ServerApp's (where the coordinator
 aggregates), the coordinator's processes', the sites', and all of them at one moment.
 """
@@ -177,6 +179,10 @@ def main() -> None:
     parser.add_argument("--downlink", nargs="+", choices=("full", "fp16"), default=["full"],
                         help="how the global model goes to the sites; each one given runs "
                              "every mode (default: full)")  # fmt: skip
+    parser.add_argument("--transfer", nargs="+", choices=("flower", "bulk"), default=["flower"],
+                        help="how tensors move: in Flower's messages, or beside them through "
+                             "the coordinator's transfer server (--bulk-address); each one "
+                             "given runs every mode (default: flower)")  # fmt: skip
     parser.add_argument("--model", choices=("TASK", "WIDE"), default="TASK",
                         help="TASK: the 64-4096-4096-10 MLP (17.1M parameters); WIDE: "
                              "64-8192-8192-10 (67.7M; bench/large_model_task.py)")  # fmt: skip
@@ -194,13 +200,15 @@ def main() -> None:
         work = args.keep or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         prepare(work, args.sites, env)
-        for mode, downlink in [(m, d) for m in args.modes for d in args.downlink]:
+        runs = [(m, d, t) for m in args.modes for d in args.downlink for t in args.transfer]
+        for mode, downlink, transfer in runs:
             started = time.perf_counter()
+            bulk = ["--bulk-address", f"127.0.0.1:{free_port()}"] if transfer == "bulk" else []
             rounds = run(work, args.sites, args.rounds, mode == "secagg", env,
                          task=f"large_model_task:{args.model}",
-                         coordinator_extra=["--downlink", downlink],
+                         coordinator_extra=["--downlink", downlink, *bulk],
                          memory=args.memory)  # fmt: skip
-            mode = f"{mode}, {downlink} down"
+            mode = f"{mode}, {downlink} down, via {transfer}"
             for row in rounds:
                 print(f"{mode} round {row['round']}: {row['seconds']:6.1f} s, slowest site "
                       f"trained {row['training']:5.1f} s, beyond training "

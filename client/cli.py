@@ -114,7 +114,9 @@ def supernode_command(
     ``columns``: its column map, ``--columns``; ``base_model``: ``--base-model``)."""
     from fedweave.contract import (
         NODE_BASE_MODEL_KEY,
+        NODE_CA_CERT_KEY,
         NODE_COLUMNS_KEY,
+        NODE_COORDINATOR_KEY,
         NODE_DATA_PATH_KEY,
         NODE_DEVICE_KEY,
         NODE_EVAL_DATA_KEY,
@@ -138,6 +140,9 @@ def supernode_command(
     if eval_data is not None:
         node_config += f" {NODE_EVAL_DATA_KEY}='{eval_data.resolve()}'"
     node_config += f" {NODE_EVAL_FRACTION_KEY}='{eval_fraction:g}'"
+    node_config += f" {NODE_COORDINATOR_KEY}='{coordinator}'"  # direct transfers go there
+    if ca_cert:
+        node_config += f" {NODE_CA_CERT_KEY}='{ca_cert.resolve()}'"
     for key, value in (floor or {}).items():
         node_config += f" {key}='{value}'"
     cmd = [

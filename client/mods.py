@@ -32,6 +32,7 @@ from collections.abc import Callable
 from flwr.app import Context, Message, MessageType
 from flwr.common import parameters_to_ndarrays
 
+from fedweave.client.bulk_mod import bulk_transfers
 from fedweave.client.compression_mod import compression_when_asked
 from fedweave.client.downlink_mod import downlink_restored
 from fedweave.client.held_updates import holding_updates_when_asked
@@ -485,7 +486,9 @@ def local_dp_when_asked(msg: Message, context: Context, call_next: ClientAppCall
 
 def site_mods(site_name_of: SiteNameOf = node_site_name) -> list[Mod]:
     """Every site mod, outermost first: every outcome becomes a reply with its code and the
-    site's name (``site_name_of``); a model sent at half precision (``--downlink fp16``) is
+    site's name (``site_name_of``); tensors the coordinator moves beside its messages
+    (``--bulk-address``) are fetched before anything else and the reply's uploaded after
+    everything; a model sent at half precision (``--downlink fp16``) is
     restored to its dtypes before any other mod sees it; late rounds, a wrong clock and a
     round below the site's privacy floor are refused before anything else; SecAgg+ masks
     what the update check has passed, after DP has clipped or noised it; ``--compress``
@@ -493,6 +496,7 @@ def site_mods(site_name_of: SiteNameOf = node_site_name) -> list[Mod]:
 
     return [
         answering_outcomes(site_name_of),
+        bulk_transfers,
         downlink_restored,
         stale_round_guard,
         clock_guard,

@@ -34,16 +34,22 @@ class Deployment:
     Attributes:
         db_url: the history database URL (may hold a password).
         coordinator_pid: the ``fedweave coordinator`` process the ServerApp must not outlive.
+        bulk_spool: the folder shared with the coordinator's transfer server (``--bulk-address``;
+            ``fedweave/bulk/spool.py``), or ``None``: tensors go through Flower.
+        bulk_port: that server's port.
     """
 
     db_url: str
     coordinator_pid: int
+    bulk_spool: str | None = None
+    bulk_port: int | None = None
 
 
 def write_deployment_file(folder: Path, deployment: Deployment) -> Path:
     """Write ``deployment`` as JSON to ``folder/deployment.json`` readable by this user only;
     returns the path. The file is created 0600 in one step (no moment where it is readable by
     others), in a folder made 0700."""
+    import dataclasses
     import json
 
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -52,7 +58,7 @@ def write_deployment_file(folder: Path, deployment: Deployment) -> Path:
     path.unlink(missing_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as out:
-        json.dump({"db_url": deployment.db_url, "coordinator_pid": deployment.coordinator_pid}, out)
+        json.dump(dataclasses.asdict(deployment), out)
     return path
 
 
@@ -115,7 +121,11 @@ def read_deployment_file(path: Path) -> Deployment:
     import json
 
     data = json.loads(path.read_text(encoding="utf-8"))
-    return Deployment(str(data["db_url"]), int(data["coordinator_pid"]))
+    spool, port = data.get("bulk_spool"), data.get("bulk_port")
+    return Deployment(
+        str(data["db_url"]), int(data["coordinator_pid"]),
+        str(spool) if spool else None, int(port) if port else None,
+    )  # fmt: skip
 
 
 PLAN_SETTINGS = (

@@ -311,3 +311,19 @@ def outcome_of(code: int, reason: str | None) -> tuple[str, str]:
     if code in {value for name, value in vars(ErrorCode).items() if name.isupper()}:
         return "failed", said  # Flower's own: the ClientApp did not load, crashed, ...
     return "failed", f"malformed reply: unknown outcome code {code}"
+
+
+NODE_COORDINATOR_KEY = "coordinator"
+"""Node config: the coordinator's HOST:PORT as this site reaches it (``fedweave client
+--coordinator``); a direct transfer (``BULK_TICKET_RECORD``) goes to the same host."""
+NODE_CA_CERT_KEY = "ca-cert"
+"""Node config: the CA certificate the coordinator's must verify with (absent: ``--insecure``)."""
+BULK_TICKET_RECORD = "fedweave.bulk"
+"""The config record of an instruction whose tensors move beside Flower's message
+(``fedweave/bulk/``, ``fedweave coordinator --bulk-address``): ``port`` (int), ``token``
+(str: this message's grant, for this site only), ``fetch`` (list of ``digest:size``, one per
+array record to fetch) and ``records`` (their names, in the same order)."""
+BULK_RECEIPT_RECORD = "fedweave.bulk-receipt"
+"""The config record of a reply whose array records the site uploaded instead of sending:
+``upload`` (str: the grant's id the coordinator's server answered), ``digest`` (sha256 hex)
+and ``size`` (int)."""

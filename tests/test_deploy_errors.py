@@ -59,6 +59,25 @@ def test_coordinator_port_in_use(deployment):
     one_line_error(done, f"127.0.0.1:{port}", "pick another --address")
 
 
+def test_coordinator_names_a_bulk_address_it_cannot_use(deployment):
+    """``--bulk-address``: not HOST:PORT, the sites' own port, a port in use: one line each,
+    before anything starts."""
+    port = free_port()
+    one_line_error(coordinator(deployment, port, "--tls-dir", "tls", "--bulk-address", "9095"),
+                   "--bulk-address '9095' is not HOST:PORT")  # fmt: skip
+    one_line_error(
+        coordinator(deployment, port, "--tls-dir", "tls", "--bulk-address", f"0.0.0.0:{port}"),
+        "uses --address's port",
+    )
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        done = coordinator(deployment, port, "--tls-dir", "tls",
+                           "--bulk-address", f"127.0.0.1:{taken}")  # fmt: skip
+    one_line_error(done, f"127.0.0.1:{taken}", "pick another --bulk-address")
+
+
 def test_coordinator_unreadable_or_missing_certificates(deployment, tmp_path):
     broken = tmp_path / "tls"
     broken.mkdir()

@@ -155,3 +155,34 @@ def test_without_a_majority_layout_no_vector_joins():
     assert set(problems) == {id(one), id(other)}
     assert all("no layout is shared by most" in text for text in problems.values())
     assert masked_vector_problems([(one, ASKED)]) == {}
+
+
+def test_a_collect_reply_flower_cannot_read_as_a_fit_result_fails_its_site_alone():
+    """A well-formed vector in a reply without the rest of a fit result (Flower's collect
+    stage reads its parameters, count, metrics and status, and raised ``KeyError`` on a reply
+    without ``fitres.parameters``, ending the run, as a site's transfer mod once sent): the
+    site is failed with what is missing, the others' vectors join."""
+    without = {}
+    for node, (records, name) in zip((51, 52, 53), (
+        ("array_records", "fitres.parameters"), ("metric_records", "fitres.num_examples"),
+        ("config_records", "fitres.status"),
+    )):  # fmt: skip
+        content = _collect_reply(_vector(seed=node)).content
+        del getattr(content, records)[name]
+        without[node] = (content, name)
+    bad_metrics = _collect_reply(_vector(seed=54)).content
+    bad_metrics.config_records["fitres.metrics"]["m"] = [b"not", b"a scalar"]
+    answers = {node: content for node, (content, _) in without.items()}
+    answers |= {54: bad_metrics, 55: _collect_reply(_vector(seed=5)).content,
+                56: _collect_reply(_vector(seed=6)).content}  # fmt: skip
+    replies = SiteReplies()
+    received = OutcomeGrid(_Grid(answers), replies).send_and_receive(
+        [_collect(node) for node in answers]
+    )
+    by_node = {reply.metadata.src_node_id: reply for reply in received}
+    for node, (_, name) in without.items():
+        assert by_node[node].has_error(), node
+        assert replies.said(ROUND, node).reason.startswith(f"malformed reply: no {name}")
+    assert by_node[54].has_error()
+    assert "a fit result Flower cannot read" in replies.said(ROUND, 54).reason
+    assert not by_node[55].has_error() and not by_node[56].has_error()

@@ -95,8 +95,9 @@ def parse_address(address: str) -> tuple[str, int]:
     return parse_host_port(address, "--address")
 
 
-def check_port_free(host: str, port: int) -> None:
-    """Fail in one line when ``host:port`` cannot be bound (in use, or not this machine's)."""
+def check_port_free(host: str, port: int, flag: str = "--address") -> None:
+    """Fail in one line when ``host:port`` (given as ``flag``) cannot be bound (in use, or not
+    this machine's)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -105,7 +106,7 @@ def check_port_free(host: str, port: int) -> None:
         except OSError as exc:
             raise UserError(
                 f"cannot listen on {host}:{port} ({exc.strerror or exc}); stop what uses it or "
-                "pick another --address"
+                f"pick another {flag}"
             ) from None
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import typer
 
+from fedweave.addresses import parse_host_port
 from fedweave.certs import TlsFiles, registered_site_keys
 from fedweave.config import Resolved, RunConfig
 from fedweave.config.sections import ConnectionSection
@@ -211,6 +212,38 @@ def _write_site_names(client, known: dict[Path, bytes], folder: Path) -> None:
     write_site_names(folder, names)
 
 
+def _bulk_address(address: str | None, fleet: tuple[str, int]) -> tuple[str, int] | None:
+    """``--bulk-address``, checked before anything starts (``None``: not asked for)."""
+    if address is None:
+        return None
+    host, port = parse_host_port(address, "--bulk-address", "0.0.0.0:9095")
+    if port == fleet[1]:
+        raise UserError(f"--bulk-address {address} uses --address's port; pick another port")
+    check_port_free(host, port, "--bulk-address")
+    return host, port
+
+
+def _serve_bulk(address: tuple[str, int], folder: Path, tls: TlsFiles | None, revoked):  # type: ignore[no-untyped-def]
+    """The transfer server of ``--bulk-address`` (``fedweave/bulk/server.py``), started, with
+    an empty spool in ``folder``; a node in ``revoked`` (node id → site name, as the site keys
+    are revoked) is refused from then on."""
+    import shutil
+
+    from fedweave.bulk.server import BulkServer
+    from fedweave.bulk.spool import Spool
+
+    shutil.rmtree(folder, ignore_errors=True)  # a crashed coordinator's leftovers
+    files = (tls.server_cert, tls.server_key) if tls is not None else None
+    try:
+        server = BulkServer(address, Spool(folder), files, lambda node: str(node) not in revoked)
+    except OSError as exc:
+        raise UserError(
+            f"cannot listen on {address[0]}:{address[1]} ({exc.strerror or exc}); "
+            "pick another --bulk-address"
+        ) from None
+    return server.start()
+
+
 def _metrics_exposure(config: RunConfig):
     """``--metrics-address``: checked (loopback, or TLS with the coordinator's certificate and
     ``--auth-file``) and its socket bound before anything starts; ``None`` when not asked."""
@@ -301,6 +334,7 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
     if not evaluating:
         run_checks.check_run(config)
     check_port_free(host, port)
+    bulk_address = _bulk_address(deployment.bulk_address, (host, port))
     metrics = _metrics_exposure(config)
     db_url = _absolute_db_url(config.history.db)
     store = open_store(db_url)  # unreachable or wrong DB: one line, before anything starts
@@ -339,13 +373,19 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
     )
     min_clients = plan.config.federation.min_clients
     previous = signal.signal(signal.SIGTERM, raise_interrupt)
-    client = metrics_server = None
+    client = metrics_server = bulk_server = None
     finished = False
     deployment_file: Path | None = None
+    revoked: dict[str, str] = {}
     try:
-        deployment_file = write_deployment_file(
-            link_options.state_dir / "secrets", Deployment(db_url, os.getpid())
-        )
+        secrets = link_options.state_dir / "secrets"
+        shared = Deployment(db_url, os.getpid())
+        if bulk_address is not None:
+            bulk_server = _serve_bulk(bulk_address, secrets / "bulk", tls, revoked)
+            shared = replace(
+                shared, bulk_spool=str(bulk_server.spool.root), bulk_port=bulk_server.port
+            )
+        deployment_file = write_deployment_file(secrets, shared)
         plan = replace(plan, deployment_file=deployment_file)
         client = await_superlink(link_options, proc)
         scheme = "https" if tls else "http (insecure)"
@@ -353,10 +393,14 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
             f"coordinator listening on {host}:{port} ({scheme}); "
             f"Flower log in {link_options.log_path}"
         )
+        if bulk_server is not None:
+            _echo(
+                f"tensors move over {scheme.split()[0]} at {bulk_address[0]}:{bulk_server.port}, "
+                "beside Flower's messages"
+            )
         if metrics is not None:
             metrics_server = _serve_metrics(metrics, store, plan, client)
         known: dict[Path, bytes] = {}
-        revoked: dict[str, str] = {}
         refused = RefusedKeys(refused_notes, connection.tls_dir, _echo)
 
         def keys(first: bool = False) -> None:
@@ -407,6 +451,8 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
                 store.finish_run(plan.run_id, "failed", reason)
             _echo(f"run {plan.run_id} {sub_status or 'ended'}: {reason}; {again}")
             return 1
+        if bulk_server is not None:
+            _echo(f"transfers beside the messages: {bulk_server.counts.line()}")
         rows = store.rounds(plan.run_id)
         headline = watcher.headline
         final = headline_value(rows[-1], headline) if rows else None
@@ -439,6 +485,8 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
             store.finish_run(plan.run_id, "failed", "coordinator stopped on an error")
         raise
     finally:
+        if bulk_server is not None:
+            bulk_server.close()
         if metrics_server is not None:
             metrics_server.close()
         elif metrics is not None:

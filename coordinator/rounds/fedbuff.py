@@ -269,6 +269,7 @@ def make_fedbuff_server_app(
     clock_start: float = 0.0,
     deadline=None,
     registered_names=None,
+    wire=None,
 ) -> ServerApp:
     """A ServerApp that applies ``settings.rounds`` buffers of ``settings.buffer`` updates
     from ``start_weights`` (``--schedule async``); every buffer is told to ``listeners`` as a
@@ -316,6 +317,8 @@ def make_fedbuff_server_app(
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
+        if wire is not None:  # deployed with --bulk-address: tensors beside the messages
+            grid = wire(grid)
         if settings.downlink == "fp16":
             grid = HalfPrecisionGrid(grid)
         nodes = _wait_for_nodes(grid, settings.min_clients)

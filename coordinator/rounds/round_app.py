@@ -86,6 +86,7 @@ def make_server_app(
     registered_names: Callable[[], Mapping[str, str]] | None = None,
     privacy: dict[str, Any] | None = None,
     ended_early: Callable[[str], None] | None = None,
+    wire: Callable[[Any], Any] | None = None,
 ) -> ServerApp:
     """A ServerApp that runs ``settings.rounds`` rounds from ``start_weights``; a task that
     needs federated statistics gathers them first, unless ``statistics`` (a resumed run's
@@ -98,7 +99,9 @@ def make_server_app(
     registered under (deployed: ``plan.registered_site_names``; sites are recorded by it).
     ``privacy``: a resumed DP run's recorded ledger (``history.metrics.recorded_privacy``),
     which its rounds continue. ``ended_early`` is told why, when ``--max-epsilon`` ends the
-    run before its last round (the run is then complete: nothing more may be spent)."""
+    run before its last round (the run is then complete: nothing more may be spent).
+    ``wire`` wraps the SuperLink's grid before anything else does (deployed with
+    ``--bulk-address``: ``bulk.BulkGrid``, which moves the tensors beside the messages)."""
     config = settings.config
     deadline = settings.deadline(test_data)
     task = load_task(config.data.task)
@@ -111,7 +114,7 @@ def make_server_app(
 
         return make_fedbuff_server_app(
             settings, test_data, start_weights, listeners, round_starts, clock_start, deadline,
-            registered_names,
+            registered_names, wire,
         )
     ledger = PrivacyLedger(
         [ModelHealth(listeners, int(getattr(task, "num_classes", 0)))],
@@ -126,6 +129,8 @@ def make_server_app(
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         site_replies, traffic = SiteReplies(), Traffic()
+        if wire is not None:
+            grid = wire(grid)
         # every workflow's replies, bound to their site, and their bytes counted
         grid = OutcomeGrid(
             grid, site_replies, traffic,

@@ -159,6 +159,23 @@ def reported_count_problem(reply: Any, max_fit_count: float | None = None) -> st
     return None
 
 
+def _fit_result_problem(reply: Any) -> str | None:
+    """Why Flower's collect stage could not read ``reply`` (a reply to it with a masked vector)
+    as a fit result (its legacy layout: parameters, count, metrics, status), or None; Flower
+    would raise on it, ending everyone's round."""
+    from fedweave.flower_patches import message_records as compat
+
+    for records, name, key in _FIT_RESULT:
+        record = getattr(reply.content, records).get(name)
+        if record is None or (key is not None and key not in record):
+            return f"no {name}{'.' + key if key else ''}"
+    try:
+        compat.recorddict_to_fitres(reply.content, keep_input=True)
+    except Exception as exc:  # noqa: BLE001 - any way Flower's reader fails is the site's
+        return f"a fit result Flower cannot read ({type(exc).__name__})"
+    return None
+
+
 def masked_vector_problems(answers: list[tuple[Any, Any]]) -> dict[int, str]:
     """``id(reply)`` → why its SecAgg+ masked vector cannot join the sum, for the
     ``(reply, asked)`` pairs of ``answers`` that answer SecAgg+'s collect stage: missing or
@@ -171,8 +188,9 @@ def masked_vector_problems(answers: list[tuple[Any, Any]]) -> dict[int, str]:
     from fedweave.flower_patches.secagg_vectors import masked_vector_layout
 
     layouts = [
-        (id(reply), masked_vector_layout(reply, asked) if asked is not None else None)
+        (id(reply), _fit_result_problem(reply) or masked_vector_layout(reply, asked))
         for reply, asked in answers
+        if asked is not None and masked_vector_layout(reply, asked) is not None
     ]
     layouts = [(key, layout) for key, layout in layouts if layout is not None]
     counts = Counter(layout for _key, layout in layouts if not isinstance(layout, str))

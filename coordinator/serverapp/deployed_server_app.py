@@ -14,7 +14,7 @@ from __future__ import annotations
 from flwr.common import Context
 from flwr.server import Grid, ServerApp
 
-from fedweave.coordinator.plan import DeployPlan, registered_site_names
+from fedweave.coordinator.plan import DeployPlan, read_deployment_file, registered_site_names
 from fedweave.coordinator.serverapp.history_run import recording_run
 
 
@@ -76,6 +76,7 @@ def run_plan(plan: DeployPlan, grid, context) -> None:
                 registered_names=registered_site_names(plan.deployment_file),
                 privacy=recorded_privacy(recorded, config.privacy.dp),
                 ended_early=recording.ended_early.append,
+                wire=direct_transfers(plan),
             )  # fmt: skip
             app(grid=grid, context=context)
             recorder.flush()
@@ -83,6 +84,23 @@ def run_plan(plan: DeployPlan, grid, context) -> None:
             recorder.close()  # writes what is pending, to the tracker too
             if tracker is not None:
                 tracker.close()
+
+
+def direct_transfers(plan: DeployPlan):  # type: ignore[no-untyped-def]
+    """The grid wrapper of a coordinator started with ``--bulk-address`` (its deployment file
+    names the spool and the port), or ``None``: tensors go through Flower."""
+    if plan.deployment_file is None:
+        return None
+    deployment = read_deployment_file(plan.deployment_file)
+    if deployment.bulk_spool is None or deployment.bulk_port is None:
+        return None
+    from pathlib import Path
+
+    from fedweave.bulk.spool import Spool
+    from fedweave.coordinator.rounds.bulk import BulkGrid
+
+    spool, port = Spool(Path(deployment.bulk_spool)), deployment.bulk_port
+    return lambda grid: BulkGrid(grid, spool, port)
 
 
 server_app = ServerApp()

@@ -551,6 +551,12 @@ class DeploymentSection:
         False, "Exit (0) when the run completes instead of serving on.", identity=False,
         stored=False,
     )
+    bulk_address: str | None = setting(
+        None, "Move the model and the sites' updates over HTTPS at HOST:PORT, beside Flower's "
+        "messages (a site connects to the host it reaches the coordinator at, on this port; "
+        "each transfer needs the token its round's message carries); for large models. "
+        "Unset: through Flower.", identity=False,
+    )
 
 
 @dataclass(frozen=True)
@@ -733,8 +739,8 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         *_FEDERATION, *_ASYNC,
         *_EVALUATION, *_SECAGG, *_PRIVACY,
         "address", "insecure", "tls_dir", "allow_unregistered_sites", "site_timeout",
-        "max_clock_skew", "state_dir", "once", "db", "checkpoint_dir", "resume", "track",
-        "metrics_address", "auth_file", "stall_after", "stall_grace",
+        "max_clock_skew", "state_dir", "once", "bulk_address", "db", "checkpoint_dir", "resume",
+        "track", "metrics_address", "auth_file", "stall_after", "stall_grace",
     ),
     "evaluate": (
         "run", "min_clients", "round_timeout", "batch_size", "device", "address", "insecure",

@@ -1,0 +1,99 @@
+"""A message's array records as one safetensors blob, and back.
+
+Each ``Array`` travels as the bytes Flower would have sent (its ``data``, NumPy's serialisation
+for the arrays fedweave sends) in a uint8 tensor; the safetensors metadata says which record
+and key each tensor belongs to, with the array's dtype, shape and stype, in order. The bytes
+are read back exactly, so what a workflow receives is what the site's code returned, and
+Flower's own readers (``allow_pickle=False``) parse them as before. safetensors bounds its
+header and checks every offset; ``decoded`` checks the metadata it reads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import numpy as np
+
+LAYOUT_KEY = "fedweave.records"
+"""safetensors metadata: JSON list of ``[record, key, dtype, shape, stype]``, tensor ``i`` being
+the ``i``-th entry's bytes."""
+MAX_ARRAYS = 1_000_000
+"""The most arrays one blob may name (a model's tensors are thousands at most)."""
+
+
+class BlobError(ValueError):
+    """A blob that is not one this module wrote: the reason, in one line."""
+
+
+def encoded(records: dict[str, Any]) -> bytes:
+    """``records`` (array record name → ``ArrayRecord``) as one safetensors blob."""
+    from safetensors.numpy import save
+
+    tensors, layout = {}, []
+    for name, record in records.items():
+        for key, array in record.items():
+            tensors[str(len(layout))] = np.frombuffer(array.data, dtype=np.uint8)
+            layout.append([name, key, array.dtype, list(array.shape), array.stype])
+    return save(tensors, metadata={LAYOUT_KEY: json.dumps(layout)})
+
+
+def digest(blob: bytes | memoryview) -> str:
+    """The sha256 hex digest a blob is named by."""
+    return hashlib.sha256(blob).hexdigest()
+
+
+def decoded(blob: bytes) -> dict[str, Any]:
+    """The array records ``encoded`` wrote into ``blob``, in their order; ``BlobError`` for
+    anything else."""
+    from flwr.app import Array, ArrayRecord
+    from safetensors import SafetensorError
+    from safetensors.numpy import load
+
+    layout = _layout(blob)
+    try:
+        tensors = load(blob)
+    except (SafetensorError, ValueError, TypeError) as exc:
+        raise BlobError(f"not a safetensors blob ({type(exc).__name__})") from None
+    if set(tensors) != {str(i) for i in range(len(layout))}:
+        raise BlobError("its tensors do not match its layout")
+    records: dict[str, dict[str, Any]] = {}
+    for i, (name, key, dtype, shape, stype) in enumerate(layout):
+        data = tensors[str(i)]
+        if data.dtype != np.uint8 or data.ndim != 1:
+            raise BlobError(f"tensor {i} is not a byte string")
+        array = Array(dtype=dtype, shape=tuple(shape), stype=stype, data=data.tobytes())
+        records.setdefault(name, {})[key] = array
+    return {name: ArrayRecord(array_dict=arrays) for name, arrays in records.items()}
+
+
+def _layout(blob: bytes) -> list[tuple[str, str, str, list[int], str]]:
+    """The checked layout in ``blob``'s safetensors header."""
+    if len(blob) < 8:
+        raise BlobError("shorter than a safetensors header")
+    size = int.from_bytes(blob[:8], "little")
+    if size > min(len(blob) - 8, 100 << 20):
+        raise BlobError("its header runs past its end")
+    try:
+        header = json.loads(bytes(blob[8 : 8 + size]))
+        layout = json.loads(header["__metadata__"][LAYOUT_KEY])
+    except (ValueError, KeyError, TypeError):
+        raise BlobError("no fedweave layout in its header") from None
+    if not isinstance(layout, list) or len(layout) > MAX_ARRAYS:
+        raise BlobError("its layout is not a list of arrays")
+    checked, seen = [], set()
+    for entry in layout:
+        if not (
+            isinstance(entry, list)
+            and len(entry) == 5
+            and all(isinstance(entry[i], str) for i in (0, 1, 2, 4))
+            and isinstance(entry[3], list)
+            and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in entry[3])
+        ):
+            raise BlobError("an entry of its layout is malformed")
+        if (entry[0], entry[1]) in seen:
+            raise BlobError(f"array {entry[0]}/{entry[1]} appears twice")
+        seen.add((entry[0], entry[1]))
+        checked.append(tuple(entry))
+    return checked  # type: ignore[return-value]

@@ -1,0 +1,296 @@
+"""Direct transfers (``fedweave/bulk/``, issue 36): a round's tensors beside Flower's messages.
+
+Real parts: the coordinator's transfer server on a loopback port with the TLS files
+``fedweave certs init`` makes, the site's HTTPS client, the spool on disk, Flower's own records
+and messages, the site mod and the coordinator's grid between them. What is tried: the blob
+format byte for byte and its refusals; an outsider with only the CA certificate, a wrong,
+expired or revoked token, a site fetching what its token does not name, an upload over the
+limit or twice, a stalled upload, a blob changed on the way; and a site whose reply names
+another site's upload or other bytes than it uploaded, which is that site's failure, bound to
+its node, while the others' replies arrive whole.
+"""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import ssl
+import time
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
+from flwr.common import ndarray_to_bytes
+from test_site_outcomes import fit_result, instruction
+
+from fedweave.bulk import server as bulk_server
+from fedweave.bulk.records import BlobError, decoded, encoded
+from fedweave.bulk.server import BulkServer
+from fedweave.bulk.spool import Spool
+from fedweave.bulk.transfer import Link, TransferError
+from fedweave.contract import (
+    BULK_RECEIPT_RECORD,
+    BULK_TICKET_RECORD,
+    NODE_CA_CERT_KEY,
+    NODE_COORDINATOR_KEY,
+)
+
+
+def _record(*arrays: np.ndarray) -> ArrayRecord:
+    """A record in Flower's legacy layout (keys "0", "1", ...: NumPy's serialisation)."""
+    return ArrayRecord(array_dict={
+        str(i): Array(dtype=str(a.dtype), shape=a.shape, stype="numpy.ndarray",
+                      data=ndarray_to_bytes(a))
+        for i, a in enumerate(arrays)
+    })  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory):
+    from fedweave.certs import init_certificates
+
+    return init_certificates(tmp_path_factory.mktemp("tls"), ["localhost"])
+
+
+@pytest.fixture
+def served(tmp_path, tls):
+    """A transfer server with TLS over a fresh spool; ``revoked`` node ids are refused."""
+    revoked: set[int] = set()
+    spool = Spool(tmp_path / "spool")
+    server = BulkServer(
+        ("127.0.0.1", 0), spool, (tls.server_cert, tls.server_key), lambda n: n not in revoked
+    ).start()
+    try:
+        yield server, spool, revoked
+    finally:
+        server.close()
+
+
+def _link(server, token: str, tls, **kw) -> Link:
+    return Link("127.0.0.1", server.port, token, kw.pop("ca", tls.ca_cert), **kw)
+
+
+# -- the blob --------------------------------------------------------------------------------
+
+
+def test_a_blob_holds_its_records_byte_for_byte_and_refuses_anything_else():
+    weights = _record(np.arange(12, dtype=np.float32).reshape(3, 4), np.array([7], np.int64))
+    other = _record(np.zeros((2, 2), np.float16))
+    back = decoded(encoded({"fitins.parameters": weights, "extra": other}))
+    assert list(back) == ["fitins.parameters", "extra"]
+    for name, record in (("fitins.parameters", weights), ("extra", other)):
+        assert list(back[name]) == list(record)
+        for key in record:
+            sent, got = record[key], back[name][key]
+            assert (got.dtype, got.shape, got.stype, got.data) == (
+                sent.dtype, sent.shape, sent.stype, sent.data,
+            )  # fmt: skip
+    blob = encoded({"fitins.parameters": weights})
+    from safetensors.numpy import save
+
+    for bad in (b"", b"\x00" * 7, blob[:-5], b"\xff" * 64, save({"0": np.zeros(3, np.uint8)})):
+        with pytest.raises(BlobError):
+            decoded(bad)
+
+
+# -- the server and a site's client ------------------------------------------------------------
+
+
+def test_a_site_fetches_exactly_what_its_token_names(served, tls):
+    server, spool, _ = served
+    blob = encoded({"fitins.parameters": _record(np.ones(1000, np.float32))})
+    digest = spool.put_blob(blob)
+    token = spool.grant(5, [digest], 0, 60)
+    assert _link(server, token, tls).fetch(digest, len(blob)) == blob
+    other = spool.put_blob(encoded({"x": _record(np.zeros(3, np.float32))}))
+    with pytest.raises(TransferError, match="403: the token does not allow this blob"):
+        _link(server, token, tls).fetch(other, 10)
+    with pytest.raises(TransferError, match="offered"):
+        _link(server, token, tls).fetch(digest, len(blob) + 1)  # not the size it was told
+    assert server.counts.transfers["fetched"] == 2  # served twice, the second refused by the site
+
+
+def test_outsiders_wrong_expired_and_revoked_tokens_get_nothing(served, tls, tmp_path):
+    from fedweave.certs import init_certificates
+
+    another_ca = init_certificates(tmp_path / "another", ["localhost"])
+    server, spool, revoked = served
+    blob = encoded({"p": _record(np.ones(10, np.float32))})
+    digest = spool.put_blob(blob)
+    live, expired = spool.grant(5, [digest], 1 << 20, 60), spool.grant(5, [digest], 1 << 20, -1)
+    for token, said in (("", "403"), ("guess" * 8, "unknown or expired"),
+                        (expired, "unknown or expired")):  # fmt: skip
+        with pytest.raises(TransferError, match=said):
+            _link(server, token, tls).fetch(digest, len(blob))
+        with pytest.raises(TransferError, match=said):
+            _link(server, token, tls).upload(b"x" * 10)
+    # the CA certificate alone, no token, straight over TLS
+    context = ssl.create_default_context(cafile=str(tls.ca_cert))
+    conn = http.client.HTTPSConnection("127.0.0.1", server.port, context=context, timeout=5)
+    conn.request("GET", f"/v1/blobs/{digest}")
+    assert conn.getresponse().status == 403
+    conn.close()
+    revoked.add(5)  # the coordinator revoked the site's key after the grant was made
+    with pytest.raises(TransferError, match="no longer registered"):
+        _link(server, live, tls).fetch(digest, len(blob))
+    with pytest.raises(TransferError, match="certificate verify failed|CERTIFICATE"):
+        Link("127.0.0.1", server.port, live, another_ca.ca_cert).fetch(digest, len(blob))
+    with pytest.raises(TransferError):  # plain HTTP to the TLS port
+        _link(server, live, tls, ca=None).fetch(digest, len(blob))
+    assert server.counts.transfers["fetched"] == 0 and server.counts.transfers["refused"] >= 8
+
+
+def test_an_upload_is_bounded_once_per_token_and_only_its_node_takes_it(served, tls):
+    server, spool, _ = served
+    token = spool.grant(5, [], 1000, 60)
+    with pytest.raises(TransferError, match="413: an upload of 1001 bytes is over"):
+        _link(server, token, tls).upload(b"x" * 1001)
+    receipt = _link(server, token, tls).upload(b"y" * 1000)
+    assert receipt["size"] == 1000
+    with pytest.raises(TransferError, match="409"):
+        _link(server, token, tls).upload(b"z" * 10)
+    assert spool.take_upload(receipt["upload"], 6) is None  # another node's grant
+    upload = spool.take_upload(receipt["upload"], 5)
+    assert upload.data == b"y" * 1000 and upload.digest == receipt["digest"]
+    assert spool.take_upload(receipt["upload"], 5) is None  # taken once
+    spool.release([token])
+    assert not list((spool.root / "grants").iterdir())
+    assert not list((spool.root / "uploads").iterdir())
+
+
+def test_a_stalled_upload_is_cut_off_and_leaves_nothing(served, tls, monkeypatch):
+    server, spool, _ = served
+    monkeypatch.setattr(bulk_server, "IO_TIMEOUT_S", 0.5)
+    token = spool.grant(5, [], 1 << 20, 60)
+    context = ssl.create_default_context(cafile=str(tls.ca_cert))
+    raw = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    with context.wrap_socket(raw, server_hostname="127.0.0.1") as sock:
+        sock.sendall(f"PUT /v1/uploads HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+                     "Content-Length: 100000\r\n\r\n".encode() + b"a" * 100)  # fmt: skip
+        started = time.monotonic()
+        assert sock.recv(100) == b""  # the server hangs up on the stalled sender
+        assert time.monotonic() - started < 5
+    time.sleep(0.2)
+    assert not list((spool.root / "uploads").iterdir())
+    assert _link(server, token, tls).upload(b"b" * 10)["size"] == 10  # the grant may retry
+
+
+def test_a_blob_changed_on_the_way_is_refused_by_the_site(served, tls):
+    server, spool, _ = served
+    blob = encoded({"p": _record(np.ones(100, np.float32))})
+    digest = spool.put_blob(blob)
+    spool.blob_path(digest).write_bytes(blob[:-1] + b"\x01")
+    token = spool.grant(5, [digest], 0, 60)
+    with pytest.raises(TransferError, match="does not hash to the digest"):
+        _link(server, token, tls).fetch(digest, len(blob))
+
+
+# -- the coordinator's grid and the site's mod, end to end ---------------------------------------
+
+
+class _Sites:
+    """A grid whose sites run the bulk mod over a real transfer server: each trains by
+    returning its model plus its node id; ``tamper(node, reply)`` may rewrite a reply after
+    the mod (an insider rewriting its own)."""
+
+    def __init__(self, server, tls, tamper=lambda node, reply: reply) -> None:
+        self.server, self.tls, self.tamper = server, tls, tamper
+        self.wire: list[RecordDict] = []
+
+    def send_and_receive(self, messages, *, timeout=None):
+        from fedweave.client.bulk_mod import bulk_transfers
+
+        replies = []
+        for message in messages:
+            self.wire.append(message.content)
+            node = message.metadata.dst_node_id
+            context = Context(run_id=1, node_id=node, state=RecordDict(), run_config={},
+                              node_config={NODE_COORDINATOR_KEY: "127.0.0.1:9092",
+                                           NODE_CA_CERT_KEY: str(self.tls.ca_cert)})  # fmt: skip
+            arrived = Message(content=_copy(message.content), metadata=message.metadata)
+
+            def train(msg, ctx, node=node):
+                model = msg.content.array_records["fitins.parameters"]
+                result = fit_result()
+                weights = [np.frombuffer(model[k].numpy().tobytes(), np.float32) + node
+                           for k in model]  # fmt: skip
+                result.array_records["fitres.parameters"] = _record(*weights)
+                return Message(result, reply_to=msg)
+
+            reply = bulk_transfers(arrived, context, train)
+            replies.append(self.tamper(node, reply))
+        return replies
+
+
+def _copy(content: RecordDict) -> RecordDict:
+    return RecordDict(dict(content.items()))
+
+
+def test_the_grid_and_the_site_mod_move_tensors_beside_the_messages(served, tls):
+    from fedweave.coordinator.rounds.bulk import BulkGrid
+
+    server, spool, _ = served
+    model = np.linspace(0, 1, 5000, dtype=np.float32)
+    sites = _Sites(server, tls)
+    grid = BulkGrid(sites, spool, server.port)
+    asked = []
+    for node in (11, 12, 13):
+        message = instruction(node)
+        message.content.array_records["fitins.parameters"] = _record(model)
+        asked.append(message)
+    replies = grid.send_and_receive(asked, timeout=30)
+    # on the wire: no tensors, a ticket; the workflow's own messages keep their model
+    assert all(not content.array_records and BULK_TICKET_RECORD in content for content in
+               sites.wire)  # fmt: skip
+    assert all("fitins.parameters" in m.content.array_records for m in asked)
+    assert len({content[BULK_TICKET_RECORD]["token"] for content in sites.wire}) == 3
+    assert len(list((spool.root / "blobs").iterdir())) == 1  # one model, written once
+    for reply in replies:
+        assert not reply.has_error() and BULK_RECEIPT_RECORD not in reply.content
+        got = reply.content.array_records["fitres.parameters"]["0"].numpy()
+        np.testing.assert_array_equal(got, model + reply.metadata.src_node_id)
+    assert server.counts.transfers == {"fetched": 3, "uploaded": 3, "refused": 0}
+    assert not list((spool.root / "grants").iterdir())  # the exchange's grants end with it
+
+
+def test_a_reply_naming_another_sites_upload_or_other_bytes_fails_only_that_site(served, tls):
+    from fedweave.coordinator.rounds.bulk import BulkGrid
+
+    server, spool, _ = served
+    receipts = {}
+
+    def tamper(node, reply):
+        receipt = reply.content.config_records[BULK_RECEIPT_RECORD]
+        receipts[node] = dict(receipt)
+        if node == 12:  # claims site 11's upload as its own
+            receipt["upload"] = receipts[11]["upload"]
+        if node == 13:  # names other bytes than it sent
+            receipt["digest"] = "0" * 64
+        return reply
+
+    grid = BulkGrid(_Sites(server, tls, tamper), spool, server.port)
+    asked = []
+    for node in (11, 12, 13, 14):
+        message = instruction(node)
+        message.content.array_records["fitins.parameters"] = _record(np.zeros(50, np.float32))
+        asked.append(message)
+    by_node = {r.metadata.src_node_id: r for r in grid.send_and_receive(asked, timeout=30)}
+    assert by_node[12].has_error() and "does not hold for this site" in by_node[12].error.reason
+    assert by_node[13].has_error() and "not the one it names" in by_node[13].error.reason
+    # site 12's claim came after 11's own reply had taken it: 11 is whole
+    for node in (11, 14):
+        assert not by_node[node].has_error()
+        got = by_node[node].content.array_records["fitres.parameters"]["0"].numpy()
+        np.testing.assert_array_equal(got, np.full(50, node, np.float32))
+
+
+def test_a_message_without_a_ticket_passes_the_site_mod_untouched():
+    from fedweave.client.bulk_mod import bulk_transfers
+
+    message = instruction(11)
+    message.content.array_records["fitins.parameters"] = _record(np.ones(3, np.float32))
+    context = Context(run_id=1, node_id=11, state=RecordDict(), run_config={}, node_config={})
+    seen = []
+    reply = bulk_transfers(message, context, lambda m, c: seen.append(m) or Message(
+        fit_result(), reply_to=m))  # fmt: skip
+    assert seen == [message] and BULK_RECEIPT_RECORD not in reply.content
