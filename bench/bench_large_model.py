@@ -3,7 +3,7 @@
 loopback with TLS and site keys, plain and with SecAgg+.
 
     python bench/bench_large_model.py [--rounds 3] [--modes plain secagg] [--downlink full fp16]
-        [--transfer flower bulk] [--sites 3] [--model TASK|WIDE] [--memory]
+        [--transfer flower bulk] [--sites 3] [--model TASK|WIDE|HUGE] [--memory]
 
 Each run is ``fedweave coordinator`` and ``fedweave client`` as docs/deploy.md sets them up
 (``bench_deployment.py``'s setup), with the task ``large_model_task:TASK`` (this folder, on
@@ -183,9 +183,10 @@ def main() -> None:
                         help="how tensors move: in Flower's messages, or beside them through "
                              "the coordinator's transfer server (--bulk-address); each one "
                              "given runs every mode (default: flower)")  # fmt: skip
-    parser.add_argument("--model", choices=("TASK", "WIDE"), default="TASK",
+    parser.add_argument("--model", choices=("TASK", "WIDE", "HUGE"), default="TASK",
                         help="TASK: the 64-4096-4096-10 MLP (17.1M parameters); WIDE: "
-                             "64-8192-8192-10 (67.7M; bench/large_model_task.py)")  # fmt: skip
+                             "64-8192-8192-10 (67.7M); HUGE: 64-16000-16000-10 (257.2M, "
+                             "1.03 GB; bench/large_model_task.py)")  # fmt: skip
     parser.add_argument("--memory", action="store_true",
                         help="also sample every process's resident memory from /proc (0.2 s; "
                              "it costs CPU, so take seconds from a run without it)")  # fmt: skip

@@ -294,3 +294,42 @@ def test_a_message_without_a_ticket_passes_the_site_mod_untouched():
     reply = bulk_transfers(message, context, lambda m, c: seen.append(m) or Message(
         fit_result(), reply_to=m))  # fmt: skip
     assert seen == [message] and BULK_RECEIPT_RECORD not in reply.content
+
+
+class _Jobs(_Sites):
+    """FedBuff's way: messages pushed, replies pulled later (one job a site)."""
+
+    def __init__(self, server, tls) -> None:
+        super().__init__(server, tls)
+        self.pending: dict[str, Message] = {}
+
+    def push_messages(self, messages):
+        ids = []
+        for message in messages:
+            message.metadata.__dict__["_message_id"] = f"job{message.metadata.dst_node_id}"
+            (reply,) = self.send_and_receive([message])
+            self.pending[message.metadata.message_id] = reply
+            ids.append(message.metadata.message_id)
+        return ids
+
+    def pull_messages(self, message_ids):
+        return [self.pending.pop(i) for i in message_ids if i in self.pending]
+
+
+def test_pushed_jobs_and_pulled_replies_move_their_tensors_too(served, tls):
+    from fedweave.coordinator.rounds.bulk import BulkGrid
+
+    server, spool, _ = served
+    grid = BulkGrid(_Jobs(server, tls), spool, server.port)
+    ids = []
+    for node in (21, 22):
+        message = instruction(node)
+        message.content.array_records["fitins.parameters"] = _record(np.ones(10, np.float32))
+        ids += grid.push_messages([message])
+        assert "fitins.parameters" in message.content.array_records  # given back once pushed
+    assert len(list((spool.root / "grants").iterdir())) == 2  # live until their reply comes
+    replies = grid.pull_messages(ids)
+    for reply in replies:
+        got = reply.content.array_records["fitres.parameters"]["0"].numpy()
+        np.testing.assert_array_equal(got, np.full(10, 1 + reply.metadata.src_node_id))
+    assert not list((spool.root / "grants").iterdir())
