@@ -24,7 +24,7 @@ from flwr.common import ndarray_to_bytes
 from test_site_outcomes import fit_result, instruction
 
 from fedweave.bulk import server as bulk_server
-from fedweave.bulk.records import BlobError, decoded, encoded
+from fedweave.bulk.records import BlobError, decoded, decoded_file, encoded
 from fedweave.bulk.server import BulkServer
 from fedweave.bulk.spool import Spool
 from fedweave.bulk.transfer import Link, TransferError
@@ -93,6 +93,29 @@ def test_a_blob_holds_its_records_byte_for_byte_and_refuses_anything_else():
             decoded(bad)
 
 
+def test_a_blob_in_a_file_reads_the_same_and_refuses_the_same(tmp_path):
+    """The coordinator reads an upload from its spool file, one tensor at a time."""
+    from safetensors.numpy import save
+
+    weights = _record(np.arange(6, dtype=np.float64), np.ones((2, 3), np.int32))
+    path = tmp_path / "blob"
+    path.write_bytes(encoded({"fitres.parameters": weights}))
+    back = decoded_file(path)["fitres.parameters"]
+    assert [back[k].data for k in back] == [weights[k].data for k in weights]
+    blob = path.read_bytes()
+    extra = save({"0": np.zeros(3, np.uint8), "1": np.zeros(1, np.uint8)},
+                 metadata={"fedweave.records": '[["r", "0", "float32", [3], "numpy.ndarray"]]'})
+    not_bytes = save({"0": np.zeros(3, np.float32)},
+                     metadata={"fedweave.records": '[["r", "0", "float32", [3], "numpy.ndarray"]]'})
+    for bad in (b"", blob[:-5], b"\xff" * 64, save({"0": np.zeros(3, np.uint8)}), extra,
+                not_bytes):  # fmt: skip
+        path.write_bytes(bad)
+        with pytest.raises(BlobError):
+            decoded_file(path)
+        with pytest.raises(BlobError):
+            decoded(bad)
+
+
 # -- the server and a site's client ------------------------------------------------------------
 
 
@@ -151,7 +174,7 @@ def test_an_upload_is_bounded_once_per_token_and_only_its_node_takes_it(served, 
         _link(server, token, tls).upload(b"z" * 10)
     assert spool.take_upload(receipt["upload"], 6) is None  # another node's grant
     upload = spool.take_upload(receipt["upload"], 5)
-    assert upload.data == b"y" * 1000 and upload.digest == receipt["digest"]
+    assert upload.path.read_bytes() == b"y" * 1000 and upload.digest == receipt["digest"]
     assert spool.take_upload(receipt["upload"], 5) is None  # taken once
     spool.release([token])
     assert not list((spool.root / "grants").iterdir())

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from fedweave.bulk.records import BlobError, decoded, encoded
+from fedweave.bulk.records import BlobError, decoded_file, encoded
 from fedweave.bulk.spool import Spool
 from fedweave.contract import BULK_RECEIPT_RECORD, BULK_TICKET_RECORD, SITE_FAILED_CODE
 
@@ -160,9 +160,11 @@ class BulkGrid:
             problem = "its upload is not the one it names"
         else:
             try:
-                records = decoded(upload.data)
+                records = decoded_file(upload.path)
             except BlobError as exc:
                 problem = f"its upload is not a tensor blob: {exc}"
+        if upload is not None:
+            upload.path.unlink(missing_ok=True)
         if problem is not None:
             return Message(
                 Error(code=SITE_FAILED_CODE, reason=f"malformed reply: {problem}"), reply_to=asked

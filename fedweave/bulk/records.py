@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -47,37 +48,64 @@ def digest(blob: bytes | memoryview) -> str:
 def decoded(blob: bytes) -> dict[str, Any]:
     """The array records ``encoded`` wrote into ``blob``, in their order; ``BlobError`` for
     anything else."""
-    from flwr.app import Array, ArrayRecord
     from safetensors import SafetensorError
     from safetensors.numpy import load
 
-    layout = _layout(blob)
-    try:
-        tensors = load(blob)
-    except (SafetensorError, ValueError, TypeError) as exc:
-        raise BlobError(f"not a safetensors blob ({type(exc).__name__})") from None
-    if set(tensors) != {str(i) for i in range(len(layout))}:
-        raise BlobError("its tensors do not match its layout")
-    records: dict[str, dict[str, Any]] = {}
-    for i, (name, key, dtype, shape, stype) in enumerate(layout):
-        data = tensors[str(i)]
-        if data.dtype != np.uint8 or data.ndim != 1:
-            raise BlobError(f"tensor {i} is not a byte string")
-        array = Array(dtype=dtype, shape=tuple(shape), stype=stype, data=data.tobytes())
-        records.setdefault(name, {})[key] = array
-    return {name: ArrayRecord(array_dict=arrays) for name, arrays in records.items()}
-
-
-def _layout(blob: bytes) -> list[tuple[str, str, str, list[int], str]]:
-    """The checked layout in ``blob``'s safetensors header."""
     if len(blob) < 8:
         raise BlobError("shorter than a safetensors header")
     size = int.from_bytes(blob[:8], "little")
     if size > min(len(blob) - 8, 100 << 20):
         raise BlobError("its header runs past its end")
     try:
-        header = json.loads(bytes(blob[8 : 8 + size]))
-        layout = json.loads(header["__metadata__"][LAYOUT_KEY])
+        metadata = json.loads(bytes(blob[8 : 8 + size]))["__metadata__"]
+        tensors = load(blob)
+    except (SafetensorError, ValueError, KeyError, TypeError) as exc:
+        raise BlobError(f"not a fedweave safetensors blob ({type(exc).__name__})") from None
+    layout = _layout(metadata)
+    if set(tensors) != {str(i) for i in range(len(layout))}:
+        raise BlobError("its tensors do not match its layout")
+    return _records(layout, tensors.pop)
+
+
+def decoded_file(path: Path) -> dict[str, Any]:
+    """``decoded`` for a blob in a file, read one tensor at a time (memory mapped): the records
+    and the largest tensor are all that is held at once."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="numpy") as blob:
+            layout, names = _layout(blob.metadata()), set(blob.keys())
+            if names != {str(i) for i in range(len(layout))}:
+                raise BlobError("its tensors do not match its layout")
+            return _records(layout, blob.get_tensor)
+    except (SafetensorError, ValueError, TypeError, OSError) as exc:
+        if isinstance(exc, BlobError):
+            raise
+        raise BlobError(f"not a fedweave safetensors blob ({type(exc).__name__})") from None
+
+
+def _records(layout: list, tensor: Any) -> dict[str, Any]:
+    """The array records of ``layout``, tensor ``i`` being ``tensor(str(i))`` (taken once)."""
+    from flwr.app import Array, ArrayRecord
+
+    records: dict[str, dict[str, Any]] = {}
+    for i, (name, key, dtype, shape, stype) in enumerate(layout):
+        try:
+            data = tensor(str(i))
+        except KeyError:
+            raise BlobError("its tensors do not match its layout") from None
+        if data.dtype != np.uint8 or data.ndim != 1:
+            raise BlobError(f"tensor {i} is not a byte string")
+        array = Array(dtype=dtype, shape=tuple(shape), stype=stype, data=data.tobytes())
+        del data
+        records.setdefault(name, {})[key] = array
+    return {name: ArrayRecord(array_dict=arrays) for name, arrays in records.items()}
+
+
+def _layout(metadata: Any) -> list[tuple[str, str, str, list[int], str]]:
+    """The checked layout in a blob's safetensors metadata."""
+    try:
+        layout = json.loads(metadata[LAYOUT_KEY])
     except (ValueError, KeyError, TypeError):
         raise BlobError("no fedweave layout in its header") from None
     if not isinstance(layout, list) or len(layout) > MAX_ARRAYS:

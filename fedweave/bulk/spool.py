@@ -7,7 +7,8 @@ file).
   (the token itself is only in the message, which Flower delivers to its site alone): the
   node it was sent to, the blobs it may fetch, the most bytes it may upload, when it expires.
 - ``uploads/ID`` and ``uploads/ID.json``: what a site uploaded under a grant, and its digest
-  and size as the server measured them (``ID.part`` while it arrives).
+  and size as the server measured them (``ID.part`` while it arrives, ``ID.taken`` once the
+  ServerApp has taken it to read).
 
 Files appear in one step (written aside, then renamed), so a reader sees all of one or none.
 """
@@ -50,10 +51,10 @@ class Grant:
 
 @dataclass(frozen=True)
 class Upload:
-    """What a site uploaded under a grant: its bytes, sha256 hex and the node that held the
-    grant."""
+    """What a site uploaded under a grant: the file it is in (the taker's to read and remove),
+    its sha256 hex and the node that held the grant."""
 
-    data: bytes
+    path: Path
     digest: str
     node: int
 
@@ -100,24 +101,26 @@ class Spool:
 
     def take_upload(self, grant: str, node: int) -> Upload | None:
         """The upload filed under grant id ``grant`` if that grant was ``node``'s (``None``:
-        no such upload, or another node's), removed from the folder as it is read."""
+        no such upload, or another node's), moved aside (``ID.taken``) so it is taken once."""
         if not _is_hex_id(grant):
             return None
         held = self.grant_of_id(grant, expired_too=True)
         if held is None or held.node != node:
             return None
         path = self.root / "uploads" / grant
+        taken = path.with_suffix(".taken")
         try:
             meta = json.loads((path.with_suffix(".json")).read_text(encoding="utf-8"))
-            data = path.read_bytes()
+            os.replace(path, taken)
+            size = taken.stat().st_size
         except (OSError, ValueError):
             return None
         finally:
-            path.unlink(missing_ok=True)
             path.with_suffix(".json").unlink(missing_ok=True)
-        if not isinstance(meta, dict) or meta.get("size") != len(data):
+        if not isinstance(meta, dict) or meta.get("size") != size:
+            taken.unlink(missing_ok=True)
             return None
-        return Upload(data, str(meta.get("digest")), held.node)
+        return Upload(taken, str(meta.get("digest")), held.node)
 
     def release(self, tokens: list[str]) -> None:
         """Remove the grants of ``tokens`` and anything uploaded under them."""
@@ -200,7 +203,7 @@ class Spool:
         upload = self.root / "uploads" / name
         for path in (
             self.root / "grants" / f"{name}.json", upload, upload.with_suffix(".json"),
-            upload.with_suffix(".part"),
+            upload.with_suffix(".part"), upload.with_suffix(".taken"),
         ):  # fmt: skip
             if path.exists():
                 path.unlink(missing_ok=True)
