@@ -15,6 +15,7 @@ from pathlib import Path
 
 from flwr.app import ConfigRecord, Context, Message
 
+from fedweave.addresses import parse_host_port
 from fedweave.bulk.records import BlobError, decoded, encoded
 from fedweave.bulk.transfer import Link, TransferError
 from fedweave.contract import (
@@ -24,6 +25,7 @@ from fedweave.contract import (
     NODE_COORDINATOR_KEY,
     SiteRefusal,
 )
+from fedweave.errors import UserError
 from fedweave.flower_patches.message_records import ClientAppCallable
 
 MAX_FETCH_BYTES = 64 << 30
@@ -74,16 +76,17 @@ def bulk_transfers(msg: Message, context: Context, call_next: ClientAppCallable)
 
 
 def _link(ticket: ConfigRecord, context: Context) -> Link:
-    coordinator = str(context.node_config.get(NODE_COORDINATOR_KEY, ""))
-    host = coordinator.rsplit(":", 1)[0].strip("[]")
     ca = str(context.node_config.get(NODE_CA_CERT_KEY, ""))
     try:
         port, token = int(ticket["port"]), str(ticket["token"])
     except (KeyError, TypeError, ValueError):
         raise SiteRefusal("the instruction's transfer ticket is malformed") from None
-    if not host:
+    try:
+        host, _ = parse_host_port(str(context.node_config.get(NODE_COORDINATOR_KEY, "")),
+                                  "--coordinator")  # fmt: skip
+    except UserError:
         raise SiteRefusal("the coordinator sends tensors directly but this site's node config "
-                          "does not name it; start the site with fedweave client")  # fmt: skip
+                          "does not name it; start the site with fedweave client") from None
     return Link(host, port, token, Path(ca) if ca else None)
 
 
