@@ -285,6 +285,8 @@ def test_a_reply_naming_another_sites_upload_or_other_bytes_fails_only_that_site
     def tamper(node, reply):
         receipt = reply.content.config_records[BULK_RECEIPT_RECORD]
         receipts[node] = dict(receipt)
+        if node == 15:  # its upload would replace a record its reply carries in the clear
+            reply.content.array_records["fitres.parameters"] = _record(np.ones(1, np.float32))
         if node == 12:  # claims site 11's upload as its own
             receipt["upload"] = receipts[11]["upload"]
         if node == 13:  # names other bytes than it sent
@@ -293,13 +295,14 @@ def test_a_reply_naming_another_sites_upload_or_other_bytes_fails_only_that_site
 
     grid = BulkGrid(_Sites(server, tls, tamper), spool, server.port)
     asked = []
-    for node in (11, 12, 13, 14):
+    for node in (11, 12, 13, 14, 15):
         message = instruction(node)
         message.content.array_records["fitins.parameters"] = _record(np.zeros(50, np.float32))
         asked.append(message)
     by_node = {r.metadata.src_node_id: r for r in grid.send_and_receive(asked, timeout=30)}
     assert by_node[12].has_error() and "does not hold for this site" in by_node[12].error.reason
     assert by_node[13].has_error() and "not the one it names" in by_node[13].error.reason
+    assert by_node[15].has_error() and "a record its reply already has" in by_node[15].error.reason
     # site 12's claim came after 11's own reply had taken it: 11 is whole
     for node in (11, 14):
         assert not by_node[node].has_error()
@@ -356,3 +359,30 @@ def test_pushed_jobs_and_pulled_replies_move_their_tensors_too(served, tls):
         got = reply.content.array_records["fitres.parameters"]["0"].numpy()
         np.testing.assert_array_equal(got, np.full(10, 1 + reply.metadata.src_node_id))
     assert not list((spool.root / "grants").iterdir())
+
+
+def test_a_peer_that_trickles_its_hello_or_headers_is_cut_off(served, tls, monkeypatch):
+    """An outsider holding connections open (no TLS hello, or a TLS connection whose request
+    never ends) cannot keep the sites' transfers waiting: each is closed at the deadline."""
+    server, spool, _ = served
+    monkeypatch.setattr(bulk_server, "HELLO_DEADLINE_S", 0.5)
+    silent = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    context = ssl.create_default_context(cafile=str(tls.ca_cert))
+    raw = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    trickling = context.wrap_socket(raw, server_side=False, server_hostname="127.0.0.1")
+    trickling.sendall(b"GET /v1/blobs/x HTTP/1.1\r\nHost: x\r\n")  # and never the end
+    started = time.monotonic()
+    for sock in (silent, trickling):
+        with sock:
+            try:
+                assert sock.recv(100) == b""
+            except (ConnectionResetError, ssl.SSLError):
+                pass
+    assert time.monotonic() - started < 5
+    blob = encoded({"p": _record(np.ones(10, np.float32))})
+    digest = spool.put_blob(blob)
+    token = spool.grant(5, [digest], 0, 60)
+    for _ in range(bulk_server.MAX_FETCHES):  # a retry or two, then no more
+        assert _link(server, token, tls).fetch(digest, len(blob)) == blob
+    with pytest.raises(TransferError, match="429"):
+        _link(server, token, tls).fetch(digest, len(blob))

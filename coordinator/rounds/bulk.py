@@ -165,6 +165,8 @@ class BulkGrid:
                 problem = f"its upload is not a tensor blob: {exc}"
         if upload is not None:
             upload.path.unlink(missing_ok=True)
+        if set(records) & set(reply.content):  # it would replace what the reply says
+            problem = "its upload names a record its reply already has"
         if problem is not None:
             return Message(
                 Error(code=SITE_FAILED_CODE, reason=f"malformed reply: {problem}"), reply_to=asked

@@ -12,7 +12,9 @@ Anyone else (no token, a wrong or expired one, the CA certificate alone) gets 40
 else. A grant of a site whose key the coordinator has since revoked allows nothing
 (``node_allowed``: the coordinator's registered node ids), so revocation takes hold here as it
 does in Flower. Every read has a deadline (``IO_TIMEOUT_S`` per read, the grant's expiry for the
-whole request) and a size limit; at most ``MAX_CONNECTIONS`` are served at once.
+whole request, ``HELLO_DEADLINE_S`` from a connection's arrival to its headers) and a size limit;
+at most ``MAX_CONNECTIONS`` are served at once, one request each, and a grant fetches a blob at
+most ``MAX_FETCHES`` times.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import socket
 import ssl
 import threading
 import time
@@ -33,6 +36,11 @@ log = logging.getLogger("fedweave.bulk")
 
 IO_TIMEOUT_S = 30.0
 """Seconds one read or write of a connection may wait (the TLS handshake included)."""
+HELLO_DEADLINE_S = 10.0
+"""Seconds from a connection's arrival to the end of its request's headers (the TLS handshake
+included): a peer trickling bytes cannot hold one of the ``MAX_CONNECTIONS`` longer."""
+MAX_FETCHES = 3
+"""Times one grant may fetch one blob (a site fetches it once; a retry or two)."""
 MAX_CONNECTIONS = 64
 """Connections served at once; one more is closed at once."""
 CHUNK = 1 << 20
@@ -50,6 +58,18 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "fedweave-bulk"
     sys_version = ""
+
+    def handle(self) -> None:
+        """One request a connection: the deadline to its headers holds for every request."""
+        self.close_connection = True
+        self.handle_one_request()
+
+    def parse_request(self) -> bool:
+        parsed = super().parse_request()
+        timer = self.server.hellos.pop(self.connection, None)
+        if timer is not None:
+            timer.cancel()
+        return parsed
 
     def log_message(self, format: str, *args) -> None:  # type: ignore[no-untyped-def]  # noqa: A002
         log.debug("%s %s", self.address_string(), format % args)
@@ -113,6 +133,8 @@ class _Handler(BaseHTTPRequestHandler):
         name = self.path[len(prefix) :]
         if name not in grant.fetch:
             raise _Refused(403, "the token does not allow this blob")
+        if not self.server.counts.fetch_allowed(grant.id, name):
+            raise _Refused(429, f"this token has fetched this blob {MAX_FETCHES} times")
         try:
             file = open(self.server.spool.blob_path(name), "rb")  # noqa: SIM115
         except (OSError, ValueError):
@@ -185,6 +207,16 @@ class Counts:
         self._lock = threading.Lock()
         self.transfers: dict[str, int] = {"fetched": 0, "uploaded": 0, "refused": 0}
         self.bytes: dict[str, int] = {"fetched": 0, "uploaded": 0, "refused": 0}
+        self._fetches: dict[tuple[str, str], int] = {}
+
+    def fetch_allowed(self, grant: str, blob: str) -> bool:
+        """Count a fetch of ``blob`` under ``grant``; whether it is within ``MAX_FETCHES``."""
+        with self._lock:
+            if len(self._fetches) > 100_000:  # grants end with their rounds: forget old ones
+                self._fetches.clear()
+            count = self._fetches.get((grant, blob), 0) + 1
+            self._fetches[(grant, blob)] = count
+            return count <= MAX_FETCHES
 
     def count(self, kind: str, size: int) -> None:
         with self._lock:
@@ -234,6 +266,7 @@ class BulkServer(ThreadingHTTPServer):
             self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             self.context.minimum_version = ssl.TLSVersion.TLSv1_2
             self.context.load_cert_chain(str(tls[0]), str(tls[1]))
+        self.hellos: dict[object, threading.Timer] = {}
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self._stopping = threading.Event()
         super().__init__(address, _Handler)
@@ -250,12 +283,25 @@ class BulkServer(ThreadingHTTPServer):
 
     def finish_request(self, request, client_address) -> None:  # type: ignore[no-untyped-def]
         request.settimeout(IO_TIMEOUT_S)
-        if self.context is not None:
-            try:
-                request = self.context.wrap_socket(request, server_side=True)
-            except (OSError, ssl.SSLError):
-                return  # not TLS, or too slow to say hello
-        super().finish_request(request, client_address)
+        held = [request]  # the TLS socket replaces the plain one once it is made
+        timer = threading.Timer(HELLO_DEADLINE_S, _cut, (held,))
+        timer.daemon = True
+        timer.start()
+        try:
+            if self.context is not None:
+                held[0] = request = self.context.wrap_socket(
+                    request, server_side=True, do_handshake_on_connect=False
+                )
+                try:
+                    request.do_handshake()
+                except (OSError, ssl.SSLError):
+                    request.close()
+                    return  # not TLS, or too slow to say hello
+            self.hellos[request] = timer
+            super().finish_request(request, client_address)
+        finally:
+            timer.cancel()
+            self.hellos.pop(request, None)
 
     def process_request_thread(self, request, client_address) -> None:  # type: ignore[no-untyped-def]
         try:
@@ -286,3 +332,11 @@ class BulkServer(ThreadingHTTPServer):
         self.shutdown()
         self.server_close()
 
+
+def _cut(held: list) -> None:
+    """End the connection in ``held`` that missed ``HELLO_DEADLINE_S`` (its thread's read
+    returns)."""
+    try:
+        held[0].shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
