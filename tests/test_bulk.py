@@ -310,6 +310,96 @@ def test_a_reply_naming_another_sites_upload_or_other_bytes_fails_only_that_site
         np.testing.assert_array_equal(got, np.full(50, node, np.float32))
 
 
+def test_held_updates_add_up_one_at_a_time_to_the_mean_flower_takes_in_memory(served, tls):
+    """Streaming aggregation: while a plain fit exchange is ``collecting``, each training
+    update stays in its spool file and its reply carries a placeholder; the reporting strategy
+    checks each, then adds them up one at a time, and the mean is bit for bit the one Flower's
+    FedAvg and FedAdam take of the same updates in memory (FedMedian, which needs them all,
+    gets them read in). The bytes counted are the updates' own. A site writing a placeholder
+    itself is rejected, a handle names nothing for another node, and no file is left after."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
+    from flwr.server.strategy import FedAdam, FedAvg, FedMedian
+    from test_site_outcomes import ROUND
+
+    from fedweave.coordinator.rounds.bulk import BulkGrid
+    from fedweave.coordinator.rounds.reporting import ReportingStrategy
+    from fedweave.coordinator.rounds.site_outcomes import OutcomeGrid, SiteReplies
+    from fedweave.coordinator.rounds.spooled_updates import (
+        SPOOLED_KEY,
+        SPOOLED_STYPE,
+        SpooledError,
+        SpooledUpdates,
+    )
+    from fedweave.coordinator.rounds.traffic import Traffic
+    from fedweave.flower_patches import message_records as compat
+
+    server, spool, _ = served
+    model = [np.linspace(-1, 1, 4000, dtype=np.float32), np.linspace(0, 3, 77, dtype=np.float32)]
+    counts = {11: 10, 12: 35, 13: 20, 14: 10}
+
+    def tamper(node, reply):
+        reply.content.metric_records["fitres.num_examples"]["num_examples"] = counts[node]
+        if node == 14:  # no upload; a placeholder of its own making instead
+            del reply.content.config_records[BULK_RECEIPT_RECORD]
+            reply.content.array_records["fitres.parameters"] = ArrayRecord(array_dict={
+                SPOOLED_KEY: Array(dtype="", shape=(), stype=SPOOLED_STYPE, data=b"0" * 32)
+            })  # fmt: skip
+        return reply
+
+    spooled = SpooledUpdates()
+    traffic = Traffic(spooled)
+    grid = OutcomeGrid(BulkGrid(_Sites(server, tls, tamper), spool, server.port, spooled),
+                       SiteReplies(), traffic)  # fmt: skip
+    asked = []
+    for node in counts:
+        message = instruction(node)
+        message.content.array_records["fitins.parameters"] = _record(*model)
+        asked.append(message)
+    with spooled.collecting():
+        replies = grid.send_and_receive(asked, timeout=30)
+        assert len(list((spool.root / "held").iterdir())) == 3  # the updates, on disk
+        results = [
+            (SimpleNamespace(node_id=r.metadata.src_node_id),
+             compat.recorddict_to_fitres(r.content, keep_input=True))
+            for r in replies
+        ]  # fmt: skip
+        assert all(len(res.parameters.tensors) == 1 for _, res in results)  # placeholders
+        held = dict((proxy.node_id, res) for proxy, res in results)
+        with pytest.raises(SpooledError):
+            spooled.arrays(held[11].parameters, 12)  # 11's handle names nothing for 12
+        in_memory = [
+            (proxy, replace(res, parameters=ndarrays_to_parameters(
+                spooled.arrays(res.parameters, proxy.node_id))))
+            if proxy.node_id != 14 else (proxy, res)
+            for proxy, res in results
+        ]  # fmt: skip
+        update_bytes = sum(len(t) for t in in_memory[0][1].parameters.tensors)
+        assert traffic.of_round(ROUND)[11].train_in == update_bytes  # exact on the new path
+        by_strategy = {}
+        for name, make in (
+            ("fedavg", FedAvg), ("fedmedian", FedMedian),
+            ("fedadam", lambda: FedAdam(initial_parameters=ndarrays_to_parameters(model))),
+        ):  # fmt: skip
+            means = by_strategy[name] = []
+            for given, hold in ((results, spooled), (in_memory, None)):
+                reporting = ReportingStrategy(make(), evaluator=None, spooled=hold)
+                reporting._global, reporting._sampled = [m.copy() for m in model], list(counts)
+                parameters, _ = reporting.aggregate_fit(1, given, [])
+                means.append(parameters_to_ndarrays(parameters))
+                rejected = {s.site_id: s.reason for s in reporting._sites if s.status != "ok"}
+                assert list(rejected) == ["14"], rejected
+            for streamed, whole in zip(*means):
+                assert streamed.dtype == whole.dtype
+                np.testing.assert_array_equal(streamed, whole)
+        # FedAvg's mean of each site's model + its node id, weighed by the counts
+        expected = model[1] + sum(n * c for n, c in counts.items() if n != 14) / 65
+        np.testing.assert_allclose(by_strategy["fedavg"][0][1], expected, atol=1e-5)
+    assert not list((spool.root / "held").iterdir())
+
+
 def test_a_message_without_a_ticket_passes_the_site_mod_untouched():
     from fedweave.client.bulk_mod import bulk_transfers
 

@@ -4,7 +4,11 @@ as real processes on loopback with TLS and site keys, SecAgg+ off, ``--compress 
 with the bytes), encoded against the half-precision model it received and restored; the
 coordinator decodes it against its own full-precision model, and the history records each
 site's uplink bytes and each round's bytes in and out (null in deployment before issue 24),
-the model out at half precision (issue 36)."""
+the model out at half precision (issue 36).
+
+The tensors move beside Flower's messages (``--bulk-address``, issue 36), so the plain rounds
+add up the updates held on disk one at a time (``spooled_updates.py``): the counts stay the
+updates' own bytes, and nothing is left held once the run ends."""
 
 from __future__ import annotations
 
@@ -42,12 +46,13 @@ def test_deployed_sites_send_int8_updates_and_the_history_counts_their_bytes(tmp
 
     make_deployment(tmp_path, SITES)
     db = f"sqlite:///{tmp_path / 'history.db'}"
-    port = free_port()
+    port, bulk_port = free_port(), free_port()
     procs = Processes(tmp_path)
     try:
         coord = start_coordinator(
             procs, *coordinator_args(port, db, ROUNDS, SITES, "--once", "--no-secure-agg",
-                                     "--compress", "int8", "--downlink", "fp16"),
+                                     "--compress", "int8", "--downlink", "fp16",
+                                     "--bulk-address", f"127.0.0.1:{bulk_port}"),
         )  # fmt: skip
         for i in range(SITES):
             procs.start(f"site{i}", *site_args(port, i))
@@ -57,6 +62,8 @@ def test_deployed_sites_send_int8_updates_and_the_history_counts_their_bytes(tmp
         procs.close()
 
     assert "updates sent int8-compressed, with error feedback" in out
+    assert f", {SITES * ROUNDS} uploaded (" in out, out[-3000:]  # every update, beside Flower
+    assert not [p for p in tmp_path.rglob("held/*")], "an update left held on disk"
     assert "global model sent at fp16 (half the bytes down)" in out
     assert "update sent in the clear, int8-compressed (" in site_out, site_out[-3000:]
     rounds, site_rows, run = recorded(db)

@@ -12,7 +12,10 @@ evaluation, the federated statistics, FedBuff's jobs) sends through it unchanged
 - on the way back, a reply that says its tensors were uploaded (``BULK_RECEIPT_RECORD``) gets
   them back from the spool, if the upload was made under the token of a message to the node
   the reply comes from and is the one the reply names; otherwise the reply becomes that site's
-  failure (``malformed reply: ...``), bound to its node, and the round goes on.
+  failure (``malformed reply: ...``), bound to its node, and the round goes on. While a plain
+  fit exchange is ``collecting`` (``spooled``), a training reply's update stays in its file
+  and the reply carries a placeholder for the strategy to read it by
+  (``spooled_updates.py``): the ServerApp holds one update at a time, not every site's.
 
 The site's side is ``client/bulk_mod.py``; the server between them runs in the coordinator's
 process (``fedweave/bulk/server.py``). Grants end with the exchange that made them.
@@ -23,9 +26,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from fedweave.bulk.records import BlobError, decoded_file, encoded
+from fedweave.bulk.records import BlobError, decoded_file, encoded, layout_file
 from fedweave.bulk.spool import Spool
 from fedweave.contract import BULK_RECEIPT_RECORD, BULK_TICKET_RECORD, SITE_FAILED_CODE
+from fedweave.coordinator.rounds.spooled_updates import SpooledUpdates
+
+FIT_PARAMETERS_RECORD = "fitres.parameters"
+"""The array record of a legacy fit result (Flower's ``recorddict_to_fitres``): the update."""
 
 GRANT_MARGIN_S = 120.0
 """Seconds a grant outlives the exchange's timeout (a site fetching as its round starts late)."""
@@ -55,10 +62,16 @@ class BulkGrid:
         The folder shared with the coordinator's transfer server.
     port : int
         The transfer server's port; a site connects to the host it reaches the coordinator at.
+    spooled : SpooledUpdates | None (default: None)
+        Where plain rounds' updates are held on disk while it is ``collecting``; ``None``:
+        every reply's tensors are read into it.
     """
 
-    def __init__(self, grid: Any, spool: Spool, port: int) -> None:
+    def __init__(
+        self, grid: Any, spool: Spool, port: int, spooled: SpooledUpdates | None = None
+    ) -> None:
         self._grid, self._spool, self._port = grid, spool, int(port)
+        self._spooled = spooled
         self._largest = 0
         self._pushed: dict[str, _Sent] = {}
 
@@ -160,7 +173,7 @@ class BulkGrid:
             problem = "its upload is not the one it names"
         else:
             try:
-                records = decoded_file(upload.path)
+                records = self._held(upload, asked) or decoded_file(upload.path)
             except BlobError as exc:
                 problem = f"its upload is not a tensor blob: {exc}"
         if upload is not None:
@@ -175,6 +188,25 @@ class BulkGrid:
         for name, record in records.items():
             reply.content.array_records[name] = record
         return reply
+
+    def _held(self, upload: Any, asked: Any) -> dict[str, Any]:
+        """A placeholder record for a plain training update kept in its file (moved aside from
+        its grant), when the exchange is ``collecting``; ``{}`` to read the upload instead."""
+        from flwr.app import MessageType
+
+        spooled = self._spooled
+        if spooled is None or not spooled.collecting_now:
+            return {}
+        if asked.metadata.message_type != MessageType.TRAIN:
+            return {}
+        layout, sizes = layout_file(upload.path)
+        if {entry[0] for entry in layout} != {FIT_PARAMETERS_RECORD}:
+            return {}
+        held = self._spool.hold(upload)
+        placeholder = spooled.hold(
+            asked.metadata.dst_node_id, held, FIT_PARAMETERS_RECORD, sum(sizes)
+        )
+        return {FIT_PARAMETERS_RECORD: placeholder}
 
     def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
         return getattr(self._grid, name)

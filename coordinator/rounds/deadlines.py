@@ -128,13 +128,17 @@ class _DeadlineGrid:
         return getattr(self._grid, name)
 
 
-def deadline_fit_workflow(deadline: RoundDeadline):
+def deadline_fit_workflow(deadline: RoundDeadline, spooled=None):  # type: ignore[no-untyped-def]
     """Flower's default fit workflow (one plain round) closing ``deadline.seconds`` after its
-    instructions go out, with the replies it has by then."""
+    instructions go out, with the replies it has by then; ``spooled`` (``SpooledUpdates``):
+    the round's updates stay on disk until its strategy has added them up, and go after."""
+    from contextlib import nullcontext
+
     from fedweave.flower_patches.default_workflow import default_fit_workflow
 
     def fit_workflow(grid, context) -> None:
-        default_fit_workflow(_DeadlineGrid(grid, deadline), context)
+        with spooled.collecting() if spooled is not None else nullcontext():
+            default_fit_workflow(_DeadlineGrid(grid, deadline), context)
 
     return fit_workflow
 

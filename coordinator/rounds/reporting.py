@@ -12,6 +12,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -27,7 +28,7 @@ from flwr.common import (
     parameters_to_ndarrays,
 )
 from flwr.server import ClientManager
-from flwr.server.strategy import Strategy
+from flwr.server.strategy import FedAdam, FedAvg, FedProx, FedYogi, Strategy
 
 from fedweave.contract import (
     CLIPPED_FRACTION_METRIC,
@@ -49,6 +50,7 @@ from fedweave.coordinator.rounds.federated_evaluation import (
 from fedweave.coordinator.rounds.privacy_ledger import BudgetSpent
 from fedweave.coordinator.rounds.site_outcomes import SiteReplies, failure_said
 from fedweave.coordinator.rounds.site_weights import bounded_results
+from fedweave.coordinator.rounds.spooled_updates import SpooledError, SpooledUpdates
 from fedweave.coordinator.rounds.traffic import Traffic
 from fedweave.flower_patches.default_workflow import ClientProxy
 from fedweave.flower_patches.secagg_masks import unflatten
@@ -63,6 +65,9 @@ CentralEvaluator = Callable[[list[np.ndarray]], dict[str, float]]
 
 HEADLINE = ("loss", "accuracy")
 """The two figures every round line shows; every other metric is kept beside them."""
+MEAN_STRATEGIES = (FedAvg, FedProx, FedAdam, FedYogi)
+"""Flower strategies (these classes exactly) whose aggregate is FedAvg's in-place weighted
+mean, which ``ReportingStrategy`` can add up from updates read one at a time."""
 
 
 def weighted_train_metrics(results: Sequence[tuple[ClientProxy, FitRes]]) -> dict[str, float]:
@@ -84,10 +89,11 @@ def weighted_train_metrics(results: Sequence[tuple[ClientProxy, FitRes]]) -> dic
 
 
 def arrival_independent_order(
-    results: list[tuple[ClientProxy, FitRes]],
+    results: list[tuple[ClientProxy, FitRes]], spooled: SpooledUpdates | None = None
 ) -> list[tuple[ClientProxy, FitRes]]:
     """The results sorted by the name each site gave, or, when names are missing or repeat,
-    by a digest of their weights: not by which site answered first.
+    by a digest of their weights (an update held on disk, ``spooled``, read for it): not by
+    which site answered first.
 
     Floating-point sums depend on their order, and a seeded run only repeats when the
     strategy adds the same updates in the same order every time. The names spare hashing
@@ -99,7 +105,9 @@ def arrival_independent_order(
 
     def digest(item: tuple[ClientProxy, FitRes]) -> bytes:
         hasher = hashlib.blake2b(digest_size=16)
-        for tensor in item[1].parameters.tensors:
+        parameters = item[1].parameters
+        held = spooled is not None and SpooledUpdates.is_placeholder(parameters)
+        for tensor in spooled.tensor_bytes(parameters) if held else parameters.tensors:
             hasher.update(tensor)
         return hasher.digest()
 
@@ -113,6 +121,16 @@ def _weighed_equally(
     return [
         (proxy, FitRes(res.status, res.parameters, 1, res.metrics)) for proxy, res in results
     ]
+
+
+def _scaled_in_place(x: np.ndarray, factor: np.float64) -> np.ndarray:
+    """``x`` times ``factor``, in place, as Flower's ``aggregate_inplace`` scales an update
+    (a factor that does not cast to ``x``'s kind is cast to its dtype first)."""
+    if not x.flags.writeable:
+        x = x.copy()
+    if np.can_cast(factor, x.dtype, casting="same_kind"):
+        return np.multiply(x, factor, out=x)
+    return np.multiply(x, np.array(factor, x.dtype), out=x)
 
 
 def _site_ok(proxy: ClientProxy, res: FitRes) -> SiteResult:
@@ -181,6 +199,15 @@ class ReportingStrategy(Strategy):
     traffic : Traffic | None (default: None)
         The bytes the run's grid counted (``traffic.py``): each site's result gets its
         uplink bytes and the round its bytes in and out. ``None``: not recorded.
+    spooled : SpooledUpdates | None (default: None)
+        Where the round's plain updates are held on disk (``spooled_updates.py``; deployed
+        with ``--bulk-address``): each is read to be checked, and, when the wrapped strategy
+        is one of ``MEAN_STRATEGIES``, read again to be added into FedAvg's weighted mean
+        (the same operations in the same order as Flower's), which the wrapped strategy then
+        gets as one result carrying every example. So the coordinator holds the running sum
+        and one update, whatever the number of sites. Other strategies, and the last round's
+        local models for ``cross_site``, get the updates read into memory. ``None``: every
+        update arrives in memory.
     privacy_budget : PrivacyLedger | None (default: None)
         The run's ledger under ``--max-epsilon`` (``privacy_ledger.py``): a round it says
         would cross the budget is not started (``BudgetSpent`` ends the run), and an
@@ -211,8 +238,10 @@ class ReportingStrategy(Strategy):
         traffic: Traffic | None = None,
         equal_weights: bool = False,
         privacy_budget: Any = None,
+        spooled: SpooledUpdates | None = None,
     ) -> None:
         super().__init__()
+        self.spooled = spooled
         self.equal_weights = equal_weights
         self.privacy_budget = privacy_budget
         self.compression = compression if compression is not None and compression.active else None
@@ -328,11 +357,10 @@ class ReportingStrategy(Strategy):
     ) -> list[tuple[ClientProxy, FitRes]]:
         accepted = []
         for proxy, res in results:
-            res, problem = self._decoded(res)
+            res, arrays, problem = self._update_of(proxy, res)
             if problem is None:
-                problem = update_problem(
-                    parameters_to_ndarrays(res.parameters), self._global, self.max_update_norm
-                )
+                problem = update_problem(arrays, self._global, self.max_update_norm)
+            del arrays  # a held update is read again to be added up: one at a time
             if problem is None:
                 accepted.append((proxy, res))
                 self._sites.append(_site_ok(proxy, res))
@@ -345,27 +373,93 @@ class ReportingStrategy(Strategy):
                 )
         return accepted
 
-    def _decoded(self, res: FitRes) -> tuple[FitRes, str | None]:
-        """``res`` with the site's model in place of its compressed update (``compression``),
-        or why the update is not in the run's agreed format."""
+    def _update_of(
+        self, proxy: ClientProxy, res: FitRes
+    ) -> tuple[FitRes, list[np.ndarray] | None, str | None]:
+        """``res`` (with the site's model in place of its compressed update, unless it is held
+        on disk), the site's model as arrays, or why it is not one in the run's format."""
+        if self.spooled is not None and SpooledUpdates.is_placeholder(res.parameters):
+            try:
+                arrays = self.spooled.arrays(res.parameters, proxy.node_id)
+            except SpooledError as exc:
+                return res, None, str(exc)
+            arrays, problem = self._decoded(arrays, res.metrics)
+            return res, arrays, problem
+        try:
+            arrays = parameters_to_ndarrays(res.parameters)
+        except (ValueError, TypeError, EOFError, OSError) as exc:
+            return res, None, f"its update is not arrays ({type(exc).__name__})"
+        arrays, problem = self._decoded(arrays, res.metrics)
+        if problem is None and self.compression is not None:
+            res = FitRes(
+                status=res.status, parameters=ndarrays_to_parameters(arrays),
+                num_examples=res.num_examples, metrics=res.metrics,
+            )  # fmt: skip
+        return res, arrays, problem
+
+    def _decoded(
+        self, arrays: list[np.ndarray], metrics: dict[str, Scalar]
+    ) -> tuple[list[np.ndarray] | None, str | None]:
+        """The site's model from its ``arrays`` in the run's compression (``compression``), or
+        why the update is not in the run's agreed format."""
         if self.compression is None:
-            return res, None
+            return arrays, None
         agreed = self.compression.spec
-        said = res.metrics.get(COMPRESSION_METRIC)
+        said = metrics.get(COMPRESSION_METRIC)
         if said != agreed:
-            return res, (
+            return None, (
                 f"update sent {f'compressed as {said}' if said else 'uncompressed'}, but the "
                 f"run agreed --compress {agreed}"
             )
         try:
-            weights = self.compression.decode(parameters_to_ndarrays(res.parameters), self._global)
+            return self.compression.decode(arrays, self._global), None
         except CompressionMismatch as exc:
-            return res, f"update not in the run's --compress {agreed} format: {exc}"
-        decoded = FitRes(
-            status=res.status, parameters=ndarrays_to_parameters(weights),
-            num_examples=res.num_examples, metrics=res.metrics,
+            return None, f"update not in the run's --compress {agreed} format: {exc}"
+
+    def _held_arrays(self, proxy: ClientProxy, res: FitRes) -> list[np.ndarray]:
+        """A checked held update read again (it passed ``_check_each_update``: its file is the
+        coordinator's own)."""
+        _res, arrays, problem = self._update_of(proxy, res)
+        if arrays is None:
+            raise RuntimeError(f"held update of site {proxy.node_id} unreadable: {problem}")
+        return arrays
+
+    def _in_memory(
+        self, results: list[tuple[ClientProxy, FitRes]]
+    ) -> list[tuple[ClientProxy, FitRes]]:
+        """``results`` with every held update read into its result."""
+        return [
+            (proxy, replace(res, parameters=ndarrays_to_parameters(self._held_arrays(proxy, res))))
+            if self.spooled is not None and SpooledUpdates.is_placeholder(res.parameters)
+            else (proxy, res)
+            for proxy, res in results
+        ]
+
+    def _streamed_mean(
+        self, results: list[tuple[ClientProxy, FitRes]]
+    ) -> list[tuple[ClientProxy, FitRes]]:
+        """FedAvg's in-place weighted mean of ``results`` (Flower's ``aggregate_inplace``: the
+        same operations in the same order), reading each held update when it is added, as one
+        result carrying all the examples (FedAvg's mean of one is itself)."""
+        total = sum(res.num_examples for _, res in results)
+        factors = np.asarray([res.num_examples / total for _, res in results])
+        mean: list[np.ndarray] = []
+        for (proxy, res), factor in zip(results, factors):
+            arrays = self._held_arrays(proxy, res)
+            scaled = [_scaled_in_place(x, factor) for x in arrays]
+            if not mean:
+                mean = scaled
+            else:
+                for total_layer, layer in zip(mean, scaled):
+                    np.add(total_layer, layer, out=total_layer)
+            del arrays, scaled
+        log.debug("added up %s updates held on disk, one at a time", len(results))
+        first_proxy, first = results[0]
+        combined = FitRes(
+            status=first.status, parameters=ndarrays_to_parameters(mean),
+            num_examples=total, metrics={},
         )  # fmt: skip
-        return decoded, None
+        return [(first_proxy, combined)]
 
     def _record_failures(self, server_round: int, failures: list) -> None:
         """Record each sampled site that did not reply with an update: what it said, bound to
@@ -416,7 +510,9 @@ class ReportingStrategy(Strategy):
             self._warnings.extend(notes)
             self._train_metrics = weighted_train_metrics(accepted)
             if self.cross_site and server_round == self.last_round:
-                self._local_models = {proxy.node_id: res.parameters for proxy, res in accepted}
+                self._local_models = {
+                    proxy.node_id: res.parameters for proxy, res in self._in_memory(accepted)
+                }
         self._record_failures(server_round, failures)
         replied = sum(1 for site in self._sites if site.status == "ok")
         if replied < self.min_replies:
@@ -437,9 +533,11 @@ class ReportingStrategy(Strategy):
             self._failed = held_back
             log.warning("round %s: %s", server_round + self.round_offset, held_back)
             return None, {}
-        return self.strategy.aggregate_fit(
-            server_round, arrival_independent_order(accepted), failures
-        )
+        ordered = arrival_independent_order(accepted, self.spooled)
+        if any(SpooledUpdates.is_placeholder(res.parameters) for _, res in ordered):
+            streams = type(self.strategy) in MEAN_STRATEGIES and self.strategy.inplace
+            ordered = self._streamed_mean(ordered) if streams else self._in_memory(ordered)
+        return self.strategy.aggregate_fit(server_round, ordered, failures)
 
     def configure_evaluate(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager

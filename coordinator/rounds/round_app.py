@@ -46,6 +46,7 @@ from fedweave.coordinator.rounds.secure_agg import (
 from fedweave.coordinator.rounds.simulated_clock import SimulatedClock
 from fedweave.coordinator.rounds.site_names import SiteNames
 from fedweave.coordinator.rounds.site_outcomes import OutcomeGrid, SiteReplies
+from fedweave.coordinator.rounds.spooled_updates import SpooledUpdates
 from fedweave.coordinator.rounds.strategies import make_strategy
 from fedweave.coordinator.rounds.traffic import Traffic
 from fedweave.history.round_summary import RoundListener, RoundStartListener
@@ -100,8 +101,11 @@ def make_server_app(
     ``privacy``: a resumed DP run's recorded ledger (``history.metrics.recorded_privacy``),
     which its rounds continue. ``ended_early`` is told why, when ``--max-epsilon`` ends the
     run before its last round (the run is then complete: nothing more may be spent).
-    ``wire`` wraps the SuperLink's grid before anything else does (deployed with
-    ``--bulk-address``: ``bulk.BulkGrid``, which moves the tensors beside the messages)."""
+    ``wire(grid, spooled)`` wraps the SuperLink's grid before anything else does (deployed
+    with ``--bulk-address``: ``bulk.BulkGrid``, which moves the tensors beside the messages);
+    ``spooled`` is where plain rounds' updates wait on disk to be added up one at a time
+    (``spooled_updates.py``), or ``None`` where they cannot (SecAgg+ sums the masked vectors
+    itself; central DP clips each update in memory)."""
     config = settings.config
     deadline = settings.deadline(test_data)
     task = load_task(config.data.task)
@@ -128,9 +132,14 @@ def make_server_app(
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        site_replies, traffic = SiteReplies(), Traffic()
+        spooled = (
+            SpooledUpdates()
+            if wire is not None and not settings.secure_agg and config.privacy.dp != "central"
+            else None
+        )
+        site_replies, traffic = SiteReplies(), Traffic(spooled)
         if wire is not None:
-            grid = wire(grid)
+            grid = wire(grid, spooled)
         # every workflow's replies, bound to their site, and their bytes counted
         grid = OutcomeGrid(
             grid, site_replies, traffic,
@@ -163,6 +172,7 @@ def make_server_app(
             traffic=traffic,
             equal_weights=config.privacy.dp == "central",
             privacy_budget=ledger if ledger.max_epsilon is not None else None,
+            spooled=spooled,
             fraction_evaluate=config.evaluation.fraction_evaluate,
             min_evaluate_clients=1,
             initial_parameters=ndarrays_to_parameters(start_weights),
@@ -185,12 +195,13 @@ def make_server_app(
             strategy=strategy,
         )
 
-        def make_fit_workflow(cohort: int, secagg):
+        def make_fit_workflow(cohort: int, secagg, held=None):
             if settings.secure_agg:
                 return make_secagg_workflow(secagg, cohort, deadline)
-            return deadline_fit_workflow(deadline)
+            return deadline_fit_workflow(deadline, held)
 
-        fit_workflow = make_fit_workflow(settings.cohort, settings.training_secagg)
+        # the statistics stages' strategy reads its replies in memory: only training's are held
+        fit_workflow = make_fit_workflow(settings.cohort, settings.training_secagg, spooled)
         if needs_statistics(task):
             fit_workflow = StatisticsFirst(
                 fit_workflow,

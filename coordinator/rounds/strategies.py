@@ -26,7 +26,7 @@ REPORTING_KWARGS = frozenset(
     {
         "evaluator", "listeners", "round_starts", "round_offset", "max_update_norm", "deadline",
         "min_replies", "evaluate_every", "last_round", "cross_site", "site_replies",
-        "compression", "traffic", "equal_weights", "privacy_budget",
+        "compression", "traffic", "equal_weights", "privacy_budget", "spooled",
     }
 )  # fmt: skip
 """``make_strategy`` keywords meant for ``ReportingStrategy``; the rest go to Flower's strategy."""
@@ -54,7 +54,7 @@ def make_strategy(
         ``evaluator`` (required; ``None`` without central data), ``listeners``,
         ``round_starts``, ``round_offset``, ``max_update_norm``, ``deadline``, ``min_replies``,
         ``evaluate_every``, ``last_round``, ``cross_site``, ``site_replies``,
-        ``compression``, ``traffic``, ``equal_weights`` and ``privacy_budget`` go to
+        ``compression``, ``traffic``, ``equal_weights``, ``privacy_budget`` and ``spooled`` go to
         ``ReportingStrategy`` (see there for their meaning and defaults); every other keyword
         (``fraction_fit``, ``min_fit_clients``, ``initial_parameters``, ``on_fit_config_fn``,
         ...) goes to the Flower strategy, beside fedweave's defaults for it in ``STRATEGIES``.

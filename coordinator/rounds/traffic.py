@@ -29,12 +29,15 @@ class SiteTraffic:
     other_out: int = 0
 
 
-def payload_bytes(content: Any) -> int:
+def payload_bytes(content: Any, spooled: Any | None = None) -> int:
     """Bytes of a message's content: its serialised arrays and its config records' byte
-    strings."""
+    strings; an update kept on disk (``spooled``: the ``SpooledUpdates`` that hold it) counts
+    as the arrays it stands for."""
     total = 0
     for record in content.array_records.values():
-        total += sum(len(array.data) for array in record.values())
+        for array in record.values():
+            held = spooled.payload_bytes(array) if spooled is not None else None
+            total += len(array.data) if held is None else held
     for record in content.config_records.values():
         for value in record.values():
             if isinstance(value, bytes):
@@ -46,10 +49,11 @@ def payload_bytes(content: Any) -> int:
 
 class Traffic:
     """The counts of the last ``MAX_ROUNDS_KEPT`` rounds, by round (Flower's group id) and
-    node."""
+    node; ``spooled``: the ``SpooledUpdates`` whose placeholders count as their updates."""
 
-    def __init__(self) -> None:
+    def __init__(self, spooled: Any | None = None) -> None:
         self._rounds: dict[str, dict[int, SiteTraffic]] = {}
+        self._spooled = spooled
 
     def _site(self, group_id: str, node_id: int) -> SiteTraffic:
         if group_id not in self._rounds:
@@ -76,7 +80,7 @@ class Traffic:
         if reply.has_error():
             return
         site = self._site(asked.metadata.group_id, asked.metadata.dst_node_id)
-        size = payload_bytes(reply.content)
+        size = payload_bytes(reply.content, self._spooled)
         if asked.metadata.message_type == MessageType.TRAIN:
             site.train_in += size
         else:

@@ -88,7 +88,8 @@ def run_plan(plan: DeployPlan, grid, context) -> None:
 
 def direct_transfers(plan: DeployPlan):  # type: ignore[no-untyped-def]
     """The grid wrapper of a coordinator started with ``--bulk-address`` (its deployment file
-    names the spool and the port), or ``None``: tensors go through Flower."""
+    names the spool and the port): ``wrap(grid, spooled=None)``, ``spooled`` being where the
+    plain rounds' updates wait on disk; or ``None``: tensors go through Flower."""
     if plan.deployment_file is None:
         return None
     deployment = read_deployment_file(plan.deployment_file)
@@ -100,7 +101,7 @@ def direct_transfers(plan: DeployPlan):  # type: ignore[no-untyped-def]
     from fedweave.coordinator.rounds.bulk import BulkGrid
 
     spool, port = Spool(Path(deployment.bulk_spool)), deployment.bulk_port
-    return lambda grid: BulkGrid(grid, spool, port)
+    return lambda grid, spooled=None: BulkGrid(grid, spool, port, spooled)
 
 
 server_app = ServerApp()

@@ -11,7 +11,9 @@ header and checks every offset; ``decoded`` checks the metadata it reads.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,9 @@ import numpy as np
 LAYOUT_KEY = "fedweave.records"
 """safetensors metadata: JSON list of ``[record, key, dtype, shape, stype]``, tensor ``i`` being
 the ``i``-th entry's bytes."""
+MAX_NPY_HEADER = 1 << 16
+"""The most bytes of an array's ``.npy`` header read (NumPy's own reader refuses past 10,000
+by default)."""
 MAX_ARRAYS = 1_000_000
 """The most arrays one blob may name (a model's tensors are thousands at most)."""
 
@@ -82,6 +87,84 @@ def decoded_file(path: Path) -> dict[str, Any]:
         if isinstance(exc, BlobError):
             raise
         raise BlobError(f"not a fedweave safetensors blob ({type(exc).__name__})") from None
+
+
+def layout_file(path: Path) -> tuple[list[tuple[str, str, str, list[int], str]], list[int]]:
+    """The checked layout of the blob in ``path`` (each entry ``(record, key, dtype, shape,
+    stype)``) and each array's size in bytes, its tensors checked to be byte strings from the
+    header alone: nothing of the arrays is read. ``BlobError`` for anything ``decoded`` would
+    refuse there."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="numpy") as blob:
+            layout, names = _layout(blob.metadata()), set(blob.keys())
+            if names != {str(i) for i in range(len(layout))}:
+                raise BlobError("its tensors do not match its layout")
+            sizes = []
+            for i in range(len(layout)):
+                one = blob.get_slice(str(i))
+                if one.get_dtype() != "U8" or len(one.get_shape()) != 1:
+                    raise BlobError(f"tensor {i} is not a byte string")
+                sizes.append(int(one.get_shape()[0]))
+            return layout, sizes
+    except (SafetensorError, ValueError, TypeError, OSError) as exc:
+        if isinstance(exc, BlobError):
+            raise
+        raise BlobError(f"not a fedweave safetensors blob ({type(exc).__name__})") from None
+
+
+def arrays_file(path: Path, record: str) -> Iterator[np.ndarray]:
+    """The bytes of each array of ``record`` in the blob in ``path`` (what the message's
+    ``Array.data`` would have been), in order, one at a time, as uint8 tensors."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="numpy") as blob:
+            for i, entry in enumerate(_layout(blob.metadata())):
+                if entry[0] == record:
+                    yield blob.get_tensor(str(i))
+    except (SafetensorError, ValueError, TypeError, OSError) as exc:
+        if isinstance(exc, BlobError):
+            raise
+        raise BlobError(f"not a fedweave safetensors blob ({type(exc).__name__})") from None
+
+
+def ndarrays_file(path: Path, record: str) -> Iterator[np.ndarray]:
+    """The arrays of ``record`` in the blob in ``path``, in order, one at a time: each array's
+    bytes (NumPy's serialisation, as Flower's ``parameters_to_ndarrays`` reads them, without
+    pickles) parsed in place, so one array is held per step. ``BlobError`` for bytes that are
+    not such an array."""
+    for raw in arrays_file(path, record):
+        yield npy_array(raw)
+
+
+def npy_array(raw: np.ndarray) -> np.ndarray:
+    """The array NumPy's ``.npy`` serialisation in the byte tensor ``raw`` holds, viewing
+    ``raw``'s memory (no copy); ``BlobError`` for a pickle, a truncated array or trailing
+    bytes."""
+    from numpy.lib import format as npy
+
+    head = io.BytesIO(raw[:MAX_NPY_HEADER].tobytes())
+    try:
+        version = npy.read_magic(head)
+        if version == (1, 0):
+            shape, fortran, dtype = npy.read_array_header_1_0(head)
+        elif version == (2, 0):
+            shape, fortran, dtype = npy.read_array_header_2_0(head)
+        else:
+            raise BlobError(f".npy format version {version} is not read here")
+    except (ValueError, TypeError, SyntaxError, EOFError) as exc:
+        if isinstance(exc, BlobError):
+            raise
+        raise BlobError("an array is not in NumPy's .npy format") from None
+    if dtype.hasobject:
+        raise BlobError("an array holds Python objects (a pickle)")
+    count = int(np.prod(shape, dtype=np.int64))
+    if head.tell() + count * dtype.itemsize != raw.nbytes:
+        raise BlobError("an array's bytes do not match its header")
+    flat = np.frombuffer(raw, dtype=dtype, count=count, offset=head.tell())
+    return flat.reshape(shape, order="F" if fortran else "C")
 
 
 def _records(layout: list, tensor: Any) -> dict[str, Any]:

@@ -9,6 +9,9 @@ file).
 - ``uploads/ID`` and ``uploads/ID.json``: what a site uploaded under a grant, and its digest
   and size as the server measured them (``ID.part`` while it arrives, ``ID.taken`` once the
   ServerApp has taken it to read).
+- ``held/HANDLE``: an update the ServerApp keeps on disk past its exchange, until its round
+  has added it into the mean (``coordinator/rounds/spooled_updates.py``); the sweep removes
+  one a ServerApp that died left behind.
 
 Files appear in one step (written aside, then renamed), so a reader sees all of one or none.
 """
@@ -26,6 +29,9 @@ from pathlib import Path
 BLOB_GRACE_S = 120.0
 """A blob no live grant names is removed by ``sweep`` once it is this old (a grant naming it
 may be on its way)."""
+HELD_GRACE_S = 3600.0
+"""A held update is removed by ``sweep`` once it is this old (its round reads it within seconds
+of the exchange's end; an older one belongs to a ServerApp that stopped)."""
 MAX_GRANT_BYTES = 1 << 20
 """The most of a grant file read: it names a few digests."""
 
@@ -73,7 +79,7 @@ class Spool:
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
-        for sub in ("", "blobs", "grants", "uploads"):
+        for sub in ("", "blobs", "grants", "uploads", "held"):
             (self.root / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
 
     # -- the ServerApp's side -------------------------------------------------------------
@@ -121,6 +127,13 @@ class Spool:
             taken.unlink(missing_ok=True)
             return None
         return Upload(taken, str(meta.get("digest")), held.node)
+
+    def hold(self, upload: Upload) -> Path:
+        """Move a taken upload out of its grant's reach (releasing the grant leaves it) into
+        ``held/``; returns where it is now, the holder's to remove."""
+        held = self.root / "held" / secrets.token_hex(16)
+        os.replace(upload.path, held)
+        return held
 
     def release(self, tokens: list[str]) -> None:
         """Remove the grants of ``tokens`` and anything uploaded under them."""
@@ -178,8 +191,8 @@ class Spool:
         (self.root / "uploads" / grant.id).with_suffix(".json").unlink(missing_ok=True)
 
     def sweep(self, now: float | None = None) -> int:
-        """Remove expired grants with their uploads, and blobs no live grant names; returns
-        how many files went."""
+        """Remove expired grants with their uploads, blobs no live grant names and held
+        updates older than ``HELD_GRACE_S``; returns how many files went."""
         now = time.time() if now is None else now
         removed, named = 0, set()
         for path in (self.root / "grants").glob("*.json"):
@@ -194,6 +207,14 @@ class Spool:
             except OSError:
                 continue
             if path.name not in named and old:
+                path.unlink(missing_ok=True)
+                removed += 1
+        for path in (self.root / "held").iterdir():
+            try:
+                old = now - path.stat().st_mtime > HELD_GRACE_S
+            except OSError:
+                continue
+            if old:
                 path.unlink(missing_ok=True)
                 removed += 1
         return removed
