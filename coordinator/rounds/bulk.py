@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from fedweave.bulk.records import BlobError, decoded_file, encoded, layout_file
+from fedweave.bulk.records import BlobError, decoded_file, encoded_parts, layout_file
 from fedweave.bulk.spool import Spool
 from fedweave.contract import BULK_RECEIPT_RECORD, BULK_TICKET_RECORD, SITE_FAILED_CODE
 from fedweave.coordinator.rounds.spooled_updates import SpooledUpdates
@@ -131,9 +131,8 @@ class BulkGrid:
                         continue
                     key = tuple(id(array.data) for array in record.values())
                     if key not in blobs:  # the exchange's messages share one model
-                        blob = encoded({name: record})
-                        blobs[key] = (self._spool.put_blob(blob), len(blob))
-                        self._largest = max(self._largest, len(blob))
+                        blobs[key] = self._spool.put_parts(encoded_parts({name: record}))
+                        self._largest = max(self._largest, blobs[key][1])
                     fetch.append(blobs[key])
                     names.append(name)
                 token = self._spool.grant(

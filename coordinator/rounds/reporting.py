@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
@@ -24,6 +24,7 @@ from flwr.common import (
     FitRes,
     Parameters,
     Scalar,
+    ndarray_to_bytes,
     ndarrays_to_parameters,
     parameters_to_ndarrays,
 )
@@ -121,6 +122,22 @@ def _weighed_equally(
     return [
         (proxy, FitRes(res.status, res.parameters, 1, res.metrics)) for proxy, res in results
     ]
+
+
+def parameter_views(parameters: Parameters) -> list[np.ndarray]:
+    """Flower's ``parameters_to_ndarrays`` without the copy: read-only arrays viewing the
+    bytes of ``parameters`` (the global model the workflow keeps anyway)."""
+    from fedweave.bulk.records import BlobError, npy_array
+
+    try:
+        return [npy_array(np.frombuffer(tensor, np.uint8)) for tensor in parameters.tensors]
+    except BlobError:  # not NumPy's format: Flower's reader says why
+        return parameters_to_ndarrays(parameters)
+
+
+def _serialised(arrays: Iterator[np.ndarray]) -> Parameters:
+    """Flower's ``ndarrays_to_parameters`` of arrays read one at a time."""
+    return Parameters([ndarray_to_bytes(array) for array in arrays], "numpy.ndarray")
 
 
 def _scaled_in_place(x: np.ndarray, factor: np.float64) -> np.ndarray:
@@ -293,7 +310,7 @@ class ReportingStrategy(Strategy):
             if spent is not None:
                 raise BudgetSpent(spent)
         self._round_started = (time.perf_counter(), datetime.now(timezone.utc))
-        self._global = parameters_to_ndarrays(parameters)
+        self._global = parameter_views(parameters)
         self._sites, self._warnings, self._train_metrics = [], [], {}
         self._aggregated, self._failed, self._pending = False, None, None
         self._asked_to_evaluate = []
@@ -416,20 +433,28 @@ class ReportingStrategy(Strategy):
         except CompressionMismatch as exc:
             return None, f"update not in the run's --compress {agreed} format: {exc}"
 
-    def _held_arrays(self, proxy: ClientProxy, res: FitRes) -> list[np.ndarray]:
+    def _held_arrays(self, proxy: ClientProxy, res: FitRes) -> Iterator[np.ndarray]:
         """A checked held update read again (it passed ``_check_each_update``: its file is the
-        coordinator's own)."""
+        coordinator's own), one array at a time unless it must be decoded whole."""
+        if self.compression is None and self.spooled is not None:
+            try:
+                yield from self.spooled.arrays_one_by_one(res.parameters, proxy.node_id)
+                return
+            except SpooledError as exc:
+                raise RuntimeError(
+                    f"held update of site {proxy.node_id} unreadable: {exc}"
+                ) from None
         _res, arrays, problem = self._update_of(proxy, res)
         if arrays is None:
             raise RuntimeError(f"held update of site {proxy.node_id} unreadable: {problem}")
-        return arrays
+        yield from arrays
 
     def _in_memory(
         self, results: list[tuple[ClientProxy, FitRes]]
     ) -> list[tuple[ClientProxy, FitRes]]:
         """``results`` with every held update read into its result."""
         return [
-            (proxy, replace(res, parameters=ndarrays_to_parameters(self._held_arrays(proxy, res))))
+            (proxy, replace(res, parameters=_serialised(self._held_arrays(proxy, res))))
             if self.spooled is not None and SpooledUpdates.is_placeholder(res.parameters)
             else (proxy, res)
             for proxy, res in results
@@ -444,19 +469,22 @@ class ReportingStrategy(Strategy):
         total = sum(res.num_examples for _, res in results)
         factors = np.asarray([res.num_examples / total for _, res in results])
         mean: list[np.ndarray] = []
-        for (proxy, res), factor in zip(results, factors):
-            arrays = self._held_arrays(proxy, res)
-            scaled = [_scaled_in_place(x, factor) for x in arrays]
-            if not mean:
-                mean = scaled
-            else:
-                for total_layer, layer in zip(mean, scaled):
-                    np.add(total_layer, layer, out=total_layer)
-            del arrays, scaled
+        for i, ((proxy, res), factor) in enumerate(zip(results, factors)):
+            for index, array in enumerate(self._held_arrays(proxy, res)):
+                scaled = _scaled_in_place(array, factor)
+                if i == 0:
+                    mean.append(scaled)
+                else:
+                    np.add(mean[index], scaled, out=mean[index])
+                del array, scaled
         log.debug("added up %s updates held on disk, one at a time", len(results))
+        tensors = []
+        for i in range(len(mean)):  # each layer let go once serialised
+            tensors.append(ndarray_to_bytes(mean[i]))
+            mean[i] = None  # type: ignore[call-overload]
         first_proxy, first = results[0]
         combined = FitRes(
-            status=first.status, parameters=ndarrays_to_parameters(mean),
+            status=first.status, parameters=Parameters(tensors, "numpy.ndarray"),
             num_examples=total, metrics={},
         )  # fmt: skip
         return [(first_proxy, combined)]
@@ -535,8 +563,15 @@ class ReportingStrategy(Strategy):
             return None, {}
         ordered = arrival_independent_order(accepted, self.spooled)
         if any(SpooledUpdates.is_placeholder(res.parameters) for _, res in ordered):
-            streams = type(self.strategy) in MEAN_STRATEGIES and self.strategy.inplace
-            ordered = self._streamed_mean(ordered) if streams else self._in_memory(ordered)
+            inner = self.strategy
+            if not (type(inner) in MEAN_STRATEGIES and inner.inplace):
+                return inner.aggregate_fit(server_round, self._in_memory(ordered), failures)
+            ordered = self._streamed_mean(ordered)
+            if type(inner) in (FedAvg, FedProx) and inner.fit_metrics_aggregation_fn is None:
+                # FedAvg's mean of one result is that result: spare the copies it would make
+                if failures and not inner.accept_failures:
+                    return None, {}
+                return ordered[0][1].parameters, {}
         return self.strategy.aggregate_fit(server_round, ordered, failures)
 
     def configure_evaluate(
@@ -677,7 +712,7 @@ class ReportingStrategy(Strategy):
             self._sites = [SiteResult(str(node), "failed", reason=reason) for node in self._sampled]
             self._warnings.append(reason)
             self._failed = self._failed or reason
-        weights = parameters_to_ndarrays(parameters)
+        weights = parameter_views(parameters)
         central = (
             {k: float(v) for k, v in self.evaluator(weights).items()}
             if self.evaluator is not None

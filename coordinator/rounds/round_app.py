@@ -89,7 +89,8 @@ def make_server_app(
     ended_early: Callable[[str], None] | None = None,
     wire: Callable[[Any], Any] | None = None,
 ) -> ServerApp:
-    """A ServerApp that runs ``settings.rounds`` rounds from ``start_weights``; a task that
+    """A ServerApp that runs ``settings.rounds`` rounds from ``start_weights`` (which it keeps
+    only until round 1's model is made of them: the caller lets go of them too); a task that
     needs federated statistics gathers them first, unless ``statistics`` (a resumed run's
     recorded ones) are given; a DP run takes the task's declared ones instead (the command
     checked it has them). ``listeners`` hear of every finished round, ``round_starts`` of
@@ -120,6 +121,9 @@ def make_server_app(
             settings, test_data, start_weights, listeners, round_starts, clock_start, deadline,
             registered_names, wire,
         )
+    # the app's own from here: let go once round 1's model is made of it (a model is large)
+    initial = {"weights": start_weights}
+    del start_weights
     ledger = PrivacyLedger(
         [ModelHealth(listeners, int(getattr(task, "num_classes", 0)))],
         config.privacy, settings.cohort, privacy,
@@ -175,7 +179,7 @@ def make_server_app(
             spooled=spooled,
             fraction_evaluate=config.evaluation.fraction_evaluate,
             min_evaluate_clients=1,
-            initial_parameters=ndarrays_to_parameters(start_weights),
+            initial_parameters=ndarrays_to_parameters(initial.pop("weights")),
             on_fit_config_fn=lambda server_round: {
                 **settings.fit_config(server_round, deadline.seconds), **sink.config(),
                 **ledger.fit_config(),

@@ -92,13 +92,17 @@ class SpooledUpdates:
         """The update a placeholder's ``parameters`` stand for, read from its file (the
         arrays view one read of it); ``SpooledError`` when it is not one held for ``node``, or
         its file does not hold arrays."""
+        return list(self.arrays_one_by_one(parameters, node))
+
+    def arrays_one_by_one(self, parameters: Any, node: int) -> Iterator[np.ndarray]:
+        """``arrays``, one array at a time (each let go before the next is read)."""
         from fedweave.bulk.records import BlobError, ndarrays_file
 
         held = self._held.get(parameters.tensors[0]) if len(parameters.tensors) == 1 else None
         if held is None or held.node != int(node):
             raise SpooledError("its update names nothing the coordinator holds for it")
         try:
-            return list(ndarrays_file(held.path, held.record))
+            yield from ndarrays_file(held.path, held.record)
         except BlobError as exc:
             raise SpooledError(f"its update is not arrays: {exc}") from None
 

@@ -78,6 +78,7 @@ def run_plan(plan: DeployPlan, grid, context) -> None:
                 ended_early=recording.ended_early.append,
                 wire=direct_transfers(plan),
             )  # fmt: skip
+            del start, weights  # the app holds the start until round 1 is made of it
             app(grid=grid, context=context)
             recorder.flush()
         finally:

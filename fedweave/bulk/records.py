@@ -35,14 +35,29 @@ class BlobError(ValueError):
 
 def encoded(records: dict[str, Any]) -> bytes:
     """``records`` (array record name → ``ArrayRecord``) as one safetensors blob."""
-    from safetensors.numpy import save
+    return b"".join(encoded_parts(records))
 
-    tensors, layout = {}, []
+
+def encoded_parts(records: dict[str, Any]) -> list[bytes]:
+    """``encoded``'s blob as its pieces, in order: the header's length, the header, then each
+    array's bytes themselves. Written or sent piece by piece, a blob costs no copy of the
+    model (safetensors' own writer copies every tensor, then the whole blob, before writing
+    a byte); ``safe_open`` and ``safetensors.numpy.load`` read it as any safetensors file."""
+    header: dict[str, Any] = {}
+    layout, parts, offset = [], [], 0
     for name, record in records.items():
         for key, array in record.items():
-            tensors[str(len(layout))] = np.frombuffer(array.data, dtype=np.uint8)
+            size = len(array.data)
+            header[str(len(layout))] = {
+                "dtype": "U8", "shape": [size], "data_offsets": [offset, offset + size],
+            }  # fmt: skip
             layout.append([name, key, array.dtype, list(array.shape), array.stype])
-    return save(tensors, metadata={LAYOUT_KEY: json.dumps(layout)})
+            parts.append(array.data)
+            offset += size
+    header["__metadata__"] = {LAYOUT_KEY: json.dumps(layout)}
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # safetensors' own writer aligns the data to 8 bytes
+    return [len(text).to_bytes(8, "little"), text, *parts]
 
 
 def digest(blob: bytes | memoryview) -> str:
@@ -73,17 +88,13 @@ def decoded(blob: bytes) -> dict[str, Any]:
 
 
 def decoded_file(path: Path) -> dict[str, Any]:
-    """``decoded`` for a blob in a file, read one tensor at a time (memory mapped): the records
-    and the largest tensor are all that is held at once."""
-    from safetensors import SafetensorError, safe_open
-
+    """``decoded`` for a blob in a file, read one tensor at a time: the records and the
+    tensor being read are all that is held at once."""
+    layout, _sizes = layout_file(path)
     try:
-        with safe_open(str(path), framework="numpy") as blob:
-            layout, names = _layout(blob.metadata()), set(blob.keys())
-            if names != {str(i) for i in range(len(layout))}:
-                raise BlobError("its tensors do not match its layout")
-            return _records(layout, blob.get_tensor)
-    except (SafetensorError, ValueError, TypeError, OSError) as exc:
+        with _TensorFile(path) as tensors:
+            return _records(layout, tensors.read)
+    except (ValueError, TypeError, OSError) as exc:
         if isinstance(exc, BlobError):
             raise
         raise BlobError(f"not a fedweave safetensors blob ({type(exc).__name__})") from None
@@ -114,17 +125,47 @@ def layout_file(path: Path) -> tuple[list[tuple[str, str, str, list[int], str]],
         raise BlobError(f"not a fedweave safetensors blob ({type(exc).__name__})") from None
 
 
+class _TensorFile:
+    """The tensors of a blob file whose header safetensors has checked (``layout_file``), each
+    read into a fresh array with plain reads: a memory map would count every page read into
+    the process's resident memory a second time, beside the copy."""
+
+    def __init__(self, path: Path) -> None:
+        self._file = open(path, "rb")  # noqa: SIM115 - closed by __exit__
+        try:
+            size = int.from_bytes(self._file.read(8), "little")
+            self._offsets = json.loads(self._file.read(size))
+            self._base = 8 + size
+        except BaseException:
+            self._file.close()
+            raise
+
+    def __enter__(self) -> _TensorFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._file.close()
+
+    def read(self, name: str) -> np.ndarray:
+        """Tensor ``name``'s bytes, as a uint8 array of its own."""
+        begin, end = self._offsets[name]["data_offsets"]
+        raw = np.empty(end - begin, np.uint8)
+        self._file.seek(self._base + begin)
+        if self._file.readinto(memoryview(raw)) != end - begin:
+            raise BlobError("the blob ends before its tensors do")
+        return raw
+
+
 def arrays_file(path: Path, record: str) -> Iterator[np.ndarray]:
     """The bytes of each array of ``record`` in the blob in ``path`` (what the message's
     ``Array.data`` would have been), in order, one at a time, as uint8 tensors."""
-    from safetensors import SafetensorError, safe_open
-
+    layout, _sizes = layout_file(path)
     try:
-        with safe_open(str(path), framework="numpy") as blob:
-            for i, entry in enumerate(_layout(blob.metadata())):
+        with _TensorFile(path) as tensors:
+            for i, entry in enumerate(layout):
                 if entry[0] == record:
-                    yield blob.get_tensor(str(i))
-    except (SafetensorError, ValueError, TypeError, OSError) as exc:
+                    yield tensors.read(str(i))
+    except (ValueError, TypeError, KeyError, OSError) as exc:
         if isinstance(exc, BlobError):
             raise
         raise BlobError(f"not a fedweave safetensors blob ({type(exc).__name__})") from None

@@ -87,13 +87,27 @@ class Spool:
     def put_blob(self, blob: bytes) -> str:
         """Write ``blob`` under its digest (once; a second put of the same bytes reuses it);
         returns the digest."""
-        name = hashlib.sha256(blob).hexdigest()
-        path = self.blob_path(name)
-        if path.exists():
-            os.utime(path)  # fresh again: the sweep counts its age from here
-        else:
-            self._write(path, blob)
-        return name
+        return self.put_parts([blob])[0]
+
+    def put_parts(self, parts: list[bytes]) -> tuple[str, int]:
+        """``put_blob`` for a blob given as its pieces (``records.encoded_parts``), written and
+        hashed piece by piece: no copy of it is made. Returns its digest and size."""
+        hasher, size = hashlib.sha256(), 0
+        aside = self.root / "blobs" / f".{secrets.token_hex(8)}.part"
+        try:
+            with open(aside, "xb") as file:
+                for part in parts:
+                    hasher.update(part)
+                    file.write(part)
+                    size += len(part)
+            path = self.blob_path(hasher.hexdigest())
+            if path.exists():
+                os.utime(path)  # fresh again: the sweep counts its age from here
+            else:
+                os.replace(aside, path)
+        finally:
+            aside.unlink(missing_ok=True)
+        return hasher.hexdigest(), size
 
     def grant(self, node: int, fetch: list[str], upload_limit: int, lifetime_s: float) -> str:
         """File a grant for ``node`` and return its token (which only the message carries)."""

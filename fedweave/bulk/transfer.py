@@ -80,27 +80,35 @@ class Link:
             if conn is not None:
                 conn.close()
 
-    def upload(self, blob: bytes) -> dict:
-        """Upload ``blob``; returns the server's receipt (``upload``, ``digest``, ``size``)."""
+    def upload(self, blob: bytes | list[bytes]) -> dict:
+        """Upload ``blob`` (or a blob given as its pieces, ``records.encoded_parts``, sent
+        piece by piece: no copy is made); returns the server's receipt (``upload``,
+        ``digest``, ``size``)."""
+        parts = [blob] if isinstance(blob, (bytes, bytearray, memoryview)) else list(blob)
+        size = sum(len(part) for part in parts)
         conn = None
         try:
             conn = self._connection()
             conn.putrequest("PUT", "/v1/uploads", skip_accept_encoding=True)
-            headers = {**self._headers(), "Content-Length": str(len(blob)),
+            headers = {**self._headers(), "Content-Length": str(size),
                        "Expect": "100-continue"}  # fmt: skip
             for name, value in headers.items():
                 conn.putheader(name, value)
             conn.endheaders()
             self._continue_or_refused(conn)
-            end, view = time.monotonic() + self.deadline_s, memoryview(blob)
-            for start in range(0, len(blob), CHUNK):
-                if time.monotonic() > end:
-                    raise TransferError(f"uploading the update took over {self.deadline_s:g} s")
-                conn.send(view[start : start + CHUNK])
+            end = time.monotonic() + self.deadline_s
+            for part in parts:
+                view = memoryview(part)
+                for start in range(0, len(view), CHUNK):
+                    if time.monotonic() > end:
+                        raise TransferError(
+                            f"uploading the update took over {self.deadline_s:g} s"
+                        )
+                    conn.send(view[start : start + CHUNK])
             response = conn.getresponse()
             self._check(response)
             receipt = json.loads(response.read(MAX_ANSWER_BYTES))
-            if receipt.get("size") != len(blob):  # TLS kept the bytes whole; the server hashed them
+            if receipt.get("size") != size:  # TLS kept the bytes whole; the server hashed them
                 raise TransferError("the coordinator received other bytes than were sent")
             return receipt
         except (OSError, ValueError, AttributeError, http.client.HTTPException) as exc:

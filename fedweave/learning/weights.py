@@ -34,8 +34,15 @@ def set_weights(model: nn.Module, weights: list[np.ndarray]) -> None:
     keys = list(model.state_dict().keys())
     if len(keys) != len(weights):
         raise ValueError(f"model has {len(keys)} tensors but {len(weights)} were given")
-    state = OrderedDict((k, torch.from_numpy(np.asarray(w))) for k, w in zip(keys, weights))
+    state = OrderedDict((k, torch.from_numpy(_writable(w))) for k, w in zip(keys, weights))
     model.load_state_dict(state, strict=True)
+
+
+def _writable(array: np.ndarray) -> np.ndarray:
+    """``array``, or a copy where it is read-only (a view of a message's bytes): torch shares
+    a NumPy array's memory and warns on one it may not write."""
+    array = np.asarray(array)
+    return array if array.flags.writeable else array.copy()
 
 
 def weights_sha256(weights: list[np.ndarray]) -> str:
