@@ -16,7 +16,7 @@ from pathlib import Path
 from flwr.app import ConfigRecord, Context, Message
 
 from fedweave.addresses import parse_host_port
-from fedweave.bulk.records import BlobError, decoded, encoded
+from fedweave.bulk.records import BlobError, decoded, encoded_parts
 from fedweave.bulk.transfer import Link, TransferError
 from fedweave.contract import (
     BULK_RECEIPT_RECORD,
@@ -63,7 +63,7 @@ def bulk_transfers(msg: Message, context: Context, call_next: ClientAppCallable)
     if not uploaded:
         return reply  # an empty record (SecAgg+'s fitres.parameters) stays where Flower reads it
     try:
-        receipt = link.upload(encoded(uploaded))
+        receipt = link.upload(encoded_parts(uploaded))
     except TransferError as exc:
         raise TransferFailed(f"the update did not reach the coordinator: {exc}") from None
     for name in uploaded:
