@@ -16,7 +16,7 @@ from pathlib import Path
 from flwr.app import ConfigRecord, Context, Message
 
 from fedweave.addresses import parse_host_port
-from fedweave.bulk.records import BlobError, decoded, encoded_parts
+from fedweave.bulk.records import BlobError, encoded_parts
 from fedweave.bulk.transfer import Link, TransferError
 from fedweave.contract import (
     BULK_RECEIPT_RECORD,
@@ -50,7 +50,7 @@ def bulk_transfers(msg: Message, context: Context, call_next: ClientAppCallable)
     for name, reference in zip(names, fetch):
         digest, size = _reference(str(reference))
         try:
-            records = decoded(link.fetch(digest, size))
+            records = link.fetch_records(digest, size)
         except (TransferError, BlobError) as exc:
             raise TransferFailed(f"the model did not arrive: {exc}") from None
         if set(records) != {name}:

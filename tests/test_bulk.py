@@ -107,13 +107,51 @@ def test_a_blob_in_a_file_reads_the_same_and_refuses_the_same(tmp_path):
                  metadata={"fedweave.records": '[["r", "0", "float32", [3], "numpy.ndarray"]]'})
     not_bytes = save({"0": np.zeros(3, np.float32)},
                      metadata={"fedweave.records": '[["r", "0", "float32", [3], "numpy.ndarray"]]'})
+    assert [v.data for v in _streamed(blob)["fitres.parameters"].values()] == [
+        weights[k].data for k in weights
+    ]
+    layout = '[["r", "0", "", [], "x"], ["r", "1", "", [], "x"]]'
+    gap = _blob({"0": [0, 3], "1": [4, 5]}, layout, 5)  # a byte no tensor owns
+    overlap = _blob({"0": [0, 3], "1": [2, 5]}, layout, 5)
+    trailing = _blob({"0": [0, 3], "1": [3, 5]}, layout, 6)
     for bad in (b"", blob[:-5], b"\xff" * 64, save({"0": np.zeros(3, np.uint8)}), extra,
-                not_bytes):  # fmt: skip
+                not_bytes, gap, overlap, trailing):  # fmt: skip
         path.write_bytes(bad)
         with pytest.raises(BlobError):
             decoded_file(path)
         with pytest.raises(BlobError):
             decoded(bad)
+        with pytest.raises(BlobError):  # as a site reads a fetched model off its connection
+            _streamed(bad)
+
+
+def _blob(offsets: dict, layout: str, data: int) -> bytes:
+    """A safetensors blob written by hand: byte-string tensors at ``offsets``, ``data`` bytes
+    of data."""
+    import json
+
+    header = {name: {"dtype": "U8", "shape": [end - begin], "data_offsets": [begin, end]}
+              for name, (begin, end) in offsets.items()}  # fmt: skip
+    header["__metadata__"] = {"fedweave.records": layout}
+    text = json.dumps(header).encode()
+    return len(text).to_bytes(8, "little") + text + b"\x01" * data
+
+
+def _streamed(blob: bytes):
+    """``decoded_stream`` over ``blob`` as a connection gives it: a short read is an error."""
+    import io
+
+    from fedweave.bulk.records import decoded_stream
+
+    stream = io.BytesIO(blob)
+
+    def read(count: int) -> bytes:
+        got = stream.read(count)
+        if len(got) != count:
+            raise BlobError("the stream ended early")  # the site's link: a TransferError
+        return got
+
+    return decoded_stream(read, len(blob))
 
 
 # -- the server and a site's client ------------------------------------------------------------
@@ -206,6 +244,8 @@ def test_a_blob_changed_on_the_way_is_refused_by_the_site(served, tls):
     token = spool.grant(5, [digest], 0, 60)
     with pytest.raises(TransferError, match="does not hash to the digest"):
         _link(server, token, tls).fetch(digest, len(blob))
+    with pytest.raises(TransferError, match="does not hash to the digest"):
+        _link(server, token, tls).fetch_records(digest, len(blob))  # read straight into records
 
 
 # -- the coordinator's grid and the site's mod, end to end ---------------------------------------

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,8 @@ the ``i``-th entry's bytes."""
 MAX_NPY_HEADER = 1 << 16
 """The most bytes of an array's ``.npy`` header read (NumPy's own reader refuses past 10,000
 by default)."""
+MAX_HEADER = 100 << 20
+"""The longest safetensors header read (safetensors' own limit)."""
 MAX_ARRAYS = 1_000_000
 """The most arrays one blob may name (a model's tensors are thousands at most)."""
 
@@ -74,7 +76,7 @@ def decoded(blob: bytes) -> dict[str, Any]:
     if len(blob) < 8:
         raise BlobError("shorter than a safetensors header")
     size = int.from_bytes(blob[:8], "little")
-    if size > min(len(blob) - 8, 100 << 20):
+    if size > min(len(blob) - 8, MAX_HEADER):
         raise BlobError("its header runs past its end")
     try:
         metadata = json.loads(bytes(blob[8 : 8 + size]))["__metadata__"]
@@ -85,6 +87,49 @@ def decoded(blob: bytes) -> dict[str, Any]:
     if set(tensors) != {str(i) for i in range(len(layout))}:
         raise BlobError("its tensors do not match its layout")
     return _records(layout, tensors.pop)
+
+
+def decoded_stream(read: Callable[[int], bytes], size: int) -> dict[str, Any]:
+    """``decoded`` for a blob of ``size`` bytes read from a stream (``read(n)``: its next
+    ``n`` bytes, exactly), straight into the records, one array's bytes at a time: nothing of
+    the blob is held beside them. Every check ``decoded`` makes is made (the layout, and the
+    safetensors header: byte-string tensors whose offsets cover the data exactly, in order);
+    ``BlobError`` otherwise, before any array is read past a bad header."""
+    if size < 8:
+        raise BlobError("shorter than a safetensors header")
+    length = int.from_bytes(read(8), "little")
+    if length > min(size - 8, MAX_HEADER):
+        raise BlobError("its header runs past its end")
+    try:
+        header = json.loads(read(length))
+        layout = _layout(header.pop("__metadata__"))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise BlobError("not a fedweave safetensors blob (its header)") from None
+    if set(header) != {str(i) for i in range(len(layout))}:
+        raise BlobError("its tensors do not match its layout")
+    spans = []
+    for name, entry in header.items():
+        try:
+            begin, end = entry["data_offsets"]
+            shape, dtype = entry["shape"], entry["dtype"]
+        except (KeyError, TypeError, ValueError):
+            raise BlobError(f"tensor {name}'s header is malformed") from None
+        if dtype != "U8" or not isinstance(shape, list) or len(shape) != 1:
+            raise BlobError(f"tensor {name} is not a byte string")
+        if not all(isinstance(n, int) and not isinstance(n, bool) for n in (begin, end, *shape)):
+            raise BlobError(f"tensor {name}'s offsets are not integers")
+        if end - begin != shape[0] or begin < 0:
+            raise BlobError(f"tensor {name}'s offsets do not match its size")
+        spans.append((begin, end, name))
+    spans.sort()
+    at, data = 0, {}
+    for begin, end, name in spans:
+        if begin != at:
+            raise BlobError("its tensors do not cover its data exactly")
+        data[name], at = read(end - begin), end
+    if 8 + length + at != size:
+        raise BlobError("its tensors do not cover its data exactly")
+    return _records(layout, data.pop)
 
 
 def decoded_file(path: Path) -> dict[str, Any]:
@@ -209,7 +254,8 @@ def npy_array(raw: np.ndarray) -> np.ndarray:
 
 
 def _records(layout: list, tensor: Any) -> dict[str, Any]:
-    """The array records of ``layout``, tensor ``i`` being ``tensor(str(i))`` (taken once)."""
+    """The array records of ``layout``, tensor ``i`` being ``tensor(str(i))`` (taken once: a
+    uint8 array, or its bytes)."""
     from flwr.app import Array, ArrayRecord
 
     records: dict[str, dict[str, Any]] = {}
@@ -218,9 +264,11 @@ def _records(layout: list, tensor: Any) -> dict[str, Any]:
             data = tensor(str(i))
         except KeyError:
             raise BlobError("its tensors do not match its layout") from None
-        if data.dtype != np.uint8 or data.ndim != 1:
-            raise BlobError(f"tensor {i} is not a byte string")
-        array = Array(dtype=dtype, shape=tuple(shape), stype=stype, data=data.tobytes())
+        if isinstance(data, np.ndarray):
+            if data.dtype != np.uint8 or data.ndim != 1:
+                raise BlobError(f"tensor {i} is not a byte string")
+            data = data.tobytes()
+        array = Array(dtype=dtype, shape=tuple(shape), stype=stype, data=data)
         del data
         records.setdefault(name, {})[key] = array
     return {name: ArrayRecord(array_dict=arrays) for name, arrays in records.items()}

@@ -15,8 +15,12 @@ import http.client
 import json
 import ssl
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 IO_TIMEOUT_S = 30.0
 """Seconds one read or write may wait."""
@@ -49,6 +53,19 @@ class Link:
 
     def fetch(self, digest: str, size: int) -> bytes:
         """The blob named ``digest``, exactly ``size`` bytes."""
+        return self._fetched(digest, size, lambda read: read(size))
+
+    def fetch_records(self, digest: str, size: int) -> dict[str, Any]:
+        """The array records of the blob named ``digest`` (``size`` bytes), read from the
+        connection straight into them one array at a time (``records.decoded_stream``): no
+        copy of the blob is held beside them. ``BlobError`` for a blob ``decoded`` refuses."""
+        from fedweave.bulk.records import decoded_stream
+
+        return self._fetched(digest, size, lambda read: decoded_stream(read, size))
+
+    def _fetched(self, digest: str, size: int, consume: Callable[[Callable[[int], bytes]], T]) -> T:
+        """What ``consume(read)`` makes of the blob named ``digest`` (``read(n)``: its next
+        ``n`` bytes), once all ``size`` bytes were read within the deadline and hash to it."""
         end = time.monotonic() + self.deadline_s
         conn = None
         try:
@@ -61,19 +78,28 @@ class Link:
                     f"the coordinator offered {response.getheader('Content-Length')} bytes "
                     f"for a model of {size}"
                 )
-            data, hashed = bytearray(size), hashlib.sha256()
-            view, done = memoryview(data), 0
-            while done < size:
-                if time.monotonic() > end:
-                    raise TransferError(f"fetching the model took over {self.deadline_s:g} s")
-                got = response.readinto(view[done : min(size, done + CHUNK)])
-                if not got:
-                    raise TransferError(f"the model's transfer ended {size - done} bytes short")
-                hashed.update(view[done : done + got])
-                done += got
-            if hashed.hexdigest() != digest:
+            hashed, done = hashlib.sha256(), 0
+
+            def read(count: int) -> bytes:
+                nonlocal done
+                if done + count > size:
+                    raise TransferError("the model is longer than the size sent")
+                parts = []
+                while count > 0:
+                    if time.monotonic() > end:
+                        raise TransferError(f"fetching the model took over {self.deadline_s:g} s")
+                    piece = response.read(min(count, CHUNK))
+                    if not piece:
+                        raise TransferError(f"the model's transfer ended {size - done} bytes short")
+                    hashed.update(piece)
+                    parts.append(piece)
+                    done, count = done + len(piece), count - len(piece)
+                return parts[0] if len(parts) == 1 else b"".join(parts)
+
+            result = consume(read)
+            if done != size or hashed.hexdigest() != digest:
                 raise TransferError("the fetched model does not hash to the digest sent")
-            return bytes(data)
+            return result
         except (OSError, http.client.HTTPException) as exc:
             raise TransferError(f"fetching the model failed: {_said(exc)}") from None
         finally:
