@@ -21,10 +21,18 @@ a minimal stock Flower app against fedweave's coordinator and sites, on the same
   SuperLink ``node_restarts``; until 2026-11-25 the switch dropped those too, which is how the
   row of docs/benchmarks.md dated 2026-11-24 was measured.
 
+- ``fedweave-bulk`` (not run by default): fedweave with ``--bulk-address``, the model and
+  the updates moving beside Flower's messages (docs/deploy.md).
+
+``--model TASK`` or ``WIDE`` runs every system on a wider MLP of the same task (17.1M or
+67.7M parameters, ``bench/large_model_task.py``; the stock app gets the same width): the
+anchor of issue 36's large-model figures.
+
 Each row's figure is the median of rounds 2..R (round 1 also pays for the sites' first
 ClientApp start-up). Every run starts its own SuperLink and sites.
 
     python bench/bench_deployment.py [--rounds 5] [--sites 3] [--systems stock,fedweave]
+        [--model digits|TASK|WIDE]
 """
 
 from __future__ import annotations
@@ -82,7 +90,9 @@ def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 60.0) -> N
     raise SystemExit(f"nothing listened on 127.0.0.1:{port} within {timeout:.0f} s")
 
 
-def stock_run(work: Path, sites: int, rounds: int, secure: bool, env: Env) -> list[float]:
+def stock_run(
+    work: Path, sites: int, rounds: int, secure: bool, env: Env, model: str = "digits"
+) -> list[float]:
     """Seconds of each round of the stock Flower app, deployed the way Flower documents it."""
     port, tag = free_port(), "secure" if secure else "plain"
     home = work / f"stock-{tag}"
@@ -114,6 +124,7 @@ def stock_run(work: Path, sites: int, rounds: int, secure: bool, env: Env) -> li
             procs.append(start(supernode, home / f"site{i}.log", site_env))
         run_config = (
             f"num-server-rounds={rounds} sites={sites} secure-agg={'true' if secure else 'false'} "
+            f"hidden={HIDDEN[model]} "
             f"test-data='{(work / 'split' / 'test.npz').resolve()}' timings='{timings}'"
         )
         flwr_run = ["flwr", "run", str(STOCK_APP), "bench", "--stream", "--run-config", run_config]
@@ -142,16 +153,19 @@ def fedweave_run(
     rounds: int,
     secure: bool,
     env: Env,
+    model: str = "digits",
     extra: tuple[str, ...] = ("--evaluate-every", "0"),
 ) -> list[float]:
     """Seconds of each round of one deployed fedweave run, as its history records them
-    (``extra``: more coordinator flags; by default federated evaluation is off, as the
-    stock app evaluates centrally only)."""
+    (``model``: ``digits``, or a width of ``bench/large_model_task.py``; ``extra``: more
+    coordinator flags; by default federated evaluation is off, as the stock app evaluates
+    centrally only)."""
     from fedweave.history import open_store
 
     port, db = free_port(), f"sqlite:///{work / f'run-{free_port()}.db'}"
+    task = "digits" if model == "digits" else f"large_model_task:{model}"
     coordinator = [
-        "coordinator", "--address", f"127.0.0.1:{port}", "--task", "digits",
+        "coordinator", "--address", f"127.0.0.1:{port}", "--task", task,
         "--rounds", str(rounds), "--min-clients", str(sites), "--db", db, "--tls-dir", "tls",
         "--test-data", "split/test.npz", "--once",
         "--state-dir", f"state-{port}", *([] if secure else ["--no-secure-agg"]), *extra,
@@ -165,7 +179,7 @@ def fedweave_run(
             ))  # fmt: skip
         for i in range(sites):
             site = [
-                "client", "--coordinator", f"127.0.0.1:{port}", "--task", "digits",
+                "client", "--coordinator", f"127.0.0.1:{port}", "--task", task,
                 "--data", f"split/site-{i}.npz", "--ca-cert", "tls/ca.pem",
                 "--site-key", f"site{i}.key", "--log-file", f"site{i}-{port}.log",
             ]  # fmt: skip
@@ -185,11 +199,22 @@ def fedweave_run(
         return [float(r["extra"]["seconds"]) for r in store.rounds(run.run_id)]
 
 
+def fedweave_bulk_run(
+    work: Path, sites: int, rounds: int, secure: bool, env: Env, model: str = "digits"
+) -> list[float]:
+    """``fedweave_run`` with ``--bulk-address``: tensors beside Flower's messages."""
+    extra = ("--evaluate-every", "0", "--bulk-address", f"127.0.0.1:{free_port()}")
+    return fedweave_run(work, sites, rounds, secure, env, model, extra)
+
+
 SYSTEMS = {
     "stock": ("stock Flower app", stock_run, {}),
     "fedweave": ("fedweave", fedweave_run, {}),
+    "fedweave-bulk": ("fedweave, --bulk-address", fedweave_bulk_run, {}),
     "fedweave-unpatched": ("fedweave, speed-ups off", fedweave_run, {STOCK_FLOWER_ENV: "1"}),
 }
+HIDDEN = {"digits": 64, "TASK": 4096, "WIDE": 8192}
+"""``--model`` → the MLP's hidden width (``bench/large_model_task.py``)."""
 
 
 def main() -> None:
@@ -200,6 +225,10 @@ def main() -> None:
         "--systems", default="stock,fedweave",
         help=f"comma-separated, from {', '.join(SYSTEMS)} (default stock,fedweave)",
     )  # fmt: skip
+    parser.add_argument(
+        "--model", choices=list(HIDDEN), default="digits",
+        help="digits' 64-64-64-10 MLP (default), or TASK / WIDE: 17.1M / 67.7M parameters",
+    )  # fmt: skip
     args = parser.parse_args()
     systems = [name.strip() for name in args.systems.split(",") if name.strip()]
     unknown = [name for name in systems if name not in SYSTEMS]
@@ -207,6 +236,8 @@ def main() -> None:
         parser.error(f"--systems takes {', '.join(SYSTEMS)}; --rounds >= 2; --sites >= 3")
     env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_UPDATE_CHECK="1")
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    here = str(Path(__file__).resolve().parent)  # large_model_task, for every process
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [here, env.get("PYTHONPATH")]))
     with tempfile.TemporaryDirectory(prefix="fedweave-bench-deploy-") as tmp:
         work = Path(tmp)
         prepare(work, args.sites, env)
@@ -215,19 +246,22 @@ def main() -> None:
             label, run, extra_env = SYSTEMS[name]
             for secure in (False, True):
                 started = time.perf_counter()
-                seconds = run(work, args.sites, args.rounds, secure, dict(env, **extra_env))
+                seconds = run(
+                    work, args.sites, args.rounds, secure, dict(env, **extra_env), args.model
+                )
                 wall = time.perf_counter() - started
                 rows.append((label, "SecAgg+" if secure else "plain", seconds, wall))
                 print(f"  {label}, {rows[-1][1]}: done in {wall:.0f} s", file=sys.stderr)
     print(
-        f"deployed rounds: {args.sites} sites, digits, loopback, TLS (fedweave also with "
+        f"deployed rounds: {args.sites} sites, digits ({args.model} MLP), loopback, TLS "
+        f"(fedweave also with "
         f"registered site keys); {args.rounds} rounds a run"
     )
-    print(f"{'system':<24}{'mode':<9}{'median s (rounds 2..)':>22}{'round 1 s':>11}  per round")
+    print(f"{'system':<28}{'mode':<9}{'median s (rounds 2..)':>22}{'round 1 s':>11}  per round")
     for label, mode, seconds, _wall in rows:
         per = " ".join(f"{s:.1f}" for s in seconds)
         steady = statistics.median(seconds[1:])
-        print(f"{label:<24}{mode:<9}{steady:>22.2f}{seconds[0]:>11.1f}  {per}")
+        print(f"{label:<28}{mode:<9}{steady:>22.2f}{seconds[0]:>11.1f}  {per}")
 
 
 if __name__ == "__main__":

@@ -10,8 +10,8 @@ from stock_app.model import build_model, get_weights, load, set_weights, train
 
 
 class DigitsClient(NumPyClient):
-    def __init__(self, data_path: str) -> None:
-        self.model = build_model()
+    def __init__(self, data_path: str, hidden: int) -> None:
+        self.model = build_model(hidden)
         self.x, self.y = load(data_path)
 
     def fit(self, parameters, config):
@@ -21,7 +21,8 @@ class DigitsClient(NumPyClient):
 
 
 def client_fn(context: Context):
-    return DigitsClient(str(context.node_config["data"])).to_client()
+    hidden = int(context.run_config["hidden"])
+    return DigitsClient(str(context.node_config["data"]), hidden).to_client()
 
 
 def secaggplus_when_on(message, context, call_next):

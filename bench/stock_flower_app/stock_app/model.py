@@ -10,11 +10,12 @@ HIDDEN = 64
 EPOCHS, BATCH_SIZE, LR, MOMENTUM = 1, 16, 0.1, 0.9
 
 
-def build_model() -> nn.Module:
-    """The same MLP as ``fedweave.learning.tasks.digits.DigitsTask`` (64-64-64-10)."""
+def build_model(hidden: int = HIDDEN) -> nn.Module:
+    """The same MLP as ``fedweave.learning.tasks.digits.DigitsTask(hidden)`` (64-64-64-10 by
+    default; ``bench/large_model_task.py``'s wider ones with the run config's ``hidden``)."""
     return nn.Sequential(
-        nn.Linear(64, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN), nn.ReLU(),
-        nn.Linear(HIDDEN, 10),
+        nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+        nn.Linear(hidden, 10),
     )  # fmt: skip
 
 

@@ -20,7 +20,7 @@ def main(grid: Grid, context: Context) -> None:
     config = context.run_config
     x_test, y_test = load(str(config["test-data"]))
     timings = str(config["timings"])
-    model = build_model()
+    model = build_model(int(config["hidden"]))
 
     def central_evaluate(server_round, weights, _config):
         with open(timings, "a") as out:
