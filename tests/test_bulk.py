@@ -256,8 +256,9 @@ class _Sites:
     returning its model plus its node id; ``tamper(node, reply)`` may rewrite a reply after
     the mod (an insider rewriting its own)."""
 
-    def __init__(self, server, tls, tamper=lambda node, reply: reply) -> None:
+    def __init__(self, server, tls, tamper=lambda node, reply: reply, trains=None) -> None:
         self.server, self.tls, self.tamper = server, tls, tamper
+        self.trains = trains or {}  # node -> its own update's record, uploaded as any other
         self.wire: list[RecordDict] = []
 
     def send_and_receive(self, messages, *, timeout=None):
@@ -277,7 +278,9 @@ class _Sites:
                 result = fit_result()
                 weights = [np.frombuffer(model[k].numpy().tobytes(), np.float32) + node
                            for k in model]  # fmt: skip
-                result.array_records["fitres.parameters"] = _record(*weights)
+                result.array_records["fitres.parameters"] = (
+                    self.trains[node](weights) if node in self.trains else _record(*weights)
+                )
                 return Message(result, reply_to=msg)
 
             reply = bulk_transfers(arrived, context, train)
@@ -355,8 +358,10 @@ def test_held_updates_add_up_one_at_a_time_to_the_mean_flower_takes_in_memory(se
     update stays in its spool file and its reply carries a placeholder; the reporting strategy
     checks each, then adds them up one at a time, and the mean is bit for bit the one Flower's
     FedAvg and FedAdam take of the same updates in memory (FedMedian, which needs them all,
-    gets them read in). The bytes counted are the updates' own. A site writing a placeholder
-    itself is rejected, a handle names nothing for another node, and no file is left after."""
+    gets them read in). The bytes counted are the updates' own. Insiders, each rejected while
+    the others' mean stands: a site writing a placeholder itself, one uploading NaNs under a
+    claim of 10**12 examples, one whose array header claims a shape that wraps a 64-bit
+    count; a handle names nothing for another node, and no file is left after."""
     from dataclasses import replace
     from types import SimpleNamespace
 
@@ -378,7 +383,24 @@ def test_held_updates_add_up_one_at_a_time_to_the_mean_flower_takes_in_memory(se
 
     server, spool, _ = served
     model = [np.linspace(-1, 1, 4000, dtype=np.float32), np.linspace(0, 3, 77, dtype=np.float32)]
-    counts = {11: 10, 12: 35, 13: 20, 14: 10}
+    counts = {11: 10, 12: 35, 13: 20, 14: 10, 15: 10**12, 16: 10}
+
+    def wrapped_shape(weights):  # .npy bytes whose header claims 2**62 x 4 floats
+        import io
+
+        from numpy.lib import format as npy
+
+        header = io.BytesIO()
+        npy.write_array_header_1_0(
+            header, {"descr": "<f4", "fortran_order": False, "shape": (2**62, 4)}
+        )
+        fake = Array(dtype="", shape=(), stype="numpy.ndarray", data=header.getvalue())
+        return ArrayRecord(array_dict={"0": fake, "1": _record(weights[1])["0"]})
+
+    trains = {
+        15: lambda weights: _record(np.full_like(weights[0], np.nan), weights[1]),
+        16: wrapped_shape,
+    }
 
     def tamper(node, reply):
         reply.content.metric_records["fitres.num_examples"]["num_examples"] = counts[node]
@@ -391,7 +413,7 @@ def test_held_updates_add_up_one_at_a_time_to_the_mean_flower_takes_in_memory(se
 
     spooled = SpooledUpdates()
     traffic = Traffic(spooled)
-    grid = OutcomeGrid(BulkGrid(_Sites(server, tls, tamper), spool, server.port, spooled),
+    grid = OutcomeGrid(BulkGrid(_Sites(server, tls, tamper, trains), spool, server.port, spooled),
                        SiteReplies(), traffic)  # fmt: skip
     asked = []
     for node in counts:
@@ -400,7 +422,7 @@ def test_held_updates_add_up_one_at_a_time_to_the_mean_flower_takes_in_memory(se
         asked.append(message)
     with spooled.collecting():
         replies = grid.send_and_receive(asked, timeout=30)
-        assert len(list((spool.root / "held").iterdir())) == 3  # the updates, on disk
+        assert len(list((spool.root / "held").iterdir())) == 5  # the updates, on disk
         results = [
             (SimpleNamespace(node_id=r.metadata.src_node_id),
              compat.recorddict_to_fitres(r.content, keep_input=True))
@@ -413,7 +435,7 @@ def test_held_updates_add_up_one_at_a_time_to_the_mean_flower_takes_in_memory(se
         in_memory = [
             (proxy, replace(res, parameters=ndarrays_to_parameters(
                 spooled.arrays(res.parameters, proxy.node_id))))
-            if proxy.node_id != 14 else (proxy, res)
+            if proxy.node_id not in (14, 16) else (proxy, res)
             for proxy, res in results
         ]  # fmt: skip
         update_bytes = sum(len(t) for t in in_memory[0][1].parameters.tensors)
@@ -430,12 +452,13 @@ def test_held_updates_add_up_one_at_a_time_to_the_mean_flower_takes_in_memory(se
                 parameters, _ = reporting.aggregate_fit(1, given, [])
                 means.append(parameters_to_ndarrays(parameters))
                 rejected = {s.site_id: s.reason for s in reporting._sites if s.status != "ok"}
-                assert list(rejected) == ["14"], rejected
+                assert sorted(rejected) == ["14", "15", "16"], rejected
+                assert "non-finite" in rejected["15"], rejected
             for streamed, whole in zip(*means):
                 assert streamed.dtype == whole.dtype
                 np.testing.assert_array_equal(streamed, whole)
         # FedAvg's mean of each site's model + its node id, weighed by the counts
-        expected = model[1] + sum(n * c for n, c in counts.items() if n != 14) / 65
+        expected = model[1] + sum(n * c for n, c in counts.items() if n < 14) / 65
         np.testing.assert_allclose(by_strategy["fedavg"][0][1], expected, atol=1e-5)
     assert not list((spool.root / "held").iterdir())
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -246,11 +247,14 @@ def npy_array(raw: np.ndarray) -> np.ndarray:
         raise BlobError("an array is not in NumPy's .npy format") from None
     if dtype.hasobject:
         raise BlobError("an array holds Python objects (a pickle)")
-    count = int(np.prod(shape, dtype=np.int64))
-    if head.tell() + count * dtype.itemsize != raw.nbytes:
+    count = math.prod(shape)  # Python's integers: a claimed shape cannot wrap around
+    if dtype.itemsize == 0 or head.tell() + count * dtype.itemsize != raw.nbytes:
         raise BlobError("an array's bytes do not match its header")
-    flat = np.frombuffer(raw, dtype=dtype, count=count, offset=head.tell())
-    return flat.reshape(shape, order="F" if fortran else "C")
+    try:
+        flat = np.frombuffer(raw, dtype=dtype, count=count, offset=head.tell())
+        return flat.reshape(shape, order="F" if fortran else "C")
+    except (ValueError, TypeError):
+        raise BlobError("an array's bytes do not match its header") from None
 
 
 def _records(layout: list, tensor: Any) -> dict[str, Any]:
