@@ -98,7 +98,7 @@ class SpooledUpdates:
         """``arrays``, one array at a time (each let go before the next is read)."""
         from fedweave.bulk.records import BlobError, ndarrays_file
 
-        held = self._held.get(parameters.tensors[0]) if len(parameters.tensors) == 1 else None
+        held = self._held_for(parameters)
         if held is None or held.node != int(node):
             raise SpooledError("its update names nothing the coordinator holds for it")
         try:
@@ -112,7 +112,7 @@ class SpooledUpdates:
         nothing held)."""
         from fedweave.bulk.records import BlobError, arrays_file
 
-        held = self._held.get(parameters.tensors[0]) if len(parameters.tensors) == 1 else None
+        held = self._held_for(parameters)
         if held is None:
             yield from parameters.tensors
             return
@@ -120,6 +120,10 @@ class SpooledUpdates:
             yield from arrays_file(held.path, held.record)
         except BlobError:
             return
+
+    def _held_for(self, parameters: Any) -> _Held | None:
+        """What a placeholder's ``parameters`` name, if this registry holds it."""
+        return self._held.get(parameters.tensors[0]) if len(parameters.tensors) == 1 else None
 
     def discard(self) -> None:
         """Remove every held file and forget its handle."""
