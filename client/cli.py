@@ -107,11 +107,13 @@ def supernode_command(
     floor: dict[str, str] | None = None,
     columns: Path | None = None,
     base_model: Path | None = None,
+    nproc: int = 1,
 ) -> list[str]:
     """The ``flower-supernode`` command line for this site (``external_worker``: its
     ClientApps run in ``fedweave.client.worker``, not in a new process per message;
     ``floor``: the site's privacy floor as node-config entries, ``privacy_floor``;
-    ``columns``: its column map, ``--columns``; ``base_model``: ``--base-model``)."""
+    ``columns``: its column map, ``--columns``; ``base_model``: ``--base-model``;
+    ``nproc``: ``--nproc-per-node``)."""
     from fedweave.contract import (
         NODE_BASE_MODEL_KEY,
         NODE_CA_CERT_KEY,
@@ -122,6 +124,7 @@ def supernode_command(
         NODE_EVAL_DATA_KEY,
         NODE_EVAL_FRACTION_KEY,
         NODE_LABEL_COLUMN_KEY,
+        NODE_NPROC_KEY,
         NODE_SITE_NAME_KEY,
         NODE_TASK_KEY,
     )
@@ -135,6 +138,8 @@ def supernode_command(
         node_config += f" {NODE_BASE_MODEL_KEY}='{base_model.resolve()}'"
     if device:
         node_config += f" {NODE_DEVICE_KEY}='{device}'"
+    if nproc > 1:
+        node_config += f" {NODE_NPROC_KEY}='{nproc}'"
     if name:
         node_config += f" {NODE_SITE_NAME_KEY}='{name}'"
     if eval_data is not None:
@@ -670,6 +675,7 @@ def _client(config: RunConfig, _resolved: Resolved) -> None:
         floor={**privacy_floor(config), **personal_state_entry(config)},
         columns=data.columns,
         base_model=config.site.base_model,
+        nproc=config.training.nproc_per_node,
     )
     journal = status = None
     if config.monitoring.status_address is not None:
@@ -692,6 +698,8 @@ def _client(config: RunConfig, _resolved: Resolved) -> None:
             data.label_column,
             config.evaluation.eval_data,
             data.columns,
+            config.training.device,
+            config.training.nproc_per_node,
         )
     else:
         _echo(

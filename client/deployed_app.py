@@ -10,7 +10,7 @@ Settings come from Flower, not from Python arguments, because Flower builds this
   ``label-column`` (CSV), ``device`` (``cpu``/``cuda``; empty: auto), ``eval-data-path``
   (the site's own evaluation file) or ``eval-fraction`` (the share of its data it holds out
   to evaluate the global model on), ``personal-state`` (the folder it keeps a task's local
-  layers in).
+  layers in), ``nproc-per-node`` (the processes its local training runs in).
 
 A site whose task differs from the run's, or whose data does not fit the run's model, answers
 with an error naming the reason; the coordinator records it as a failed site and the round
@@ -32,6 +32,7 @@ from fedweave.contract import (
     NODE_EVAL_FRACTION_KEY,
     NODE_LABEL_COLUMN_KEY,
     NODE_MAX_EPSILON_KEY,
+    NODE_NPROC_KEY,
     NODE_PERSONAL_STATE_KEY,
     NODE_PRIVACY_LEDGER_KEY,
     NODE_SITE_NAME_KEY,
@@ -93,7 +94,23 @@ def site_client(context: Context):
         max_epsilon=_max_epsilon(context),
         base_model=_config_str(context.node_config, NODE_BASE_MODEL_KEY),
         layers_dir=_config_str(context.node_config, NODE_PERSONAL_STATE_KEY),
+        processes=_processes(context, run_task, data_path, label_column),
     ).to_client()
+
+
+def _processes(context: Context, task: str, data_path: str, label_column: str | None):
+    """How this site trains across processes (``--nproc-per-node``), or ``None`` for one."""
+    nproc = int(_config_str(context.node_config, NODE_NPROC_KEY) or 1)
+    if nproc <= 1:
+        return None
+    from fedweave.learning.site_processes import SiteData, SiteProcesses
+
+    data = SiteData(
+        task, data_path, label_column, _config_str(context.node_config, NODE_COLUMNS_KEY),
+        _config_str(context.node_config, NODE_EVAL_DATA_KEY),
+        float(_config_str(context.node_config, NODE_EVAL_FRACTION_KEY) or 0.1),
+    )  # fmt: skip
+    return SiteProcesses(nproc, data, _config_str(context.node_config, NODE_DEVICE_KEY))
 
 
 def _max_epsilon(context: Context) -> float | None:

@@ -54,6 +54,7 @@ from fedweave.contract import (
     NODE_REQUIRE_SECURE_AGG_KEY,
     NODE_SITE_NAME_KEY,
     PRIVATE_EVALUATION_KEY,
+    PROCESSES_METRIC,
     SECAGG_CLIP_KEY,
     SECAGG_MAX_WEIGHT_KEY,
     SECAGG_VECTOR_ARRAYS_KEY,
@@ -352,9 +353,11 @@ def site_console_mod(msg: Message, context: Context, call_next: ClientAppCallabl
             config[PRIVATE_EVALUATION_KEY], sent,
         )  # fmt: skip
         return reply
+    processes = metrics.get(PROCESSES_METRIC)
+    across = f" in {int(processes)} processes" if isinstance(processes, (int, float)) else ""
     SITE_CONSOLE.info(
-        "round %s: trained on %d examples (%s); update %s", round_label,
-        num_examples, _metrics_line(metrics) or "no metrics", fate,
+        "round %s: trained on %d examples%s (%s); update %s", round_label,
+        num_examples, across, _metrics_line(metrics) or "no metrics", fate,
     )  # fmt: skip
     site_record(msg, outcome="ok", part="training", examples=num_examples,
                 metrics=_numbers(metrics), masked=masked)  # fmt: skip

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -52,6 +52,7 @@ from fedweave.contract import (
     WEIGHT_DECAY_KEY,
     WORK_FRACTION_KEY,
     LateWork,
+    SiteOutcome,
     SiteRefusal,
 )
 from fedweave.errors import UserError
@@ -63,6 +64,9 @@ from fedweave.learning.task import Task
 from fedweave.learning.tasks import load_task
 from fedweave.learning.training import TrainConfig
 from fedweave.learning.weights import get_weights, set_weights
+
+if TYPE_CHECKING:
+    from fedweave.learning.site_processes import SiteProcesses
 
 
 @dataclass(frozen=True)
@@ -231,7 +235,9 @@ class TaskClient(NumPyClient):
         max_epsilon: float | None = None,
         base_model: str | None = None,
         layers_dir: str | None = None,
+        processes: SiteProcesses | None = None,
     ) -> None:
+        self.processes = processes
         self.base_model = base_model
         self.layers_dir = layers_dir
         self.site_layers: Any = None
@@ -347,7 +353,9 @@ class TaskClient(NumPyClient):
             proximal_mu=float(config.get(PROXIMAL_MU_KEY, 0.0)),
             work_fraction=work,
         )
-        if SAMPLE_DP_KEYS[0] in config:
+        if self.processes is not None:
+            metrics = self._train_across_processes(train_config, config)
+        elif SAMPLE_DP_KEYS[0] in config:
             metrics = self._train_with_sample_dp(data, train_config, config)
         else:
             metrics = dict(self.task.train(self.model, data, train_config))
@@ -363,6 +371,28 @@ class TaskClient(NumPyClient):
                 )
             self.site_layers.save(self.model)
         return get_weights(self.model), count_as_sent(len(data), config), metrics
+
+    def _train_across_processes(self, train_config: TrainConfig, config: dict) -> dict:
+        """This round's training in ``self.processes``' ranks (``--nproc-per-node``); a rank
+        that fails or stalls fails the site's round, with the rank and the reason."""
+        from fedweave.learning.site_processes import SiteProcessesFailed, train_across_processes
+
+        kept_apart = (
+            (ADAPTER_KEY, "adapters (--peft lora)"), (LOCAL_LAYERS_KEY, "layers kept at the sites"),
+            (SAMPLE_DP_KEYS[0], "--dp sample"),
+        )  # fmt: skip
+        for key, what in kept_apart:
+            if key in config:
+                raise SiteRefusal(
+                    f"this site trains across {self.processes.nproc} processes "
+                    f"(--nproc-per-node), which runs with {what} do not support yet; restart it "
+                    "with --nproc-per-node 1 to take part"
+                )
+        statistics = str(config[STATISTICS_KEY]) if needs_statistics(self.task) else None
+        try:
+            return train_across_processes(self.processes, self.model, train_config, statistics)
+        except SiteProcessesFailed as exc:
+            raise SiteOutcome(str(exc)) from None
 
     def _train_with_sample_dp(self, data: Any, train_config: TrainConfig, config: dict) -> dict:
         """DP-SGD (``--dp sample``) under this site's own ledger: refused, before training,

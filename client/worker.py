@@ -74,13 +74,16 @@ def warm_up(
     data_paths: tuple[str | None, ...],
     label_column: str | None,
     columns: str | None = None,
+    device: str | None = None,
+    nproc: int = 1,
 ) -> None:
     """Pay every first-use cost before the first message: the task, this site's data files
     (``data_paths``: its data, then its evaluation data; None entries skipped; ``columns``:
     their column map's path), torch, and the optimizer path (its first use imports
-    ``torch._dynamo``, ~2 s). Says on stdout whether the task and data read well
-    (``INPUTS_PREFIX``) first: the site's SuperNode waits for that."""
-    problem = _inputs_problem(task, data_paths, label_column, columns)
+    ``torch._dynamo``, ~2 s). Says on stdout whether the task and data read well, and the
+    site can train on ``device`` in ``nproc`` processes (``INPUTS_PREFIX``) first: the
+    site's SuperNode waits for that."""
+    problem = _inputs_problem(task, data_paths, label_column, columns, device, nproc)
     print(INPUTS_PREFIX + (problem or INPUTS_OK), flush=True)
     import torch
 
@@ -92,9 +95,12 @@ def _inputs_problem(
     data_paths: tuple[str | None, ...],
     label_column: str | None,
     columns: str | None = None,
+    device: str | None = None,
+    nproc: int = 1,
 ) -> str | None:
-    """None when the task loads and every data file reads as training reads it; else the
-    problem in one line (a run's first message is refused again with it, if the site runs)."""
+    """None when the task loads, every data file reads as training reads it, and the site
+    can train on ``device`` in ``nproc`` processes; else the problem in one line (a run's
+    first message is refused again with it, if the site runs)."""
     if task is None:
         return None
     from fedweave.client.site_app import cached_site_data, cached_task
@@ -103,10 +109,17 @@ def _inputs_problem(
     said = _NoticeHandler(logging.WARNING)  # what reading the files warns of is the operator's
     logging.getLogger("fedweave.data").addHandler(said)
     try:
-        cached_task(task)
+        loaded = cached_task(task)
         for path in data_paths:
             if path is not None:
                 cached_site_data(path, task, label_column, columns)
+        from fedweave.learning.site_processes import processes_problem
+        from fedweave.learning.training import pick_device
+
+        pick_device(device)
+        problem = processes_problem(nproc, device, loaded)
+        if problem is not None:
+            return problem
     except UserError as exc:
         problem = one_line(str(exc), limit=2000)
         log.warning("site data not preloaded: %s", problem)
@@ -306,6 +319,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--label-column", help="label column of a CSV data file")
     parser.add_argument("--columns", help="column map: the data's headers -> the task's columns")
     parser.add_argument("--eval-data", help="this site's evaluation file, read at start too")
+    parser.add_argument("--device", help="where the site trains (checked at start)")
+    parser.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=1,
+        help="processes the site trains in (checked at start)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -322,7 +342,14 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     exit_with_site(os.getppid())
     # SIGTERM: exit at once
-    warm_up(args.task, (args.data, args.eval_data), args.label_column, args.columns)
+    warm_up(
+        args.task,
+        (args.data, args.eval_data),
+        args.label_column,
+        args.columns,
+        args.device,
+        args.nproc_per_node,
+    )
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     log.info("ClientApp worker ready (pid %d)", os.getpid())
     serve(args.runtime_api_address, stop)

@@ -31,9 +31,12 @@ def worker_command(
     label_column: str | None,
     eval_data: Path | None = None,
     columns: Path | None = None,
+    device: str | None = None,
+    nproc: int = 1,
 ) -> list[str]:
     """The worker's command line for this site (``eval_data``: its ``--eval-data``, read at
-    start with ``data``; ``columns``: its column map, ``--columns``)."""
+    start with ``data``; ``columns``: its column map, ``--columns``; ``device`` and
+    ``nproc``: where and in how many processes it trains, checked at start)."""
     cmd = [
         sys.executable, "-m", "fedweave.client.worker",
         "--runtime-api-address", runtime_api_address,
@@ -43,6 +46,10 @@ def worker_command(
         cmd += ["--eval-data", str(eval_data.resolve())]
     if columns is not None:
         cmd += ["--columns", str(columns.resolve())]
+    if device:
+        cmd += ["--device", device]
+    if nproc != 1:
+        cmd += ["--nproc-per-node", str(nproc)]
     return cmd + (["--label-column", label_column] if label_column else [])
 
 

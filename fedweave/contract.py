@@ -35,6 +35,8 @@ NODE_BASE_MODEL_KEY = "base-model"
 """Node config: the absolute path of the site's copy of a LoRA run's base model
 (``fedweave client --base-model``)."""
 NODE_DEVICE_KEY = "device"
+NODE_NPROC_KEY = "nproc-per-node"
+"""Node config: processes the site's local training runs in (``--nproc-per-node``; absent: 1)."""
 NODE_EVAL_DATA_KEY = "eval-data-path"
 """Node config: the site's own evaluation file (``fedweave client --eval-data``)."""
 NODE_EVAL_FRACTION_KEY = "eval-fraction"
@@ -137,6 +139,9 @@ SIMULATED_DEADLINE_KEY = "fw-simulated-deadline"
 SIMULATED_SECONDS_METRIC = "sim_seconds"
 """Fit metric (simulation): the simulated seconds this site's job took (at most the
 simulated deadline)."""
+PROCESSES_METRIC = "processes"
+"""A site's training metric: the processes its local training ran in (``--nproc-per-node``,
+above 1 only)."""
 MAX_NORM_KEY = "fw-max-update-norm"
 JOB_KEY = "fw-job"
 """Fit config (``--schedule async``): the job's number among this site's jobs, so that its

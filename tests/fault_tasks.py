@@ -317,3 +317,35 @@ class RayNodeDigits(DigitsTask):
             node = ray.get_runtime_context().get_node_id()
             (Path(directory) / f"{node}-{os.getpid()}").touch()
         return super().train(model, data, config)
+
+
+RANK_FAULT_ENV = "FEDWEAVE_TEST_RANK_FAULT"
+"""``kill`` or ``stop``: rank 1 of a site's training across processes sends itself SIGKILL or
+SIGSTOP at its third training step; unset, it trains like ``digits``. ``once:PATH``-prefixed
+(``once:PATH:kill``), only the first rank 1 to create ``PATH`` does."""
+
+
+class RankFaultDigits(DigitsTask):
+    """Digits whose rank 1 dies or stops mid-training (``RANK_FAULT_ENV``)."""
+
+    name = "digits"
+
+    def train(self, model, data, config):
+        import os
+        import signal
+
+        fault = os.environ.get(RANK_FAULT_ENV, "")
+        if fault.startswith("once:"):
+            _, path, fault = fault.split(":", 2)
+            fault = fault if config.rank == 1 and _first_to_create(path) else ""
+        if config.rank == 1 and fault in ("kill", "stop"):
+            steps = []
+            sent = signal.SIGKILL if fault == "kill" else signal.SIGSTOP
+
+            def misbehave(*_):
+                steps.append(1)
+                if len(steps) == 3:
+                    os.kill(os.getpid(), sent)
+
+            model.register_forward_pre_hook(misbehave)
+        return super().train(model, data, config)

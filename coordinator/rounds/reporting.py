@@ -35,6 +35,7 @@ from fedweave.contract import (
     CLIPPED_FRACTION_METRIC,
     COMPRESSION_METRIC,
     CROSS_SITE_MODEL_KEY,
+    PROCESSES_METRIC,
     SITE_NAME_METRIC,
     UPLINK_BYTES_METRIC,
     bounded_site_metrics,
@@ -72,7 +73,8 @@ mean, which ``ReportingStrategy`` can add up from updates read one at a time."""
 
 
 def weighted_train_metrics(results: Sequence[tuple[ClientProxy, FitRes]]) -> dict[str, float]:
-    """Average the sites' numeric training metrics, weighted by their example counts."""
+    """Average the sites' numeric training metrics, weighted by their example counts (not
+    ``PROCESSES_METRIC``: how many processes a site trained in is its own row's figure)."""
     total = sum(res.num_examples for _, res in results)
     if total == 0:
         return {}
@@ -83,6 +85,7 @@ def weighted_train_metrics(results: Sequence[tuple[ClientProxy, FitRes]]) -> dic
     ]  # fmt: skip
     keys = {key for metrics, _ in reported for key in metrics}
     keys.discard("num_examples")
+    keys.discard(PROCESSES_METRIC)
     return {
         key: sum(metrics.get(key, 0.0) * n for metrics, n in reported) / total
         for key in sorted(keys)

@@ -134,6 +134,12 @@ class TrainingSection:
         0, "Processes reading this site's data while it trains (0: in the training process; "
         "raise it for data read from disk, e.g. image folders).", minimum=0, identity=False,
     )
+    nproc_per_node: int = setting(
+        1, "Processes this site's (or peer's) local training runs in, each on its part of "
+        "every batch, gradients averaged each step (DistributedDataParallel): one a GPU with "
+        "--device cuda (NCCL), one a core on CPU (gloo). The update is the one a single "
+        "process makes with the same batch.", minimum=1, identity=False,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -749,13 +755,14 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
     ),
     "client": (
         "coordinator", "name", "task", "data", "label_column", "columns", "eval_data",
-        "eval_fraction", "device", "insecure", "ca_cert",
+        "eval_fraction", "device", "nproc_per_node", "insecure", "ca_cert",
         "site_key", "connect_timeout", "runtime_port", "log_file", "status_address", "verbose",
         "require_secure_agg", "require_dp", "max_epsilon", "privacy_ledger", "base_model",
         "personal_state",
     ),
     "peer": (
         "listen", "advertise", "seeds", "task", "data", "label_column", "test_data", *_TRAINING,
+        "nproc_per_node",
         "initial_model", *_ADAPTER,
         "fanout", "mix", "clip_tau", "trim_fraction", "group_exchange", "example_ratio",
         "distance_factor", "round_interval", "exchange_timeout", "drop_after", "max_message_mb",

@@ -85,7 +85,10 @@ class Task(Protocol):
     ``load_data()``. Tasks that need federated statistics before round 1 declare them as
     ``fedweave/learning/statistics.py`` describes. ``local_layers``: names of modules of the
     model (``named_modules()``) whose tensors stay at each site, a personal head
-    (``fedweave/learning/personal.py``).
+    (``fedweave/learning/personal.py``). ``trains_across_processes``: True when ``train``
+    hands its ``TrainConfig`` to ``fedweave.learning.train_epochs`` (as the built-in tasks
+    do), which splits each batch over a site's processes (``--nproc-per-node``); a task
+    without it trains in one process.
 
     Attributes:
         name: short identifier recorded in the history (``"digits"``).

@@ -51,6 +51,12 @@ class TrainConfig:
             local model near the round's global model (default 0: plain SGD).
         work_fraction: share of the ``epochs`` × batches steps to run, at least one (a
             simulated straggler's partial work; default 1: all of them).
+        rank: this process's place among ``world_size`` processes training one site's share
+            together (``fedweave/learning/site_processes.py``; default 0).
+        world_size: processes training the site's share together, the model wrapped in
+            ``DistributedDataParallel`` (default 1: this process alone). Each takes its
+            part of every batch of ``batch_size`` (the global batch), so the update is the
+            one a single process would make, within floating-point rounding.
     """
 
     epochs: int = 1
@@ -66,6 +72,8 @@ class TrainConfig:
     amp: bool | None = None
     proximal_mu: float = 0.0
     work_fraction: float = 1.0
+    rank: int = 0
+    world_size: int = 1
 
     @classmethod
     def of(cls, training: TrainingSection, task: object = None) -> TrainConfig:
@@ -141,22 +149,51 @@ def _whole_batch(batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor
 
 class _IndexBatches(Sampler[torch.Tensor]):
     """Batches of indices as tensors (one ``randperm`` an epoch), so an in-memory dataset's
-    ``__getitems__`` selects a batch without a round trip through Python lists."""
+    ``__getitems__`` selects a batch without a round trip through Python lists.
+
+    With ``world_size`` above 1, this process's part of each batch: the batch split in
+    ``world_size`` nearly equal runs, the ``rank``-th taken (``part_size``; a last batch
+    with fewer examples than processes leaves some parts empty, and those processes get
+    the batch's first example to run through with no weight). Every process draws the same
+    order.
+    ``as_lists``: indices as Python lists, for any other ``Dataset``.
+    """
 
     def __init__(
-        self, n: int, batch_size: int, shuffle: bool, generator: torch.Generator | None
+        self,
+        n: int,
+        batch_size: int,
+        shuffle: bool,
+        generator: torch.Generator | None,
+        rank: int = 0,
+        world_size: int = 1,
+        as_lists: bool = False,
     ) -> None:
         self.n, self.batch_size, self.shuffle, self.generator = n, batch_size, shuffle, generator
+        self.rank, self.world_size, self.as_lists = rank, world_size, as_lists
 
     def __iter__(self) -> Iterator[torch.Tensor]:
         order = (
             torch.randperm(self.n, generator=self.generator) if self.shuffle
             else torch.arange(self.n)
         )  # fmt: skip
-        return iter(order.split(self.batch_size))
+        batches = order.split(self.batch_size)
+        if self.world_size > 1:  # an empty part stands in as the batch's first example
+            batches = tuple(
+                part if len(part) else batch[:1]
+                for batch in batches
+                for part in (batch.tensor_split(self.world_size)[self.rank],)
+            )
+        return iter([b.tolist() for b in batches] if self.as_lists else batches)
 
     def __len__(self) -> int:
         return -(-self.n // self.batch_size)
+
+
+def part_size(batch: int, rank: int, world_size: int) -> int:
+    """Examples of a batch of ``batch`` that process ``rank`` of ``world_size`` takes (as
+    ``Tensor.tensor_split`` divides it)."""
+    return batch // world_size + (1 if rank < batch % world_size else 0)
 
 
 def make_loader(
@@ -166,17 +203,31 @@ def make_loader(
     shuffle: bool,
     generator: torch.Generator | None = None,
     num_workers: int = 0,
+    rank: int = 0,
+    world_size: int = 1,
 ) -> DataLoader:
     """A DataLoader over a site's data: batches streamed from any ``Dataset`` (read by
-    ``num_workers`` processes), pinned on CUDA so copies overlap compute."""
+    ``num_workers`` processes), pinned on CUDA so copies overlap compute; with
+    ``world_size`` above 1, this ``rank``'s part of each batch (``_IndexBatches``)."""
     pin = device.type == "cuda"
     if isinstance(data, ArrayData):
         return DataLoader(
             InMemoryDataset(data),
-            batch_sampler=_IndexBatches(len(data), batch_size, shuffle, generator),
+            batch_sampler=_IndexBatches(
+                len(data), batch_size, shuffle, generator, rank, world_size
+            ),
             num_workers=num_workers,
             pin_memory=pin,
             collate_fn=_whole_batch,
+        )
+    if world_size > 1:
+        return DataLoader(
+            data,
+            batch_sampler=_IndexBatches(
+                len(data), batch_size, shuffle, generator, rank, world_size, as_lists=True
+            ),
+            num_workers=num_workers,
+            pin_memory=pin,
         )
     return DataLoader(
         data,
@@ -196,11 +247,15 @@ def iterate_batches(
     generator: torch.Generator | None = None,
     num_workers: int = 0,
     target_dtype: torch.dtype | None = None,
+    rank: int = 0,
+    world_size: int = 1,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Yield ``(x, y)`` batches on ``device`` (non-blocking copies on CUDA), ``y`` as
-    ``target_dtype`` when given."""
+    ``target_dtype`` when given; this ``rank``'s part of each with ``world_size`` above 1."""
     on_cuda = device.type == "cuda"
-    loader = make_loader(data, batch_size, device, shuffle, generator, num_workers)
+    loader = make_loader(
+        data, batch_size, device, shuffle, generator, num_workers, rank, world_size
+    )
     for xb, yb in loader:
         if xb.device != device:
             xb = xb.to(device, non_blocking=on_cuda)
@@ -282,28 +337,36 @@ def train_epochs(
     scorer = objective.scorer()
     steps_left = max(1, int(config.work_fraction * config.epochs * -(-n // config.batch_size)))
     seen = 0
+    world = config.world_size
     for _ in range(config.epochs):
         if steps_left == 0:
             break
         loss_sum.zero_()
         scorer = objective.scorer(full=False)
         seen = 0
+        position = 0  # examples of this epoch's global batches drawn so far
         batches = iterate_batches(
             data, config.batch_size, device, True, generator, config.num_workers,
-            objective.target_dtype,
+            objective.target_dtype, config.rank, world,
         )  # fmt: skip
         for xb, yb in batches:
             if steps_left == 0:
                 break
             steps_left -= 1
-            seen += int(yb.shape[0])
+            batch = min(config.batch_size, n - position)
+            position += batch
+            part = part_size(batch, config.rank, world) if world > 1 else int(yb.shape[0])
+            seen += part
             optimizer.zero_grad(set_to_none=True)
             with _autocast(device) if amp else contextlib.nullcontext():
                 outputs = model(xb)
-                loss = objective.loss(outputs.float() if amp else outputs, yb)
+                loss = reported = objective.loss(outputs.float() if amp else outputs, yb)
+            if world > 1:  # DDP averages over processes: weigh each part as its share
+                loss = loss * (part * world / batch) if part else outputs.float().sum() * 0.0
             if anchor is not None:
                 drift = sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchor))
                 loss = loss + 0.5 * config.proximal_mu * drift
+                reported = reported + 0.5 * config.proximal_mu * drift
             if scaler is None:
                 loss.backward()
                 _clip(model, config)
@@ -315,8 +378,15 @@ def train_epochs(
                 _clip(model, config)
                 scaler.step(optimizer)
                 scaler.update()
-            loss_sum += loss.detach().float() * yb.shape[0]
-            scorer.add(outputs.detach().float(), yb)
+            if part:
+                loss_sum += reported.detach().float() * part
+                scorer.add(outputs.detach().float(), yb)
+    if world > 1:  # the site's loss over every process's examples
+        import torch.distributed as dist
+
+        totals = torch.tensor([float(loss_sum.item()), float(seen)], dtype=torch.float64)
+        dist.all_reduce(totals)
+        loss_sum, seen = totals[0], int(totals[1].item())
     train_loss = float(loss_sum.item()) / seen
     metrics = {f"train_{name}": value for name, value in scorer.result().items() if name != "loss"}
     metrics["train_loss"] = train_loss

@@ -45,6 +45,9 @@ class ClassificationTask:
     metrics: tuple[str, ...] = ("loss", "accuracy")
     """What ``evaluate`` returns: the multi-class objective's metrics (said here so that
     reading them needs no torch; tests/test_tasks.py holds the two equal)."""
+    trains_across_processes: bool = True
+    """``train`` is ``train_epochs``, which splits each batch over a site's processes
+    (``--nproc-per-node``); a subclass with a loop of its own sets it False."""
 
     def build_model(self) -> Any:
         raise NotImplementedError

@@ -61,6 +61,9 @@ class TabularTask:
             lr 0.003, batch 32).
     """
 
+    trains_across_processes = True
+    """``train`` is ``train_epochs``: a site may split it over processes (``--nproc-per-node``)."""
+
     def __init__(
         self,
         name: str,

@@ -1,0 +1,123 @@
+"""``python -m fedweave.learning.training_rank JOB RANK WORLD PARENT``: one process of a site's
+training across processes (``fedweave/learning/site_processes.py`` starts them all).
+
+Top to bottom: tie this process's life to its parent's; join the group through the job's
+store file; read the site's task and data as the site does; load the round's start weights;
+train this rank's part of every batch in ``DistributedDataParallel``; rank 0 writes the
+update and the metrics. A failure is written as one JSON line (``rank-RANK.error``: the
+reason, and when, on the monotonic clock every process shares) before the group closes, so
+a rank that fails on its own says so before the others fail for want of it; its traceback
+goes to the site's log (its stderr) and the exit code is 1. Each training step touches
+``rank-RANK.steps``, so the parent sees which rank stopped moving.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+
+def main(argv: list[str]) -> int:
+    job, rank, world, parent = Path(argv[0]), int(argv[1]), int(argv[2]), int(argv[3])
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent died before the line above
+        return 1
+    import torch.distributed as dist
+
+    try:
+        spec = json.loads((job / "job.json").read_text())
+        device = _device(spec["device"], rank, world)
+        dist.init_process_group(
+            "nccl" if device.type == "cuda" else "gloo",
+            store=dist.FileStore(str(job / "store"), world), rank=rank, world_size=world,
+            timeout=timedelta(seconds=float(spec["stall_seconds"])),
+        )  # fmt: skip
+        train(job, rank, spec, device)
+    except BaseException as exc:  # said before the group closes: the others fail after it
+        _say(job, rank, exc)
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+def _device(requested: str | None, rank: int, world: int) -> Any:
+    """GPU ``rank`` when the site trains on CUDA; else the CPU, with a share of its cores."""
+    import torch
+
+    from fedweave.learning.training import pick_device
+
+    device = pick_device(requested)
+    if device.type == "cuda":
+        device = torch.device("cuda", rank)
+        torch.cuda.set_device(device)
+    else:
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // world))
+    return device
+
+
+def train(job: Path, rank: int, spec: dict, device: Any) -> None:
+    """This rank's part of the round's training; rank 0 writes the update and metrics."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from fedweave.learning.data import load_site_data
+    from fedweave.learning.evaluation_split import hold_out
+    from fedweave.learning.tasks import load_task
+    from fedweave.learning.training import TrainConfig
+    from fedweave.learning.weights import (
+        get_weights,
+        load_weights_npz,
+        save_weights_npz,
+        set_weights,
+    )
+
+    site = spec["data"]
+    task = load_task(site["task"])
+    data = load_site_data(site["path"], task, site["label_column"], site["columns"])
+    if not site["eval_path"]:
+        data, _ = hold_out(data, float(site["eval_fraction"]))
+    if spec["statistics"]:
+        from fedweave.learning.statistics import decode_known
+
+        data = task.prepare(data, decode_known(spec["statistics"]))
+    model = task.build_model()
+    set_weights(model, load_weights_npz(job / "start.npz"))
+    model.to(device)
+    ddp = DistributedDataParallel(model, device_ids=[rank] if device.type == "cuda" else None)
+    steps = job / f"rank-{rank}.steps"
+    steps.touch()
+    ddp.register_forward_pre_hook(lambda *_: os.utime(steps))
+    config = TrainConfig(**{**spec["config"], "rank": rank, "device": str(device)})
+    metrics = task.train(ddp, data, config)
+    if rank == 0:
+        save_weights_npz(job / "update.npz", get_weights(model))
+        written = job / "metrics.json.tmp"
+        written.write_text(json.dumps({k: float(v) for k, v in metrics.items()}))
+        written.replace(job / "metrics.json")
+    dist.barrier()  # rank 0's files are written before any rank exits 0
+
+
+def _say(job: Path, rank: int, exc: BaseException) -> None:
+    """Write ``exc`` as this rank's failure, with when it happened."""
+    from fedweave.contract import one_line
+    from fedweave.errors import UserError
+
+    reason = one_line(str(exc))
+    if not isinstance(exc, UserError):
+        reason = f"{type(exc).__name__}: {reason}"
+    written = job / f"rank-{rank}.error.tmp"
+    written.write_text(json.dumps({"reason": reason, "at": time.monotonic()}))
+    written.replace(job / f"rank-{rank}.error")
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
