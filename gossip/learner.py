@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Protocol
@@ -18,6 +19,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from fedweave.errors import UserError
+
+log = logging.getLogger("fedweave.gossip")
 
 
 class Learner(Protocol):
@@ -43,6 +46,9 @@ class TaskLearner:
 
     Every peer seeds the model init with the same ``seed`` so all start from one model, as in
     FedAvg; shuffling is seeded per peer and round so sites do not step in lockstep.
+    ``processes``: train each round across processes (``--nproc-per-node``; ``None``: in
+    this one), the data prepared with ``statistics`` (the peer's own, encoded); a round whose
+    ranks fail keeps the model it started from and says why, and the peer gossips on.
     """
 
     def __init__(
@@ -54,10 +60,13 @@ class TaskLearner:
         peer_id: str,
         initial_model: Path | None = None,
         task_name: str = "",
+        processes: Any | None = None,
+        statistics: str | None = None,
     ) -> None:
         import torch
 
         self.task, self.data, self.test, self.config = task, data, test, train_config
+        self.processes, self.statistics = processes, statistics
         torch.manual_seed(train_config.seed)
         self.model = task.build_model()
         self.start = ""
@@ -99,7 +108,16 @@ class TaskLearner:
     def train(self, round_: int) -> dict[str, float]:
         seed = self.config.seed * 1_000_003 + self._peer_salt * 1009 + round_
         config = dataclasses.replace(self.config, seed=seed % (2**31))
-        return self.task.train(self.model, self.data, config)
+        if self.processes is None:
+            return self.task.train(self.model, self.data, config)
+        from fedweave.learning.site_processes import SiteProcessesFailed, train_across_processes
+
+        try:
+            return train_across_processes(self.processes, self.model, config, self.statistics)
+        except SiteProcessesFailed as exc:
+            log.warning("round %d: training failed (%s); gossiping the model it started from",
+                        round_, exc)  # fmt: skip
+            return {}
 
     def evaluate(self) -> dict[str, float] | None:
         if self.test is None:
@@ -137,7 +155,11 @@ def build_learner(config: Any, peer_id: str) -> Learner:
     from fedweave.learning.adapters import run_task
     from fedweave.learning.data import load_site_data
     from fedweave.learning.personal import refuse_in_gossip
-    from fedweave.learning.statistics import local_only_statistics, needs_statistics
+    from fedweave.learning.statistics import (
+        encode_known,
+        local_only_statistics,
+        needs_statistics,
+    )
     from fedweave.learning.tasks import load_task
     from fedweave.learning.training import TrainConfig
 
@@ -153,11 +175,39 @@ def build_learner(config: Any, peer_id: str) -> Learner:
         if test_path is not None
         else None
     )
+    processes = _processes(config, task)
+    statistics = None
     if needs_statistics(task):
         # No coordinator to gather federated statistics: a peer standardises with its own.
         own = local_only_statistics(task, data)
+        statistics = encode_known(own)
         data = task.prepare(data, own)  # type: ignore[attr-defined]
         test = task.prepare(test, own) if test is not None else None  # type: ignore[attr-defined]
     train = TrainConfig.of(config.training, task)
     initial = config.training.initial_model
-    return TaskLearner(trained, data, test, train, peer_id, initial, config.data.task)
+    return TaskLearner(
+        trained, data, test, train, peer_id, initial, config.data.task, processes, statistics
+    )
+
+
+def _processes(config: Any, task: Any) -> Any | None:
+    """How the peer trains across processes (``--nproc-per-node``), None for one; the
+    problem in one line when it cannot."""
+    nproc = config.training.nproc_per_node
+    if nproc == 1:
+        return None
+    from fedweave.learning.site_processes import SiteData, SiteProcesses, processes_problem
+    from fedweave.learning.training import pick_device
+
+    pick_device(config.training.device)
+    problem = processes_problem(nproc, config.training.device, task)
+    if problem is None and config.training.peft != "none":
+        problem = (
+            f"--nproc-per-node {nproc} with --peft {config.training.peft} is not supported "
+            "yet (the ranks would train the task without its adapters); use --nproc-per-node 1"
+        )
+    if problem is not None:
+        raise UserError(problem)
+    data = SiteData(config.data.task, str(Path(config.data.data).resolve()),
+                    config.data.label_column, eval_fraction=0.0)  # fmt: skip
+    return SiteProcesses(nproc, data, config.training.device)

@@ -1,7 +1,8 @@
 """Digits tasks that declare what a fine-tuning keeps at each site (``local_layers``, issue 35's
 personal head) or how it adapts them (``peft_config``), for ``tests/test_personal_layers.py``
 and ``tests/test_adapters.py`` (``--task declaring_tasks:PERSONAL`` with this folder on
-``PYTHONPATH``)."""
+``PYTHONPATH``), or that a site's processes shard its model (``shards_model``,
+``tests/test_site_processes.py``)."""
 
 from __future__ import annotations
 
@@ -52,3 +53,10 @@ class PatternLora(DigitsTask):
 
 DECLARED = DeclaredLora()
 PATTERN = PatternLora()
+
+
+class ShardedDigits(DigitsTask):
+    """Digits whose model a site's processes shard among them (FSDP) instead of each holding
+    it whole."""
+
+    shards_model = True

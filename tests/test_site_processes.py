@@ -58,9 +58,21 @@ def _ranks_alive() -> list[int]:
     return found
 
 
-@pytest.mark.parametrize("batch_size", [16, 1])
-def test_two_processes_make_the_update_one_process_makes(site_file: Path, batch_size: int):
-    task = load_task("digits")
+@pytest.fixture
+def tests_importable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ranks can import this folder's task modules."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        p for p in (str(TESTS), os.environ.get("PYTHONPATH")) if p))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("spec", "batch_size"),
+    [("digits", 16), ("digits", 1), ("declaring_tasks:ShardedDigits", 16)],
+)
+def test_two_processes_make_the_update_one_process_makes(
+    site_file: Path, spec: str, batch_size: int, tests_importable: None
+):
+    task = load_task(spec)
     data, _ = hold_out(load_site_data(site_file, task, None), 0.1)
     torch.manual_seed(0)
     alone = task.build_model()
@@ -75,7 +87,7 @@ def test_two_processes_make_the_update_one_process_makes(site_file: Path, batch_
     )
 
     expected = task.train(alone, data, config)
-    got = train_across_processes(SiteProcesses(2, SiteData("digits", str(site_file))), together,
+    got = train_across_processes(SiteProcesses(2, SiteData(spec, str(site_file))), together,
                                  config)  # fmt: skip
 
     worst = max(float(np.abs(a - b).max()) for a, b in zip(get_weights(alone),
@@ -96,10 +108,8 @@ def test_parts_cover_each_batch_once():
 
 @pytest.mark.parametrize("fault", ["kill", "stop"])
 def test_a_rank_that_dies_or_stops_fails_the_job_naming_it(
-    site_file: Path, fault: str, monkeypatch: pytest.MonkeyPatch
+    site_file: Path, fault: str, monkeypatch: pytest.MonkeyPatch, tests_importable: None
 ):
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-        p for p in (str(TESTS), os.environ.get("PYTHONPATH")) if p))  # fmt: skip
     monkeypatch.setenv("FEDWEAVE_TEST_RANK_FAULT", fault)
     task = load_task("digits")
     model = task.build_model()
@@ -142,3 +152,37 @@ def test_what_cannot_run_across_processes_is_refused_in_one_line():
         )
     for problem in (too_many, processes_problem(2, "cpu", OwnLoop())):
         assert "\n" not in problem
+
+
+def test_a_peer_trains_across_processes_as_in_one(site_file: Path):
+    from gossip.learner import TaskLearner
+
+    task = load_task("digits")
+    data = load_site_data(site_file, task, None)
+    config = TrainConfig.for_task(task, seed=3, device="cpu")
+    alone = TaskLearner(task, data, None, config, "peer-a")
+    processes = SiteProcesses(2, SiteData("digits", str(site_file), eval_fraction=0.0))
+    together = TaskLearner(task, data, None, config, "peer-a", processes=processes)
+
+    assert "processes" not in alone.train(1)
+    assert together.train(1)["processes"] == 2.0
+    worst = max(float(np.abs(a - b).max()) for a, b in zip(alone.weights().values(),
+                                                            together.weights().values()))  # fmt: skip
+    assert worst < TOLERANCE
+
+
+def test_the_commands_refuse_what_cannot_run_across_processes_before_connecting(site_file):
+    from test_deploy_support import free_port, run_fedweave
+
+    cores = len(os.sched_getaffinity(0))
+    address = f"127.0.0.1:{free_port()}"  # nothing listens: a check that passed would wait
+    common = ("--task", "digits", "--data", str(site_file), "--insecure")
+    for command, extra in (
+        (("client", "--coordinator", address), ("--nproc-per-node", str(cores + 1))),
+        (("client", "--coordinator", address), ("--nproc-per-node", "0")),
+        (("peer", "--listen", f"tcp://{address}"), ("--nproc-per-node", str(cores + 1))),
+    ):
+        done = run_fedweave(*command, *common, *extra, cwd=site_file.parent, timeout=60)
+        errors = [line for line in done.stderr.splitlines() if "WARNING" not in line]
+        assert done.returncode == 2 and len(errors) == 1, done.stderr  # the peer warns first
+        assert errors[0].startswith("error: ") and "--nproc-per-node" in errors[0], errors

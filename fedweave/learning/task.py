@@ -88,7 +88,9 @@ class Task(Protocol):
     (``fedweave/learning/personal.py``). ``trains_across_processes``: True when ``train``
     hands its ``TrainConfig`` to ``fedweave.learning.train_epochs`` (as the built-in tasks
     do), which splits each batch over a site's processes (``--nproc-per-node``); a task
-    without it trains in one process.
+    without it trains in one process. ``shards_model``: True to have those processes shard
+    the model's parameters among them (FSDP) rather than each hold it whole, for a model
+    larger than one GPU.
 
     Attributes:
         name: short identifier recorded in the history (``"digits"``).

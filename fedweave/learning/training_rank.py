@@ -3,8 +3,10 @@ training across processes (``fedweave/learning/site_processes.py`` starts them a
 
 Top to bottom: tie this process's life to its parent's; join the group through the job's
 store file; read the site's task and data as the site does; load the round's start weights;
-train this rank's part of every batch in ``DistributedDataParallel``; rank 0 writes the
-update and the metrics. A failure is written as one JSON line (``rank-RANK.error``: the
+train this rank's part of every batch in ``DistributedDataParallel`` (or, for a task that
+declares ``shards_model``, with the model's parameters sharded across the ranks, FSDP's
+``fully_shard``: each layer with parameters, then the whole); rank 0 writes the update and
+the metrics. A failure is written as one JSON line (``rank-RANK.error``: the
 reason, and when, on the monotonic clock every process shares) before the group closes, so
 a rank that fails on its own says so before the others fail for want of it; its traceback
 goes to the site's log (its stderr) and the exit code is 1. Each training step touches
@@ -73,12 +75,7 @@ def train(job: Path, rank: int, spec: dict, device: Any) -> None:
     from fedweave.learning.evaluation_split import hold_out
     from fedweave.learning.tasks import load_task
     from fedweave.learning.training import TrainConfig
-    from fedweave.learning.weights import (
-        get_weights,
-        load_weights_npz,
-        save_weights_npz,
-        set_weights,
-    )
+    from fedweave.learning.weights import load_weights_npz, save_weights_npz, set_weights
 
     site = spec["data"]
     task = load_task(site["task"])
@@ -91,19 +88,51 @@ def train(job: Path, rank: int, spec: dict, device: Any) -> None:
         data = task.prepare(data, decode_known(spec["statistics"]))
     model = task.build_model()
     set_weights(model, load_weights_npz(job / "start.npz"))
-    model.to(device)
-    ddp = DistributedDataParallel(model, device_ids=[rank] if device.type == "cuda" else None)
+    if getattr(task, "shards_model", False):
+        trained = _sharded(model, device)
+    else:
+        model.to(device)
+        trained = DistributedDataParallel(
+            model, device_ids=[rank] if device.type == "cuda" else None
+        )
     steps = job / f"rank-{rank}.steps"
     steps.touch()
-    ddp.register_forward_pre_hook(lambda *_: os.utime(steps))
+    trained.register_forward_pre_hook(lambda *_: os.utime(steps))
     config = TrainConfig(**{**spec["config"], "rank": rank, "device": str(device)})
-    metrics = task.train(ddp, data, config)
+    metrics = task.train(trained, data, config)
+    weights = _whole_weights(model)  # every rank takes part in gathering the shards
     if rank == 0:
-        save_weights_npz(job / "update.npz", get_weights(model))
+        save_weights_npz(job / "update.npz", weights)
         written = job / "metrics.json.tmp"
         written.write_text(json.dumps({k: float(v) for k, v in metrics.items()}))
         written.replace(job / "metrics.json")
     dist.barrier()  # rank 0's files are written before any rank exits 0
+
+
+def _sharded(model: Any, device: Any) -> Any:
+    """``model`` with its parameters sharded over the group (FSDP2's ``fully_shard``), each
+    direct child that holds parameters a unit of its own, moved to ``device`` and sharded one
+    at a time: on a GPU a rank holds its shards and, while sharding, one layer whole."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    for child in model.children():
+        if any(True for _ in child.parameters()):
+            fully_shard(child, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
+
+
+def _whole_weights(model: Any) -> list:
+    """The model's state as whole CPU arrays, in state-dict order (sharded tensors gathered:
+    a collective every rank joins)."""
+    from torch.distributed.tensor import DTensor
+
+    return [
+        (value.full_tensor() if isinstance(value, DTensor) else value).detach().cpu().numpy()
+        for value in model.state_dict().values()
+    ]
 
 
 def _say(job: Path, rank: int, exc: BaseException) -> None:
