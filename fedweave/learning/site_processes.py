@@ -43,6 +43,9 @@ FAILURE_GRACE_SECONDS = 2.0
 """After a rank fails, how long the others have to fail in turn (a closed connection reaches
 them in milliseconds) before one still running counts as the one they waited for."""
 RANK_MODULE = "fedweave.learning.training_rank"
+JOB_PREFIX = "fedweave-ranks-"
+"""A job's private folder in the temporary directory: this prefix, the pid of the process that
+started it, a dash and a random part."""
 
 
 class SiteProcessesFailed(Exception):
@@ -162,7 +165,8 @@ def train_across_processes(
     """
     from fedweave.learning.weights import get_weights, load_weights_npz, save_weights_npz
 
-    job = Path(tempfile.mkdtemp(prefix="fedweave-ranks-"))  # 0700: this user's only
+    _sweep_orphaned_jobs()
+    job = Path(tempfile.mkdtemp(prefix=f"{JOB_PREFIX}{os.getpid()}-"))  # 0700: ours only
     ranks: list[subprocess.Popen] = []
     try:
         save_weights_npz(job / "start.npz", get_weights(model))
@@ -187,6 +191,21 @@ def train_across_processes(
         for proc in ranks:
             _kill(proc)
         shutil.rmtree(job, ignore_errors=True)
+
+
+def _sweep_orphaned_jobs() -> None:
+    """Remove the job folders of processes that died without removing them (killed with
+    their ranks mid-round): each holds a copy of the model."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{JOB_PREFIX}*-*"):
+        pid = folder.name[len(JOB_PREFIX) :].split("-", 1)[0]
+        if not pid.isdigit() or folder.stat().st_uid != os.getuid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except PermissionError:  # another user's process with that pid: not ours to judge
+            continue
 
 
 def _start_rank(job: Path, rank: int, world_size: int) -> subprocess.Popen:
