@@ -28,8 +28,8 @@ from test_deploy_support import (
 from fedweave.learning.site_processes import RANK_MODULE
 
 SITES = 3
-ROUNDS = 3
-KILLED_ROUND = 2
+ROUNDS = 2
+KILLED_ROUND = 1
 LOCAL_EPOCHS = "30"  # a round's training lasts long enough to kill a rank in it
 
 
@@ -68,10 +68,6 @@ def test_a_site_trains_across_two_processes_and_a_killed_rank_fails_only_its_rou
         for i in range(SITES):
             extra = ("--nproc-per-node", "2") if i == 0 else ()
             procs.start(f"site{i}", *site_args(port, i, None, *extra))
-        wait_for(
-            lambda: len(recorded(db)[0]) >= KILLED_ROUND - 1, 300, f"round {KILLED_ROUND - 1}",
-            coordinator, lambda: procs.output("coordinator"),
-        )  # fmt: skip
         victim = wait_for(training_rank_1, 120, "rank 1 training", coordinator,
                           lambda: procs.output("site0"))  # fmt: skip
         worker = (Path("/proc") / str(victim) / "cmdline").read_bytes().split(b"\0")[-2]
@@ -93,7 +89,7 @@ def test_a_site_trains_across_two_processes_and_a_killed_rank_fails_only_its_rou
         f"outcome {to_outcome:.1f} s after the kill;", failed_reason(site_rows),
         "round seconds:", [round(r["seconds"], 1) for r in rounds],
     )  # fmt: skip
-    assert run.status == "completed" and [r["round"] for r in rounds] == [1, 2, 3], out
+    assert run.status == "completed" and [r["round"] for r in rounds] == [1, 2], out
     failed = [s for s in site_rows if s["status"] != "ok"]
     assert [(s["round"], s["status"]) for s in failed] == [(KILLED_ROUND, "failed")], site_rows
     assert failed[0]["reason"].startswith("rank 1 of 2 was killed by SIGKILL after"), failed[0]
@@ -101,7 +97,7 @@ def test_a_site_trains_across_two_processes_and_a_killed_rank_fails_only_its_rou
     assert rounds[KILLED_ROUND - 1]["replied"] == SITES - 1
     assert rounds[-1]["replied"] == SITES and rounds[-1]["eval_accuracy"] > 0.5, rounds
     across = [s["round"] for s in site_rows if s["metrics"].get("processes") == 2.0]
-    assert across == [1, 3] and all("processes" not in r["train_metrics"] for r in rounds)
+    assert across == [2] and all("processes" not in r["train_metrics"] for r in rounds)
     trained = [line for line in site_console.splitlines() if "trained on" in line]
     assert len(trained) == ROUNDS - 1 and all("in 2 processes" in line for line in trained)
     assert f"round {KILLED_ROUND}: rank 1 of 2 was killed by SIGKILL" in site_console
