@@ -122,7 +122,7 @@ def test_the_task_declares_training_defaults_and_flags_and_files_override_them(t
 def test_the_deployed_server_app_gets_every_training_setting():
     from fedweave.coordinator.plan import PLAN_SETTINGS
 
-    local_only = {"num_workers"}  # each site's own choice
+    local_only = {"num_workers", "nproc_per_node"}  # each site's own choice
     training = set(SETTINGS) & {f.name for f in dataclasses.fields(TrainingSection)}
     assert training - local_only <= set(PLAN_SETTINGS) | {"device"}
     assert training <= set(COMMAND_SETTINGS["coordinator"]) | local_only

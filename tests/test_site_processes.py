@@ -220,3 +220,22 @@ def test_the_ranks_die_with_the_process_that_started_them(site_file: Path):
         parent.kill()
         for pid in _ranks_alive(parent.pid):
             os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.skipif(
+    torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs (NCCL, one GPU a process)"
+)
+def test_two_gpus_make_the_update_one_gpu_makes(site_file: Path):
+    task = load_task("digits")
+    data, _ = hold_out(load_site_data(site_file, task, None), 0.1)
+    torch.manual_seed(0)
+    alone = task.build_model()
+    together = copy.deepcopy(alone)
+    config = TrainConfig.for_task(task, seed=7, device="cuda", epochs=2, amp=False)
+
+    task.train(alone, data, config)
+    processes = SiteProcesses(2, SiteData("digits", str(site_file)), device="cuda")
+    assert train_across_processes(processes, together, config)["processes"] == 2.0
+
+    pairs = zip(get_weights(alone), get_weights(together))
+    assert max(float(np.abs(a - b).max()) for a, b in pairs) < 1e-4  # cuBLAS's own rounding
