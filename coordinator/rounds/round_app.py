@@ -56,6 +56,10 @@ from fedweave.learning.tasks import load_task
 from fedweave.learning.training import seed_everything
 from fedweave.learning.weights import get_weights
 
+GridWrapper = Callable[[Grid, SpooledUpdates | None], Grid]
+"""``wire(grid, spooled)``: the SuperLink's grid wrapped so tensors move another way
+(``--bulk-address``: ``bulk.BulkGrid``), updates held on disk in ``spooled`` where given."""
+
 log = logging.getLogger(__name__)
 
 
@@ -87,7 +91,7 @@ def make_server_app(
     registered_names: Callable[[], Mapping[str, str]] | None = None,
     privacy: dict[str, Any] | None = None,
     ended_early: Callable[[str], None] | None = None,
-    wire: Callable[[Any], Any] | None = None,
+    wire: GridWrapper | None = None,
 ) -> ServerApp:
     """A ServerApp that runs ``settings.rounds`` rounds from ``start_weights`` (which it keeps
     only until round 1's model is made of them: the caller lets go of them too); a task that

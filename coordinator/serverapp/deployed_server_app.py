@@ -11,10 +11,15 @@ round loop of ``coordinator/rounds/``; an evaluation-only run (``fedweave evalua
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from flwr.common import Context
 from flwr.server import Grid, ServerApp
 
 from fedweave.coordinator.plan import DeployPlan, read_deployment_file, registered_site_names
+
+if TYPE_CHECKING:
+    from fedweave.coordinator.rounds.round_app import GridWrapper
 from fedweave.coordinator.serverapp.history_run import recording_run
 
 
@@ -87,7 +92,7 @@ def run_plan(plan: DeployPlan, grid, context) -> None:
                 tracker.close()
 
 
-def direct_transfers(plan: DeployPlan):  # type: ignore[no-untyped-def]
+def direct_transfers(plan: DeployPlan) -> GridWrapper | None:
     """The grid wrapper of a coordinator started with ``--bulk-address`` (its deployment file
     names the spool and the port): ``wrap(grid, spooled=None)``, ``spooled`` being where the
     plain rounds' updates wait on disk; or ``None``: tensors go through Flower."""
