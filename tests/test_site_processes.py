@@ -1,6 +1,7 @@
 """A site's local training across processes (``--nproc-per-node``), on CPU with gloo: the
-update equals one process's, a rank that dies or stops fails the job naming it, no rank is
-left behind, and what cannot run so is refused before anything starts."""
+update equals one process's, round after round in the same processes; a rank that dies or
+stops fails the job naming it, no rank is left behind and the next job starts new ones; and
+what cannot run so is refused before anything starts."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from fault_tasks import RANK_FAULT_ENV
 
 from fedweave.learning.data import load_site_data, save_site_npz
 from fedweave.learning.evaluation_split import hold_out
@@ -22,6 +24,7 @@ from fedweave.learning.site_processes import (
     SiteData,
     SiteProcesses,
     SiteProcessesFailed,
+    close_site_processes,
     processes_problem,
     train_across_processes,
 )
@@ -62,6 +65,16 @@ def _ranks_alive(parent: int | None = None) -> list[int]:
     return found
 
 
+@pytest.fixture(autouse=True)
+def no_ranks_left():
+    """Each test's groups stop with it (they would otherwise wait for this process's next
+    job, as a site's do between rounds)."""
+    yield
+    close_site_processes()
+    assert not _ranks_alive()
+    assert not list(Path(tempfile.gettempdir()).glob(f"{JOB_PREFIX}{os.getpid()}-*"))
+
+
 @pytest.fixture
 def tests_importable(monkeypatch: pytest.MonkeyPatch) -> None:
     """The ranks can import this folder's task modules."""
@@ -82,19 +95,23 @@ def test_two_processes_make_the_update_one_process_makes(
     config = TrainConfig.for_task(task, seed=7, device="cpu", epochs=2)
     assert len(data) % config.batch_size == 1
 
-    expected = task.train(alone, data, config)
-    got = train_across_processes(SiteProcesses(2, SiteData(spec, str(site_file))), together,
-                                 config)  # fmt: skip
+    processes = SiteProcesses(2, SiteData(spec, str(site_file)))
+    first: list[int] = []
+    for _ in (1, 2):  # the second round in the same processes, from the first's model
+        expected = task.train(alone, data, config)
+        got = train_across_processes(processes, together, config)
+        alive = sorted(_ranks_alive())
+        assert len(alive) == 2 and alive == (first or alive)
+        first = alive
 
-    worst = max(
-        float(np.abs(a - b).max()) for a, b in zip(get_weights(alone), get_weights(together))
-    )
-    assert worst < TOLERANCE
+        worst = max(
+            float(np.abs(a - b).max()) for a, b in zip(get_weights(alone), get_weights(together))
+        )
+        assert worst < TOLERANCE
+        assert got["processes"] == 2.0
+        assert got["num_examples"] == expected["num_examples"] == len(data)
+        assert got["train_loss"] == pytest.approx(expected["train_loss"], rel=1e-5)
     assert any(not np.array_equal(a, b) for a, b in zip(get_weights(alone), started))
-    assert got["processes"] == 2.0
-    assert got["num_examples"] == expected["num_examples"] == len(data)
-    assert got["train_loss"] == pytest.approx(expected["train_loss"], rel=1e-5)
-    assert not _ranks_alive()
 
 
 def test_parts_cover_each_batch_once():
@@ -104,18 +121,20 @@ def test_parts_cover_each_batch_once():
 
 @pytest.mark.parametrize("fault", ["kill", "stop"])
 def test_a_rank_that_dies_or_stops_fails_the_job_naming_it(
-    site_file: Path, fault: str, monkeypatch: pytest.MonkeyPatch, tests_importable: None
-):
-    monkeypatch.setenv("FEDWEAVE_TEST_RANK_FAULT", fault)
+    site_file: Path, fault: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+    tests_importable: None,
+):  # fmt: skip
+    monkeypatch.setenv(RANK_FAULT_ENV, f"once:{tmp_path / 'faulted'}:{fault}")
     task = load_task("digits")
     model = task.build_model()
     before = get_weights(model)
     processes = SiteProcesses(
         2, SiteData("fault_tasks:RankFaultDigits", str(site_file)), stall_seconds=3.0
     )
+    config = TrainConfig.for_task(task, device="cpu")
     started = time.monotonic()
     with pytest.raises(SiteProcessesFailed) as failed:
-        train_across_processes(processes, model, TrainConfig.for_task(task, device="cpu"))
+        train_across_processes(processes, model, config)
     seconds = time.monotonic() - started
 
     reason = str(failed.value)
@@ -128,6 +147,9 @@ def test_a_rank_that_dies_or_stops_fails_the_job_naming_it(
     assert all(np.array_equal(a, b) for a, b in zip(before, get_weights(model)))
     assert not _ranks_alive()
     assert not list(Path(tempfile.gettempdir()).glob(f"{JOB_PREFIX}{os.getpid()}-*"))
+
+    assert train_across_processes(processes, model, config)["processes"] == 2.0  # anew
+    assert not all(np.array_equal(a, b) for a, b in zip(before, get_weights(model)))
 
 
 def test_what_cannot_run_across_processes_is_refused_in_one_line():
@@ -212,9 +234,9 @@ def test_the_ranks_die_with_the_process_that_started_them(site_file: Path):
         assert not _ranks_alive(parent.pid)
         orphaned = list(Path(tempfile.gettempdir()).glob(f"{JOB_PREFIX}{parent.pid}-*"))
         assert len(orphaned) == 1  # its job folder, left behind
-        from fedweave.learning.site_processes import _sweep_orphaned_jobs
+        from fedweave.learning.site_processes import _sweep_orphaned_groups
 
-        _sweep_orphaned_jobs()  # what the next job of any process does first
+        _sweep_orphaned_groups()  # what the next group of any process does first
         assert not orphaned[0].exists()
     finally:
         parent.kill()

@@ -1,24 +1,27 @@
 """One site's local training across several processes (``--nproc-per-node N``): the side of
 the process that asks for it (a site's ClientApp worker, a gossip peer).
 
-For each round's training it starts ``N`` rank processes (``fedweave.learning.training_rank``)
+The first training starts a group of ``N`` rank processes (``fedweave.learning.training_rank``)
 that read the site's task and data themselves, as ``torchrun`` would start them; they join a
 ``torch.distributed`` group (NCCL on GPUs, one GPU a process; gloo on CPU) through a file in
-a private folder, never a network rendezvous, and gloo listens on loopback only. Each trains
-its part of every batch with the model in ``DistributedDataParallel``
-(``TrainConfig.rank``/``world_size``), so the update is the one a single process makes with
-the same global batch. Rank 0 writes the update and the metrics; this process reads them
-back into the site's model.
+a private folder, never a network rendezvous, and gloo listens on loopback only. The group
+stays for the rounds that follow: each round's job (the start weights in the folder, the
+round's settings as one JSON line on every rank's stdin) has every rank train its part of
+every batch with the model in ``DistributedDataParallel`` (``TrainConfig.rank``/
+``world_size``), so the update is the one a single process makes with the same global
+batch. Rank 0 writes the update and the metrics; each rank then says ``done`` on its stdout,
+and this process reads the update back into the site's model.
 
-A rank that fails ends the job: the first to fail names the reason (its exception, or the
-signal that killed it); one that stops making progress (stopped, hung) ends it after
-``stall_seconds``, named as the rank whose last step is oldest. Every rank is killed before
-this returns or raises, and dies with this process if it dies (``PR_SET_PDEATHSIG``). Each
-round starts a new group, so a failure never reaches the next round.
+A rank that fails ends the job and the group: the first to fail names the reason (its
+exception, or the signal that killed it); one that stops making progress (stopped, hung) is
+named once the others give up waiting for it, after ``stall_seconds`` without a step. Every
+rank is killed before the failure is raised, and the next round starts a new group. The
+ranks die with this process (``PR_SET_PDEATHSIG``), and with its exit (``atexit``).
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
@@ -37,6 +40,9 @@ from fedweave.contract import PROCESSES_METRIC, one_line
 STALL_SECONDS = 300.0
 """A rank with no training step for this long has stalled: the others' collectives time out
 and the job ends (a step of a large model on a slow GPU stays well under it)."""
+START_SECONDS = 600.0
+"""How long a job may take before any rank begins training (a new group starts Python, torch,
+CUDA and reads the site's data first)."""
 POLL_SECONDS = 0.05
 """How often the job's processes are looked at while they train."""
 FAILURE_GRACE_SECONDS = 2.0
@@ -44,8 +50,11 @@ FAILURE_GRACE_SECONDS = 2.0
 them in milliseconds) before one still running counts as the one they waited for."""
 RANK_MODULE = "fedweave.learning.training_rank"
 JOB_PREFIX = "fedweave-ranks-"
-"""A job's private folder in the temporary directory: this prefix, the pid of the process that
-started it, a dash and a random part."""
+"""A group's private folder in the temporary directory: this prefix, the pid of the process
+that started it, a dash and a random part."""
+DONE_PREFIX = "fedweave-rank done "
+"""Before a job's number on a rank's stdout: it finished that job (rank 0: its update and
+metrics are written)."""
 
 
 class SiteProcessesFailed(Exception):
@@ -159,43 +168,217 @@ def train_across_processes(
 ) -> dict[str, float]:
     """Train ``model`` in place as ``processes.nproc`` ranks would with ``config`` (a
     ``TrainConfig``; ``statistics``: the run's federated statistics the task prepares the
-    data with). Returns the metrics ``train_epochs`` returns, plus ``PROCESSES_METRIC``.
+    data with), in the site's group (started on first use). Returns the metrics
+    ``train_epochs`` returns, plus ``PROCESSES_METRIC``.
 
-    Raises ``SiteProcessesFailed`` when a rank fails or stalls; every rank is gone by then.
+    Raises ``SiteProcessesFailed`` when a rank fails or stalls; the group is gone by then
+    (its ranks killed), and the next call starts a new one.
     """
-    from fedweave.learning.weights import get_weights, load_weights_npz, save_weights_npz
-
-    _sweep_orphaned_jobs()
-    job = Path(tempfile.mkdtemp(prefix=f"{JOB_PREFIX}{os.getpid()}-"))  # 0700: ours only
-    ranks: list[subprocess.Popen] = []
+    group = _GROUPS.get(processes)
+    if group is None:
+        group = _GROUPS[processes] = _RankGroup(processes)
     try:
-        save_weights_npz(job / "start.npz", get_weights(model))
-        spec = {
-            "data": asdict(processes.data),
-            "statistics": statistics,
-            "config": asdict(replace(config, world_size=processes.nproc, device=None)),
-            "device": processes.device,
+        metrics = group.run(model, config, statistics)
+    except BaseException:  # a failure, or Ctrl-C mid-job: no rank outlives its job's end
+        _GROUPS.pop(processes, None)
+        group.close()
+        raise
+    metrics[PROCESSES_METRIC] = float(processes.nproc)
+    return metrics
+
+
+def close_site_processes() -> None:
+    """Stop every group this process started (their ranks killed, folders removed)."""
+    while _GROUPS:
+        _GROUPS.popitem()[1].close()
+
+
+_GROUPS: dict[SiteProcesses, _RankGroup] = {}
+atexit.register(close_site_processes)
+
+
+class _RankGroup:
+    """``processes.nproc`` ranks kept between jobs, in a private folder of their own."""
+
+    def __init__(self, processes: SiteProcesses) -> None:
+        _sweep_orphaned_groups()
+        self.processes = processes
+        self.folder = Path(tempfile.mkdtemp(prefix=f"{JOB_PREFIX}{os.getpid()}-"))  # 0700
+        group = {
+            "data": asdict(processes.data), "device": processes.device,
             "stall_seconds": processes.stall_seconds,
-        }
-        (job / "job.json").write_text(json.dumps(spec))
-        started = time.monotonic()
-        ranks = [_start_rank(job, rank, processes.nproc) for rank in range(processes.nproc)]
-        _wait(ranks, job, processes.stall_seconds, started)
-        metrics = json.loads((job / "metrics.json").read_text())
-        from fedweave.learning.weights import set_weights
+        }  # fmt: skip
+        (self.folder / "group.json").write_text(json.dumps(group))
+        self.jobs = 0
+        self.done = [0] * processes.nproc  # the last job each rank said it finished
+        self.exits: dict[int, float] = {}  # rank -> when it exited (the monotonic clock)
+        self.ranks = [self._start(rank) for rank in range(processes.nproc)]
 
-        set_weights(model, load_weights_npz(job / "update.npz"))
-        metrics[PROCESSES_METRIC] = float(processes.nproc)
-        return metrics
-    finally:
-        for proc in ranks:
-            _kill(proc)
-        shutil.rmtree(job, ignore_errors=True)
+    def _start(self, rank: int) -> subprocess.Popen:
+        """Rank ``rank`` in its own session; its stderr is ours (a site's log), its stdout
+        read here for what it finished. It ties its life to ours itself, first thing
+        (``training_rank``: no ``preexec_fn`` in a process with threads)."""
+        env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
+        command = [
+            sys.executable, "-m", RANK_MODULE, str(self.folder), str(rank),
+            str(self.processes.nproc), str(os.getpid()),
+        ]  # fmt: skip
+        proc = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True,
+            errors="replace", start_new_session=True,
+        )  # fmt: skip
+        threading.Thread(target=self._follow, args=(rank, proc), name=f"rank-{rank}",
+                         daemon=True).start()  # fmt: skip
+        return proc
+
+    def _follow(self, rank: int, proc: subprocess.Popen) -> None:
+        """Note each job ``rank`` finishes; pass the rest of its stdout on to our stderr;
+        note when it exits."""
+        with proc.stdout:  # type: ignore[union-attr]
+            for line in proc.stdout:  # type: ignore[union-attr]
+                number = line[len(DONE_PREFIX) :].strip()
+                if line.startswith(DONE_PREFIX) and number.isdigit():
+                    self.done[rank] = int(number)
+                else:
+                    sys.stderr.write(line)
+        proc.wait()
+        self.exits[rank] = time.monotonic()
+
+    def run(self, model: Any, config: Any, statistics: str | None) -> dict[str, float]:
+        """One job: ``model``'s weights out, every rank told, the update read back in."""
+        from fedweave.learning.weights import (
+            get_weights,
+            load_weights_npz,
+            save_weights_npz,
+            set_weights,
+        )
+
+        self.jobs += 1
+        job = self.folder / f"job-{self.jobs}"
+        job.mkdir()
+        try:
+            save_weights_npz(job / "start.npz", get_weights(model))
+            line = json.dumps({
+                "job": self.jobs, "statistics": statistics,
+                "config": asdict(replace(config, world_size=self.processes.nproc, device=None)),
+            })  # fmt: skip
+            started = time.monotonic()
+            for proc in self.ranks:
+                try:
+                    proc.stdin.write(line + "\n")  # type: ignore[union-attr]
+                    proc.stdin.flush()  # type: ignore[union-attr]
+                except OSError:  # it died since the last job: the wait names it
+                    pass
+            self._wait(started)
+            metrics = json.loads((job / "metrics.json").read_text())
+            set_weights(model, load_weights_npz(job / "update.npz"))
+            return metrics
+        finally:
+            shutil.rmtree(job, ignore_errors=True)
+
+    def _wait(self, started: float) -> None:
+        """Until every rank has finished this job; else raise with the rank that failed
+        first (its own failure; the others' follow from it) or the one the others gave up
+        waiting for."""
+        world, stall = len(self.ranks), self.processes.stall_seconds
+        while True:
+            if all(done == self.jobs for done in self.done):
+                return
+            if any(proc.poll() is not None for proc in self.ranks):
+                raise SiteProcessesFailed(self._failure(started))
+            steps = [self._last_step(rank, started) for rank in range(world)]
+            if max(steps) == started and time.monotonic() - started > START_SECONDS:
+                raise SiteProcessesFailed(
+                    f"the site's {world} training processes had not begun the round's training "
+                    f"after {START_SECONDS:g} s; see the site's log"
+                )
+            if (
+                max(steps) > started
+                and time.monotonic() - max(steps) > stall + FAILURE_GRACE_SECONDS
+            ):
+                stalled = min(range(world), key=lambda rank: steps[rank])
+                raise SiteProcessesFailed(
+                    f"rank {stalled} of {world} made no progress for {stall:g} s; the site's "
+                    "training processes were stopped"
+                )
+            time.sleep(POLL_SECONDS)
+
+    def _failure(self, started: float) -> str:
+        """The reason of a job one of whose ranks exited: once the others have had
+        ``FAILURE_GRACE_SECONDS`` to fail after it, a rank still running is the one they
+        gave up waiting for (stopped, or stuck outside training); else a rank killed by a
+        signal (the others only fail for want of it), else the first to say it failed."""
+        ranks, world = self.ranks, len(self.ranks)
+        deadline = time.monotonic() + FAILURE_GRACE_SECONDS
+        while time.monotonic() < deadline and any(proc.poll() is None for proc in ranks):
+            time.sleep(POLL_SECONDS)
+        said = {rank: self._said(rank) for rank in range(world)}
+        failed = [rank for rank, proc in enumerate(ranks) if proc.poll() is not None]
+        killed = [rank for rank in failed if (ranks[rank].returncode or 0) < 0]
+        when = {
+            rank: said[rank]["at"] if said[rank] is not None
+            else self.exits.get(rank, time.monotonic())
+            for rank in failed
+        }  # fmt: skip
+        first = min(killed or failed, key=lambda rank: when[rank])
+        seconds = max(0.0, when[first] - started)
+        alive = [rank for rank, proc in enumerate(ranks) if proc.poll() is None]
+        if alive:
+            steps = {rank: self._last_step(rank, started) for rank in alive}
+            stalled = min(alive, key=lambda rank: steps[rank])
+            return (
+                f"rank {stalled} of {world} stopped answering; rank {first} gave up waiting "
+                f"for it after {seconds:.1f} s"
+            )
+        code = ranks[first].returncode
+        if code is not None and code < 0:
+            killer = signal.Signals(-code).name
+            return f"rank {first} of {world} was killed by {killer} after {seconds:.1f} s"
+        if said[first] is not None:
+            return f"rank {first} of {world} failed after {seconds:.1f} s: {said[first]['reason']}"
+        return f"rank {first} of {world} exited with code {code} after {seconds:.1f} s; see the log"
+
+    def _said(self, rank: int) -> dict | None:
+        """What a failed rank wrote of its failure (``training_rank``): its reason and when
+        (the monotonic clock), or None."""
+        try:
+            said = json.loads((self.folder / f"rank-{rank}.error").read_text())
+            return {"reason": one_line(str(said["reason"])), "at": float(said["at"])}
+        except (OSError, ValueError, TypeError, KeyError):
+            return None
+
+    def _last_step(self, rank: int, started: float) -> float:
+        """When ``rank`` last began a training step (the monotonic clock), ``started`` if not
+        since then."""
+        try:
+            age = time.time() - (self.folder / f"rank-{rank}.steps").stat().st_mtime
+        except OSError:
+            return started
+        return max(started, time.monotonic() - age)
+
+    def close(self) -> None:
+        """Kill every rank and remove the folder."""
+        for proc in self.ranks:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for proc in self.ranks:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
+            try:
+                proc.stdin.close()  # type: ignore[union-attr]
+            except OSError:  # what it had not read yet: nobody reads it now
+                pass
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def _sweep_orphaned_jobs() -> None:
-    """Remove the job folders of processes that died without removing them (killed with
-    their ranks mid-round): each holds a copy of the model."""
+def _sweep_orphaned_groups() -> None:
+    """Remove the folders of groups whose process died without removing them (killed with
+    their ranks): each may hold a copy of the model."""
     for folder in Path(tempfile.gettempdir()).glob(f"{JOB_PREFIX}*-*"):
         pid = folder.name[len(JOB_PREFIX) :].split("-", 1)[0]
         if not pid.isdigit() or folder.stat().st_uid != os.getuid():
@@ -206,112 +389,3 @@ def _sweep_orphaned_jobs() -> None:
             shutil.rmtree(folder, ignore_errors=True)
         except PermissionError:  # another user's process with that pid: not ours to judge
             continue
-
-
-def _start_rank(job: Path, rank: int, world_size: int) -> subprocess.Popen:
-    """Rank ``rank`` in its own session, writing to our stderr (a site's log); it ties its
-    life to ours itself, first thing (``training_rank``: no ``preexec_fn`` in a process with
-    threads)."""
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
-    command = [
-        sys.executable, "-m", RANK_MODULE, str(job), str(rank), str(world_size), str(os.getpid())
-    ]  # fmt: skip
-    return subprocess.Popen(
-        command, stdin=subprocess.DEVNULL, stdout=2, env=env,  # both to our stderr
-        start_new_session=True,
-    )  # fmt: skip
-
-
-def _wait(ranks: list[subprocess.Popen], job: Path, stall_seconds: float, started: float) -> None:
-    """Until every rank exits 0; else raise with the rank that failed first (its own
-    failure; the others' follow from it) or the one the others gave up waiting for."""
-    exits: dict[int, float] = {}  # rank -> when it exited (the monotonic clock)
-
-    def watch(rank: int) -> None:
-        ranks[rank].wait()
-        exits[rank] = time.monotonic()
-
-    for rank in range(len(ranks)):
-        threading.Thread(target=watch, args=(rank,), name=f"rank-{rank}", daemon=True).start()
-    while True:
-        codes = [proc.poll() for proc in ranks]
-        if all(code == 0 for code in codes):
-            return
-        if any(code not in (None, 0) for code in codes):
-            raise SiteProcessesFailed(_failure(ranks, job, exits, started))
-        steps = [_last_step(job, rank, started) for rank in range(len(ranks))]
-        if time.monotonic() - max(steps) > stall_seconds + FAILURE_GRACE_SECONDS:
-            stalled = min(range(len(ranks)), key=lambda rank: steps[rank])
-            raise SiteProcessesFailed(
-                f"rank {stalled} of {len(ranks)} made no progress for {stall_seconds:g} s; "
-                "the site's training processes were stopped"
-            )
-        time.sleep(POLL_SECONDS)
-
-
-def _failure(
-    ranks: list[subprocess.Popen], job: Path, exits: dict[int, float], started: float
-) -> str:
-    """The reason of a job one of whose ranks failed: once the others have had
-    ``FAILURE_GRACE_SECONDS`` to fail after it, a rank still running is the one they gave up
-    waiting for (stopped, or stuck outside training); else a rank killed by a signal (the
-    others only fail for want of it), else the first to say it failed."""
-    world = len(ranks)
-    deadline = time.monotonic() + FAILURE_GRACE_SECONDS
-    while time.monotonic() < deadline and any(proc.poll() is None for proc in ranks):
-        time.sleep(POLL_SECONDS)
-    said = {rank: _said(job, rank) for rank in range(world)}
-    failed = [rank for rank, proc in enumerate(ranks) if proc.poll() not in (None, 0)]
-    killed = [rank for rank in failed if (ranks[rank].returncode or 0) < 0]
-    when = {
-        rank: said[rank]["at"] if said[rank] is not None else exits.get(rank, time.monotonic())
-        for rank in failed
-    }  # fmt: skip
-    first = min(killed or failed, key=lambda rank: when[rank])
-    seconds = when[first] - started
-    alive = [rank for rank, proc in enumerate(ranks) if proc.poll() is None]
-    if alive:
-        steps = {rank: _last_step(job, rank, started) for rank in alive}
-        stalled = min(alive, key=lambda rank: steps[rank])
-        return (
-            f"rank {stalled} of {world} stopped answering; rank {first} gave up waiting for it "
-            f"after {seconds:.1f} s"
-        )
-    code = ranks[first].returncode
-    if code is not None and code < 0:
-        killer = signal.Signals(-code).name
-        return f"rank {first} of {world} was killed by {killer} after {seconds:.1f} s"
-    if said[first] is not None:
-        return f"rank {first} of {world} failed after {seconds:.1f} s: {said[first]['reason']}"
-    return f"rank {first} of {world} exited with code {code} after {seconds:.1f} s; see the log"
-
-
-def _said(job: Path, rank: int) -> dict | None:
-    """What a failed rank wrote of its failure (``training_rank``): its reason and when
-    (the monotonic clock), or None."""
-    try:
-        said = json.loads((job / f"rank-{rank}.error").read_text())
-        return {"reason": one_line(str(said["reason"])), "at": float(said["at"])}
-    except (OSError, ValueError, TypeError, KeyError):
-        return None
-
-
-def _last_step(job: Path, rank: int, started: float) -> float:
-    """When ``rank`` last began a step (the monotonic clock), ``started`` before its first."""
-    try:
-        age = time.time() - (job / f"rank-{rank}.steps").stat().st_mtime
-    except OSError:
-        return started
-    return max(started, time.monotonic() - age)
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        pass

@@ -1,16 +1,20 @@
-"""``python -m fedweave.learning.training_rank JOB RANK WORLD PARENT``: one process of a site's
-training across processes (``fedweave/learning/site_processes.py`` starts them all).
+"""``python -m fedweave.learning.training_rank FOLDER RANK WORLD PARENT``: one process of a
+site's training across processes (``fedweave/learning/site_processes.py`` starts them all
+and keeps them between rounds).
 
-Top to bottom: tie this process's life to its parent's; join the group through the job's
-store file; read the site's task and data as the site does; load the round's start weights;
-train this rank's part of every batch in ``DistributedDataParallel`` (or, for a task that
-declares ``shards_model``, with the model's parameters sharded across the ranks, FSDP's
-``fully_shard``: each layer with parameters, then the whole); rank 0 writes the update and
-the metrics. A failure is written as one JSON line (``rank-RANK.error``: the
-reason, and when, on the monotonic clock every process shares) before the group closes, so
-a rank that fails on its own says so before the others fail for want of it; its traceback
-goes to the site's log (its stderr) and the exit code is 1. Each training step touches
-``rank-RANK.steps``, so the parent sees which rank stopped moving.
+Top to bottom: tie this process's life to its parent's; join the group through the store
+file in the group's folder; read the site's task and data as the site does, once; then, for
+each job line on stdin (until it closes), load the job's start weights, train this rank's
+part of every batch in ``DistributedDataParallel`` (or, for a task that declares
+``shards_model``, with the model's parameters sharded across the ranks, FSDP's
+``fully_shard``: each layer with parameters, then the whole), rank 0 writes the update and
+the metrics, and every rank says ``DONE_PREFIX`` and the job's number on stdout.
+
+A failure is written as one JSON line (``rank-RANK.error``: the reason, and when, on the
+monotonic clock every process shares) before the group closes, so a rank that fails on its
+own says so before the others fail for want of it; its traceback goes to the site's log (our
+stderr) and the exit code is 1. Each training step touches ``rank-RANK.steps``, so the parent
+sees which rank stopped moving.
 """
 
 from __future__ import annotations
@@ -27,23 +31,29 @@ from typing import Any
 
 
 def main(argv: list[str]) -> int:
-    job, rank, world, parent = Path(argv[0]), int(argv[1]), int(argv[2]), int(argv[3])
+    folder, rank, world, parent = Path(argv[0]), int(argv[1]), int(argv[2]), int(argv[3])
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     if os.getppid() != parent:  # the parent died before the line above
         return 1
     import torch.distributed as dist
 
+    from fedweave.learning.site_processes import DONE_PREFIX
+
     try:
-        spec = json.loads((job / "job.json").read_text())
-        device = _device(spec["device"], rank, world)
+        group = json.loads((folder / "group.json").read_text())
+        device = _device(group["device"], rank, world)
         dist.init_process_group(
             "nccl" if device.type == "cuda" else "gloo",
-            store=dist.FileStore(str(job / "store"), world), rank=rank, world_size=world,
-            timeout=timedelta(seconds=float(spec["stall_seconds"])),
+            store=dist.FileStore(str(folder / "store"), world), rank=rank, world_size=world,
+            timeout=timedelta(seconds=float(group["stall_seconds"])),
         )  # fmt: skip
-        train(job, rank, spec, device)
+        site = SiteShare(group["data"])
+        for line in sys.stdin:
+            job = json.loads(line)
+            train(folder / f"job-{job['job']}", rank, site, job, device)
+            print(f"{DONE_PREFIX}{job['job']}", flush=True)
     except BaseException as exc:  # said before the group closes: the others fail after it
-        _say(job, rank, exc)
+        _say(folder, rank, exc)
         raise
     finally:
         if dist.is_initialized():
@@ -66,47 +76,61 @@ def _device(requested: str | None, rank: int, world: int) -> Any:
     return device
 
 
-def train(job: Path, rank: int, spec: dict, device: Any) -> None:
-    """This rank's part of the round's training; rank 0 writes the update and metrics."""
+class SiteShare:
+    """The site's task and the data it trains on, read once; prepared with a run's
+    statistics when a job brings them (kept for the next job with the same)."""
+
+    def __init__(self, data: dict) -> None:
+        from fedweave.learning.data import load_site_data
+        from fedweave.learning.evaluation_split import hold_out
+        from fedweave.learning.tasks import load_task
+
+        self.task = load_task(data["task"])
+        self.data = load_site_data(data["path"], self.task, data["label_column"], data["columns"])
+        if not data["eval_path"]:
+            self.data, _ = hold_out(self.data, float(data["eval_fraction"]))
+        self._prepared: tuple[str, Any] | None = None
+
+    def training_data(self, statistics: str | None) -> Any:
+        if not statistics:
+            return self.data
+        if self._prepared is None or self._prepared[0] != statistics:
+            from fedweave.learning.statistics import decode_known
+
+            self._prepared = (statistics, self.task.prepare(self.data, decode_known(statistics)))
+        return self._prepared[1]
+
+
+def train(job: Path, rank: int, site: SiteShare, spec: dict, device: Any) -> None:
+    """This rank's part of one job's training; rank 0 writes the update and metrics."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from fedweave.learning.data import load_site_data
-    from fedweave.learning.evaluation_split import hold_out
-    from fedweave.learning.tasks import load_task
     from fedweave.learning.training import TrainConfig
     from fedweave.learning.weights import load_weights_npz, save_weights_npz, set_weights
 
-    site = spec["data"]
-    task = load_task(site["task"])
-    data = load_site_data(site["path"], task, site["label_column"], site["columns"])
-    if not site["eval_path"]:
-        data, _ = hold_out(data, float(site["eval_fraction"]))
-    if spec["statistics"]:
-        from fedweave.learning.statistics import decode_known
-
-        data = task.prepare(data, decode_known(spec["statistics"]))
-    model = task.build_model()
+    data = site.training_data(spec["statistics"])
+    model = site.task.build_model()
     set_weights(model, load_weights_npz(job / "start.npz"))
-    if getattr(task, "shards_model", False):
+    if getattr(site.task, "shards_model", False):
         trained = _sharded(model, device)
     else:
         model.to(device)
         trained = DistributedDataParallel(
             model, device_ids=[rank] if device.type == "cuda" else None
         )
-    steps = job / f"rank-{rank}.steps"
+    steps = job.parent / f"rank-{rank}.steps"
     steps.touch()
     trained.register_forward_pre_hook(lambda *_: os.utime(steps))
     config = TrainConfig(**{**spec["config"], "rank": rank, "device": str(device)})
-    metrics = task.train(trained, data, config)
+    metrics = site.task.train(trained, data, config)
     weights = _whole_weights(model)  # every rank takes part in gathering the shards
     if rank == 0:
         save_weights_npz(job / "update.npz", weights)
         written = job / "metrics.json.tmp"
         written.write_text(json.dumps({k: float(v) for k, v in metrics.items()}))
         written.replace(job / "metrics.json")
-    dist.barrier()  # rank 0's files are written before any rank exits 0
+    dist.barrier()  # rank 0's files are written before any rank says it is done
 
 
 def _sharded(model: Any, device: Any) -> Any:
@@ -135,7 +159,7 @@ def _whole_weights(model: Any) -> list:
     ]
 
 
-def _say(job: Path, rank: int, exc: BaseException) -> None:
+def _say(folder: Path, rank: int, exc: BaseException) -> None:
     """Write ``exc`` as this rank's failure, with when it happened."""
     from fedweave.contract import one_line
     from fedweave.errors import UserError
@@ -143,9 +167,9 @@ def _say(job: Path, rank: int, exc: BaseException) -> None:
     reason = one_line(str(exc))
     if not isinstance(exc, UserError):
         reason = f"{type(exc).__name__}: {reason}"
-    written = job / f"rank-{rank}.error.tmp"
+    written = folder / f"rank-{rank}.error.tmp"
     written.write_text(json.dumps({"reason": reason, "at": time.monotonic()}))
-    written.replace(job / f"rank-{rank}.error")
+    written.replace(folder / f"rank-{rank}.error")
 
 
 if __name__ == "__main__":
