@@ -11,9 +11,9 @@ warm-up epoch; prints the median samples/s of each and fedweave / bare (goal >= 
 
 Then, for each ``--nproc-per-node`` above 1 (default on CUDA: every visible GPU), the same
 training as a site runs it across that many processes (``train_across_processes``: one GPU a
-process with NCCL, gloo on CPU), the global batch the same: samples/s counting the ranks'
-start (what a site pays each round) and of their training alone, and the training's speed-up
-over one fedweave process.
+process with NCCL, gloo on CPU), the global batch the same: the group's start (a site's first
+round pays it), then per round the training's samples/s, its speed-up over one fedweave
+process, and the seconds a round spends beyond it (weights out and the update back).
 
     python bench/bench_gpu_training.py                    # CUDA; says so and stops without
     python bench/bench_gpu_training.py --device cpu       # the same comparison on CPU
@@ -109,12 +109,18 @@ def compare_loops(task, data: ArrayData, args, device: torch.device, amp: bool) 
 
 
 def across_processes(task, data: ArrayData, args, amp: bool, nproc: int, alone: float) -> None:
-    """A site's training across ``nproc`` processes, median of ``--trials`` rounds."""
+    """A site's training across ``nproc`` processes: the group's start (its first round),
+    then the median of ``--trials`` rounds in it."""
     import tempfile
     from pathlib import Path
 
     from fedweave.learning.data import save_site_npz
-    from fedweave.learning.site_processes import SiteData, SiteProcesses, train_across_processes
+    from fedweave.learning.site_processes import (
+        SiteData,
+        SiteProcesses,
+        close_site_processes,
+        train_across_processes,
+    )
 
     config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, amp=amp)
     samples = len(data) * args.epochs
@@ -123,6 +129,9 @@ def across_processes(task, data: ArrayData, args, amp: bool, nproc: int, alone: 
         save_site_npz(path, data)
         processes = SiteProcesses(nproc, SiteData(args.task, str(path), eval_fraction=0.0),
                                   args.device)  # fmt: skip
+        started = time.perf_counter()
+        first = train_across_processes(processes, task.build_model(), config)
+        start = time.perf_counter() - started - first["seconds"]
         walls, trainings = [], []
         for trial in range(args.trials):
             model = task.build_model()
@@ -132,12 +141,13 @@ def across_processes(task, data: ArrayData, args, amp: bool, nproc: int, alone: 
             trainings.append(metrics["seconds"])
             print(f"amp {'on ' if amp else 'off'} trial {trial + 1} {nproc} processes "
                   f"{samples / trainings[-1]:,.0f} samples/s training, "
-                  f"{samples / walls[-1]:,.0f} with the ranks' start", flush=True)  # fmt: skip
+                  f"{samples / walls[-1]:,.0f} with the round's hand-over", flush=True)  # fmt: skip
+        close_site_processes()
     training = samples / statistics.median(trainings)
     print(f"amp {'on ' if amp else 'off'}: --nproc-per-node {nproc}: {training:,.0f} samples/s "
-          f"training ({training / alone:.2f}x one fedweave process), "
-          f"{samples / statistics.median(walls):,.0f} samples/s with the ranks' start "
-          f"({statistics.median(walls) - statistics.median(trainings):.1f} s a round)")  # fmt: skip
+          f"training ({training / alone:.2f}x one fedweave process); a round beyond its "
+          f"training {statistics.median(walls) - statistics.median(trainings):.2f} s; the "
+          f"group's start {start:.1f} s (its first round only)")  # fmt: skip
 
 
 def main() -> None:
