@@ -312,6 +312,12 @@ def train_epochs(
     it ran (``train_``-prefixed), the number of examples, and the wall time in seconds
     (including the device sync at the end). A loss that turned NaN or infinite is reported
     as ``train_loss`` NaN and ``nonfinite`` 1 (the update's check then rejects it).
+
+    With ``config.world_size`` above 1 (``model`` in ``DistributedDataParallel`` or sharded,
+    every process calling this), each process trains on its part of every batch and its loss
+    is weighed by that part's share, so the averaged gradient is the whole batch's;
+    ``train_loss`` and ``num_examples`` are the site's, the other ``train_`` metrics this
+    process's part's.
     """
     objective = for_data(objective or MultiClass(), data)
     n = len(data)
