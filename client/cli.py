@@ -707,11 +707,6 @@ def _client(config: RunConfig, _resolved: Resolved) -> None:
             "or Flower's per-message functions differ from flwr 1.41.0's): it loads whatever app "
             "a run names, without fedweave's check that only fedweave's own app runs here"
         )
-    if config.training.nproc_per_node > 1:
-        _echo(
-            f"training: {config.training.nproc_per_node} processes a round (--nproc-per-node), "
-            "each on its part of every batch; they start with the first round and stay"
-        )
     if (
         config.site.require_secure_agg or config.site.require_dp != "off"
         or config.privacy.max_epsilon is not None
