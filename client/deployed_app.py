@@ -19,6 +19,8 @@ carries on with the others.
 
 from __future__ import annotations
 
+from typing import Any
+
 from flwr.client import ClientApp
 from flwr.common import Context
 
@@ -55,6 +57,7 @@ def site_client(context: Context):
     never reach the client, so they skip the ~1.5 s torch import.
     """
     from fedweave.client.site_app import TaskClient, cached_site_parts, cached_task
+    from fedweave.learning.site_processes import SiteData
     from fedweave.learning.training import TrainConfig
 
     run_task = _config_str(context.run_config, RUN_TASK_KEY)
@@ -69,13 +72,16 @@ def site_client(context: Context):
         )
     if data_path is None:
         raise SiteRefusal("the site has no data file (fedweave client --data)")
+    site_data = SiteData(
+        run_task, data_path, _config_str(context.node_config, NODE_LABEL_COLUMN_KEY),
+        _config_str(context.node_config, NODE_COLUMNS_KEY),
+        _config_str(context.node_config, NODE_EVAL_DATA_KEY),
+        float(_config_str(context.node_config, NODE_EVAL_FRACTION_KEY) or 0.1),
+    )  # fmt: skip
     try:
-        label_column = _config_str(context.node_config, NODE_LABEL_COLUMN_KEY)
         data, evaluation = cached_site_parts(
-            data_path, run_task, label_column,
-            _config_str(context.node_config, NODE_EVAL_DATA_KEY),
-            float(_config_str(context.node_config, NODE_EVAL_FRACTION_KEY) or 0.1),
-            _config_str(context.node_config, NODE_COLUMNS_KEY),
+            data_path, run_task, site_data.label_column, site_data.eval_path,
+            site_data.eval_fraction, site_data.columns,
         )  # fmt: skip
     except Exception as exc:  # a UserError from the reader: wrong shape, classes, file
         raise SiteRefusal(str(exc).splitlines()[0]) from None
@@ -94,22 +100,18 @@ def site_client(context: Context):
         max_epsilon=_max_epsilon(context),
         base_model=_config_str(context.node_config, NODE_BASE_MODEL_KEY),
         layers_dir=_config_str(context.node_config, NODE_PERSONAL_STATE_KEY),
-        processes=_processes(context, run_task, data_path, label_column),
+        processes=_processes(context, site_data),
     ).to_client()
 
 
-def _processes(context: Context, task: str, data_path: str, label_column: str | None):
-    """How this site trains across processes (``--nproc-per-node``), or ``None`` for one."""
+def _processes(context: Context, data: Any) -> Any:
+    """How this site trains across processes (``--nproc-per-node``) on ``data`` (its
+    ``SiteData``), or ``None`` for one process."""
     nproc = int(_config_str(context.node_config, NODE_NPROC_KEY) or 1)
     if nproc <= 1:
         return None
-    from fedweave.learning.site_processes import SiteData, SiteProcesses
+    from fedweave.learning.site_processes import SiteProcesses
 
-    data = SiteData(
-        task, data_path, label_column, _config_str(context.node_config, NODE_COLUMNS_KEY),
-        _config_str(context.node_config, NODE_EVAL_DATA_KEY),
-        float(_config_str(context.node_config, NODE_EVAL_FRACTION_KEY) or 0.1),
-    )  # fmt: skip
     return SiteProcesses(nproc, data, _config_str(context.node_config, NODE_DEVICE_KEY))
 
 

@@ -354,7 +354,8 @@ def site_console_mod(msg: Message, context: Context, call_next: ClientAppCallabl
         )  # fmt: skip
         return reply
     processes = metrics.get(PROCESSES_METRIC)
-    across = f" in {int(processes)} processes" if isinstance(processes, (int, float)) else ""
+    counted = isinstance(processes, (int, float)) and math.isfinite(processes)
+    across = f" in {int(processes)} processes" if counted else ""
     SITE_CONSOLE.info(
         "round %s: trained on %d examples%s (%s); update %s", round_label,
         num_examples, across, _metrics_line(metrics) or "no metrics", fate,

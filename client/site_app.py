@@ -314,6 +314,7 @@ class TaskClient(NumPyClient):
 
     def fit(self, parameters: list[np.ndarray], config: dict) -> tuple[list[np.ndarray], int, dict]:
         _check_task_package(config)
+        self._refuse_what_processes_cannot(config)
         self._adapt(config)
         self._personalize(config)
         work = float(config.get(WORK_FRACTION_KEY, 1.0))
@@ -372,11 +373,11 @@ class TaskClient(NumPyClient):
             self.site_layers.save(self.model)
         return get_weights(self.model), count_as_sent(len(data), config), metrics
 
-    def _train_across_processes(self, train_config: TrainConfig, config: dict) -> dict:
-        """This round's training in ``self.processes``' ranks (``--nproc-per-node``); a rank
-        that fails or stalls fails the site's round, with the rank and the reason."""
-        from fedweave.learning.site_processes import SiteProcessesFailed, train_across_processes
-
+    def _refuse_what_processes_cannot(self, config: dict) -> None:
+        """A site training across processes refuses, before it loads anything for them, the
+        runs its ranks cannot serve yet."""
+        if self.processes is None:
+            return
         kept_apart = (
             (ADAPTER_KEY, "adapters (--peft lora)"), (LOCAL_LAYERS_KEY, "layers kept at the sites"),
             (SAMPLE_DP_KEYS[0], "--dp sample"),
@@ -388,6 +389,12 @@ class TaskClient(NumPyClient):
                     f"(--nproc-per-node), which runs with {what} do not support yet; restart it "
                     "with --nproc-per-node 1 to take part"
                 )
+
+    def _train_across_processes(self, train_config: TrainConfig, config: dict) -> dict:
+        """This round's training in ``self.processes``' ranks (``--nproc-per-node``); a rank
+        that fails or stalls fails the site's round, with the rank and the reason."""
+        from fedweave.learning.site_processes import SiteProcessesFailed, train_across_processes
+
         statistics = str(config[STATISTICS_KEY]) if needs_statistics(self.task) else None
         try:
             return train_across_processes(self.processes, self.model, train_config, statistics)
@@ -573,6 +580,7 @@ class TaskClient(NumPyClient):
         """Every metric the task computes for the global model on this site's evaluation
         part, with its example count and (when named) the site's name."""
         _check_task_package(config)
+        self._refuse_what_processes_cannot(config)
         self._adapt(config)
         self._personalize(config)
         started = time.perf_counter()

@@ -54,18 +54,14 @@ def check_site_data(config: RunConfig) -> None:
     """The task loads and the data files read as training will read them, or a one-line
     error; for a site without a ClientApp worker (whose check this otherwise is)."""
     from fedweave.learning.data import load_site_data
-    from fedweave.learning.site_processes import processes_problem
+    from fedweave.learning.site_processes import check_processes
     from fedweave.learning.tasks import load_task
-    from fedweave.learning.training import pick_device
 
     task = load_task(config.data.task)
     for path in (config.data.data, config.evaluation.eval_data):
         if path is not None:
             load_site_data(path, task, config.data.label_column, config.data.columns)
-    pick_device(config.training.device)
-    problem = processes_problem(config.training.nproc_per_node, config.training.device, task)
-    if problem is not None:
-        raise UserError(problem)
+    check_processes(config.training.nproc_per_node, config.training.device, task)
 
 
 def _check_ca_cert(ca_cert: Path) -> None:

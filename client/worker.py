@@ -113,13 +113,9 @@ def _inputs_problem(
         for path in data_paths:
             if path is not None:
                 cached_site_data(path, task, label_column, columns)
-        from fedweave.learning.site_processes import processes_problem
-        from fedweave.learning.training import pick_device
+        from fedweave.learning.site_processes import check_processes
 
-        pick_device(device)
-        problem = processes_problem(nproc, device, loaded)
-        if problem is not None:
-            return problem
+        check_processes(nproc, device, loaded)
     except UserError as exc:
         problem = one_line(str(exc), limit=2000)
         log.warning("site data not preloaded: %s", problem)

@@ -196,18 +196,14 @@ def _processes(config: Any, task: Any) -> Any | None:
     nproc = config.training.nproc_per_node
     if nproc == 1:
         return None
-    from fedweave.learning.site_processes import SiteData, SiteProcesses, processes_problem
-    from fedweave.learning.training import pick_device
+    from fedweave.learning.site_processes import SiteData, SiteProcesses, check_processes
 
-    pick_device(config.training.device)
-    problem = processes_problem(nproc, config.training.device, task)
-    if problem is None and config.training.peft != "none":
-        problem = (
+    check_processes(nproc, config.training.device, task)
+    if config.training.peft != "none":
+        raise UserError(
             f"--nproc-per-node {nproc} with --peft {config.training.peft} is not supported "
             "yet (the ranks would train the task without its adapters); use --nproc-per-node 1"
         )
-    if problem is not None:
-        raise UserError(problem)
     data = SiteData(config.data.task, str(Path(config.data.data).resolve()),
                     config.data.label_column, eval_fraction=0.0)  # fmt: skip
     return SiteProcesses(nproc, data, config.training.device)

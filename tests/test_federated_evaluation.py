@@ -375,6 +375,13 @@ def test_a_sites_reported_metrics_are_bounded_and_cannot_pose_as_the_coordinator
         (None, _Res(0.0, 10, {"train_loss": "x"})),
     ]
     assert weighted_train_metrics(results) == {"train_loss": 0.5}  # type: ignore[arg-type]
+    # how many processes a site says it trained in is its own row's, never the round's mean
+    for claim in (float("nan"), 1e300, -3.0, "many", 2.0):
+        results = [
+            (None, _Res(0.0, 10, {"train_loss": 1.0, "processes": claim})),
+            (None, _Res(0.0, 10, {"train_loss": 0.0})),
+        ]
+        assert weighted_train_metrics(results) == {"train_loss": 0.5}  # type: ignore[arg-type]
 
 
 @pytest.mark.slow

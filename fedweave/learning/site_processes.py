@@ -160,6 +160,17 @@ def processes_problem(nproc: int, device: str | None, task: Any) -> str | None:
     return None
 
 
+def check_processes(nproc: int, device: str | None, task: Any) -> None:
+    """``processes_problem``'s refusal, and ``device``'s own, as a one-line ``UserError``."""
+    from fedweave.errors import UserError
+    from fedweave.learning.training import pick_device
+
+    pick_device(device)
+    problem = processes_problem(nproc, device, task)
+    if problem is not None:
+        raise UserError(problem)
+
+
 def train_across_processes(
     processes: SiteProcesses,
     model: Any,
@@ -246,18 +257,15 @@ class _RankGroup:
 
     def run(self, model: Any, config: Any, statistics: str | None) -> dict[str, float]:
         """One job: ``model``'s weights out, every rank told, the update read back in."""
-        from fedweave.learning.weights import (
-            get_weights,
-            load_weights_npz,
-            save_weights_npz,
-            set_weights,
-        )
+        import numpy as np
+
+        from fedweave.learning.weights import get_weights, load_weights_npz, set_weights
 
         self.jobs += 1
         job = self.folder / f"job-{self.jobs}"
         job.mkdir()
         try:
-            save_weights_npz(job / "start.npz", get_weights(model))
+            np.savez(job / "start.npz", *get_weights(model))  # a hand-over: no fsync, no hash
             line = json.dumps({
                 "job": self.jobs, "statistics": statistics,
                 "config": asdict(replace(config, world_size=self.processes.nproc, device=None)),
