@@ -147,8 +147,9 @@ def namespace_hosts(count: int) -> Iterator[list]:
 
 
 # Deployed tests: each starts a coordinator with its SuperLink and ServerApp, and a SuperNode
-# and a worker per site; their deadlines are seconds.
-DEPLOYED = ("test_deploy_", "test_dashboard_browser.py")
+# and a worker per site; their deadlines are seconds. The Docker test deploys too (a coordinator
+# and a site in containers), so it takes its turn with them.
+DEPLOYED = ("test_deploy_", "test_dashboard_browser.py", "test_docker_image.py")
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent where xdist is not installed

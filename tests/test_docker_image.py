@@ -27,11 +27,11 @@ IMAGE = "localhost/fedweave:test"
 TORCH_WHEEL = "torch-2.13.0+cpu-*.whl"
 WORK = "/var/lib/fedweave/work"
 
-# alone: the site's container starts beside its coordinator's, as `docker compose up` starts
-# them; under two-way load the coordinator once registered the site's key after the site had
-# given up (fixed since: the SuperLink asks such a site to try again; docs/testing.md). Kept in
-# phase 2 until a two-worker run has shown it holds beside the rest.
-pytestmark = [pytest.mark.slow, pytest.mark.alone, pytest.mark.timeout(1800)]
+# Not alone: it takes its turn with the deployed tests in phase 1 (tests/conftest.py's
+# DEPLOYED), beside the other worker's simulations. It ran in phase 2 until the race it lost
+# under two-way load (the coordinator registered the site's key after the site had given up)
+# was fixed: the SuperLink now asks such a site to try again (docs/testing.md).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
 def _missing() -> str | None:
