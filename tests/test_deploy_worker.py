@@ -1,7 +1,8 @@
 """A site's ClientApp worker killed with SIGKILL in the middle of a training message: the
 site's command starts a new worker, the message is answered with Flower's "ClientApp stopped
-responding" error (the coordinator records the site failed for that round, well before the
-round's deadline), and the site takes part again in the next round."""
+responding" error once the task's heartbeat has lapsed for 20 s (``flower_patches.task_expiry``;
+stock Flower waits 60 s), so the coordinator records the site failed for that round well
+before the round's deadline, and the site takes part again in the next round."""
 
 from __future__ import annotations
 
@@ -96,7 +97,9 @@ def test_a_worker_killed_mid_message_is_restarted_and_the_message_recorded_faile
 
     rounds, site_rows, run = recorded(db)
     assert run.status == "completed" and [r["round"] for r in rounds] == [1, 2, 3]
-    assert round_2_closed_after < DEADLINE * 0.6  # closed by the error reply, not the deadline
+    # closed by the error reply, not the deadline: 20 s of lapsed heartbeat, the SuperNode's
+    # next look, the reply's trip (stock Flower's 60 s would not pass)
+    assert round_2_closed_after < 45, round_2_closed_after
     failed = [s for s in site_rows if s["status"] != "ok"]
     assert [(s["round"], s["status"]) for s in failed] == [(2, "failed")], site_rows
     assert "stopped responding" in failed[0]["reason"], failed[0]

@@ -92,6 +92,7 @@ def test_stock_flower_switch_skips_the_speedups_only(monkeypatch):
     monkeypatch.setattr(node_restarts, "install", lambda: installed.append("node_restarts"))
     monkeypatch.setenv(flower_patches.STOCK_FLOWER_ENV, "1")
     assert flower_patches.tune_deployed_polling() is False
+    assert flower_patches.quick_task_expiry() is False
     assert flower_patches.clientapp_worker_usable() is False
     # correctness fixes are not speed-ups: the switch leaves them on
     assert flower_patches.bound_supernode_waits() is True
@@ -440,3 +441,58 @@ def test_an_async_run_reads_a_reply_whose_weights_never_arrive_as_late():
     outcome = _fit_result(arrivals.replies.pop("asked"))
     assert outcome.status == "late"
     assert outcome.reason == "its update did not finish arriving in time"
+
+
+def _running_task_expired_after(seconds: float, monkeypatch) -> bool:
+    """Whether a SuperNode's state (Flower's own ``InMemoryNodeState``) counts a claimed,
+    running ClientApp task as ended ``seconds`` after its last heartbeat."""
+    from datetime import timedelta
+
+    from flwr.supercore.constant import TaskType
+    from flwr.supercore.corestate import in_memory_corestate
+    from flwr.supercore.object_store import ObjectStoreFactory
+    from flwr.supernode.nodestate.in_memory_nodestate import InMemoryNodeState
+
+    state = InMemoryNodeState(ObjectStoreFactory().store())
+    real_now = in_memory_corestate.now
+    offset = timedelta(0)
+    monkeypatch.setattr(in_memory_corestate, "now", lambda: real_now() + offset)
+    task_id = state.create_task(TaskType.CLIENT_APP, run_id=7)
+    token = state.claim_task(task_id)
+    assert token is not None and state.activate_task(task_id)
+    assert state.acknowledge_task_heartbeat(task_id)
+    offset = timedelta(seconds=seconds)
+    return state.get_task_by_token(token) is None
+
+
+def test_a_task_without_a_heartbeat_ends_within_twenty_seconds_where_the_worker_beats_often(
+    monkeypatch,
+):
+    """``task_expiry``: the SuperNode of a site that runs fedweave's worker (``--isolation
+    process``) counts a ClientApp task as ended 20 s after its last heartbeat, not 60 s (it
+    then answers the message "ClientApp stopped responding"); the worker beats every 3.5 to
+    4.5 s, as Flower paces the shorter interval; stock Flower keeps its minute."""
+    from flwr.supercore import heartbeat
+    from flwr.supercore.corestate import in_memory_corestate
+
+    from fedweave.flower_patches import task_expiry
+    from fedweave.flower_patches.launch import _runs_external_worker
+
+    assert _runs_external_worker(["--port", "9094", "--isolation", "process"])
+    assert not _runs_external_worker(["--port", "9094", "--insecure"])
+    assert not _runs_external_worker(["--isolation", "subprocess"])
+    for module in (in_memory_corestate, heartbeat):
+        monkeypatch.setattr(module, "HEARTBEAT_DEFAULT_INTERVAL", 30)  # stock; undone after
+    assert not _running_task_expired_after(59, monkeypatch)  # stock: a minute
+    assert _running_task_expired_after(61, monkeypatch)
+
+    monkeypatch.setattr(flower_patches, "_applied", set())
+    assert flower_patches.quick_task_expiry()
+    assert not _running_task_expired_after(19, monkeypatch)
+    assert _running_task_expired_after(21, monkeypatch)
+
+    task_expiry.beat_often()  # the worker's side (clientapp_worker.task_heartbeat calls it)
+    pace = heartbeat.HEARTBEAT_DEFAULT_INTERVAL - heartbeat.HEARTBEAT_CALL_TIMEOUT
+    low, high = (pace * (heartbeat.HEARTBEAT_BASE_MULTIPLIER + r)
+                 for r in heartbeat.HEARTBEAT_RANDOM_RANGE)  # fmt: skip
+    assert (round(low, 6), round(high, 6)) == (3.5, 4.5)

@@ -32,6 +32,7 @@ _LINKSTATE = "flwr.server.superlink.linkstate.in_memory_linkstate"
 _DEFAULT_WORKFLOWS = "flwr.server.workflow.default_workflows"
 _INFLATABLE_PROTO = "flwr.supercore.inflatable.inflatable_protobuf_utils"
 _CONTROL_MW = "flwr.superlink.routers.control.middlewares"
+_CORESTATE = "flwr.supercore.corestate.in_memory_corestate"
 
 WRAPPED: dict[str, dict[str, str]] = {
     "admin_apis": {
@@ -86,6 +87,18 @@ WRAPPED: dict[str, dict[str, str]] = {
         # the coordinator's side: a refused key, a finished run's GetRun (403)
         "flwr.superlink.servicer.fleet.fleet_handlers:activate_node": "0370edbbeb924eac",
         "flwr.superlink.servicer.fleet.fleet_handlers:get_run": "004ad390c8b38c0e",
+    },
+    "task_expiry": {
+        # the worker's beats read the interval as a module global, and so do the SuperNode's
+        # task claims, activations, beats and expiries
+        "flwr.supercore.heartbeat:HeartbeatSender._run": "b176ff96c68dbee2",
+        f"{_CORESTATE}:InMemoryCoreState.claim_task": "a81e71e96256b2dd",
+        f"{_CORESTATE}:InMemoryCoreState.activate_task": "5cf2d5e25cb8e101",
+        f"{_CORESTATE}:InMemoryCoreState.acknowledge_task_heartbeat": "e00234bd219b7afa",
+        f"{_CORESTATE}:InMemoryCoreState._cleanup_expired_task_tokens_locked":
+            "4d292bc46bb868be",
+        "flwr.supernode.nodestate.in_memory_nodestate:InMemoryNodeState._on_task_tokens_expired":
+            "a181b661f768cc12",
     },
     "node_restarts": {
         f"{_LINKSTATE}:InMemoryLinkState.activate_node": "ddd272f4a52bcc3e",

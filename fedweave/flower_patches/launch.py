@@ -9,7 +9,9 @@ patches for its process applied first. ``COMMAND`` and ``ARGS`` are exactly Flow
   middleware layers that would pass it through untouched);
 - ``flower-supernode``: ``bound_supernode_waits`` (a reply wait that ends, capped sleeps) and
   ``report_supernode_state`` (connected, refused, retrying, a run ended: JSON lines to the
-  file ``fedweave client`` names in ``FEDWEAVE_SUPERNODE_STATE_FILE``).
+  file ``fedweave client`` names in ``FEDWEAVE_SUPERNODE_STATE_FILE``), and, where the site's
+  ClientApps run in fedweave's worker (``--isolation process``), the speed-up
+  ``quick_task_expiry`` (a dead worker's message answered as failed within about 20 s).
 
 A patch that cannot be applied (another Flower version) ends the command with one line.
 """
@@ -43,14 +45,30 @@ def _supernode() -> Callable[[], None]:
     from flwr.supernode.cli.flower_supernode import flower_supernode
 
     from fedweave.errors import UserError
-    from fedweave.flower_patches import bound_supernode_waits, report_supernode_state
+    from fedweave.flower_patches import (
+        bound_supernode_waits,
+        quick_task_expiry,
+        report_supernode_state,
+    )
 
     try:
         bound_supernode_waits()
         report_supernode_state()
     except UserError as exc:
         raise SystemExit(f"fedweave: {exc}") from None
+    if _runs_external_worker(sys.argv[2:]):  # whose heartbeat beats often (task_expiry)
+        quick_task_expiry()
     return flower_supernode
+
+
+def _runs_external_worker(args: list[str]) -> bool:
+    """Whether Flower's SuperNode ``args`` (ours: ``client/cli.py``'s ``supernode_command``)
+    leave its ClientApps to an outside process, fedweave's worker."""
+    return any(
+        (arg == "--isolation" and args[i + 1 : i + 2] == ["process"])
+        or arg == "--isolation=process"
+        for i, arg in enumerate(args)
+    )
 
 
 COMMANDS: dict[str, Callable[[], Callable[[], None]]] = {
