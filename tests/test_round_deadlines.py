@@ -18,7 +18,7 @@ import sys
 from datetime import datetime, timezone
 
 import pytest
-from fault_tasks import SLOW_ONCE_ENV, SLOW_SECONDS
+from fault_tasks import SLOW_ONCE_ENV, STALL_SECONDS_ENV
 from test_secure_agg import run_recorded
 
 from fedweave.config import RunConfig
@@ -39,20 +39,33 @@ from fedweave.history.round_summary import RoundSummary
 def test_a_stalled_site_is_late_and_the_round_closes_at_its_deadline(
     tmp_path, monkeypatch, secure_agg, deadline
 ):
-    monkeypatch.setenv(SLOW_ONCE_ENV, str(tmp_path / "stall"))
-    # a private Ray instance: its actors inherit SLOW_ONCE_ENV, those of the tests' shared
-    # cluster (started before this test) would not, and would never stall
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    # the stall's marker reaches the sites through this job's runtime environment: the
+    # workers of the tests' shared Ray cluster do not inherit this process's environment.
+    # Flower's engine joins a Ray already initialised in this process as it is (and shuts it
+    # down at the end); the path lets its actors import fault_tasks, as Flower's own init does
+    import os
+
+    import ray
+
+    stall, stall_seconds = str(tmp_path / "stall"), deadline * 1.1 + 2  # just past the close
+    path = os.pathsep.join([*sys.path, *filter(None, [os.environ.get("PYTHONPATH")])])
+    ray.init(address=os.environ.get("RAY_ADDRESS") or "local", include_dashboard=False,
+             logging_level="ERROR", log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": path, SLOW_ONCE_ENV: stall,
+                                       STALL_SECONDS_ENV: str(stall_seconds)}})  # fmt: skip
     sim = RunConfig.of(
         task="fault_tasks:StallsInRound2Digits", clients=3, rounds=3, partition="iid",
         secure_agg=secure_agg, round_timeout=deadline, min_replies=3 if not secure_agg else None,
     )  # fmt: skip
-    rows, rounds, sites, _ = run_recorded(sim, tmp_path, "deadline")
+    try:
+        rows, rounds, sites, _ = run_recorded(sim, tmp_path, "deadline")
+    finally:
+        ray.shutdown()  # Flower's engine did, unless it failed first
     assert (tmp_path / "stall.2").exists()  # the stall really happened (in round 2)
     _, first, second = rounds  # round 1 includes the engine's start-up: not timed here
     assert first["sampled"] == 3 and first["replied"] == 2
     # the round closed at its deadline (plus central evaluation), not when the site woke up
-    assert first["extra"]["seconds"] <= deadline * 1.1 < SLOW_SECONDS
+    assert first["extra"]["seconds"] <= deadline * 1.1 < stall_seconds
     late = [s for s in sites if s["status"] == "late" and s["round"] == 2]
     assert len(late) == 1, sites
     assert f"round deadline ({deadline:g} s)" in late[0]["reason"]
