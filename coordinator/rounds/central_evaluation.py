@@ -14,7 +14,7 @@ from fedweave.coordinator.rounds.federated_statistics import (
 )
 from fedweave.learning.statistics import digest, prepared
 from fedweave.learning.training import TrainConfig
-from fedweave.learning.weights import set_weights
+from fedweave.learning.weights import borrowed_weights, release_weights
 
 
 def make_central_evaluator(
@@ -29,16 +29,19 @@ def make_central_evaluator(
     if test_data is None or isinstance(task, PersonalTask):
         return None
     model = task.build_model()
+    release_weights(model)  # it stores no weights between evaluations
     config = TrainConfig(device=device)
     cache: dict[str, Any] = {}
 
     def evaluate(weights: list[np.ndarray]) -> dict[str, float]:
-        set_weights(model, weights)
+        """The scores of ``weights``, which the caller keeps (the round's global model): the
+        model reads them where they are, so the coordinator holds no second copy of them."""
         statistics = sink.statistics if sink is not None else None
         key = digest(statistics) if statistics else ""
         if key not in cache:
             cache.clear()
             cache[key] = prepared(task, test_data, statistics)
-        return task.evaluate(model, cache[key], config)
+        with borrowed_weights(model, weights):
+            return task.evaluate(model, cache[key], config)
 
     return evaluate

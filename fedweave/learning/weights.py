@@ -6,10 +6,13 @@ through these helpers, so the byte layout and the hash are the same everywhere.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import tempfile
+import warnings
 from collections import OrderedDict
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +39,56 @@ def set_weights(model: nn.Module, weights: list[np.ndarray]) -> None:
         raise ValueError(f"model has {len(keys)} tensors but {len(weights)} were given")
     state = OrderedDict((k, torch.from_numpy(_writable(w))) for k, w in zip(keys, weights))
     model.load_state_dict(state, strict=True)
+
+
+@contextlib.contextmanager
+def borrowed_weights(model: nn.Module, weights: list[np.ndarray]) -> Iterator[nn.Module]:
+    """``model`` holding ``weights`` without a copy of them (its parameters and persistent
+    buffers become tensors over the arrays' memory; an array of another dtype than the
+    model's tensor is converted), for reading only: scoring a model the caller keeps anyway.
+    Afterwards the model holds none of that state again (``release_weights``). Shapes and the
+    number of tensors must match. A model that defines its own state (an adapted model, whose
+    state is its adapters) has the weights copied in (``set_weights``) and keeps them."""
+    if not _plain_state(model):
+        set_weights(model, weights)
+        yield model
+        return
+    own = model.state_dict()
+    if len(own) != len(weights):
+        raise ValueError(f"model has {len(own)} tensors but {len(weights)} were given")
+    with warnings.catch_warnings():
+        # a read-only view of a message's bytes: nothing writes to it while it is borrowed
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        state = OrderedDict(
+            (key, torch.from_numpy(np.asarray(array)).to(tensor.dtype))
+            for (key, tensor), array in zip(own.items(), weights)
+        )
+    model.load_state_dict(state, strict=True, assign=True)
+    try:
+        yield model
+    finally:
+        release_weights(model)
+
+
+def release_weights(model: nn.Module) -> None:
+    """Let go of ``model``'s parameters and persistent buffers: each becomes a tensor of the
+    same shape and dtype on the "meta" device, which stores nothing, until weights are loaded
+    again (``borrowed_weights``; ``load_state_dict(..., assign=True)``). Non-persistent
+    buffers are left as they are. A model that defines its own state keeps it."""
+    if not _plain_state(model):
+        return
+    nothing = OrderedDict(
+        (key, torch.empty(tensor.shape, dtype=tensor.dtype, device="meta"))
+        for key, tensor in model.state_dict().items()
+    )
+    model.load_state_dict(nothing, strict=True, assign=True)
+
+
+def _plain_state(model: nn.Module) -> bool:
+    """Whether ``model``'s state is PyTorch's own (its parameters and persistent buffers)."""
+    kind = type(model)
+    return (kind.state_dict is nn.Module.state_dict
+            and kind.load_state_dict is nn.Module.load_state_dict)  # fmt: skip
 
 
 def _writable(array: np.ndarray) -> np.ndarray:
