@@ -353,11 +353,13 @@ def test_a_reply_naming_another_sites_upload_or_other_bytes_fails_only_that_site
         np.testing.assert_array_equal(got, np.full(50, node, np.float32))
 
 
-def test_held_updates_add_up_one_at_a_time_to_the_mean_flower_takes_in_memory(served, tls):
+def test_held_updates_add_up_one_at_a_time_to_the_mean_flower_takes_in_memory(
+    served, tls, monkeypatch
+):
     """Streaming aggregation: while a plain fit exchange is ``collecting``, each training
     update stays in its spool file and its reply carries a placeholder; the reporting strategy
-    checks each, then adds them up one at a time, and the mean is bit for bit the one Flower's
-    FedAvg and FedAdam take of the same updates in memory (FedMedian, which needs them all,
+    checks each, then adds them up a part of each at a time (``streamed_mean``), and the mean
+    is bit for bit the one Flower's FedAvg and FedAdam take of the same updates in memory (FedMedian, which needs them all,
     gets them read in). The bytes counted are the updates' own. Insiders, each rejected while
     the others' mean stands: a site writing a placeholder itself, one uploading NaNs under a
     claim of 10**12 examples, one whose array header claims a shape that wraps a 64-bit
@@ -369,6 +371,7 @@ def test_held_updates_add_up_one_at_a_time_to_the_mean_flower_takes_in_memory(se
     from flwr.server.strategy import FedAdam, FedAvg, FedMedian
     from test_site_outcomes import ROUND
 
+    from fedweave.coordinator.rounds import streamed_mean
     from fedweave.coordinator.rounds.bulk import BulkGrid
     from fedweave.coordinator.rounds.reporting import ReportingStrategy
     from fedweave.coordinator.rounds.site_outcomes import OutcomeGrid, SiteReplies
@@ -381,6 +384,7 @@ def test_held_updates_add_up_one_at_a_time_to_the_mean_flower_takes_in_memory(se
     from fedweave.coordinator.rounds.traffic import Traffic
     from fedweave.flower_patches import message_records as compat
 
+    monkeypatch.setattr(streamed_mean, "MEAN_CHUNK", 999)  # parts of every update, a ragged end
     server, spool, _ = served
     model = [np.linspace(-1, 1, 4000, dtype=np.float32), np.linspace(0, 3, 77, dtype=np.float32)]
     counts = {11: 10, 12: 35, 13: 20, 14: 10, 15: 10**12, 16: 10}

@@ -53,6 +53,12 @@ from fedweave.coordinator.rounds.privacy_ledger import BudgetSpent
 from fedweave.coordinator.rounds.site_outcomes import SiteReplies, failure_said
 from fedweave.coordinator.rounds.site_weights import bounded_results
 from fedweave.coordinator.rounds.spooled_updates import SpooledError, SpooledUpdates
+from fedweave.coordinator.rounds.streamed_mean import (
+    HeldUpdate,
+    UpdateInMemory,
+    UpdateSource,
+    mean_tensors,
+)
 from fedweave.coordinator.rounds.traffic import Traffic
 from fedweave.flower_patches.default_workflow import ClientProxy
 from fedweave.flower_patches.secagg_masks import unflatten
@@ -141,16 +147,6 @@ def parameter_views(parameters: Parameters) -> list[np.ndarray]:
 def _serialised(arrays: Iterator[np.ndarray]) -> Parameters:
     """Flower's ``ndarrays_to_parameters`` of arrays read one at a time."""
     return Parameters([ndarray_to_bytes(array) for array in arrays], "numpy.ndarray")
-
-
-def _scaled_in_place(x: np.ndarray, factor: np.float64) -> np.ndarray:
-    """``x`` times ``factor``, in place, as Flower's ``aggregate_inplace`` scales an update
-    (a factor that does not cast to ``x``'s kind is cast to its dtype first)."""
-    if not x.flags.writeable:
-        x = x.copy()
-    if np.can_cast(factor, x.dtype, casting="same_kind"):
-        return np.multiply(x, factor, out=x)
-    return np.multiply(x, np.array(factor, x.dtype), out=x)
 
 
 def _site_ok(proxy: ClientProxy, res: FitRes) -> SiteResult:
@@ -467,30 +463,39 @@ class ReportingStrategy(Strategy):
         self, results: list[tuple[ClientProxy, FitRes]]
     ) -> list[tuple[ClientProxy, FitRes]]:
         """FedAvg's in-place weighted mean of ``results`` (Flower's ``aggregate_inplace``: the
-        same operations in the same order), reading each held update when it is added, as one
-        result carrying all the examples (FedAvg's mean of one is itself)."""
+        same operations in the same order), a part of every held update at a time, written
+        straight into its serialised bytes (``streamed_mean``), as one result carrying all the
+        examples (FedAvg's mean of one is itself)."""
         total = sum(res.num_examples for _, res in results)
         factors = np.asarray([res.num_examples / total for _, res in results])
-        mean: list[np.ndarray] = []
-        for i, ((proxy, res), factor) in enumerate(zip(results, factors)):
-            for index, array in enumerate(self._held_arrays(proxy, res)):
-                scaled = _scaled_in_place(array, factor)
-                if i == 0:
-                    mean.append(scaled)
-                else:
-                    np.add(mean[index], scaled, out=mean[index])
-                del array, scaled
-        log.debug("added up %s updates held on disk, one at a time", len(results))
-        tensors = []
-        for i in range(len(mean)):  # each layer let go once serialised
-            tensors.append(ndarray_to_bytes(mean[i]))
-            mean[i] = None  # type: ignore[call-overload]
+        sources = [self._held_source(proxy, res) for proxy, res in results]
+        try:
+            tensors = mean_tensors(sources, factors, sources[0].layers)
+        finally:
+            for source in sources:
+                source.close()
+        log.debug("added up %s updates held on disk, a part at a time", len(results))
         first_proxy, first = results[0]
         combined = FitRes(
             status=first.status, parameters=Parameters(tensors, "numpy.ndarray"),
             num_examples=total, metrics={},
         )  # fmt: skip
         return [(first_proxy, combined)]
+
+    def _held_source(self, proxy: ClientProxy, res: FitRes) -> UpdateSource:
+        """A checked update to add up: its file in the spool, read a part at a time, or the
+        update decoded whole (compressed, or not held)."""
+        if self.compression is None and self.spooled is not None:
+            try:
+                return HeldUpdate(*self.spooled.places(res.parameters, proxy.node_id))
+            except (SpooledError, OSError) as exc:
+                raise RuntimeError(
+                    f"held update of site {proxy.node_id} unreadable: {exc}"
+                ) from None
+        _res, arrays, problem = self._update_of(proxy, res)
+        if arrays is None:
+            raise RuntimeError(f"held update of site {proxy.node_id} unreadable: {problem}")
+        return UpdateInMemory(arrays)
 
     def _record_failures(self, server_round: int, failures: list) -> None:
         """Record each sampled site that did not reply with an update: what it said, bound to

@@ -106,6 +106,20 @@ class SpooledUpdates:
         except BlobError as exc:
             raise SpooledError(f"its update is not arrays: {exc}") from None
 
+    def places(self, parameters: Any, node: int) -> tuple[Path, list[Any]]:
+        """The file of the update a placeholder's ``parameters`` stand for, and where each of
+        its arrays' values lie in it (``fedweave.bulk.records.NpyPlace``, from the headers
+        alone), to read a part of every update at a time; ``SpooledError`` as ``arrays``."""
+        from fedweave.bulk.records import BlobError, npy_places_file
+
+        held = self._held_for(parameters)
+        if held is None or held.node != int(node):
+            raise SpooledError("its update names nothing the coordinator holds for it")
+        try:
+            return held.path, npy_places_file(held.path, held.record)
+        except BlobError as exc:
+            raise SpooledError(f"its update is not arrays: {exc}") from None
+
     def tensor_bytes(self, parameters: Any) -> Iterator[Any]:
         """The bytes of each array a placeholder's ``parameters`` stand for, one at a time, as
         ``Parameters.tensors`` would hold them (the placeholder's own bytes when it names

@@ -15,8 +15,9 @@ import io
 import json
 import math
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -192,6 +193,19 @@ class _TensorFile:
     def __exit__(self, *exc: object) -> None:
         self._file.close()
 
+    def span(self, name: str) -> tuple[int, int]:
+        """Where tensor ``name``'s bytes start and end in the file."""
+        begin, end = self._offsets[name]["data_offsets"]
+        return self._base + begin, self._base + end
+
+    def read_at(self, begin: int, size: int) -> bytes:
+        """``size`` bytes of the file from byte ``begin``."""
+        self._file.seek(begin)
+        data = self._file.read(size)
+        if len(data) != size:
+            raise BlobError("the blob ends before its tensors do")
+        return data
+
     def read(self, name: str) -> np.ndarray:
         """Tensor ``name``'s bytes, as a uint8 array of its own."""
         begin, end = self._offsets[name]["data_offsets"]
@@ -230,9 +244,21 @@ def npy_array(raw: np.ndarray) -> np.ndarray:
     """The array NumPy's ``.npy`` serialisation in the byte tensor ``raw`` holds, viewing
     ``raw``'s memory (no copy); ``BlobError`` for a pickle, a truncated array or trailing
     bytes."""
+    start, shape, fortran, dtype = _npy_header(raw[:MAX_NPY_HEADER].tobytes(), raw.nbytes)
+    try:
+        flat = np.frombuffer(raw, dtype=dtype, count=math.prod(shape), offset=start)
+        return flat.reshape(shape, order="F" if fortran else "C")
+    except (ValueError, TypeError):
+        raise BlobError("an array's bytes do not match its header") from None
+
+
+def _npy_header(prefix: bytes, nbytes: int) -> tuple[int, tuple[int, ...], bool, np.dtype]:
+    """The ``.npy`` header at the start of ``prefix`` (the first bytes of an array's ``nbytes``
+    bytes): where its values start, its shape, whether they are in Fortran order, its dtype.
+    ``BlobError`` for a pickle, or values that would not fill ``nbytes`` exactly."""
     from numpy.lib import format as npy
 
-    head = io.BytesIO(raw[:MAX_NPY_HEADER].tobytes())
+    head = io.BytesIO(prefix)
     try:
         version = npy.read_magic(head)
         if version == (1, 0):
@@ -248,13 +274,55 @@ def npy_array(raw: np.ndarray) -> np.ndarray:
     if dtype.hasobject:
         raise BlobError("an array holds Python objects (a pickle)")
     count = math.prod(shape)  # Python's integers: a claimed shape cannot wrap around
-    if dtype.itemsize == 0 or head.tell() + count * dtype.itemsize != raw.nbytes:
+    if dtype.itemsize == 0 or head.tell() + count * dtype.itemsize != nbytes:
         raise BlobError("an array's bytes do not match its header")
+    return head.tell(), tuple(shape), bool(fortran), dtype
+
+
+@dataclass(frozen=True)
+class NpyPlace:
+    """Where one array's values lie in a blob file: ``offset``, the byte of the file its first
+    value starts at; its ``dtype`` and ``shape``; whether the values are in Fortran order."""
+
+    offset: int
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    fortran: bool
+
+    @property
+    def count(self) -> int:
+        return math.prod(self.shape)
+
+
+def npy_places_file(path: Path, record: str) -> list[NpyPlace]:
+    """Where the values of each array of ``record`` lie in the blob in ``path``, in order,
+    from the headers alone (safetensors' and each array's ``.npy`` header; no value is
+    read). ``BlobError`` for anything ``ndarrays_file`` would refuse there."""
+    layout, _sizes = layout_file(path)
+    places = []
     try:
-        flat = np.frombuffer(raw, dtype=dtype, count=count, offset=head.tell())
-        return flat.reshape(shape, order="F" if fortran else "C")
-    except (ValueError, TypeError):
-        raise BlobError("an array's bytes do not match its header") from None
+        with _TensorFile(path) as tensors:
+            for i, entry in enumerate(layout):
+                if entry[0] == record:
+                    begin, end = tensors.span(str(i))
+                    prefix = tensors.read_at(begin, min(MAX_NPY_HEADER, end - begin))
+                    start, shape, fortran, dtype = _npy_header(prefix, end - begin)
+                    places.append(NpyPlace(begin + start, dtype, shape, fortran))
+    except (ValueError, TypeError, KeyError, OSError) as exc:
+        if isinstance(exc, BlobError):
+            raise
+        raise BlobError(f"not a fedweave safetensors blob ({type(exc).__name__})") from None
+    return places
+
+
+def read_values(file: BinaryIO, place: NpyPlace, start: int, count: int) -> np.ndarray:
+    """Values ``start`` to ``start + count`` of the array at ``place`` (in the order they are
+    stored), read from the open blob ``file`` into a fresh array of their dtype."""
+    values = np.empty(count, place.dtype)
+    file.seek(place.offset + start * place.dtype.itemsize)
+    if file.readinto(memoryview(values).cast("B")) != values.nbytes:
+        raise BlobError("the blob ends before its tensors do")
+    return values
 
 
 def _records(layout: list, tensor: Any) -> dict[str, Any]:
