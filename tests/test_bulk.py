@@ -359,11 +359,12 @@ def test_held_updates_add_up_one_at_a_time_to_the_mean_flower_takes_in_memory(
     """Streaming aggregation: while a plain fit exchange is ``collecting``, each training
     update stays in its spool file and its reply carries a placeholder; the reporting strategy
     checks each, then adds them up a part of each at a time (``streamed_mean``), and the mean
-    is bit for bit the one Flower's FedAvg and FedAdam take of the same updates in memory (FedMedian, which needs them all,
-    gets them read in). The bytes counted are the updates' own. Insiders, each rejected while
-    the others' mean stands: a site writing a placeholder itself, one uploading NaNs under a
-    claim of 10**12 examples, one whose array header claims a shape that wraps a 64-bit
-    count; a handle names nothing for another node, and no file is left after."""
+    is bit for bit the one Flower's FedAvg and FedAdam take of the same updates in memory
+    (FedMedian, which needs them all, gets them read in). The bytes counted are the updates'
+    own. Insiders, each rejected while the others' mean stands: a site writing a placeholder
+    itself, one uploading NaNs under a claim of 10**12 examples, one whose array header claims
+    a shape that wraps a 64-bit count; a handle names nothing for another node, and no file is
+    left after."""
     from dataclasses import replace
     from types import SimpleNamespace
 
