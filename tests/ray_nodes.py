@@ -96,14 +96,19 @@ def start_head(env: dict, cpus: int = 1) -> RayNode:
 
 
 def shared_cluster() -> RayNode | None:
-    """The session's cluster: a head with this machine's CPUs, as a private instance would
-    have, or None where Ray is not installed or would not start (the simulations then start
-    their own). One simulation at a time: Flower gives each one actors for all of them."""
+    """The session's cluster: a head with this process's share of the machine's CPUs (all
+    of them, as a private instance would have; under pytest-xdist, the machine's CPUs over
+    the workers, each worker having a cluster of its own), or None where Ray is not installed
+    or would not start (the simulations then start their own). One simulation at a time:
+    Flower gives each one an actor per CPU of the cluster, and every actor imports torch and
+    the task, so two workers' simulations with an actor per core each would start twice the
+    actors the cores can run."""
     if not RAY.exists():
         return None
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
     try:
-        return start_head(env, cpus=os.cpu_count() or 1)
+        return start_head(env, cpus=max(1, (os.cpu_count() or 1) // max(1, workers)))
     except RuntimeError as error:
         print(f"tests: no shared Ray cluster, each simulation starts its own: {error}",
               file=sys.stderr)
