@@ -68,6 +68,9 @@ def test_the_mean_a_part_at_a_time_is_flowers_mean_bit_for_bit(tmp_path, monkeyp
         assert mine.tobytes(order="C") == np.ascontiguousarray(flowers).tobytes()
     # a C-ordered array's bytes are np.save's own
     assert tensors[0] == ndarray_to_bytes(np.ascontiguousarray(expected[0]))
+    mismatched = [UpdateInMemory(updates[0]), UpdateInMemory([updates[1][0].T, *updates[1][1:]])]
+    with pytest.raises(ValueError, match="array 0 differs in dtype or shape"):
+        mean_tensors(mismatched, factors[:2], len(updates[0]))
 
 
 def test_the_mean_of_large_updates_holds_its_bytes_and_a_few_parts(tmp_path):

@@ -471,6 +471,8 @@ class ReportingStrategy(Strategy):
         sources = [self._held_source(proxy, res) for proxy, res in results]
         try:
             tensors = mean_tensors(sources, factors, sources[0].layers)
+        except (ValueError, OSError) as exc:  # checked files of its own: not a site's doing
+            raise RuntimeError(f"held updates could not be added up: {exc}") from None
         finally:
             for source in sources:
                 source.close()

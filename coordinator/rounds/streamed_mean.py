@@ -138,6 +138,8 @@ def mean_tensors(
     for index in range(layers):
         parts = [source.layer(index) for source in sources]
         dtype, shape = parts[0].dtype, parts[0].shape
+        if any(part.dtype != dtype or part.shape != shape for part in parts):
+            raise ValueError(f"array {index} differs in dtype or shape between the updates")
         buffer = io.BytesIO()
         _npy_header(buffer, dtype, shape)
         count = math.prod(shape)
