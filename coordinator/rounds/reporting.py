@@ -149,6 +149,11 @@ def _serialised(arrays: Iterator[np.ndarray]) -> Parameters:
     return Parameters([ndarray_to_bytes(array) for array in arrays], "numpy.ndarray")
 
 
+def _unreadable(proxy: ClientProxy, why: object) -> RuntimeError:
+    """The error a round's aggregation ends with when a checked update cannot be read again."""
+    return RuntimeError(f"held update of site {proxy.node_id} unreadable: {why}")
+
+
 def _site_ok(proxy: ClientProxy, res: FitRes) -> SiteResult:
     seconds = res.metrics.get("seconds")
     return SiteResult(
@@ -440,13 +445,15 @@ class ReportingStrategy(Strategy):
                 yield from self.spooled.arrays_one_by_one(res.parameters, proxy.node_id)
                 return
             except SpooledError as exc:
-                raise RuntimeError(
-                    f"held update of site {proxy.node_id} unreadable: {exc}"
-                ) from None
+                raise _unreadable(proxy, exc) from None
+        yield from self._read_whole(proxy, res)
+
+    def _read_whole(self, proxy: ClientProxy, res: FitRes) -> list[np.ndarray]:
+        """A checked update decoded whole (compressed, or not held in the spool)."""
         _res, arrays, problem = self._update_of(proxy, res)
         if arrays is None:
-            raise RuntimeError(f"held update of site {proxy.node_id} unreadable: {problem}")
-        yield from arrays
+            raise _unreadable(proxy, problem)
+        return arrays
 
     def _in_memory(
         self, results: list[tuple[ClientProxy, FitRes]]
@@ -491,13 +498,8 @@ class ReportingStrategy(Strategy):
             try:
                 return HeldUpdate(*self.spooled.places(res.parameters, proxy.node_id))
             except (SpooledError, OSError) as exc:
-                raise RuntimeError(
-                    f"held update of site {proxy.node_id} unreadable: {exc}"
-                ) from None
-        _res, arrays, problem = self._update_of(proxy, res)
-        if arrays is None:
-            raise RuntimeError(f"held update of site {proxy.node_id} unreadable: {problem}")
-        return UpdateInMemory(arrays)
+                raise _unreadable(proxy, exc) from None
+        return UpdateInMemory(self._read_whole(proxy, res))
 
     def _record_failures(self, server_round: int, failures: list) -> None:
         """Record each sampled site that did not reply with an update: what it said, bound to
