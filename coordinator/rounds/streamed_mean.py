@@ -149,7 +149,7 @@ def mean_tensors(
             for part, factor in zip(parts, factors):
                 scaled = scaled_in_place(part.values(start, stop), factor)
                 total = scaled if total is None else np.add(total, scaled, out=total)
-            buffer.write(memoryview(np.ascontiguousarray(total)).cast("B"))
+            buffer.write(memoryview(total).cast("B"))  # a fresh, contiguous array
         tensors.append(buffer.getvalue())
         del buffer, parts
     return tensors

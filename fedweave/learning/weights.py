@@ -19,6 +19,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedweave.learning.initial_model import file_sha256
+
 
 def get_named_weights(model: nn.Module) -> OrderedDict[str, np.ndarray]:
     """The model's state (parameters and buffers) as CPU NumPy arrays, in state-dict order."""
@@ -129,22 +131,13 @@ def save_weights_npz(path: str | Path, weights: list[np.ndarray]) -> tuple[str, 
     return hashlib.sha256(data).hexdigest(), len(data)
 
 
-def _file_sha256(path: Path) -> str:
-    """The sha256 of a file's bytes, read a megabyte at a time."""
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def load_weights_npz(path: str | Path, expected_sha256: str | None = None) -> list[np.ndarray]:
     """Read weights written by ``save_weights_npz``; never unpickles.
 
     Raises ``ValueError`` when the file's sha256 differs from ``expected_sha256``.
     """
     path = Path(path)
-    if expected_sha256 is not None and _file_sha256(path) != expected_sha256:
+    if expected_sha256 is not None and file_sha256(path) != expected_sha256:
         raise ValueError(f"checkpoint {path} does not match its recorded sha256")
     with np.load(path, allow_pickle=False) as archive:
         return [archive[f"arr_{i}"] for i in range(len(archive.files))]
