@@ -61,28 +61,23 @@ def test_secagg_aggregate_equals_fedavg_within_quantization_error(tmp_path):
 
 
 def test_server_never_sees_a_site_plaintext(tmp_path, monkeypatch):
-    """Capture every masked vector the coordinator decodes; none resembles any site's update."""
-    import flwr.server.workflow.secure_aggregation.secaggplus_workflow as workflow
+    """Capture every masked vector the coordinator reads; none resembles any site's update."""
+    from fedweave.flower_patches import secagg_vectors
+    from fedweave.flower_patches.secagg_stages import StagedSecAggPlusWorkflow
 
     captured: list[np.ndarray] = []
-    original = workflow.bytes_to_ndarray
-
-    def capture(data: bytes) -> np.ndarray:
-        array = original(data)
-        captured.append(array.copy())
-        return array
-
-    monkeypatch.setattr(workflow, "bytes_to_ndarray", capture)
-    from fedweave.flower_patches import secagg_vectors
-
     carried: list[bool] = []  # whether each reply's vector travelled in an array record
-    put_back = secagg_vectors.vector_where_flower_reads_it
+    original = StagedSecAggPlusWorkflow.masked_vector
 
-    def note(reply):
+    def capture(self, reply):
         carried.append(secagg_vectors.MASKED_VECTOR_RECORD in reply.content.array_records)
-        return put_back(reply)
+        vector = original(self, reply)
+        for index in range(vector.layers):
+            layer = vector.layer(index)
+            captured.append(layer.values(0, int(np.prod(layer.shape))))
+        return vector
 
-    monkeypatch.setattr(secagg_vectors, "vector_where_flower_reads_it", note)
+    monkeypatch.setattr(StagedSecAggPlusWorkflow, "masked_vector", capture)
     sim = RunConfig.of(clients=3, rounds=1, partition="iid", seed=5, secure_agg=True)
     split = tmp_path / "split"
     run_federated_simulation(sim, split_dir=split)
@@ -97,7 +92,7 @@ def test_server_never_sees_a_site_plaintext(tmp_path, monkeypatch):
         weights, _, _ = client.fit(start, fit_config)
         plaintexts.append(np.concatenate([w.ravel() for w in weights]))
     # each site sends its masked weight factor, then its whole model as one masked vector,
-    # in an array record (issue 36), put back where Flower's stage reads it
+    # in an array record (issue 36), added into the sum from there (secagg_sum)
     assert carried == [True] * 3
     assert len(captured) == 3 * 2
     for site in range(3):

@@ -15,9 +15,10 @@ from flwr.common import Code as StatusCode
 from flwr.common import FitRes, Parameters, Status, ndarray_to_bytes, ndarrays_to_parameters
 from flwr.server.strategy.aggregate import aggregate_inplace
 
+from fedweave.bulk.array_parts import HeldUpdate, UpdateInMemory
 from fedweave.bulk.records import encoded, npy_places_file
 from fedweave.coordinator.rounds import streamed_mean
-from fedweave.coordinator.rounds.streamed_mean import HeldUpdate, UpdateInMemory, mean_tensors
+from fedweave.coordinator.rounds.streamed_mean import mean_tensors
 
 RECORD = "fitres.parameters"
 

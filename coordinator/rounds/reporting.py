@@ -31,6 +31,7 @@ from flwr.common import (
 from flwr.server import ClientManager
 from flwr.server.strategy import FedAdam, FedAvg, FedProx, FedYogi, Strategy
 
+from fedweave.bulk.array_parts import HeldUpdate, UpdateInMemory, UpdateSource
 from fedweave.contract import (
     CLIPPED_FRACTION_METRIC,
     COMPRESSION_METRIC,
@@ -53,12 +54,7 @@ from fedweave.coordinator.rounds.privacy_ledger import BudgetSpent
 from fedweave.coordinator.rounds.site_outcomes import SiteReplies, failure_said
 from fedweave.coordinator.rounds.site_weights import bounded_results
 from fedweave.coordinator.rounds.spooled_updates import SpooledError, SpooledUpdates
-from fedweave.coordinator.rounds.streamed_mean import (
-    HeldUpdate,
-    UpdateInMemory,
-    UpdateSource,
-    mean_tensors,
-)
+from fedweave.coordinator.rounds.streamed_mean import mean_tensors
 from fedweave.coordinator.rounds.traffic import Traffic
 from fedweave.flower_patches.default_workflow import ClientProxy
 from fedweave.flower_patches.secagg_masks import unflatten
@@ -353,8 +349,10 @@ class ReportingStrategy(Strategy):
             self._note_clipping(proxy, res)
         if not results:
             return []
-        aggregate = unflatten(parameters_to_ndarrays(results[0][1].parameters), self._global)
-        if len(aggregate) == len(self._global):  # SecAgg+ dequantizes to float64
+        mean = results[0][1].parameters
+        views = parameter_views(mean)  # in the model's layout already: secagg_sum
+        aggregate = unflatten(views, self._global)
+        if len(aggregate) == len(self._global):  # Flower's layout: float64
             aggregate = [
                 a.astype(g.dtype, copy=False) if a.shape == g.shape else a
                 for a, g in zip(aggregate, self._global)
@@ -364,10 +362,13 @@ class ReportingStrategy(Strategy):
             self._warnings.append(f"SecAgg+ aggregate rejected, global model kept: {problem}")
             log.warning("SecAgg+ aggregate rejected, global model kept: %s", problem)
             return []
+        unchanged = len(aggregate) == len(views) and all(
+            a is v for a, v in zip(aggregate, views)
+        )
         first_proxy, first = results[0]
         combined = FitRes(
             status=first.status,
-            parameters=ndarrays_to_parameters(aggregate),
+            parameters=mean if unchanged else ndarrays_to_parameters(aggregate),
             num_examples=sum(res.num_examples for _, res in results),
             metrics={},
         )
@@ -574,17 +575,25 @@ class ReportingStrategy(Strategy):
             log.warning("round %s: %s", server_round + self.round_offset, held_back)
             return None, {}
         ordered = arrival_independent_order(accepted, self.spooled)
+        inner = self.strategy
+        made_here = self.secure_agg  # the mean of the sites' updates, not one site's bytes
         if any(SpooledUpdates.is_placeholder(res.parameters) for _, res in ordered):
-            inner = self.strategy
             if not (type(inner) in MEAN_STRATEGIES and inner.inplace):
                 return inner.aggregate_fit(server_round, self._in_memory(ordered), failures)
-            ordered = self._streamed_mean(ordered)
-            if type(inner) in (FedAvg, FedProx) and inner.fit_metrics_aggregation_fn is None:
-                # FedAvg's mean of one result is that result: spare the copies it would make
-                if failures and not inner.accept_failures:
-                    return None, {}
-                return ordered[0][1].parameters, {}
-        return self.strategy.aggregate_fit(server_round, ordered, failures)
+            ordered, made_here = self._streamed_mean(ordered), True
+        if (
+            made_here
+            and len(ordered) == 1
+            and ordered[0][1].num_examples > 0
+            and type(inner) in (FedAvg, FedProx)
+            and inner.inplace
+            and inner.fit_metrics_aggregation_fn is None
+        ):  # FedAvg's mean of one result (SecAgg+'s, or the streamed mean) is that result:
+            # spare the copies it would make (each value times 1.0)
+            if failures and not inner.accept_failures:
+                return None, {}
+            return ordered[0][1].parameters, {}
+        return inner.aggregate_fit(server_round, ordered, failures)
 
     def configure_evaluate(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager

@@ -203,13 +203,15 @@ def make_server_app(
             strategy=strategy,
         )
 
-        def make_fit_workflow(cohort: int, secagg, held=None):
+        def make_fit_workflow(cohort: int, secagg, held=None, training: bool = False):
             if settings.secure_agg:
-                return make_secagg_workflow(secagg, cohort, deadline)
+                return make_secagg_workflow(secagg, cohort, deadline, model_shaped=training)
             return deadline_fit_workflow(deadline, held)
 
         # the statistics stages' strategy reads its replies in memory: only training's are held
-        fit_workflow = make_fit_workflow(settings.cohort, settings.training_secagg, spooled)
+        fit_workflow = make_fit_workflow(
+            settings.cohort, settings.training_secagg, spooled, training=True
+        )
         if needs_statistics(task):
             fit_workflow = StatisticsFirst(
                 fit_workflow,

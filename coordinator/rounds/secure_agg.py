@@ -51,9 +51,13 @@ class SecAggSettings:
         return 2 * self.clipping_range / self.quantization_range
 
 
-def make_secagg_workflow(settings: SecAggSettings, cohort: int, deadline: RoundDeadline):
+def make_secagg_workflow(
+    settings: SecAggSettings, cohort: int, deadline: RoundDeadline, model_shaped: bool = False
+):
     """Flower's SecAgg+ fit workflow for ``cohort`` sites per round, every round closing
-    ``deadline.seconds`` after it starts (``coordinator/rounds/deadlines.py``)."""
+    ``deadline.seconds`` after it starts (``coordinator/rounds/deadlines.py``); with
+    ``model_shaped`` (training rounds), the mean is handed to the strategy in the global
+    model's shapes and dtypes, not as Flower's flat float64 vector (``secagg_sum``)."""
     from fedweave.coordinator.rounds.deadlines import DeadlineSecAggPlusWorkflow
     from fedweave.flower_patches import use_fedweave_secagg
 
@@ -76,4 +80,5 @@ def make_secagg_workflow(settings: SecAggSettings, cohort: int, deadline: RoundD
         quantization_range=settings.quantization_range,
         modulus_range=settings.modulus_range,
         timeout=settings.timeout,
+        model_shaped=model_shaped,
     )

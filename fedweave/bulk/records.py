@@ -279,6 +279,20 @@ def _npy_header(prefix: bytes, nbytes: int) -> tuple[int, tuple[int, ...], bool,
     return head.tell(), tuple(shape), bool(fortran), dtype
 
 
+def write_npy_header(buffer: BinaryIO, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+    """Write the header ``np.save`` writes for a C-ordered array of ``dtype`` and ``shape``
+    at the start of the empty ``buffer`` (its values follow, in C order)."""
+    from numpy.lib import format as npy
+
+    header = {"descr": npy.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
+    try:
+        npy.write_array_header_1_0(buffer, header)
+    except ValueError:  # a header too long for version 1.0, as np.save falls back
+        buffer.seek(0)
+        buffer.truncate()
+        npy.write_array_header_2_0(buffer, header)
+
+
 @dataclass(frozen=True)
 class NpyPlace:
     """Where one array's values lie in a blob file: ``offset``, the byte of the file its first

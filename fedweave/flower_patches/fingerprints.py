@@ -28,6 +28,7 @@ from pathlib import Path
 
 _SECAGG_MOD = "flwr.client.mod.secure_aggregation.secaggplus_mod"
 _SECAGG_WORKFLOW = "flwr.server.workflow.secure_aggregation.secaggplus_workflow"
+_SECAGG_ARITHMETIC = "flwr.common.secure_aggregation.ndarrays_arithmetic"
 _LINKSTATE = "flwr.server.superlink.linkstate.in_memory_linkstate"
 _DEFAULT_WORKFLOWS = "flwr.server.workflow.default_workflows"
 _INFLATABLE_PROTO = "flwr.supercore.inflatable.inflatable_protobuf_utils"
@@ -179,6 +180,13 @@ WRAPPED: dict[str, dict[str, str]] = {
         f"{_SECAGG_WORKFLOW}:SecAggPlusWorkflow.collect_masked_vectors_stage":
             "e2e2900e524ba35a",
         f"{_SECAGG_WORKFLOW}:SecAggPlusWorkflow.unmask_stage": "c4639d18768446e9",
+        # secagg_sum: the two stages above done in place, with the arithmetic they call
+        f"{_SECAGG_WORKFLOW}:SecAggPlusWorkflow._check_threshold": "5cbbc3639376397c",
+        f"{_SECAGG_WORKFLOW}:factor_extract": "15a5f6bc8eed9f06",
+        "flwr.common.secure_aggregation.quantization:dequantize": "a8188d6750325f56",
+        f"{_SECAGG_ARITHMETIC}:parameters_mod": "5c280c923a2336c9",
+        f"{_SECAGG_ARITHMETIC}:parameters_addition": "ea390ddeeb2a1ed5",
+        f"{_SECAGG_ARITHMETIC}:parameters_subtraction": "4bbda8831c47c180",
     },
     "default_workflow": {  # not a patch: names Flower does not export, used as they are
         "flwr.server.workflow.constant:": "e2dd8c4ef3895250",  # the whole module
@@ -198,7 +206,8 @@ every other module to Flower's exported API):
 - ``clientapp_worker`` (a speed-up: a site runs its worker only where these match): the site's
   worker runs Flower's per-message functions and sets what they set, and calls the Runtime
   API as ``flower-superexec`` and ``flwr-clientapp`` do;
-- ``secagg_stages``: fedweave runs SecAgg+'s workflow stage by stage and edits its state;
+- ``secagg_stages``: fedweave runs SecAgg+'s workflow stage by stage and edits its state,
+  and runs its collect and unmask stages with their arithmetic in place (``secagg_sum``);
 - ``message_records``: Flower's legacy message layout (``recorddict_compat``), its mods'
   record keys, its mod types and error codes, read and written by the site's mods and the
   coordinator's rounds;

@@ -1,5 +1,7 @@
 """Flower's SecAgg+ workflow, stage by stage: a wait chosen before each stage, each stage
-timed, and the sites that sent no keys taken out of the round after the first.
+timed, the sites that sent no keys taken out of the round after the first, and (with
+fedweave's masks) the masked vectors added up and unmasked in place, a part at a time
+(``secagg_sum``; issue 36).
 
 ``SecAggPlusWorkflow``'s stage methods (``setup_stage`` ... ``unmask_stage``) have public
 names and docstrings, but Flower 1.41 documents no way to extend them: overriding them relies
@@ -7,9 +9,11 @@ on how ``__call__`` runs them (in order, through ``self``, halting on ``False``)
 reading ``self.timeout`` when it sends (its only wait), and on the fields of
 ``WorkflowState``, a dataclass Flower does not export. That is private coupling, so it lives
 here, fingerprinted (``fingerprints``, entry ``secagg_stages``): a workflow refuses to be built
-on Flower code that differs. What the waits are is fedweave's own policy
-(``fedweave.coordinator.rounds.deadlines.DeadlineSecAggPlusWorkflow``: one round deadline shared by
-the four stages); this module knows nothing of deadlines.
+on Flower code that differs. The collect and unmask stages are Flower's, line for line, but
+for their arithmetic, which ``secagg_sum`` does in place; ``tests/test_secagg_sum.py`` runs
+both on the same state and compares the result byte for byte. What the waits are is
+fedweave's own policy (``fedweave.coordinator.rounds.deadlines.DeadlineSecAggPlusWorkflow``:
+one round deadline shared by the four stages); this module knows nothing of deadlines.
 """
 
 from __future__ import annotations
@@ -17,10 +21,30 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+import numpy as np
+from flwr.common import Parameters
 from flwr.server.workflow import SecAggPlusWorkflow
+
+from fedweave.bulk.array_parts import UpdateSource
+from fedweave.flower_patches.secagg_sum import (
+    add_keystream,
+    as_sum,
+    masked_sum,
+    streams,
+    unmasked_tensors,
+)
+from fedweave.flower_patches.secagg_vectors import drop_vector, vector_in_reply
 
 STAGES = ("setup", "share_keys", "collect_masked_vectors", "unmask")
 """SecAgg+'s four stages, in the order Flower runs them."""
+
+
+def _workflow_module():
+    """Flower's SecAgg+ workflow module: the names its stages use, as it imports them (some
+    replaced by fedweave's: ``secagg_masks``, ``secagg_crypto``)."""
+    import importlib
+
+    return importlib.import_module("flwr.server.workflow.secure_aggregation.secaggplus_workflow")
 
 
 def forget_sites_without_keys(state) -> None:
@@ -83,13 +107,16 @@ class StagedSecAggPlusWorkflow(SecAggPlusWorkflow):
     ``fedweave.errors.UserError`` on Flower code this was not written against.
     """
 
-    def __init__(self, **kwargs) -> None:
+    def __init__(self, *, model_shaped: bool = False, **kwargs) -> None:
         problem = stages_problem()
         if problem is not None:
             from fedweave.errors import UserError
 
             raise UserError(problem)
         super().__init__(**kwargs)
+        self.model_shaped = model_shaped
+        """Whether the unmasked mean is handed on in the global model's shapes and dtypes
+        (``model_layout``) instead of Flower's flat float64 (default False)."""
         self.stage_timeout = self.timeout
         self.stage_seconds: dict[str, float] = {}
         """Wall seconds of each stage of the last round, by name in ``STAGES``."""
@@ -138,13 +165,185 @@ class StagedSecAggPlusWorkflow(SecAggPlusWorkflow):
         return enough
 
     def collect_masked_vectors_stage(self, grid, context, state) -> bool:
-        """Local training and the masked updates (each site's vector travels in an array
-        record: ``secagg_vectors``; put back where Flower's stage reads it)."""
+        """Local training and the masked updates, added up one site at a time where the masks
+        are fedweave's (``secagg_sum``); otherwise Flower's stage, each site's vector put back
+        where it reads it (it travels in an array record: ``secagg_vectors``)."""
+        if streams(state.mod_range):
+            return self._stage("collect_masked_vectors", self._collect_summed, grid, context, state)
         return self._stage(
             "collect_masked_vectors", super().collect_masked_vectors_stage,
             _VectorsWhereFlowerReadsThem(grid), context, state,
         )  # fmt: skip
 
+    def masked_vector(self, reply) -> UpdateSource:
+        """The masked vector of the collect stage's ``reply``, an array at a time (a
+        coordinator that keeps vectors elsewhere overrides this)."""
+        return vector_in_reply(reply)
+
+    def _collect_summed(self, grid, context, state) -> bool:
+        """Flower's ``collect_masked_vectors_stage``, each vector added into the sum and let
+        go before the next is read (``secagg_sum.masked_sum``)."""
+        flower = _workflow_module()
+        key = flower.Key
+        cfg = context.state.config_records[flower.MAIN_CONFIGS_RECORD]
+
+        def make(nid: int):
+            cfg_record = flower.ConfigRecord({
+                key.STAGE: flower.Stage.COLLECT_MASKED_VECTORS,
+                key.CIPHERTEXT_LIST: state.forward_ciphertexts[nid],
+                key.SOURCE_LIST: state.forward_srcs[nid],
+            })  # fmt: skip
+            content = state.nid_to_fitins[nid]
+            content.config_records[flower.RECORD_KEY_CONFIGS] = cfg_record
+            return flower.Message(
+                content=content,
+                dst_node_id=nid,
+                message_type=flower.MessageType.TRAIN,
+                group_id=str(cfg[flower.WorkflowKey.CURRENT_ROUND]),
+            )
+
+        msgs = grid.send_and_receive(
+            [make(node_id) for node_id in state.active_node_ids], timeout=self.timeout
+        )
+        state.active_node_ids = {msg.metadata.src_node_id for msg in msgs if not msg.has_error()}
+        del state.forward_ciphertexts, state.forward_srcs, state.nid_to_fitins
+
+        total = None
+        for msg in msgs:
+            if msg.has_error():
+                state.failures.append(Exception(msg.error))
+                continue
+            vector = self.masked_vector(msg)
+            try:
+                total = masked_sum(total, vector)
+            finally:
+                vector.close()
+                drop_vector(msg)
+        if total is not None:
+            state.aggregate_ndarrays = total  # modulo 2^32 already: Flower's parameters_mod
+
+        for msg in msgs:  # Flower's: errors are counted again here
+            if msg.has_error():
+                state.failures.append(Exception(msg.error))
+                continue
+            fitres = flower.compat.recorddict_to_fitres(msg.content, True)
+            proxy = state.nid_to_proxies[msg.metadata.src_node_id]
+            state.legacy_results.append((proxy, fitres))
+        return self._check_threshold(state)
+
     def unmask_stage(self, grid, context, state) -> bool:
-        """Unmasking."""
+        """Unmasking, in place and a part at a time where the masks are fedweave's
+        (``secagg_sum``); otherwise Flower's stage."""
+        if streams(state.mod_range):
+            return self._stage("unmask", self._unmask_in_place, grid, context, state)
         return self._stage("unmask", super().unmask_stage, grid, context, state)
+
+    def model_layout(self, context) -> list[tuple[tuple[int, ...], np.dtype]] | None:
+        """The shapes and dtypes the unmasked mean is written in (``secagg_sum
+        .unmasked_tensors``); ``None``: Flower's (the vector's shapes, float64). Those of the
+        global model where ``model_shaped`` is set."""
+        if not self.model_shaped:
+            return None
+        flower = _workflow_module()
+        record = context.state.array_records.get(flower.MAIN_PARAMS_RECORD)
+        if record is None or not len(record):
+            return None
+        from fedweave.bulk.records import BlobError, npy_array
+
+        try:  # Flower's legacy records keep each array's .npy bytes, shape and dtype unset
+            views = [npy_array(np.frombuffer(array.data, np.uint8)) for array in record.values()]
+        except BlobError:
+            return None
+        return [(view.shape, view.dtype) for view in views]
+
+    def _unmask_in_place(self, grid, context, state) -> bool:
+        """Flower's ``unmask_stage``, the masks taken off the sum in place and the mean written
+        a part at a time (``secagg_sum``)."""
+        flower = _workflow_module()
+        key = flower.Key
+        cfg = context.state.config_records[flower.MAIN_CONFIGS_RECORD]
+        current_round = cfg[flower.WorkflowKey.CURRENT_ROUND]
+
+        active_nids = state.active_node_ids
+        dead_nids = state.sampled_node_ids - active_nids
+
+        def make(nid: int):
+            neighbours = state.nid_to_neighbours[nid]
+            cfg_record = flower.ConfigRecord({
+                key.STAGE: flower.Stage.UNMASK,
+                key.ACTIVE_NODE_ID_LIST: list(neighbours & active_nids),
+                key.DEAD_NODE_ID_LIST: list(neighbours & dead_nids),
+            })  # fmt: skip
+            return flower.Message(
+                content=flower.RecordDict({flower.RECORD_KEY_CONFIGS: cfg_record}),
+                dst_node_id=nid,
+                message_type=flower.MessageType.TRAIN,
+                group_id=str(current_round),
+            )
+
+        msgs = grid.send_and_receive(
+            [make(node_id) for node_id in state.active_node_ids], timeout=self.timeout
+        )
+        state.active_node_ids = {msg.metadata.src_node_id for msg in msgs if not msg.has_error()}
+
+        collected_shares: dict[int, list[bytes]] = {nid: [] for nid in state.sampled_node_ids}
+        for msg in msgs:
+            if msg.has_error():
+                state.failures.append(Exception(msg.error))
+                continue
+            res_dict = msg.content.config_records[flower.RECORD_KEY_CONFIGS]
+            nids = res_dict[key.NODE_ID_LIST]
+            shares = res_dict[key.SHARE_LIST]
+            for owner_nid, share in zip(nids, shares, strict=True):
+                collected_shares[owner_nid].append(share)
+
+        vector = as_sum(state.aggregate_ndarrays)
+        del state.aggregate_ndarrays
+        for nid, share_list in collected_shares.items():
+            if len(share_list) < state.threshold:
+                flower.log(
+                    flower.ERROR, "Not enough shares to recover secret in unmask vectors stage"
+                )
+                return False
+            secret = flower.combine_shares(share_list)
+            if nid in active_nids:  # the secret seeds the site's own (private) mask
+                add_keystream(vector, secret, subtract=True)
+                continue
+            # the secret is a dropped site's key: the masks it shares with its neighbours
+            neighbours = state.nid_to_neighbours[nid]
+            neighbours.remove(nid)
+            for neighbor_nid in neighbours:
+                shared_key = flower.generate_shared_key(
+                    flower.bytes_to_private_key(secret),
+                    flower.bytes_to_public_key(state.nid_to_publickeys[neighbor_nid][0]),
+                )
+                add_keystream(vector, shared_key, subtract=nid < neighbor_nid)
+        tensors = unmasked_tensors(
+            vector,
+            clipping_range=state.clipping_range,
+            quantization_range=state.quantization_range,
+            active_sites=len(active_nids),
+            like=self.model_layout(context),
+        )
+        del vector
+
+        results = state.legacy_results
+        parameters = Parameters(tensors=tensors, tensor_type="numpy.ndarray")
+        for _, fitres in results:
+            fitres.parameters = parameters
+        flower.log(
+            flower.INFO,
+            "aggregate_fit: received %s results and %s failures",
+            len(results),
+            len(state.failures),
+        )
+        parameters_aggregated, metrics_aggregated = context.strategy.aggregate_fit(
+            current_round, results, state.failures
+        )
+        if parameters_aggregated:
+            arr_record = flower.compat.parameters_to_arrayrecord(parameters_aggregated, True)
+            context.state.array_records[flower.MAIN_PARAMS_RECORD] = arr_record
+            context.history.add_metrics_distributed_fit(
+                server_round=current_round, metrics=metrics_aggregated
+            )
+        return True

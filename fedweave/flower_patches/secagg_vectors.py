@@ -159,3 +159,30 @@ def vector_where_flower_reads_it(reply: Any) -> Any:
     config[_masked_key()] = [array.data for array in record.values()]
     del reply.content.array_records[MASKED_VECTOR_RECORD]
     return reply
+
+
+def vector_in_reply(reply: Any) -> Any:
+    """The masked vector ``reply`` carries (in ``MASKED_VECTOR_RECORD`` or where Flower puts
+    it) as an ``array_parts.UpdateInMemory`` over its bytes (no copy); ``BlobError`` where
+    NumPy would not read it."""
+    from fedweave.bulk.array_parts import UpdateInMemory
+    from fedweave.bulk.records import npy_array
+    from fedweave.flower_patches.message_records import RECORD_KEY_CONFIGS
+
+    record = reply.content.array_records.get(MASKED_VECTOR_RECORD)
+    if record is not None:
+        datas = [array.data for array in record.values()]
+    else:
+        datas = list(reply.content.config_records[RECORD_KEY_CONFIGS][_masked_key()])
+    return UpdateInMemory([npy_array(np.frombuffer(data, np.uint8)) for data in datas])
+
+
+def drop_vector(reply: Any) -> None:
+    """Let go of the masked vector ``reply`` carries, once it is added up."""
+    from fedweave.flower_patches.message_records import RECORD_KEY_CONFIGS
+
+    if MASKED_VECTOR_RECORD in reply.content.array_records:
+        del reply.content.array_records[MASKED_VECTOR_RECORD]
+    config = reply.content.config_records.get(RECORD_KEY_CONFIGS)
+    if config is not None and _masked_key() in config:
+        config[_masked_key()] = []
