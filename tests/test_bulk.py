@@ -256,9 +256,11 @@ class _Sites:
     returning its model plus its node id; ``tamper(node, reply)`` may rewrite a reply after
     the mod (an insider rewriting its own)."""
 
-    def __init__(self, server, tls, tamper=lambda node, reply: reply, trains=None) -> None:
+    def __init__(self, server, tls, tamper=lambda node, reply: reply, trains=None,
+                 answer=None) -> None:  # fmt: skip
         self.server, self.tls, self.tamper = server, tls, tamper
         self.trains = trains or {}  # node -> its own update's record, uploaded as any other
+        self.answer = answer  # (node, message) -> the reply's content, instead of training
         self.wire: list[RecordDict] = []
 
     def send_and_receive(self, messages, *, timeout=None):
@@ -274,6 +276,8 @@ class _Sites:
             arrived = Message(content=_copy(message.content), metadata=message.metadata)
 
             def train(msg, ctx, node=node):
+                if self.answer is not None:
+                    return Message(self.answer(node, msg), reply_to=msg)
                 model = msg.content.array_records["fitins.parameters"]
                 result = fit_result()
                 weights = [np.frombuffer(model[k].numpy().tobytes(), np.float32) + node
@@ -544,3 +548,87 @@ def test_a_peer_that_trickles_its_hello_or_headers_is_cut_off(served, tls, monke
         assert _link(server, token, tls).fetch(digest, len(blob)) == blob
     with pytest.raises(TransferError, match="429"):
         _link(server, token, tls).fetch(digest, len(blob))
+
+
+def test_masked_vectors_stay_in_their_files_until_the_collect_stage_adds_them_up(served, tls):
+    """SecAgg+ with ``--bulk-address``: while the collect stage is ``collecting_vectors``, each
+    site's masked vector stays in its upload's file and its reply carries placeholders with the
+    shapes the file's headers declare, which the layout check reads; the stage's sum, read a
+    part of each file at a time, is the sum of the vectors the sites sent, and the bytes
+    counted are theirs. Insiders, each failed alone before any sum: a site writing
+    placeholders itself, and one whose vector is floats. No file is left after."""
+    from flwr.app import ConfigRecord
+    from flwr.common.secure_aggregation.secaggplus_constants import Key, Stage
+    from test_site_outcomes import ROUND
+
+    from fedweave.bulk.array_parts import UpdateInMemory
+    from fedweave.bulk.spool import HELD_STYPE
+    from fedweave.coordinator.rounds.bulk import BulkGrid
+    from fedweave.coordinator.rounds.site_outcomes import OutcomeGrid, SiteReplies
+    from fedweave.coordinator.rounds.spooled_updates import SpooledUpdates
+    from fedweave.coordinator.rounds.traffic import Traffic
+    from fedweave.flower_patches import secagg_sum
+    from fedweave.flower_patches.message_records import RECORD_KEY_CONFIGS
+    from fedweave.flower_patches.secagg_vectors import MASKED_VECTOR_RECORD, vector_as_arrays
+
+    server, spool, _ = served
+    rng = np.random.default_rng(3)
+    vectors = {
+        node: [np.array([7 + node], np.int64), rng.integers(0, 2**32, 3000).astype(np.uint32)]
+        for node in (11, 12, 13, 14)
+    }
+    vectors[14][1] = vectors[14][1].astype(np.float32)  # not integers: refused by its layout
+
+    def answer(node, msg):
+        content = fit_result()
+        content.config_records[RECORD_KEY_CONFIGS] = ConfigRecord(
+            {Key.MASKED_PARAMETERS: [ndarray_to_bytes(a) for a in vectors[node]]}
+        )
+        return vector_as_arrays(Message(content, reply_to=msg)).content
+
+    def tamper(node, reply):
+        if node == 13:  # no upload; placeholders of its own making, shaped like the others'
+            del reply.content.config_records[BULK_RECEIPT_RECORD]
+            reply.content.array_records["fitres.parameters"] = ArrayRecord()
+            reply.content.array_records[MASKED_VECTOR_RECORD] = ArrayRecord(array_dict={
+                str(i): Array(dtype="uint32", shape=a.shape, stype=HELD_STYPE, data=b"0" * 32)
+                for i, a in enumerate(vectors[11])
+            })  # fmt: skip
+        return reply
+
+    spooled = SpooledUpdates()
+    traffic = Traffic(spooled)
+    sites = _Sites(server, tls, tamper, answer=answer)
+    grid = OutcomeGrid(BulkGrid(sites, spool, server.port, spooled), SiteReplies(), traffic,
+                       held=spooled.vector_layout)  # fmt: skip
+    asked = []
+    for node in vectors:
+        message = instruction(node)
+        message.content.config_records[RECORD_KEY_CONFIGS] = ConfigRecord(
+            {Key.STAGE: Stage.COLLECT_MASKED_VECTORS}
+        )
+        message.content.array_records["fitins.parameters"] = _record(np.zeros(10, np.float32))
+        asked.append(message)
+    with spooled.collecting_vectors():
+        replies = {r.metadata.src_node_id: r for r in grid.send_and_receive(asked, timeout=30)}
+        assert len(list((spool.root / "held").iterdir())) == 2  # 11's and 12's, on disk
+        assert replies[13].has_error()
+        assert "a placeholder for nothing the coordinator holds" in replies[13].error.reason
+        assert replies[14].has_error() and "not integers" in replies[14].error.reason
+        total = None
+        for node in (11, 12):
+            record = replies[node].content.array_records[MASKED_VECTOR_RECORD]
+            assert all(array.stype == HELD_STYPE for array in record.values())
+            assert traffic.of_round(ROUND)[node].train_in == sum(
+                len(ndarray_to_bytes(a)) for a in vectors[node]
+            )  # the vector's own bytes
+            assert spooled.vector_source(replies[11 if node == 12 else 12]) is not None
+            source = spooled.vector_source(replies[node])
+            try:
+                total = secagg_sum.masked_sum(total, source)
+            finally:
+                source.close()
+        expected = secagg_sum.masked_sum(None, UpdateInMemory(vectors[11]))
+        expected = secagg_sum.masked_sum(expected, UpdateInMemory(vectors[12]))
+        assert all(np.array_equal(t, e) for t, e in zip(total, expected))
+    assert not list((spool.root / "held").iterdir())

@@ -15,7 +15,8 @@ evaluation, the federated statistics, FedBuff's jobs) sends through it unchanged
   failure (``malformed reply: ...``), bound to its node, and the round goes on. While a plain
   fit exchange is ``collecting`` (``spooled``), a training reply's update stays in its file
   and the reply carries a placeholder for the strategy to read it by
-  (``spooled_updates.py``): the ServerApp holds one update at a time, not every site's.
+  (``spooled_updates.py``): the ServerApp holds one update at a time, not every site's; so
+  does SecAgg+'s masked vector while its collect stage is ``collecting_vectors``.
 
 The site's side is ``client/bulk_mod.py``; the server between them runs in the coordinator's
 process (``fedweave/bulk/server.py``). Grants end with the exchange that made them.
@@ -189,11 +190,14 @@ class BulkGrid:
         return reply
 
     def _held(self, upload: Any, asked: Any) -> dict[str, Any]:
-        """A placeholder record for a plain training update kept in its file (moved aside from
-        its grant), when the exchange is ``collecting``; ``{}`` to read the upload instead."""
+        """A placeholder record for a plain training update, or a SecAgg+ masked vector, kept
+        in its file (moved aside from its grant), when the exchange is ``collecting`` (its
+        vectors); ``{}`` to read the upload instead."""
         from flwr.app import MessageType
 
         spooled = self._spooled
+        if spooled is not None and spooled.collecting_vectors_now:
+            return self._held_vector(upload, asked)
         if spooled is None or not spooled.collecting_now:
             return {}
         if asked.metadata.message_type != MessageType.TRAIN:
@@ -206,6 +210,34 @@ class BulkGrid:
             asked.metadata.dst_node_id, held, FIT_PARAMETERS_RECORD, sum(sizes)
         )
         return {FIT_PARAMETERS_RECORD: placeholder}
+
+    def _held_vector(self, upload: Any, asked: Any) -> dict[str, Any]:
+        """A placeholder for a SecAgg+ masked vector kept in its file (integer arrays, as
+        their headers say); ``{}`` to read any other upload, or a vector the layout check
+        will refuse, as before."""
+        from fedweave.bulk.records import npy_places_file
+        from fedweave.flower_patches.secagg_vectors import (
+            MASKED_VECTOR_RECORD,
+            asks_for_masked_vector,
+        )
+
+        if not asks_for_masked_vector(asked):
+            return {}
+        layout, sizes = layout_file(upload.path)
+        if MASKED_VECTOR_RECORD not in {entry[0] for entry in layout}:
+            return {}
+        places = npy_places_file(upload.path, MASKED_VECTOR_RECORD)
+        if not places or any(place.dtype.kind not in "iu" for place in places):
+            return {}
+        others = decoded_file(upload.path, leave=MASKED_VECTOR_RECORD)  # the fit result's
+        held = self._spool.hold(upload)
+        vector_sizes = [
+            size for entry, size in zip(layout, sizes) if entry[0] == MASKED_VECTOR_RECORD
+        ]
+        placeholder = self._spooled.hold_vector(
+            asked.metadata.dst_node_id, held, places, vector_sizes
+        )
+        return {**others, MASKED_VECTOR_RECORD: placeholder}
 
     def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
         return getattr(self._grid, name)

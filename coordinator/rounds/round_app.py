@@ -108,9 +108,9 @@ def make_server_app(
     run before its last round (the run is then complete: nothing more may be spent).
     ``wire(grid, spooled)`` wraps the SuperLink's grid before anything else does (deployed
     with ``--bulk-address``: ``bulk.BulkGrid``, which moves the tensors beside the messages);
-    ``spooled`` is where plain rounds' updates wait on disk to be added up one at a time
-    (``spooled_updates.py``), or ``None`` where they cannot (SecAgg+ sums the masked vectors
-    itself; central DP clips each update in memory)."""
+    ``spooled`` is where plain rounds' updates (and SecAgg+'s masked vectors) wait on disk
+    to be added up a part at a time (``spooled_updates.py``), or ``None`` where they cannot
+    (central DP clips each plain update in memory)."""
     config = settings.config
     deadline = settings.deadline(test_data)
     task = load_task(config.data.task)
@@ -142,7 +142,7 @@ def make_server_app(
     def main(grid: Grid, context: Context) -> None:
         spooled = (
             SpooledUpdates()
-            if wire is not None and not settings.secure_agg and config.privacy.dp != "central"
+            if wire is not None and (settings.secure_agg or config.privacy.dp != "central")
             else None
         )
         site_replies, traffic = SiteReplies(), Traffic(spooled)
@@ -152,6 +152,7 @@ def make_server_app(
         grid = OutcomeGrid(
             grid, site_replies, traffic,
             settings.secagg.max_weight if settings.secure_agg else None,
+            held=spooled.vector_layout if spooled is not None else None,
         )  # fmt: skip
         if settings.downlink == "fp16":  # outside the counting grid: it counts what is sent
             grid = HalfPrecisionGrid(grid)
@@ -205,7 +206,9 @@ def make_server_app(
 
         def make_fit_workflow(cohort: int, secagg, held=None, training: bool = False):
             if settings.secure_agg:
-                return make_secagg_workflow(secagg, cohort, deadline, model_shaped=training)
+                return make_secagg_workflow(
+                    secagg, cohort, deadline, model_shaped=training, held_vectors=held
+                )
             return deadline_fit_workflow(deadline, held)
 
         # the statistics stages' strategy reads its replies in memory: only training's are held

@@ -17,6 +17,7 @@ from fedweave.errors import UserError
 
 if TYPE_CHECKING:
     from fedweave.coordinator.rounds.deadlines import RoundDeadline
+    from fedweave.coordinator.rounds.spooled_updates import SpooledUpdates
 
 
 @dataclass(frozen=True)
@@ -52,12 +53,18 @@ class SecAggSettings:
 
 
 def make_secagg_workflow(
-    settings: SecAggSettings, cohort: int, deadline: RoundDeadline, model_shaped: bool = False
+    settings: SecAggSettings,
+    cohort: int,
+    deadline: RoundDeadline,
+    model_shaped: bool = False,
+    held_vectors: SpooledUpdates | None = None,
 ):
     """Flower's SecAgg+ fit workflow for ``cohort`` sites per round, every round closing
     ``deadline.seconds`` after it starts (``coordinator/rounds/deadlines.py``); with
     ``model_shaped`` (training rounds), the mean is handed to the strategy in the global
-    model's shapes and dtypes, not as Flower's flat float64 vector (``secagg_sum``)."""
+    model's shapes and dtypes, not as Flower's flat float64 vector (``secagg_sum``); with
+    ``held_vectors`` (``--bulk-address``), the masked vectors stay in the transfer spool until
+    the collect stage adds them up (``spooled_updates.py``)."""
     from fedweave.coordinator.rounds.deadlines import DeadlineSecAggPlusWorkflow
     from fedweave.flower_patches import use_fedweave_secagg
 
@@ -81,4 +88,5 @@ def make_secagg_workflow(
         modulus_range=settings.modulus_range,
         timeout=settings.timeout,
         model_shaped=model_shaped,
+        held_vectors=held_vectors,
     )

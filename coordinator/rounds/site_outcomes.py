@@ -176,21 +176,22 @@ def _fit_result_problem(reply: Any) -> str | None:
     return None
 
 
-def masked_vector_problems(answers: list[tuple[Any, Any]]) -> dict[int, str]:
+def masked_vector_problems(answers: list[tuple[Any, Any]], held: Any = None) -> dict[int, str]:
     """``id(reply)`` → why its SecAgg+ masked vector cannot join the sum, for the
     ``(reply, asked)`` pairs of ``answers`` that answer SecAgg+'s collect stage: missing or
     malformed (``secagg_vectors.masked_vector_layout``), or laid out otherwise than more than
     half of the well-formed ones are (honest sites' vectors all share the layout of the
     round's model or statistics; with no such majority, none joins and the protocol's
-    threshold decides whether the round goes on)."""
+    threshold decides whether the round goes on). ``held``: the coordinator's registry of
+    vectors kept in its spool (``SpooledUpdates.vector_layout``), None where there is none."""
     from collections import Counter
 
     from fedweave.flower_patches.secagg_vectors import masked_vector_layout
 
     layouts = [
-        (id(reply), _fit_result_problem(reply) or masked_vector_layout(reply, asked))
+        (id(reply), _fit_result_problem(reply) or masked_vector_layout(reply, asked, held))
         for reply, asked in answers
-        if asked is not None and masked_vector_layout(reply, asked) is not None
+        if asked is not None and masked_vector_layout(reply, asked, held) is not None
     ]
     layouts = [(key, layout) for key, layout in layouts if layout is not None]
     counts = Counter(layout for _key, layout in layouts if not isinstance(layout, str))
@@ -229,6 +230,10 @@ class OutcomeGrid:
         where a site's masked vector carries its weight and the coordinator cannot bound it
         after the sum (``site_weights.py`` bounds the plain runs' weights instead); a higher
         claim is the site's ``rejected`` outcome. ``None``: no bound.
+    held : Callable | None (default: None)
+        ``SpooledUpdates.vector_layout`` where SecAgg+'s masked vectors may be held in the
+        transfer spool (``--bulk-address``): the layout of a vector held for a site; ``None``:
+        a placeholder vector is refused.
     """
 
     def __init__(
@@ -237,9 +242,11 @@ class OutcomeGrid:
         replies: SiteReplies,
         traffic: Any | None = None,
         max_fit_count: float | None = None,
+        held: Any = None,
     ) -> None:
         self._grid, self.replies, self.traffic = grid, replies, traffic
         self.max_fit_count = max_fit_count
+        self.held = held
 
     def send_and_receive(self, messages, *, timeout: float | None = None):  # type: ignore[no-untyped-def]
         messages = list(messages)
@@ -250,7 +257,7 @@ class OutcomeGrid:
         # pushing gave each message its id: a reply names the one it answers
         sent = {message.metadata.message_id: message for message in messages}
         asked_by = [(reply, sent.get(reply.metadata.reply_to_message_id)) for reply in received]
-        vectors = masked_vector_problems(asked_by)
+        vectors = masked_vector_problems(asked_by, self.held)
         replies = []
         for reply, asked in asked_by:
             if self.traffic is not None and asked is not None:

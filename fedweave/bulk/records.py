@@ -134,13 +134,14 @@ def decoded_stream(read: Callable[[int], bytes], size: int) -> dict[str, Any]:
     return _records(layout, data.pop)
 
 
-def decoded_file(path: Path) -> dict[str, Any]:
+def decoded_file(path: Path, leave: str | None = None) -> dict[str, Any]:
     """``decoded`` for a blob in a file, read one tensor at a time: the records and the
-    tensor being read are all that is held at once."""
+    tensor being read are all that is held at once. Record ``leave`` is left in the file
+    (not read, not returned)."""
     layout, _sizes = layout_file(path)
     try:
         with _TensorFile(path) as tensors:
-            return _records(layout, tensors.read)
+            return _records(layout, tensors.read, leave)
     except (ValueError, TypeError, OSError) as exc:
         if isinstance(exc, BlobError):
             raise
@@ -339,13 +340,15 @@ def read_values(file: BinaryIO, place: NpyPlace, start: int, count: int) -> np.n
     return values
 
 
-def _records(layout: list, tensor: Any) -> dict[str, Any]:
-    """The array records of ``layout``, tensor ``i`` being ``tensor(str(i))`` (taken once: a
-    uint8 array, or its bytes)."""
+def _records(layout: list, tensor: Any, leave: str | None = None) -> dict[str, Any]:
+    """The array records of ``layout`` but ``leave``, tensor ``i`` being ``tensor(str(i))``
+    (taken once: a uint8 array, or its bytes)."""
     from flwr.app import Array, ArrayRecord
 
     records: dict[str, dict[str, Any]] = {}
     for i, (name, key, dtype, shape, stype) in enumerate(layout):
+        if name == leave:
+            continue
         try:
             data = tensor(str(i))
         except KeyError:

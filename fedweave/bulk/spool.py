@@ -34,6 +34,9 @@ HELD_GRACE_S = 3600.0
 of the exchange's end; an older one belongs to a ServerApp that stopped)."""
 MAX_GRANT_BYTES = 1 << 20
 """The most of a grant file read: it names a few digests."""
+HELD_STYPE = "fedweave.spooled"
+"""The stype of an ``Array`` that stands in a reply for tensors held in ``held/``: its bytes
+are a handle only the coordinator's registry (``spooled_updates.py``) can resolve."""
 
 
 @dataclass(frozen=True)

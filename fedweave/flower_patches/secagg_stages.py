@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
+from typing import Any
 
 import numpy as np
 from flwr.common import Parameters
@@ -107,7 +109,7 @@ class StagedSecAggPlusWorkflow(SecAggPlusWorkflow):
     ``fedweave.errors.UserError`` on Flower code this was not written against.
     """
 
-    def __init__(self, *, model_shaped: bool = False, **kwargs) -> None:
+    def __init__(self, *, model_shaped: bool = False, held_vectors: Any = None, **kwargs) -> None:
         problem = stages_problem()
         if problem is not None:
             from fedweave.errors import UserError
@@ -117,6 +119,10 @@ class StagedSecAggPlusWorkflow(SecAggPlusWorkflow):
         self.model_shaped = model_shaped
         """Whether the unmasked mean is handed on in the global model's shapes and dtypes
         (``model_layout``) instead of Flower's flat float64 (default False)."""
+        self.held_vectors = held_vectors
+        """Where the collect stage's masked vectors may be kept instead of in the replies
+        (``collecting_vectors()``, ``vector_source(reply)``: the coordinator's transfer spool,
+        ``SpooledUpdates``); None (default): in the replies."""
         self.stage_timeout = self.timeout
         self.stage_seconds: dict[str, float] = {}
         """Wall seconds of each stage of the last round, by name in ``STAGES``."""
@@ -169,15 +175,23 @@ class StagedSecAggPlusWorkflow(SecAggPlusWorkflow):
         are fedweave's (``secagg_sum``); otherwise Flower's stage, each site's vector put back
         where it reads it (it travels in an array record: ``secagg_vectors``)."""
         if streams(state.mod_range):
-            return self._stage("collect_masked_vectors", self._collect_summed, grid, context, state)
+            held = self.held_vectors
+            with held.collecting_vectors() if held is not None else nullcontext():
+                return self._stage(
+                    "collect_masked_vectors", self._collect_summed, grid, context, state
+                )
         return self._stage(
             "collect_masked_vectors", super().collect_masked_vectors_stage,
             _VectorsWhereFlowerReadsThem(grid), context, state,
         )  # fmt: skip
 
     def masked_vector(self, reply) -> UpdateSource:
-        """The masked vector of the collect stage's ``reply``, an array at a time (a
-        coordinator that keeps vectors elsewhere overrides this)."""
+        """The masked vector of the collect stage's ``reply``, an array at a time (read from
+        its file where it is held: ``held_vectors``)."""
+        if self.held_vectors is not None:
+            source = self.held_vectors.vector_source(reply)
+            if source is not None:
+                return source
         return vector_in_reply(reply)
 
     def _collect_summed(self, grid, context, state) -> bool:

@@ -34,6 +34,7 @@ before it masks anything), the coordinator's collect stage with ``secagg_stages`
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -117,17 +118,27 @@ def asks_for_masked_vector(asked: Any) -> bool:
     return config is not None and config.get(Key.STAGE) == Stage.COLLECT_MASKED_VECTORS
 
 
-def masked_vector_layout(reply: Any, asked: Any) -> tuple[tuple[int, ...], ...] | str | None:
+def masked_vector_layout(
+    reply: Any,
+    asked: Any,
+    held: Callable[[Any, int], tuple[tuple[int, ...], ...] | None] | None = None,
+) -> tuple[tuple[int, ...], ...] | str | None:
     """The shapes of the masked vector ``reply`` carries (in ``MASKED_VECTOR_RECORD`` or where
     Flower puts it) in answer to SecAgg+'s collect stage ``asked``, or why it is none that
     Flower could add up (missing, empty, not integers NumPy reads from exactly its bytes);
-    None where ``asked`` is another instruction or ``reply`` an error."""
+    None where ``asked`` is another instruction or ``reply`` an error. A vector the
+    coordinator holds in its spool (placeholders, ``HELD_STYPE``) has the shapes ``held``
+    (the record, the site's node) says; one ``held`` does not know is refused."""
+    from fedweave.bulk.spool import HELD_STYPE
     from fedweave.flower_patches.message_records import RECORD_KEY_CONFIGS
 
     if reply.has_error() or not asks_for_masked_vector(asked):
         return None
     config = reply.content.config_records.get(RECORD_KEY_CONFIGS)
     record = reply.content.array_records.get(MASKED_VECTOR_RECORD)
+    if record is not None and any(array.stype == HELD_STYPE for array in record.values()):
+        layout = held(record, reply.metadata.src_node_id) if held is not None else None
+        return "a placeholder for nothing the coordinator holds" if layout is None else layout
     if record is not None:
         datas = [array.data for array in record.values()]
     elif config is not None and isinstance(config.get(_masked_key()), list):
