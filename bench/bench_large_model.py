@@ -150,13 +150,13 @@ def _tree(table: dict[int, tuple[int, int, str]], root: int) -> list[int]:
 class MemorySampler:
     """Peak resident memory, sampled every 0.2 s from ``/proc``: the ServerApp (the
     ``flwr-serverapp`` process, where the coordinator aggregates), the coordinator's whole
-    process tree (SuperLink, SuperExec, ServerApp), every site's tree, and all of them summed
-    at one moment."""
+    process tree (SuperLink, SuperExec, ServerApp), every site's tree (and the largest one
+    site's tree reached), and all of them summed at one moment."""
 
     def __init__(self) -> None:
         import threading
 
-        self.peaks = {"serverapp": 0, "coordinator": 0, "sites": 0, "all": 0}
+        self.peaks = {"serverapp": 0, "coordinator": 0, "sites": 0, "site": 0, "all": 0}
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -167,10 +167,10 @@ class MemorySampler:
             while not self._done.wait(0.2):
                 table = _process_table()
                 mine = _tree(table, coordinator)
-                theirs = [pid for site in sites for pid in _tree(table, site)]
+                each = [sum(table[p][1] for p in _tree(table, site)) for site in sites]
                 serverapp = sum(table[p][1] for p in mine if "flwr-serverapp" in table[p][2])
                 now = {"serverapp": serverapp, "coordinator": sum(table[p][1] for p in mine),
-                       "sites": sum(table[p][1] for p in theirs)}  # fmt: skip
+                       "sites": sum(each), "site": max(each, default=0)}  # fmt: skip
                 now["all"] = now["coordinator"] + now["sites"]
                 for key, value in now.items():
                     self.peaks[key] = max(self.peaks[key], value)
@@ -243,7 +243,8 @@ def main() -> None:
                       f"model's {size / 1e6:.0f} MB, the process's own footprint included; "
                       f"goal <= {MEMORY_GOAL:g} x), coordinator's processes "
                       f"{peaks['coordinator'] / 1e9:.2f} GB, the sites' "
-                      f"{peaks['sites'] / 1e9:.2f} GB, all at once {peaks['all'] / 1e9:.2f} GB",
+                      f"{peaks['sites'] / 1e9:.2f} GB (one site at most "
+                      f"{peaks['site'] / 1e9:.2f} GB), all at once {peaks['all'] / 1e9:.2f} GB",
                       flush=True)  # fmt: skip
             print(f"{mode}: median of rounds 2..{args.rounds}: "
                   f"{statistics.median(r['seconds'] for r in later):.1f} s a round, "

@@ -30,8 +30,8 @@ import time
 from collections.abc import Callable
 
 from flwr.app import Context, Message, MessageType
-from flwr.common import parameters_to_ndarrays
 
+from fedweave.bulk.records import parameter_views
 from fedweave.client.bulk_mod import bulk_transfers
 from fedweave.client.compression_mod import compression_when_asked
 from fedweave.client.downlink_mod import downlink_restored
@@ -405,8 +405,8 @@ def update_check_mod(msg: Message, context: Context, call_next: ClientAppCallabl
     if config.get(PRIVATE_EVALUATION_KEY):
         return reply  # metrics, not an update: the site checked their range itself
     fit_res = compat.recorddict_to_fitres(reply.content, keep_input=True)
-    reference = parameters_to_ndarrays(fit_ins.parameters)
-    update = parameters_to_ndarrays(fit_res.parameters)
+    reference = parameter_views(fit_ins.parameters)  # read, never written: no copies
+    update = parameter_views(fit_res.parameters)
     max_norm = config.get(MAX_NORM_KEY)
     problem = update_problem(update, reference, float(max_norm) if max_norm else None)
     if problem is not None:

@@ -11,6 +11,7 @@ import hashlib
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
+from fedweave.flower_patches import secagg_masks
 from fedweave.flower_patches.secagg_masks import (
     FAST_MODULUS,
     _make_prg,
@@ -45,15 +46,50 @@ def test_quantize_flat_rounds_without_bias():
     assert abs(float(rounded.mean()) - 0.25) < 0.01
 
 
-def test_keystream_is_aes256_ctr_keyed_by_the_seed_digest():
+def _whole_vector_quantize(parameters, clipping_range, target_range):
+    """``quantize_flat`` as it was written before it went a part at a time (issue 36): the
+    update in float64 whole, its digest, all its noise in one draw."""
+    scaled = np.concatenate([np.ravel(array) for array in parameters], dtype=np.float64)
+    digest = hashlib.blake2b(scaled.data, digest_size=16).digest()
+    noise = np.random.default_rng(int.from_bytes(digest, "big")).random(scaled.size)
+    np.clip(scaled, -clipping_range, clipping_range, out=scaled)
+    scaled += clipping_range
+    scaled *= target_range / (2 * clipping_range)
+    rounded = np.floor(scaled)
+    scaled -= rounded
+    rounded += noise < scaled
+    return rounded.astype(np.uint32)
+
+
+def test_quantizing_a_part_at_a_time_gives_the_whole_vectors_values(monkeypatch):
+    """Seeded runs repeat their recorded numbers: the digest, the noise and every rounded
+    value are those of the whole-vector computation, for parts that split arrays and span
+    them, a Fortran-ordered array and a 0-d one among them."""
+    rng = np.random.default_rng(4)
+    update = [
+        (3 * rng.normal(size=(13, 7))).astype(np.float32),
+        np.asfortranarray(rng.normal(size=(6, 9)).astype(np.float32)),
+        rng.normal(size=()),
+        (20 * rng.normal(size=50)).astype(np.float32),  # clipped, some of it
+    ]
+    expected = _whole_vector_quantize(update, 8.0, 2**22)
+    for chunk in (1, 7, 64, 10_000):
+        monkeypatch.setattr(secagg_masks, "QUANTIZE_CHUNK", chunk)
+        got = quantize_flat(update, 8.0, 2**22)[0]
+        assert got.dtype == np.uint32 and np.array_equal(got, expected), chunk
+
+
+def test_keystream_is_aes256_ctr_keyed_by_the_seed_digest(monkeypatch):
     seed = bytes(range(32))
-    stream = keystream_uint32(seed, 1001)
-    assert stream.dtype == np.uint32 and stream.size == 1001
     key = hashlib.sha256(seed).digest()
     expected = Cipher(algorithms.AES(key), modes.CTR(b"\0" * 16)).encryptor().update(
         bytes(4 * 1001)
     )
-    assert stream.tobytes() == expected
+    for chunk in (4, 5, 256, 1 << 20):  # encrypted into the result a part at a time
+        monkeypatch.setattr(secagg_masks, "_ZEROS", memoryview(bytes(4 * chunk)))
+        stream = keystream_uint32(seed, 1001)
+        assert stream.dtype == np.uint32 and stream.size == 1001
+        assert stream.tobytes() == expected, chunk
     assert not np.array_equal(stream, keystream_uint32(b"another seed", 1001))
 
 

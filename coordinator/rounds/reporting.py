@@ -32,6 +32,7 @@ from flwr.server import ClientManager
 from flwr.server.strategy import FedAdam, FedAvg, FedProx, FedYogi, Strategy
 
 from fedweave.bulk.array_parts import HeldUpdate, UpdateInMemory, UpdateSource
+from fedweave.bulk.records import parameter_views
 from fedweave.contract import (
     CLIPPED_FRACTION_METRIC,
     COMPRESSION_METRIC,
@@ -127,17 +128,6 @@ def _weighed_equally(
     return [
         (proxy, FitRes(res.status, res.parameters, 1, res.metrics)) for proxy, res in results
     ]
-
-
-def parameter_views(parameters: Parameters) -> list[np.ndarray]:
-    """Flower's ``parameters_to_ndarrays`` without the copy: read-only arrays viewing the
-    bytes of ``parameters`` (the global model the workflow keeps anyway)."""
-    from fedweave.bulk.records import BlobError, npy_array
-
-    try:
-        return [npy_array(np.frombuffer(tensor, np.uint8)) for tensor in parameters.tensors]
-    except BlobError:  # not NumPy's format: Flower's reader says why
-        return parameters_to_ndarrays(parameters)
 
 
 def _serialised(arrays: Iterator[np.ndarray]) -> Parameters:

@@ -253,6 +253,18 @@ def npy_array(raw: np.ndarray) -> np.ndarray:
         raise BlobError("an array's bytes do not match its header") from None
 
 
+def parameter_views(parameters: Any) -> list[np.ndarray]:
+    """Flower's ``parameters_to_ndarrays`` of the legacy ``Parameters`` without the copy:
+    read-only arrays viewing its bytes (a global model or an update a process keeps anyway);
+    Flower's reader where they are not NumPy's format (it says why)."""
+    from flwr.common import parameters_to_ndarrays
+
+    try:
+        return [npy_array(np.frombuffer(tensor, np.uint8)) for tensor in parameters.tensors]
+    except BlobError:
+        return parameters_to_ndarrays(parameters)
+
+
 def _npy_header(prefix: bytes, nbytes: int) -> tuple[int, tuple[int, ...], bool, np.dtype]:
     """The ``.npy`` header at the start of ``prefix`` (the first bytes of an array's ``nbytes``
     bytes): where its values start, its shape, whether they are in Fortran order, its dtype.

@@ -28,14 +28,32 @@ FAST_MODULUS = 2**32
 _CTR_SLACK = 15
 
 
+QUANTIZE_CHUNK = 1 << 20
+"""Values masked or quantized at a time (4 MB of keystream input, 8 MB of float64)."""
+_ZEROS = memoryview(bytes(4 * QUANTIZE_CHUNK))
+
+
 def keystream_uint32(seed: bytes, count: int) -> np.ndarray:
-    """``count`` uint32 values from AES-256-CTR keyed by SHA-256(seed), counter from zero."""
+    """``count`` uint32 values from AES-256-CTR keyed by SHA-256(seed), counter from zero;
+    encrypted into the result a part at a time (no input of the stream's size beside it)."""
     key = hashlib.sha256(seed).digest()
     encryptor = Cipher(algorithms.AES(key), modes.CTR(b"\0" * 16)).encryptor()
     out = bytearray(4 * count + _CTR_SLACK)  # update_into wants a block's slack
-    written = encryptor.update_into(bytes(4 * count), out)
+    view, written = memoryview(out), 0
+    while written < 4 * count:
+        written += encryptor.update_into(_ZEROS[: min(len(_ZEROS), 4 * count - written)],
+                                         view[written:])  # fmt: skip
     encryptor.finalize()
-    return np.frombuffer(out, dtype=np.uint32, count=written // 4)
+    return np.frombuffer(out, dtype=np.uint32, count=count)
+
+
+def _float64_parts(parameters: list[np.ndarray]):
+    """The values of ``parameters``, raveled and concatenated, as fresh float64 arrays of at
+    most ``QUANTIZE_CHUNK`` values, in order."""
+    for array in parameters:
+        flat = np.ravel(array)
+        for start in range(0, flat.size, QUANTIZE_CHUNK):
+            yield flat[start : start + QUANTIZE_CHUNK].astype(np.float64)
 
 
 def quantize_flat(
@@ -45,19 +63,27 @@ def quantize_flat(
 
     The rounding noise is drawn from a generator seeded by a digest of the update itself:
     still unbiased, but the same update rounds the same way, so a seeded run repeats
-    (Flower draws it from NumPy's global state, which no site seeds).
+    (Flower draws it from NumPy's global state, which no site seeds). Both the digest and
+    the rounding go a part at a time: the site holds the uint32 vector and a few MB, not
+    the update in float64 with its noise (seven times the vector).
     """
-    scaled = np.concatenate([np.ravel(array) for array in parameters], dtype=np.float64)
     # the digest of the float64 values, as ever: seeded runs repeat their recorded numbers
-    digest = hashlib.blake2b(scaled.data, digest_size=16).digest()
-    noise = np.random.default_rng(int.from_bytes(digest, "big")).random(scaled.size)
-    np.clip(scaled, -clipping_range, clipping_range, out=scaled)
-    scaled += clipping_range
-    scaled *= target_range / (2 * clipping_range)
-    rounded = np.floor(scaled)
-    scaled -= rounded  # the fraction left: round up with that probability
-    rounded += noise < scaled
-    return [rounded.astype(np.uint32)]
+    hasher = hashlib.blake2b(digest_size=16)
+    for part in _float64_parts(parameters):
+        hasher.update(part.data)
+    noise = np.random.default_rng(int.from_bytes(hasher.digest(), "big"))
+    out = np.empty(sum(int(np.size(array)) for array in parameters), dtype=np.uint32)
+    at = 0
+    for scaled in _float64_parts(parameters):
+        np.clip(scaled, -clipping_range, clipping_range, out=scaled)
+        scaled += clipping_range
+        scaled *= target_range / (2 * clipping_range)
+        rounded = np.floor(scaled)
+        scaled -= rounded  # the fraction left: round up with that probability
+        rounded += noise.random(scaled.size) < scaled
+        out[at : at + scaled.size] = rounded
+        at += scaled.size
+    return [out]
 
 
 def _make_prg(original):

@@ -122,8 +122,10 @@ def masked_sum(total: list[np.ndarray] | None, vector: UpdateSource) -> list[np.
 
 def as_sum(vector: Sequence[np.ndarray]) -> list[np.ndarray]:
     """Flower's summed vector (``state.aggregate_ndarrays``, its integers of any width) as the
-    writable, C-ordered uint32 arrays ``add_keystream`` works in (values modulo 2^32)."""
-    return [np.ascontiguousarray(array).astype(np.uint32) for array in vector]
+    writable, C-ordered uint32 arrays ``add_keystream`` works in (values modulo 2^32): the
+    arrays themselves where they are that already (``masked_sum``'s)."""
+    arrays = [np.ascontiguousarray(array).astype(np.uint32, copy=False) for array in vector]
+    return [array if array.flags.writeable else array.copy() for array in arrays]
 
 
 def _npy_bytes(parts: Iterator[np.ndarray], dtype: np.dtype, shape: tuple[int, ...]) -> bytes:

@@ -387,6 +387,7 @@ def train_epochs(
             if part:
                 loss_sum += reported.detach().float() * part
                 scorer.add(outputs.detach().float(), yb)
+    optimizer.zero_grad(set_to_none=True)  # the last step's gradients: a model's worth kept
     if world > 1:  # the site's loss over every process's examples
         import torch.distributed as dist
 
