@@ -63,7 +63,7 @@ from fedweave.learning.statistics import bound_problem, decode_known, digest, ne
 from fedweave.learning.task import Task
 from fedweave.learning.tasks import load_task
 from fedweave.learning.training import TrainConfig
-from fedweave.learning.weights import get_weights, set_weights
+from fedweave.learning.weights import adopt_weights, adopts_weights, get_weights, weights_view
 
 if TYPE_CHECKING:
     from fedweave.learning.site_processes import SiteProcesses
@@ -371,7 +371,12 @@ class TaskClient(NumPyClient):
                     "ones are kept (a lower --lr may help)"
                 )
             self.site_layers.save(self.model)
-        return get_weights(self.model), count_as_sent(len(data), config), metrics
+        # read out without a copy where the next load gives the model new tensors anyway:
+        # Flower serialises the reply from them before anything else runs
+        weights = (
+            weights_view(self.model) if adopts_weights(self.model) else get_weights(self.model)
+        )
+        return weights, count_as_sent(len(data), config), metrics
 
     def _refuse_what_processes_cannot(self, config: dict) -> None:
         """A site training across processes refuses, before it loads anything for them, the
@@ -526,7 +531,7 @@ class TaskClient(NumPyClient):
     def _load_global(self, parameters: list[np.ndarray]) -> None:
         """The round's global model into this site's; refused when the two models differ."""
         try:
-            set_weights(self.model, parameters)
+            adopt_weights(self.model, parameters)  # Flower decoded them for this load alone
         except (ValueError, RuntimeError) as exc:
             problem = str(exc).strip().splitlines()[-1][:160]
             raise SiteRefusal(

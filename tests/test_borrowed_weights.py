@@ -69,3 +69,56 @@ def test_central_evaluation_scores_each_global_model_as_a_model_holding_it_would
         holder = task.build_model()
         weights = _read_only(get_weights(holder))
         assert evaluate(weights) == task.evaluate(holder, data, config)
+
+
+class _Tied(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(6, 4)
+        self.out = nn.Linear(4, 6, bias=False)
+        self.out.weight = self.embed.weight  # one tensor, two names
+
+    def forward(self, x):
+        return self.out(self.embed(x))
+
+
+def test_a_site_takes_over_the_decoded_arrays_and_reads_its_model_out_without_a_copy():
+    """A site's model (``adopt_weights``) takes over the memory of the arrays Flower decoded
+    for it, converting only what it must (read-only, another dtype), and what it reads out
+    without a copy (``weights_view``) keeps its values through the next load and the
+    training after it. Tied weights stay tied (copied into); a wrong shape is refused."""
+    from fedweave.learning.data import ArrayData
+    from fedweave.learning.training import train_epochs
+    from fedweave.learning.weights import adopt_weights, adopts_weights, weights_view
+
+    torch.manual_seed(1)
+    model = _WithBuffers()
+    arrays = get_weights(model)  # fresh, writable, the model's dtypes (0-d int64 among them)
+    for array in arrays:
+        array += 1
+    adopt_weights(model, arrays)
+    pointers = [t.data_ptr() for t in model.state_dict().values()]
+    assert pointers == [a.ctypes.data for a in arrays]  # no copy
+    assert all(torch.equal(t, torch.from_numpy(a)) for t, a in
+               zip(model.state_dict().values(), arrays))  # fmt: skip
+
+    trained = weights_view(model)
+    kept = [w.copy() for w in trained]
+    assert [w.ctypes.data for w in trained] == pointers
+    others = _read_only([w * 2 for w in get_weights(model)])
+    others[0] = others[0].astype(np.float64)  # another dtype: converted
+    adopt_weights(model, others)
+    assert all(t.data_ptr() not in pointers for t in model.state_dict().values())
+    assert model.state_dict()["norm.weight"].dtype == torch.float32
+    data = ArrayData(np.random.default_rng(0).normal(size=(16, 4)).astype(np.float32),
+                     np.arange(16) % 2)  # fmt: skip
+    train_epochs(model, data, TrainConfig(epochs=1, batch_size=4, lr=0.5))
+    assert all(np.array_equal(a, b) for a, b in zip(trained, kept))  # untouched by both
+    assert all(p.grad is None for p in model.parameters())  # the last gradients let go
+
+    tied = _Tied()
+    assert not adopts_weights(tied)
+    adopt_weights(tied, [w + 1 for w in get_weights(tied)])
+    assert tied.out.weight is tied.embed.weight
+    with pytest.raises(ValueError, match="size mismatch"):
+        adopt_weights(model, [np.zeros((3, 3), np.float32)] + get_weights(model)[1:])

@@ -43,6 +43,54 @@ def set_weights(model: nn.Module, weights: list[np.ndarray]) -> None:
     model.load_state_dict(state, strict=True)
 
 
+def adopt_weights(model: nn.Module, weights: list[np.ndarray]) -> None:
+    """Load ``weights`` into ``model`` as ``set_weights`` does, taking over each array's memory
+    where it can (writable, C-ordered and of the tensor's dtype: the arrays Flower decoded
+    from a message for this load alone) instead of copying it. Either way the model's
+    tensors are new ones, never the memory it held before, so arrays read out of it without
+    a copy (``weights_view``) keep their values. A model that defines its own state, or whose
+    tensors share memory (tied weights, which new tensors would untie), is loaded by
+    ``set_weights``. ``ValueError`` where the number of tensors or a shape differs."""
+    if not adopts_weights(model):
+        set_weights(model, weights)
+        return
+    own = model.state_dict()
+    if len(own) != len(weights):
+        raise ValueError(f"model has {len(own)} tensors but {len(weights)} were given")
+    state = OrderedDict()
+    for (key, tensor), array in zip(own.items(), weights):
+        array = np.asarray(array)
+        if tuple(array.shape) != tuple(tensor.shape):
+            raise ValueError(
+                f"size mismatch for {key}: {tuple(array.shape)} given, {tuple(tensor.shape)} "
+                "in this model"
+            )
+        flags = array.flags
+        if not (flags.writeable and flags.c_contiguous and flags.aligned):
+            array = np.array(array, order="C")
+        taken = torch.from_numpy(array)
+        state[key] = taken if taken.dtype == tensor.dtype else taken.to(tensor.dtype)
+    model.load_state_dict(state, strict=True, assign=True)
+
+
+def adopts_weights(model: nn.Module) -> bool:
+    """Whether ``adopt_weights`` gives ``model`` new tensors (its state is PyTorch's own and
+    no two of its tensors share memory) rather than copying into the ones it has."""
+    stored = [tensor.data_ptr() for tensor in model.state_dict().values() if tensor.numel()]
+    return _plain_state(model) and len(set(stored)) == len(stored)
+
+
+def weights_view(model: nn.Module) -> list[np.ndarray]:
+    """``get_weights`` without the copy where the model's tensors are in CPU memory: arrays
+    over that memory, for a caller that reads them before the model changes (serialising a
+    reply). The next ``adopt_weights`` gives the model new tensors, so they keep their
+    values; training the model in place would change them."""
+    return [
+        tensor.detach().numpy() if tensor.device.type == "cpu" else tensor.detach().cpu().numpy()
+        for tensor in model.state_dict().values()
+    ]
+
+
 @contextlib.contextmanager
 def borrowed_weights(model: nn.Module, weights: list[np.ndarray]) -> Iterator[nn.Module]:
     """``model`` holding ``weights`` without a copy of them (its parameters and persistent
