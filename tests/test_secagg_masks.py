@@ -82,8 +82,8 @@ def test_quantizing_a_part_at_a_time_gives_the_whole_vectors_values(monkeypatch)
 def test_keystream_is_aes256_ctr_keyed_by_the_seed_digest(monkeypatch):
     seed = bytes(range(32))
     key = hashlib.sha256(seed).digest()
-    expected = Cipher(algorithms.AES(key), modes.CTR(b"\0" * 16)).encryptor().update(
-        bytes(4 * 1001)
+    expected = (
+        Cipher(algorithms.AES(key), modes.CTR(b"\0" * 16)).encryptor().update(bytes(4 * 1001))
     )
     for chunk in (4, 5, 256, 1 << 20):  # encrypted into the result a part at a time
         monkeypatch.setattr(secagg_masks, "_ZEROS", memoryview(bytes(4 * chunk)))
@@ -119,3 +119,49 @@ def test_unflatten_restores_the_model_shapes_and_dtypes():
     assert [b.dtype for b in back] == [np.float32, np.float64]
     assert back[1].tolist() == [6.0, 7.0, 8.0, 9.0]
     assert unflatten(flat, like[:1]) is flat  # not a flat aggregate of these shapes
+
+
+def test_the_sites_masking_steps_in_place_give_flowers_values_and_dtypes():
+    """The site's ``_collect_masked_vectors`` steps, done into the vector it makes: the same
+    values and dtypes as Flower's functions, and no new vector where the dtype allows."""
+    from flwr.common.secure_aggregation.ndarrays_arithmetic import (
+        parameters_addition,
+        parameters_mod,
+        parameters_multiply,
+        parameters_subtraction,
+    )
+
+    from fedweave.flower_patches.secagg_masks import (
+        added_in_place,
+        modulo_in_place,
+        multiplied_in_place,
+        subtracted_in_place,
+    )
+
+    rng = np.random.default_rng(5)
+
+    def vector():  # the weight factor and one flat vector, as a site masks them
+        return [np.array([2**31 + 5], np.int64), rng.integers(0, 2**32, 500, dtype=np.uint32)]
+
+    mask = [a.astype(np.uint32) for a in vector()]
+    update = [rng.normal(size=(4, 3)).astype(np.float32), np.array(7, np.int64), rng.normal(size=5)]
+    cases = [
+        (parameters_multiply, multiplied_in_place, lambda: [a.copy() for a in update], 0.37),
+        (parameters_addition, added_in_place, vector, mask),
+        (parameters_subtraction, subtracted_in_place, vector, mask),
+        (parameters_mod, modulo_in_place, vector, 2**32),
+        (parameters_mod, modulo_in_place, vector, 3 * 2**20),  # not a power of two
+    ]
+    for flowers, ours, make, other in cases:
+        state = rng.bit_generator.state
+        expected = flowers(make(), other)
+        rng.bit_generator.state = state
+        given = make()
+        got = ours(given, other)
+        for g, e in zip(got, expected):
+            assert g.dtype == e.dtype and np.array_equal(g, e), (ours.__name__, g.dtype)
+        in_place = [g is a for g, a in zip(got, given)]
+        if ours is multiplied_in_place:  # the floats; an int array times a float is a float
+            assert in_place == [True, False, True]
+        else:  # a modulo not a power of two is Flower's own
+            assert all(in_place) == (other != 3 * 2**20), ours.__name__

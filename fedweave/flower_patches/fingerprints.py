@@ -117,6 +117,11 @@ WRAPPED: dict[str, dict[str, str]] = {
         # collect stage, which reads it there, is secagg_stages')
         f"{_SECAGG_MOD}:_collect_masked_vectors": "d638fe6563407bc1",
         f"{_SECAGG_MOD}:secaggplus_mod": "cc0e7d467b4de166",
+        # the steps of _collect_masked_vectors done in place (the same values)
+        f"{_SECAGG_ARITHMETIC}:parameters_multiply": "6481cbf27c3be9ec",
+        f"{_SECAGG_ARITHMETIC}:parameters_addition": "ea390ddeeb2a1ed5",
+        f"{_SECAGG_ARITHMETIC}:parameters_subtraction": "4bbda8831c47c180",
+        f"{_SECAGG_ARITHMETIC}:parameters_mod": "5c280c923a2336c9",
     },
     "secagg_crypto": {
         f"{_SECAGG_MOD}:create_shares": "d922b6370cd57ff1",

@@ -10,6 +10,11 @@ helpers, and the server's unmasking in the second:
 - ``quantize`` returns one int32 array per tensor, which the masking then repeats per tensor
   and promotes to int64. Here: one flat uint32 vector, so masking is a few vectorized passes
   and uint32 wrap-around *is* the modulo-2^32 reduction.
+- The site's ``_collect_masked_vectors`` makes a new vector at every step (the update times
+  its weight, each mask added, the modulo). Here each step writes into the vector it made
+  (``added_in_place`` and its kin: the same values, the same dtypes), and quantization and
+  mask generation go a part at a time: the site holds its update, the masked vector and one
+  mask, not five models' worth (issue 36).
 
 Both sides must agree, so the site (``secaggplus_mod``) and the coordinator
 (``SecAggPlusWorkflow``) install the same replacements; the coordinator folds the flat
@@ -101,6 +106,44 @@ def _make_prg(original):
     return pseudo_rand_gen
 
 
+def multiplied_in_place(parameters: list[np.ndarray], multiplier: float) -> list[np.ndarray]:
+    """Flower's ``parameters_multiply`` for arrays the caller owns: each array of the dtype
+    the product has (a float one) is multiplied in place, any other as Flower does."""
+    return [
+        np.multiply(array, multiplier, out=array)
+        if array.flags.writeable and np.result_type(array, multiplier) == array.dtype
+        else array * multiplier
+        for array in parameters
+    ]
+
+
+def added_in_place(first: list[np.ndarray], second: list[np.ndarray]) -> list[np.ndarray]:
+    """Flower's ``parameters_addition`` into ``first``, which the caller owns (a masked
+    vector being made): the same values, no new vector beside it."""
+    return [_in_place(np.add, a, b) for a, b in zip(first, second)]
+
+
+def subtracted_in_place(first: list[np.ndarray], second: list[np.ndarray]) -> list[np.ndarray]:
+    """Flower's ``parameters_subtraction`` into ``first`` (see ``added_in_place``)."""
+    return [_in_place(np.subtract, a, b) for a, b in zip(first, second)]
+
+
+def modulo_in_place(parameters: list[np.ndarray], divisor: int) -> list[np.ndarray]:
+    """Flower's ``parameters_mod`` in place for a power-of-two divisor (its mask, ``&``)."""
+    if bin(divisor).count("1") != 1:
+        return [array % divisor for array in parameters]
+    return [_in_place(np.bitwise_and, array, divisor - 1) for array in parameters]
+
+
+def _in_place(operation, first: np.ndarray, second) -> np.ndarray:
+    """``operation(first, second)`` written into ``first`` where the result has its dtype
+    and shape (as Flower's would), else a new array as Flower makes."""
+    fits = np.ndim(second) == 0 or np.shape(second) == first.shape
+    if fits and first.flags.writeable and np.result_type(first, second) == first.dtype:
+        return operation(first, second, out=first)
+    return operation(first, second)
+
+
 def install() -> None:
     """Swap the helpers into Flower's SecAgg+ modules (the version guard and idempotence are
     the caller's: ``fedweave.flower_patches.use_fedweave_secagg``)."""
@@ -114,6 +157,11 @@ def install() -> None:
 
     secaggplus_mod.quantize = quantize_flat
     secaggplus_mod.pseudo_rand_gen = _make_prg(secaggplus_mod.pseudo_rand_gen)
+    # the site's _collect_masked_vectors, its only user there, owns the vectors it makes
+    secaggplus_mod.parameters_multiply = multiplied_in_place
+    secaggplus_mod.parameters_addition = added_in_place
+    secaggplus_mod.parameters_subtraction = subtracted_in_place
+    secaggplus_mod.parameters_mod = modulo_in_place
     secaggplus_workflow.pseudo_rand_gen = _make_prg(secaggplus_workflow.pseudo_rand_gen)
 
 
