@@ -149,8 +149,9 @@ def unmasked_tensors(
     """The dequantized weighted mean in the unmasked, summed ``vector`` (its first array's
     first value the sum of the sites' quantized weights, the rest the weights), as the
     ``.npy`` bytes of Flower's ``unmask_stage``: arrays of the vector's shapes in float64;
-    or, given ``like`` (the global model's shapes and floating dtypes, whose sizes add up to
-    the vector's), arrays of those shapes and dtypes, each value cast once from Flower's."""
+    or, given ``like`` (the global model's shapes and dtypes, whose sizes add up to the
+    vector's), arrays of those shapes and dtypes, each value cast once from Flower's (what
+    ``secagg_masks.unflatten`` and the reporting strategy's cast made of Flower's)."""
     q_total_ratio = vector[0][0]  # Flower's factor_extract
     weights = vector[1:]
     inv_dq_total_ratio = quantization_range / q_total_ratio
