@@ -121,9 +121,11 @@ def test_unflatten_restores_the_model_shapes_and_dtypes():
     assert unflatten(flat, like[:1]) is flat  # not a flat aggregate of these shapes
 
 
-def test_the_sites_masking_steps_in_place_give_flowers_values_and_dtypes():
+def test_the_sites_masking_steps_in_place_give_flowers_values_and_dtypes(monkeypatch):
     """The site's ``_collect_masked_vectors`` steps, done into the vector it makes: the same
-    values and dtypes as Flower's functions, and no new vector where the dtype allows."""
+    values and dtypes as Flower's functions, and no new vector where the dtype allows. Its
+    masks (``_make_lazy_prg``: ``MaskPart`` s) are generated where they are added, a part
+    at a time; its update is scaled where it is quantized (``ScaledArray``)."""
     from flwr.common.secure_aggregation.ndarrays_arithmetic import (
         parameters_addition,
         parameters_mod,
@@ -132,36 +134,52 @@ def test_the_sites_masking_steps_in_place_give_flowers_values_and_dtypes():
     )
 
     from fedweave.flower_patches.secagg_masks import (
+        MaskPart,
+        _make_lazy_prg,
         added_in_place,
         modulo_in_place,
-        multiplied_in_place,
+        scaled_lazily,
         subtracted_in_place,
     )
 
+    monkeypatch.setattr(secagg_masks, "QUANTIZE_CHUNK", 7)  # every part edge crossed
     rng = np.random.default_rng(5)
 
     def vector():  # the weight factor and one flat vector, as a site masks them
         return [np.array([2**31 + 5], np.int64), rng.integers(0, 2**32, 500, dtype=np.uint32)]
 
-    mask = [a.astype(np.uint32) for a in vector()]
-    update = [rng.normal(size=(4, 3)).astype(np.float32), np.array(7, np.int64), rng.normal(size=5)]
+    shapes = [(1,), (500,)]
+    eager = _make_prg(lambda *a: None)(b"s" * 32, FAST_MODULUS, shapes)
+    lazy = _make_lazy_prg(lambda *a: None)(b"s" * 32, FAST_MODULUS, shapes)
+    assert [type(m) for m in lazy] == [MaskPart, MaskPart]
+    assert all(np.array_equal(m.whole(), e) for m, e in zip(lazy, eager))
     cases = [
-        (parameters_multiply, multiplied_in_place, lambda: [a.copy() for a in update], 0.37),
-        (parameters_addition, added_in_place, vector, mask),
-        (parameters_subtraction, subtracted_in_place, vector, mask),
-        (parameters_mod, modulo_in_place, vector, 2**32),
-        (parameters_mod, modulo_in_place, vector, 3 * 2**20),  # not a power of two
+        (parameters_addition, added_in_place, vector, eager, lazy),
+        (parameters_subtraction, subtracted_in_place, vector, eager, lazy),
+        (parameters_mod, modulo_in_place, vector, 2**32, 2**32),
+        (parameters_mod, modulo_in_place, vector, 3 * 2**20, 3 * 2**20),  # not a power of 2
     ]
-    for flowers, ours, make, other in cases:
+    for flowers, ours, make, theirs, other in cases:
         state = rng.bit_generator.state
-        expected = flowers(make(), other)
+        expected = flowers(make(), theirs)
         rng.bit_generator.state = state
         given = make()
         got = ours(given, other)
         for g, e in zip(got, expected):
             assert g.dtype == e.dtype and np.array_equal(g, e), (ours.__name__, g.dtype)
         in_place = [g is a for g, a in zip(got, given)]
-        if ours is multiplied_in_place:  # the floats; an int array times a float is a float
-            assert in_place == [True, False, True]
-        else:  # a modulo not a power of two is Flower's own
-            assert all(in_place) == (other != 3 * 2**20), ours.__name__
+        assert all(in_place) == (other != 3 * 2**20), ours.__name__  # that modulo: Flower's
+    read_only = [np.frombuffer(a.tobytes(), a.dtype) for a in vector()]
+    np.testing.assert_array_equal(added_in_place(read_only, lazy)[1],
+                                  parameters_addition(read_only, eager)[1])  # fmt: skip
+
+    # scaled where quantized: Flower's product in each array's dtype, an int one included
+    update = [
+        (3 * rng.normal(size=(4, 3))).astype(np.float32),
+        np.array(7, np.int64),
+        np.asfortranarray(rng.normal(size=(3, 5))),
+    ]
+    factor = 0.37
+    expected = _whole_vector_quantize(parameters_multiply(update, factor), 8.0, 2**22)
+    got = quantize_flat(scaled_lazily(update, factor), 8.0, 2**22)[0]
+    assert got.dtype == np.uint32 and np.array_equal(got, expected)

@@ -117,7 +117,10 @@ WRAPPED: dict[str, dict[str, str]] = {
         # collect stage, which reads it there, is secagg_stages')
         f"{_SECAGG_MOD}:_collect_masked_vectors": "d638fe6563407bc1",
         f"{_SECAGG_MOD}:secaggplus_mod": "cc0e7d467b4de166",
-        # the steps of _collect_masked_vectors done in place (the same values)
+        # the steps of _collect_masked_vectors done in place (the same values): its update
+        # read where its bytes lie, scaled as it is quantized, each mask added a part at a time
+        "flwr.compat.common.parameter:parameters_to_ndarrays": "69a0e67ab5746d02",
+        "flwr.compat.common.parameter:bytes_to_ndarray": "6038dd1205aa7c37",
         f"{_SECAGG_ARITHMETIC}:parameters_multiply": "6481cbf27c3be9ec",
         f"{_SECAGG_ARITHMETIC}:parameters_addition": "ea390ddeeb2a1ed5",
         f"{_SECAGG_ARITHMETIC}:parameters_subtraction": "4bbda8831c47c180",

@@ -10,11 +10,13 @@ helpers, and the server's unmasking in the second:
 - ``quantize`` returns one int32 array per tensor, which the masking then repeats per tensor
   and promotes to int64. Here: one flat uint32 vector, so masking is a few vectorized passes
   and uint32 wrap-around *is* the modulo-2^32 reduction.
-- The site's ``_collect_masked_vectors`` makes a new vector at every step (the update times
-  its weight, each mask added, the modulo). Here each step writes into the vector it made
-  (``added_in_place`` and its kin: the same values, the same dtypes), and quantization and
-  mask generation go a part at a time: the site holds its update, the masked vector and one
-  mask, not five models' worth (issue 36).
+- The site's ``_collect_masked_vectors`` decodes its update, then makes a new vector at
+  every step (the update times its weight, each mask whole, each mask added, the modulo).
+  Here the update is read where its reply's bytes lie, scaled as it is quantized
+  (``ScaledArray``), each mask generated and added into the vector a part at a time
+  (``MaskPart``, ``added_in_place``) and the modulo taken in place: the same values and
+  dtypes, and the site holds the update's bytes and the masked vector, not six models'
+  worth (issue 36).
 
 Both sides must agree, so the site (``secaggplus_mod``) and the coordinator
 (``SecAggPlusWorkflow``) install the same replacements; the coordinator folds the flat
@@ -25,12 +27,14 @@ fast path; any other modulus keeps Flower's own code.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 FAST_MODULUS = 2**32
 _CTR_SLACK = 15
+_AES_BLOCK_VALUES = 4  # uint32 values in one 16-byte AES block
 
 
 QUANTIZE_CHUNK = 1 << 20
@@ -52,17 +56,67 @@ def keystream_uint32(seed: bytes, count: int) -> np.ndarray:
     return np.frombuffer(out, dtype=np.uint32, count=count)
 
 
-def _float64_parts(parameters: list[np.ndarray]):
-    """The values of ``parameters``, raveled and concatenated, as fresh float64 arrays of at
-    most ``QUANTIZE_CHUNK`` values, in order."""
+def keystream_part(seed: bytes, start: int, count: int) -> np.ndarray:
+    """Values ``start`` to ``start + count`` of ``keystream_uint32(seed, ...)``, without the
+    values before them (CTR mode: the counter block of value ``start`` is its AES block's
+    index)."""
+    key = hashlib.sha256(seed).digest()
+    block, skip = divmod(start, _AES_BLOCK_VALUES)
+    encryptor = Cipher(algorithms.AES(key), modes.CTR(block.to_bytes(16, "big"))).encryptor()
+    nbytes = 4 * (skip + count)
+    out = bytearray(nbytes + _CTR_SLACK)
+    encryptor.update_into(bytes(nbytes), out)
+    encryptor.finalize()
+    return np.frombuffer(out, dtype=np.uint32, count=count, offset=4 * skip)
+
+
+@dataclass(frozen=True)
+class ScaledArray:
+    """Flower's ``parameters_multiply`` of one array, not yet computed: ``array * factor``
+    is taken a part at a time where it is read (``quantize_flat``), with the same operation,
+    so the site never holds the product whole."""
+
+    array: np.ndarray
+    factor: float
+
+
+def scaled_lazily(parameters: list[np.ndarray], multiplier: float) -> list[ScaledArray]:
+    """The site's ``parameters_multiply``: each array times ``multiplier``, when read."""
+    return [ScaledArray(np.asarray(array), multiplier) for array in parameters]
+
+
+@dataclass(frozen=True)
+class MaskPart:
+    """One array's share of a fedweave mask, not yet generated: values ``offset`` on of the
+    keystream of ``seed``, in ``shape``; added or subtracted a part at a time where it is
+    used (``added_in_place``), so the site never holds the mask whole."""
+
+    seed: bytes
+    offset: int
+    shape: tuple[int, ...]
+
+    def whole(self) -> np.ndarray:
+        count = int(np.prod(self.shape)) if len(self.shape) else 1
+        return keystream_part(self.seed, self.offset, count).reshape(self.shape)
+
+
+def _float64_parts(parameters: list[np.ndarray | ScaledArray]):
+    """The values of ``parameters`` (scaled where they are ``ScaledArray``), raveled and
+    concatenated, as fresh float64 arrays of at most ``QUANTIZE_CHUNK`` values, in order."""
     for array in parameters:
+        factor = None
+        if isinstance(array, ScaledArray):
+            array, factor = array.array, array.factor
         flat = np.ravel(array)
         for start in range(0, flat.size, QUANTIZE_CHUNK):
-            yield flat[start : start + QUANTIZE_CHUNK].astype(np.float64)
+            part = flat[start : start + QUANTIZE_CHUNK]
+            if factor is not None:
+                part = part * factor  # Flower's product, in the array's own dtype
+            yield part.astype(np.float64)
 
 
 def quantize_flat(
-    parameters: list[np.ndarray], clipping_range: float, target_range: int
+    parameters: list[np.ndarray | ScaledArray], clipping_range: float, target_range: int
 ) -> list[np.ndarray]:
     """Flower's stochastic quantization, into one flat uint32 vector (as a one-item list).
 
@@ -77,7 +131,8 @@ def quantize_flat(
     for part in _float64_parts(parameters):
         hasher.update(part.data)
     noise = np.random.default_rng(int.from_bytes(hasher.digest(), "big"))
-    out = np.empty(sum(int(np.size(array)) for array in parameters), dtype=np.uint32)
+    sizes = [np.size(a.array if isinstance(a, ScaledArray) else a) for a in parameters]
+    out = np.empty(int(sum(sizes)), dtype=np.uint32)
     at = 0
     for scaled in _float64_parts(parameters):
         np.clip(scaled, -clipping_range, clipping_range, out=scaled)
@@ -106,15 +161,20 @@ def _make_prg(original):
     return pseudo_rand_gen
 
 
-def multiplied_in_place(parameters: list[np.ndarray], multiplier: float) -> list[np.ndarray]:
-    """Flower's ``parameters_multiply`` for arrays the caller owns: each array of the dtype
-    the product has (a float one) is multiplied in place, any other as Flower does."""
-    return [
-        np.multiply(array, multiplier, out=array)
-        if array.flags.writeable and np.result_type(array, multiplier) == array.dtype
-        else array * multiplier
-        for array in parameters
-    ]
+def _make_lazy_prg(original):
+    """The site's ``pseudo_rand_gen``: ``_make_prg``'s masks as ``MaskPart`` s, generated
+    where ``added_in_place`` / ``subtracted_in_place`` use them (their only user there)."""
+
+    def pseudo_rand_gen(seed: bytes, num_range: int, dimensions_list: list[tuple[int, ...]]):
+        if num_range != FAST_MODULUS:
+            return original(seed, num_range, dimensions_list)
+        out, start = [], 0
+        for dims in dimensions_list:
+            out.append(MaskPart(seed, start, tuple(dims)))
+            start += int(np.prod(dims)) if len(dims) else 1
+        return out
+
+    return pseudo_rand_gen
 
 
 def added_in_place(first: list[np.ndarray], second: list[np.ndarray]) -> list[np.ndarray]:
@@ -137,7 +197,22 @@ def modulo_in_place(parameters: list[np.ndarray], divisor: int) -> list[np.ndarr
 
 def _in_place(operation, first: np.ndarray, second) -> np.ndarray:
     """``operation(first, second)`` written into ``first`` where the result has its dtype
-    and shape (as Flower's would), else a new array as Flower makes."""
+    and shape (as Flower's would), else a new array as Flower makes. A ``MaskPart`` is
+    generated and applied a part at a time."""
+    if isinstance(second, MaskPart):
+        if (
+            tuple(first.shape) == second.shape
+            and first.flags.writeable
+            and first.flags.c_contiguous
+            and np.result_type(first, np.uint32) == first.dtype
+        ):
+            flat = first.reshape(-1)
+            for start in range(0, flat.size, QUANTIZE_CHUNK):
+                stop = min(flat.size, start + QUANTIZE_CHUNK)
+                mask = keystream_part(second.seed, second.offset + start, stop - start)
+                operation(flat[start:stop], mask, out=flat[start:stop])
+            return first
+        second = second.whole()
     fits = np.ndim(second) == 0 or np.shape(second) == first.shape
     if fits and first.flags.writeable and np.result_type(first, second) == first.dtype:
         return operation(first, second, out=first)
@@ -155,10 +230,14 @@ def install() -> None:
         "flwr.server.workflow.secure_aggregation.secaggplus_workflow"
     )
 
+    from fedweave.bulk.records import parameter_views
+
     secaggplus_mod.quantize = quantize_flat
-    secaggplus_mod.pseudo_rand_gen = _make_prg(secaggplus_mod.pseudo_rand_gen)
-    # the site's _collect_masked_vectors, its only user there, owns the vectors it makes
-    secaggplus_mod.parameters_multiply = multiplied_in_place
+    # the site's _collect_masked_vectors, their only user there, owns the vectors it makes:
+    # its update read in place, scaled and masked as it is quantized and masked
+    secaggplus_mod.pseudo_rand_gen = _make_lazy_prg(secaggplus_mod.pseudo_rand_gen)
+    secaggplus_mod.parameters_to_ndarrays = parameter_views
+    secaggplus_mod.parameters_multiply = scaled_lazily
     secaggplus_mod.parameters_addition = added_in_place
     secaggplus_mod.parameters_subtraction = subtracted_in_place
     secaggplus_mod.parameters_mod = modulo_in_place

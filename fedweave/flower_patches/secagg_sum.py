@@ -30,21 +30,18 @@ against Flower's own stages.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import math
 from collections.abc import Iterator, Sequence
 
 import numpy as np
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from fedweave.bulk.array_parts import UpdateSource
 from fedweave.bulk.records import write_npy_header
-from fedweave.flower_patches.secagg_masks import FAST_MODULUS
+from fedweave.flower_patches.secagg_masks import FAST_MODULUS, keystream_part
 
 SUM_CHUNK = 1 << 20
 """Values of one array handled at a time (4 MB of uint32, 8 MB once dequantized)."""
-_AES_BLOCK_VALUES = 4  # uint32 values in one 16-byte AES block
 
 
 def streams(mod_range: int) -> bool:
@@ -59,20 +56,6 @@ def streams(mod_range: int) -> bool:
     )
     prg = workflow.pseudo_rand_gen
     return mod_range == FAST_MODULUS and getattr(prg, "__module__", "") == secagg_masks.__name__
-
-
-def keystream_part(seed: bytes, start: int, count: int) -> np.ndarray:
-    """Values ``start`` to ``start + count`` of ``secagg_masks.keystream_uint32(seed, ...)``,
-    without the values before them (CTR mode: the counter block of value ``start`` is its
-    AES block's index)."""
-    key = hashlib.sha256(seed).digest()
-    block, skip = divmod(start, _AES_BLOCK_VALUES)
-    encryptor = Cipher(algorithms.AES(key), modes.CTR(block.to_bytes(16, "big"))).encryptor()
-    nbytes = 4 * (skip + count)
-    out = bytearray(nbytes + 15)  # update_into wants a block's slack
-    encryptor.update_into(bytes(nbytes), out)
-    encryptor.finalize()
-    return np.frombuffer(out, dtype=np.uint32, count=count, offset=4 * skip)
 
 
 def _flat(array: np.ndarray) -> np.ndarray:
