@@ -191,6 +191,25 @@ def test_unmasking_in_place_gives_flowers_mean_byte_for_byte(dropped):
     assert all(a.tobytes() == b.tobytes() for a, b in zip(got, folded))
 
 
+@pytest.mark.parametrize("like", [None, [((100, 150), np.float32), ((5003,), np.float64)]],
+                         ids=["flowers-layout", "model-shaped"])  # fmt: skip
+def test_the_mean_is_written_as_the_sum_gives_its_memory_back(monkeypatch, like):
+    monkeypatch.setattr(secagg_sum, "SUM_CHUNK", 3000)  # parts of 12 KB: whole pages in each
+    rng = np.random.default_rng(4)
+    vectors = [_vector(rng, 2**20 + n, 20_003) for n in range(2)]
+    summed = secagg_sum.masked_sum(None, UpdateInMemory(vectors[0]))
+    summed = secagg_sum.masked_sum(summed, UpdateInMemory(vectors[1]))
+    plain = [np.array(array) for array in summed]  # the same values in ordinary memory
+    options = dict(clipping_range=8.0, quantization_range=2**22, active_sites=2, like=like)
+
+    expected = secagg_sum.unmasked_tensors(plain, **options)
+    assert secagg_sum.unmasked_tensors(summed, **options) == expected
+    assert np.count_nonzero(plain[1]) > 19_000  # an ordinary array is left as it was
+    # the sum's pages went back to the system as the mean was written: they read as zeros,
+    # but for the page that two parts share at each of the 6 boundaries and the last one
+    assert np.count_nonzero(summed[1]) <= 7 * 1024
+
+
 def test_too_few_shares_halts_the_unmasking_as_flowers_does():
     state, grid = _unmask_round(dropped=True)
     state.threshold = 5  # more shares than there are sites

@@ -17,7 +17,10 @@ per seed, read as uint32):
 - each mask is generated a part at a time from its place in the keystream and added or
   subtracted in place (``add_keystream``); uint32 wrap-around is the modulo;
 - the dequantized mean is written a part at a time into the ``.npy`` bytes Flower's
-  ``ndarrays_to_parameters`` would make (``unmasked_tensors``): in Flower's own layout (the
+  ``ndarrays_to_parameters`` would make (``unmasked_tensors``), and each part of the sum it
+  was read from is given back to the system as soon as it is written (the sum lives in
+  anonymous memory maps, ``_zeros``), so the sum and the mean's bytes take one model's
+  memory between them, not two: in Flower's own layout (the
   vector's shapes, float64), or in the global model's shapes and dtypes where the caller asks
   for them, which is what the coordinator's reporting strategy made of Flower's layout
   anyway (``secagg_masks.unflatten``, then a cast to the model's dtype).
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import io
 import math
+import mmap
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -56,6 +60,50 @@ def streams(mod_range: int) -> bool:
     )
     prg = workflow.pseudo_rand_gen
     return mod_range == FAST_MODULUS and getattr(prg, "__module__", "") == secagg_masks.__name__
+
+
+class _SumPages(mmap.mmap):
+    """The anonymous memory a SecAgg+ sum is kept in (``_zeros``)."""
+
+
+def _zeros(shape: tuple[int, ...]) -> np.ndarray:
+    """A uint32 array of zeros in an anonymous memory map of its own, whose pages
+    ``_release`` can give back to the system one part at a time (memory that ``free`` returns
+    is not reliably given back). The kernel fills the pages with zeros as they are touched;
+    the map is private, so that a page given back is freed (a shared one would be kept)."""
+    count = math.prod(shape)
+    if count == 0:
+        return np.zeros(shape, np.uint32)
+    mapping = _SumPages(-1, count * 4, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return np.frombuffer(mapping, np.uint32, count).reshape(shape)
+
+
+def _mapping(array: np.ndarray) -> _SumPages | None:
+    """The memory ``array`` starts at, if ``_zeros`` made it."""
+    base = array
+    while isinstance(base, np.ndarray):
+        base = base.base
+    if isinstance(base, memoryview):  # np.frombuffer's
+        base = base.obj
+    if isinstance(base, _SumPages) and array.ctypes.data == (
+        np.frombuffer(base, np.uint8, 1).ctypes.data
+    ):
+        return base
+    return None
+
+
+def _release(flat: np.ndarray, start: int, stop: int) -> None:
+    """Give back to the system the pages that values ``start`` to ``stop`` of ``flat`` (a
+    ``_zeros`` array, read for the last time) lie wholly in; they read as zeros after. A
+    no-op for any other array."""
+    mapping = _mapping(flat)
+    if mapping is None:
+        return
+    page = mmap.PAGESIZE
+    first = -(-start * flat.itemsize // page) * page
+    last = stop * flat.itemsize // page * page
+    if last > first:
+        mapping.madvise(mmap.MADV_DONTNEED, first, last - first)
 
 
 def _flat(array: np.ndarray) -> np.ndarray:
@@ -88,7 +136,7 @@ def masked_sum(total: list[np.ndarray] | None, vector: UpdateSource) -> list[np.
     layers = [vector.layer(index) for index in range(vector.layers)]
     shapes = [tuple(layer.shape) for layer in layers]
     if total is None:
-        total = [np.zeros(shape, np.uint32) for shape in shapes]
+        total = [_zeros(shape) for shape in shapes]
     if shapes != [array.shape for array in total]:
         raise ValueError(f"a masked vector of shapes {shapes} cannot be added to the sum's")
     for array, layer in zip(total, layers):
@@ -134,7 +182,10 @@ def unmasked_tensors(
     ``.npy`` bytes of Flower's ``unmask_stage``: arrays of the vector's shapes in float64;
     or, given ``like`` (the global model's shapes and dtypes, whose sizes add up to the
     vector's), arrays of those shapes and dtypes, each value cast once from Flower's (what
-    ``secagg_masks.unflatten`` and the reporting strategy's cast made of Flower's)."""
+    ``secagg_masks.unflatten`` and the reporting strategy's cast made of Flower's).
+
+    The weights are read once, in order, and each part read is given back to the system
+    (``_release``) where the vector is ``masked_sum``'s: the vector is used up."""
     q_total_ratio = vector[0][0]  # Flower's factor_extract
     weights = vector[1:]
     inv_dq_total_ratio = quantization_range / q_total_ratio
@@ -154,29 +205,37 @@ def unmasked_tensors(
         tensors = []
         for array in weights:
             flat = _flat(array)
-            parts = (
-                dequantized(flat[start : start + SUM_CHUNK])
-                for start in range(0, flat.size, SUM_CHUNK)
-            )
-            tensors.append(_npy_bytes(parts, np.dtype(np.float64), array.shape))
+
+            def parts(flat: np.ndarray = flat) -> Iterator[np.ndarray]:
+                for start in range(0, flat.size, SUM_CHUNK):
+                    stop = min(flat.size, start + SUM_CHUNK)
+                    yield dequantized(flat[start:stop])
+                    _release(flat, start, stop)
+
+            tensors.append(_npy_bytes(parts(), np.dtype(np.float64), array.shape))
         return tensors
     flats = [_flat(array) for array in weights]
 
-    def values(start: int, stop: int) -> np.ndarray:
-        """Values ``start`` to ``stop`` of the weights, counted across their arrays."""
+    def mean_part(start: int, stop: int) -> np.ndarray:
+        """Flower's dequantized values ``start`` to ``stop`` of the weights, counted across
+        their arrays; the parts read are then released."""
         pieces, begin = [], 0
         for flat in flats:
             end = begin + flat.size
             if start < end and stop > begin:
-                pieces.append(flat[max(start, begin) - begin : min(stop, end) - begin])
+                pieces.append((flat, max(start, begin) - begin, min(stop, end) - begin))
             begin = end
-        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+        read = [flat[first:last] for flat, first, last in pieces]
+        out = dequantized(read[0] if len(read) == 1 else np.concatenate(read))
+        for flat, first, last in pieces:
+            _release(flat, first, last)
+        return out
 
     tensors, begin = [], 0
     for shape, dtype in like:
         count = math.prod(shape)
         parts = (
-            dequantized(values(begin + start, begin + min(count, start + SUM_CHUNK))).astype(dtype)
+            mean_part(begin + start, begin + min(count, start + SUM_CHUNK)).astype(dtype)
             for start in range(0, count, SUM_CHUNK)
         )
         tensors.append(_npy_bytes(parts, np.dtype(dtype), tuple(shape)))

@@ -175,8 +175,7 @@ def save_weights_npz(path: str | Path, weights: list[np.ndarray]) -> tuple[str, 
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
-    data = path.read_bytes()
-    return hashlib.sha256(data).hexdigest(), len(data)
+    return file_sha256(path), path.stat().st_size  # read a part at a time: a model's bytes
 
 
 def load_weights_npz(path: str | Path, expected_sha256: str | None = None) -> list[np.ndarray]:
