@@ -19,11 +19,16 @@ coordinator's transfer server (``--bulk-address``, issue 36's bulk path).
 ``--memory`` adds each run's peak resident memory: the ServerApp's (where the coordinator
 aggregates; also as a multiple of the model's size, the goal being ``MEMORY_GOAL``), the
 coordinator's processes', the sites', and all of them at one moment.
+``--sites-memory GB`` runs the sites in a memory cgroup of that size (root, and swap, needed):
+for the coordinator's memory with more sites than this machine's memory holds beside it (12
+sites of ``WIDE``). The sites then swap, so their seconds and memory mean little; the
+coordinator's processes stay outside the group.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import subprocess
@@ -184,6 +189,44 @@ class MemorySampler:
             self._thread.join(timeout=5)
 
 
+@contextlib.contextmanager
+def sites_cgroup(limit_gb: float | None):
+    """A memory cgroup of ``limit_gb`` for the sites (v1 or v2), removed at the end; and how a
+    site's command joins it. ``None``: no group, the commands as they are."""
+    if limit_gb is None:
+        yield None
+        return
+    if os.geteuid() != 0:
+        raise SystemExit("--sites-memory makes a memory cgroup: run the bench as root")
+    if len(Path("/proc/swaps").read_text().splitlines()) < 2:
+        raise SystemExit(
+            "--sites-memory needs swap, or the sites are killed at the limit: e.g. fallocate "
+            "-l 16G /swapfile && chmod 600 /swapfile && mkswap /swapfile && swapon /swapfile "
+            "(swapoff and rm it after)"
+        )
+    v1 = Path("/sys/fs/cgroup/memory")
+    root, limit_file = (
+        (v1, "memory.limit_in_bytes") if (v1 / "memory.limit_in_bytes").exists()
+        else (Path("/sys/fs/cgroup"), "memory.max")
+    )  # fmt: skip
+    group = root / f"fedweave-bench-sites-{os.getpid()}"
+    group.mkdir()
+    try:
+        (group / limit_file).write_text(str(int(limit_gb * 1e9)))
+
+        def joined(_index: int, argv: list[str]) -> list[str]:
+            return ["sh", "-c", f'echo $$ > {group}/cgroup.procs && exec "$@"', "sh", *argv]
+
+        yield joined
+    finally:
+        for _ in range(100):  # the sites' processes are stopped by now; their exits settle
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -204,6 +247,10 @@ def main() -> None:
     parser.add_argument("--memory", action="store_true",
                         help="also sample every process's resident memory from /proc (0.2 s; "
                              "it costs CPU, so take seconds from a run without it)")  # fmt: skip
+    parser.add_argument("--sites-memory", type=float, metavar="GB",
+                        help="run the sites in a memory cgroup of GB gigabytes (root and swap "
+                             "needed): the coordinator's memory with more sites than the "
+                             "machine holds; the sites' seconds then mean little")  # fmt: skip
     parser.add_argument("--keep", type=Path, metavar="DIR",
                         help="work in DIR and keep its logs and histories (default: a "
                              "temporary folder, removed at the end)")  # fmt: skip
@@ -211,7 +258,10 @@ def main() -> None:
     path = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
            "PYTHONPATH": path}  # fmt: skip
-    with tempfile.TemporaryDirectory(prefix="fedweave-bench-large-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="fedweave-bench-large-") as tmp,
+        sites_cgroup(args.sites_memory) as site_command,
+    ):
         work = args.keep or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         prepare(work, args.sites, env)
@@ -222,7 +272,7 @@ def main() -> None:
             rounds = run(work, args.sites, args.rounds, mode == "secagg", env,
                          task=f"large_model_task:{args.model}",
                          coordinator_extra=["--downlink", downlink, *bulk],
-                         memory=args.memory)  # fmt: skip
+                         site_command=site_command, memory=args.memory)  # fmt: skip
             mode = f"{mode}, {downlink} down, via {transfer}"
             for row in rounds:
                 print(f"{mode} round {row['round']}: {row['seconds']:6.1f} s, slowest site "
