@@ -34,6 +34,7 @@ def build_app() -> typer.Typer:
     from fedweave.dashboard.cli import dashboard_app
     from fedweave.gossip.cli import keys_app, peer
     from fedweave.history.cli import history_app, predict_command
+    from fedweave.operators_cli import operators_app
     from fedweave.simulations.cli import data_app, simulate
     from fedweave.task_cli import task_app, task_describe, task_list
 
@@ -54,6 +55,7 @@ def build_app() -> typer.Typer:
     app.command()(client)
     app.add_typer(certs_app, name="certs")
     app.add_typer(sites_app, name="sites")
+    app.add_typer(operators_app, name="operators")
     app.command()(peer)
     app.add_typer(keys_app, name="keys")
     task_app.command("list")(task_list)

@@ -31,7 +31,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-SCHEMA_REVISION = "0005"
+SCHEMA_REVISION = "0006"
 """The Alembic revision these models describe; equal to the newest migration (tested)."""
 
 RUN_MODES = ("federated", "gossip")
@@ -40,6 +40,10 @@ RUN_STATUSES = ("running", "completed", "completed-alone", "failed", "interrupte
 SITE_STATUSES = ("ok", "failed", "rejected", "late", "refused", "lost")
 """``refused``: the site cannot take part in the run and said why; ``lost``: the SuperLink
 lost the site mid-round; ``late``: no reply by the round deadline."""
+
+AUDIT_OUTCOMES = ("done", "refused")
+"""``refused``: what was asked was not done (an unknown or removed token, an invalid request);
+the entry says who asked, from where, and why."""
 
 NAMING = {
     "ix": "ix_%(column_0_label)s",
@@ -193,3 +197,35 @@ class Checkpoint(Base):
     size_bytes: Mapped[int] = mapped_column(BigInteger)
 
     round_row: Mapped[Round] = relationship(back_populates="checkpoint")
+
+
+class Operator(Base):
+    """Someone who may submit, stop and change runs at a serving coordinator (issue 38): a
+    name and the sha256 of the token made for it (the token itself is stored nowhere).
+    A removed operator's row stays, so the audit trail keeps naming who it was."""
+
+    __tablename__ = "operators"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    token_sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    added_at: Mapped[datetime]
+    added_by: Mapped[str] = mapped_column(String(255))
+    removed_at: Mapped[datetime | None]
+
+
+class AuditEntry(Base):
+    """One thing done, or refused, at the coordinator's operator door or by its operator
+    commands: when, by whom (an operator's name, or what an unknown caller showed), from
+    which address, what and on what."""
+
+    __tablename__ = "audit"
+    __table_args__ = (CheckConstraint(_in("outcome", AUDIT_OUTCOMES), name="outcome"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(index=True)
+    actor: Mapped[str] = mapped_column(String(255))
+    address: Mapped[str | None] = mapped_column(String(255))
+    action: Mapped[str] = mapped_column(String(64))
+    target: Mapped[str | None] = mapped_column(String(255))
+    outcome: Mapped[str] = mapped_column(String(16))
+    detail: Mapped[str | None] = mapped_column(Text)
