@@ -35,6 +35,7 @@ def build_app() -> typer.Typer:
     from fedweave.gossip.cli import keys_app, peer
     from fedweave.history.cli import history_app, predict_command
     from fedweave.operators_cli import operators_app
+    from fedweave.run_cli import run_app
     from fedweave.simulations.cli import data_app, simulate
     from fedweave.task_cli import task_app, task_describe, task_list
 
@@ -56,6 +57,7 @@ def build_app() -> typer.Typer:
     app.add_typer(certs_app, name="certs")
     app.add_typer(sites_app, name="sites")
     app.add_typer(operators_app, name="operators")
+    app.add_typer(run_app, name="run")
     app.command()(peer)
     app.add_typer(keys_app, name="keys")
     task_app.command("list")(task_list)

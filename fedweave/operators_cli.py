@@ -57,8 +57,7 @@ def operators_add(
         ),
     ] = None,
 ) -> None:
-    """Make an operator and its token: whoever holds the token may submit, list and stop
-    runs at the coordinator."""
+    """Make an operator and its token, written once to a 0600 file: give it to the operator."""
     from fedweave.history.cli import _open
     from fedweave.history.operators import OperatorRegistry, check_name
     from fedweave.history.store import open_store
@@ -84,7 +83,7 @@ def operators_add(
             ) from None
     typer.echo(
         f"operator {name} added; its token is in {target} (0600), the only copy: give it to "
-        f"{name} over a private channel"
+        f"{name} over a private channel (`fedweave run ... --operator-token {target.name}`)"
     )
 
 

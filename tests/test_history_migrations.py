@@ -14,7 +14,7 @@ from fedweave.history.engine import make_engine
 from fedweave.history.migrate import current_revision, downgrade, head_revision, upgrade
 from fedweave.history.models import SCHEMA_REVISION, Base
 
-TABLES = {"runs", "rounds", "site_results", "checkpoints", "operators", "audit"}
+TABLES = {"runs", "rounds", "site_results", "checkpoints", "operators", "audit", "submissions"}
 
 
 def _tables(engine) -> set[str]:

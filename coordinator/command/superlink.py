@@ -238,6 +238,12 @@ class ControlClient:
             raise UserError(f"the SuperLink refused the run: {res.note or 'no reason given'}")
         return int(res.run_id)
 
+    def stop_run(self, run_id: int) -> bool:
+        """Ask the SuperLink to stop a Flower run; whether it took the request."""
+        from fedweave.flower_patches.control_api import StopRunRequest
+
+        return bool(self._client.StopRun(StopRunRequest(run_id=run_id)).success)
+
     def run_status(self, run_id: int) -> tuple[str, str, str]:
         """(status, sub_status, details) of a Flower run."""
         from fedweave.flower_patches.control_api import ListRunsRequest

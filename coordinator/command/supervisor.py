@@ -94,6 +94,33 @@ def run_headline(config) -> str:  # type: ignore[no-untyped-def]
     return headline_metric(load_task(config.data.task), config.evaluation.select_metric)
 
 
+def round_lines(
+    row: dict, site_rows: list[dict], rounds: int, headline: str, revoked: dict[str, str]
+) -> list[str]:
+    """A recorded round as the console prints it: its line, then its sites that were not ok,
+    its evaluations and its warnings (``revoked``: node id → the name of a revoked key)."""
+    seconds = (row.get("extra") or {}).get("seconds")
+    failed = (row.get("extra") or {}).get("failed")
+    lines = [
+        f"round {row['round']}/{rounds}: {headline} "
+        f"{shown(headline_value(row, headline))} "
+        f"loss {shown(row['eval_loss'])}, sites {row['replied']}/{row['sampled']} ok"
+        + (f", {seconds:.1f} s" if seconds is not None else "")
+        + privacy_spent((row.get("extra") or {}).get("privacy")).replace("  ", ", ", 1)
+        + (f"; FAILED: {failed}" if failed else "")
+    ]
+    for site in site_rows:
+        if site["status"] != "ok":
+            reason = site.get("reason") or "no reason given"
+            node = (site.get("metrics") or {}).get("node_id", site["site_id"])
+            name = revoked.get(str(node))
+            who = f"{site['site_id']} ({name}, key revoked)" if name else site["site_id"]
+            lines.append(f"  site {who} {site['status']}: {reason}")
+    lines.extend(f"  {line}" for line in evaluation_lines(evaluation_of(row)))
+    lines.extend(f"  warning: {w}" for w in (row.get("extra") or {}).get("warnings") or ())
+    return lines
+
+
 class _Watcher:
     """Prints each newly recorded round (and its failed sites) exactly once, and a warning
     line when a site is late ``--stall-after`` rounds in a row or the round in flight runs
@@ -117,28 +144,9 @@ class _Watcher:
             if row["round"] in self.printed:
                 continue
             self.printed.add(row["round"])
-            seconds = (row.get("extra") or {}).get("seconds")
-            failed = (row.get("extra") or {}).get("failed")
-            _echo(
-                f"round {row['round']}/{self.rounds}: {self.headline} "
-                f"{shown(headline_value(row, self.headline))} "
-                f"loss {shown(row['eval_loss'])}, sites {row['replied']}/{row['sampled']} ok"
-                + (f", {seconds:.1f} s" if seconds is not None else "")
-                + privacy_spent((row.get("extra") or {}).get("privacy")).replace("  ", ", ", 1)
-                + (f"; FAILED: {failed}" if failed else "")
-            )
             site_rows = self.store.site_results(self.plan.run_id, row["round"])
-            for site in site_rows:
-                if site["status"] != "ok":
-                    reason = site.get("reason") or "no reason given"
-                    node = (site.get("metrics") or {}).get("node_id", site["site_id"])
-                    name = self.revoked.get(str(node))
-                    who = f"{site['site_id']} ({name}, key revoked)" if name else site["site_id"]
-                    _echo(f"  site {who} {site['status']}: {reason}")
-            for line in evaluation_lines(evaluation_of(row)):
-                _echo(f"  {line}")
-            for warning in (row.get("extra") or {}).get("warnings") or ():
-                _echo(f"  warning: {warning}")
+            for line in round_lines(row, site_rows, self.rounds, self.headline, self.revoked):
+                _echo(line)
             self.streaks.add_rows(site_rows)
             for late in self.streaks.flagged(self.rules):
                 if len(late.rounds) == self.rules.late_in_a_row and late.rounds[-1] == row["round"]:
@@ -307,6 +315,173 @@ def _wait_for_sites(client, proc, needed: int, timeout: float | None, keys) -> N
         time.sleep(POLL_S)
 
 
+def _operator_exposure(config: RunConfig):
+    """``--operator-address``: checked (HTTPS with the coordinator's certificate, or loopback
+    with ``--insecure``) and its socket bound before anything starts; ``None`` when not
+    asked."""
+    address = config.deployment.operator_address
+    if address is None:
+        return None
+    from fedweave.dashboard.security import Exposure, is_loopback
+    from fedweave.dashboard.server import bind
+
+    if config.deployment.once:
+        raise UserError(
+            "--operator-address takes studies once the first run has ended, which --once "
+            "does not wait for; drop --once"
+        )
+    host, port = parse_host_port(address, "--operator-address")
+    if config.connection.insecure:
+        if not is_loopback(host):
+            raise UserError(
+                f"--operator-address {address} is reachable from other machines, which "
+                "needs TLS: drop --insecure and give --tls-dir, or listen on 127.0.0.1"
+            )
+        exposure = Exposure(host, port)
+    else:
+        files = TlsFiles.in_dir(config.connection.tls_dir.resolve())
+        files.check_readable()
+        exposure = Exposure(host, port, files.server_cert, files.server_key)
+    return exposure, bind(exposure, "--operator-address")
+
+
+def _serve_door(door, store, config: RunConfig):
+    """Serve the operator door (``operator_door.make_door``): studies are checked against
+    ``config``'s serving settings."""
+    from fedweave.config.resume import stored_settings
+    from fedweave.coordinator.command import run_checks, training_setup
+    from fedweave.coordinator.command.operator_door import make_door
+    from fedweave.coordinator.command.study import resolve_study
+    from fedweave.dashboard.server import BackgroundServer
+
+    exposure, sock = door
+
+    def check_study(text: str, source: str) -> None:
+        study, resolved = resolve_study(config, text, source)
+        run_checks.check_run(study)
+        training_setup.check_run_input(store, study, resolved)
+
+    def lines(run_id: str, after: int) -> list[str]:
+        _command, values = stored_settings(store.get_run(run_id).config)
+        study = RunConfig().replace(**values)
+        headline, rounds = run_headline(study), study.training.rounds
+        out = []
+        for row in store.rounds(run_id, after=after):
+            out += round_lines(row, store.site_results(run_id, row["round"]), rounds, headline, {})
+        return out
+
+    app = make_door(store, check_study, lines)
+    _echo(f"operator door at {exposure.url}: `fedweave run submit` queues studies here")
+    return BackgroundServer(app, exposure, sock)
+
+
+def _follow(client, proc, link_options, flower_run: int, watcher, keys, stop_asked=None):
+    """Print a Flower run's rounds as they are recorded until it finishes; returns its
+    (sub_status, details) and who stopped it (``stop_asked()``: an operator's name once one
+    asks, the run then stopped through the Control API), if anyone did."""
+    stopped_by = None
+    while True:
+        watcher.poll()
+        status, sub_status, details = client.run_status(flower_run)
+        if status == "finished":
+            watcher.poll()
+            return sub_status, details, stopped_by
+        if proc.poll() is not None:
+            raise UserError(
+                f"the SuperLink stopped (exit {proc.returncode}); see {link_options.log_path}"
+            )
+        if stop_asked is not None and stopped_by is None:
+            stopped_by = stop_asked()
+            if stopped_by is not None:
+                client.stop_run(flower_run)
+        keys()
+        time.sleep(POLL_S)
+
+
+class _StoppedWaiting(Exception):
+    """An operator stopped a study while it waited for its sites."""
+
+
+def _run_submission(submission, config: RunConfig, store, client, proc, link_options, keys,
+                    revoked: dict[str, str], deployment_file: Path) -> None:  # fmt: skip
+    """Run one queued study to its end as the command line's run ran, recording its
+    submission's state; a study refused at its turn (its task gone, sites that do not come)
+    fails alone, the coordinator serves on."""
+    from fedweave.coordinator.command import run_checks, training_setup
+    from fedweave.coordinator.command.study import resolve_study
+    from fedweave.history.submissions import Submissions
+
+    submissions = Submissions(store)
+    who = f"submission {submission.id} ({submission.source}, by {submission.operator})"
+    _echo(f"{who}: its turn")
+    try:
+        study, resolved = resolve_study(config, submission.config_toml, submission.source)
+        run_checks.check_run(study)
+        checked = training_setup.check_run_input(store, study, resolved)
+        plan = training_setup.prepare_run(
+            store, checked, site_authentication=sites_must_register(config.connection)
+        )
+    except UserError as exc:
+        submissions.ended(submission.id, "failed", str(exc))
+        _echo(f"{who} failed: {exc}")
+        return
+    plan = replace(plan, deployment_file=deployment_file)
+    if not submissions.started(submission.id, plan.run_id):
+        store.finish_run(plan.run_id, "interrupted", "stopped by an operator before it started")
+        return
+
+    def keys_or_stop() -> None:
+        keys()
+        stopped_by = submissions.get(submission.id).stop_requested_by
+        if stopped_by is not None:
+            raise _StoppedWaiting(f"stopped by operator {stopped_by} while it waited for sites")
+
+    try:
+        try:
+            _wait_for_sites(client, proc, plan.config.federation.min_clients,
+                            config.deployment.site_timeout or None, keys_or_stop)  # fmt: skip
+        except (UserError, _StoppedWaiting) as exc:
+            if proc.poll() is not None:
+                raise
+            stopped = isinstance(exc, _StoppedWaiting)
+            store.finish_run(plan.run_id, "interrupted" if stopped else "failed", str(exc))
+            submissions.ended(submission.id, "stopped" if stopped else "failed", str(exc))
+            _echo(f"{who} {'' if stopped else 'failed: '}{exc}")
+            return
+        flower_run = client.start_run(build_fab(plan.to_run_config()))
+        _echo(f"run {plan.run_id} started for submission {submission.id} (Flower run {flower_run})")
+        sub_status, details, stopped_by = _follow(
+            client, proc, link_options, flower_run, _Watcher(store, plan, revoked), keys,
+            stop_asked=lambda: submissions.get(submission.id).stop_requested_by,
+        )  # fmt: skip
+    except BaseException:
+        reason = "the coordinator stopped during it"
+        if store.get_run(plan.run_id).status == "running":
+            store.finish_run(plan.run_id, "interrupted", reason)
+        submissions.ended(submission.id, "failed", reason)
+        raise
+    client.save_logs(
+        flower_run, link_options.state_dir / f"serverapp-{plan.run_id}-{flower_run}.log"
+    )
+    run = store.get_run(plan.run_id)
+    if stopped_by is not None:
+        reason = f"stopped by operator {stopped_by}"
+        if run.status == "running":
+            store.finish_run(plan.run_id, "interrupted", reason)
+        submissions.ended(submission.id, "stopped", reason)
+        _echo(f"run {plan.run_id} of submission {submission.id} {reason}")
+    elif sub_status != "completed" or run.status != "completed":
+        reason = (details or run.reason or sub_status or "unknown").splitlines()[0]
+        if run.status == "running":
+            store.finish_run(plan.run_id, "failed", reason)
+        submissions.ended(submission.id, "failed", reason)
+        _echo(f"run {plan.run_id} of submission {submission.id} failed: {reason}")
+    else:
+        submissions.ended(submission.id, "completed")
+        rounds = len(store.rounds(plan.run_id))
+        _echo(f"run {plan.run_id} of submission {submission.id} completed: {rounds} rounds")
+
+
 def serve(config: RunConfig, resolved: Resolved) -> int:
     """Run the coordinator, or ``fedweave evaluate``'s evaluation-only run
     (``evaluation_setup.py``); returns the exit code (0: run completed)."""
@@ -336,6 +511,7 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
     check_port_free(host, port)
     bulk_address = _bulk_address(deployment.bulk_address, (host, port))
     metrics = _metrics_exposure(config)
+    door = None if evaluating else _operator_exposure(config)
     db_url = _absolute_db_url(config.history.db)
     store = open_store(db_url)  # unreachable or wrong DB: one line, before anything starts
     if evaluating:
@@ -373,7 +549,7 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
     )
     min_clients = plan.config.federation.min_clients
     previous = signal.signal(signal.SIGTERM, raise_interrupt)
-    client = metrics_server = bulk_server = None
+    client = metrics_server = bulk_server = door_server = None
     finished = False
     deployment_file: Path | None = None
     revoked: dict[str, str] = {}
@@ -400,6 +576,14 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
             )
         if metrics is not None:
             metrics_server = _serve_metrics(metrics, store, plan, client)
+        if door is not None:
+            from fedweave.history.submissions import Submissions
+
+            left = Submissions(store).fail_running("the coordinator stopped during it")
+            if left:
+                _echo(f"submissions {', '.join(map(str, left))} ended: the coordinator "
+                      "stopped during them")  # fmt: skip
+            door_server = _serve_door(door, store, config)
         known: dict[Path, bytes] = {}
         refused = RefusedKeys(refused_notes, connection.tls_dir, _echo)
 
@@ -428,18 +612,7 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
             started = evaluation_setup.started_line(plan, flower_run, store)
         _echo(started)
         watcher = _Watcher(store, plan, revoked)
-        while True:
-            watcher.poll()
-            status, sub_status, details = client.run_status(flower_run)
-            if status == "finished":
-                watcher.poll()
-                break
-            if proc.poll() is not None:
-                raise UserError(
-                    f"the SuperLink stopped (exit {proc.returncode}); see {link_options.log_path}"
-                )
-            keys()
-            time.sleep(POLL_S)
+        sub_status, details, _ = _follow(client, proc, link_options, flower_run, watcher, keys)
         finished = True
         client.save_logs(
             flower_run, link_options.state_dir / f"serverapp-{plan.run_id}-{flower_run}.log"
@@ -469,8 +642,18 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
         if deployment.once:
             return 0
         _echo("serving: sites stay connected for the next run; Ctrl-C to stop")
+        queue = None
+        if door_server is not None:
+            from fedweave.history.submissions import Submissions
+
+            queue = Submissions(store)
         while proc.poll() is None:
             keys()
+            waiting = queue.next_queued() if queue is not None else None
+            if waiting is not None:
+                _run_submission(waiting, config, store, client, proc, link_options, keys,
+                                revoked, deployment_file)  # fmt: skip
+                continue
             time.sleep(POLL_S * 4)
         raise UserError(
             f"the SuperLink stopped (exit {proc.returncode}); see {link_options.log_path}"
@@ -491,6 +674,10 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
             metrics_server.close()
         elif metrics is not None:
             metrics[1].close()
+        if door_server is not None:
+            door_server.close()
+        elif door is not None:
+            door[1].close()
         if client is not None:
             client.close()
         stop_process_group(proc)

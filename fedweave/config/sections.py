@@ -563,6 +563,12 @@ class DeploymentSection:
         "each transfer needs the token its round's message carries); for large models. "
         "Unset: through Flower.", identity=False,
     )
+    operator_address: str | None = setting(
+        None, "Open the operator door at HOST:PORT (HTTPS with the coordinator's certificate): "
+        "operators with a token from `fedweave operators add` submit, follow and stop studies "
+        "(`fedweave run`), run one after the other once the command line's run has ended. "
+        "Unset: no door.", identity=False,
+    )
 
 
 @dataclass(frozen=True)
@@ -745,7 +751,8 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         *_FEDERATION, *_ASYNC,
         *_EVALUATION, *_SECAGG, *_PRIVACY,
         "address", "insecure", "tls_dir", "allow_unregistered_sites", "site_timeout",
-        "max_clock_skew", "state_dir", "once", "bulk_address", "db", "checkpoint_dir", "resume",
+        "max_clock_skew", "state_dir", "once", "bulk_address", "operator_address", "db",
+        "checkpoint_dir", "resume",
         "track", "metrics_address", "auth_file", "stall_after", "stall_grace",
     ),
     "evaluate": (

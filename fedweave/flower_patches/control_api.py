@@ -31,6 +31,7 @@ from flwr.proto.control_pb2 import (  # noqa: E402
     ListRunsRequest,
     RegisterNodeRequest,
     StartRunRequest,
+    StopRunRequest,
     StreamLogsRequest,
     UnregisterNodeRequest,
 )
@@ -42,6 +43,7 @@ __all__ = [
     "ListNodesRequest",
     "ListRunsRequest",
     "RegisterNodeRequest",
+    "StopRunRequest",
     "StreamLogsRequest",
     "UnregisterNodeRequest",
     "bundle",

@@ -31,7 +31,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-SCHEMA_REVISION = "0006"
+SCHEMA_REVISION = "0007"
 """The Alembic revision these models describe; equal to the newest migration (tested)."""
 
 RUN_MODES = ("federated", "gossip")
@@ -44,6 +44,11 @@ lost the site mid-round; ``late``: no reply by the round deadline."""
 AUDIT_OUTCOMES = ("done", "refused")
 """``refused``: what was asked was not done (an unknown or removed token, an invalid request);
 the entry says who asked, from where, and why."""
+
+SUBMISSION_STATES = ("queued", "running", "completed", "stopped", "failed")
+"""A study an operator submitted to a serving coordinator: waiting its turn, its run under way,
+or ended (``completed``; ``stopped`` by an operator, before or during its run; ``failed``:
+refused when its turn came, or its run failed)."""
 
 NAMING = {
     "ix": "ix_%(column_0_label)s",
@@ -229,3 +234,22 @@ class AuditEntry(Base):
     target: Mapped[str | None] = mapped_column(String(255))
     outcome: Mapped[str] = mapped_column(String(16))
     detail: Mapped[str | None] = mapped_column(Text)
+
+
+class Submission(Base):
+    """A study submitted to a serving coordinator by an operator (issue 38): the config it
+    was given, its place in the queue and, once it runs, its history run."""
+
+    __tablename__ = "submissions"
+    __table_args__ = (CheckConstraint(_in("state", SUBMISSION_STATES), name="state"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    submitted_at: Mapped[datetime]
+    operator: Mapped[str] = mapped_column(String(64))
+    source: Mapped[str] = mapped_column(String(255))
+    config_toml: Mapped[str] = mapped_column(Text)
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    run_id: Mapped[str | None] = mapped_column(String(64))
+    reason: Mapped[str | None] = mapped_column(Text)
+    stop_requested_by: Mapped[str | None] = mapped_column(String(64))
+    ended_at: Mapped[datetime | None]

@@ -1,0 +1,155 @@
+"""The operator door's app (``coordinator/command/operator_door.py``; issue 38) over a real
+SQLite history, through Starlette's test client: what it refuses and what it records. The
+door deployed, with ``fedweave run`` against a serving coordinator: test_deploy_operators.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+
+import pytest
+from starlette.testclient import TestClient
+
+from fedweave.config import RunConfig
+from fedweave.coordinator.command.operator_door import make_door
+from fedweave.coordinator.command.study import resolve_study
+from fedweave.history import HistoryError, open_store
+from fedweave.history.operators import OperatorRegistry
+from fedweave.history.submissions import MAX_CONFIG_BYTES, Submissions
+
+STUDY = b'[data]\ntask = "digits"\n[training]\nrounds = 2\n'
+
+
+@pytest.fixture
+def door(tmp_path):
+    store = open_store(f"sqlite:///{tmp_path / 'history.db'}")
+    served = RunConfig().replace(task="digits", address="0.0.0.0:9092", insecure=True)
+
+    def check(text: str, source: str) -> None:
+        resolve_study(served, text, source)
+
+    token = OperatorRegistry(store).add("alice", added_by="root@test")
+
+    def app():  # a door of its own: its own count of a source's refused tokens
+        return make_door(store, check, lambda run_id, after: [])
+
+    client = TestClient(app())
+    client.headers["authorization"] = f"Bearer {token}"
+    yield client, store, app
+    store.close()
+
+
+def test_every_route_wants_an_operators_token_and_refusals_are_audited(door):
+    _client, store, app = door
+    routes = [("POST", "/v1/runs"), ("GET", "/v1/runs"), ("GET", "/v1/runs/1"),
+              ("GET", "/v1/runs/1/logs"), ("POST", "/v1/runs/1/stop")]  # fmt: skip
+    for header in ({}, {"authorization": "Bearer fwop_nothing"}, {"authorization": "Basic x"}):
+        anonymous = TestClient(app())
+        for method, path in routes:
+            reply = anonymous.request(method, path, headers=header, content=STUDY)
+            assert reply.status_code == 401, (method, path, reply.text)
+            assert "does not know that operator token" in reply.json()["error"]
+        # a source that keeps trying is made to wait, and no longer fills the audit trail
+        for _ in range(20):
+            if anonymous.get("/v1/runs", headers=header).status_code == 429:
+                break
+        else:
+            raise AssertionError("a source refused 25 times in a row was never made to wait")
+    refused = [row for row in OperatorRegistry(store).audit(1000) if row.outcome == "refused"]
+    shown = {"no token"} | {
+        "unknown token sha256:" + hashlib.sha256(token).hexdigest()[:12]
+        for token in (b"fwop_nothing", b"x")  # named by a digest, never in the clear
+    }
+    assert {row.actor for row in refused} == shown
+    assert {row.action for row in refused} == {f"{m} {p}" for m, p in routes}
+    assert len(refused) < 3 * 25
+    assert Submissions(store).all() == []  # nothing queued by any of them
+
+
+def test_a_study_is_checked_queued_listed_and_stopped(door):
+    client, store, _app = door
+    reply = client.post("/v1/runs", content=STUDY, headers={"x-fedweave-source": "a.toml"})
+    assert reply.status_code == 201 and reply.json() == {"submission": 1, "ahead": 0}
+    assert client.post("/v1/runs", content=STUDY).json() == {"submission": 2, "ahead": 1}
+    for body, says in ((b"[training]\nrounds = 0\n", "rounds must be at least 1"),
+                       (b'[connection]\ntls_dir = "/etc"\n', "coordinator's, not a study's"),
+                       (b"rounds = [", "is not TOML"),
+                       (b"\xff\xfe", "is not UTF-8")):  # fmt: skip
+        refused = client.post("/v1/runs", content=body, headers={"x-fedweave-source": "b.toml"})
+        assert refused.status_code == 422 and says in refused.json()["error"], refused.text
+    huge = client.post("/v1/runs", content=b"#" * (MAX_CONFIG_BYTES + 1))
+    assert huge.status_code == 413
+    listed = client.get("/v1/runs").json()["submissions"]
+    assert [(row["id"], row["state"], row["operator"]) for row in listed] == [
+        (1, "queued", "alice"), (2, "queued", "alice")]  # fmt: skip
+    shown = client.get("/v1/runs/2").json()
+    assert shown["ahead"] == 1 and shown["config"] == STUDY.decode()
+    assert client.get("/v1/runs/9").status_code == 404
+    assert client.get("/v1/runs/x").status_code == 404
+    assert client.get("/v1/runs/1/logs?after=z").status_code == 400
+    assert client.get("/v1/runs/1/logs").json()["lines"] == []
+
+    assert client.post("/v1/runs/1/stop").json() == {"was": "queued"}
+    again = client.post("/v1/runs/1/stop")
+    assert again.status_code == 409 and "stopped already" in again.json()["error"]
+    assert Submissions(store).get(1).reason == "stopped by operator alice before it started"
+    assert Submissions(store).next_queued().id == 2
+
+    audit = [(r.actor, r.action, r.outcome) for r in OperatorRegistry(store).audit(100)]
+    assert audit.count(("alice", "run-submit", "done")) == 2
+    assert audit.count(("alice", "run-submit", "refused")) == 5  # the 413 too
+    assert ("alice", "run-stop", "done") in audit and ("alice", "run-stop", "refused") in audit
+
+
+def test_the_queue_keeps_each_studys_state_through_stops_and_a_coordinator_restart(tmp_path):
+    with open_store(f"sqlite:///{tmp_path / 'history.db'}") as store:
+        queue = Submissions(store)
+        first, second, third = (queue.submit("alice", f"{n}.toml", "") for n in "abc")
+        assert queue.next_queued().id == first and queue.queue_position(third) == 2
+        assert queue.started(first, "run-a")
+        assert queue.request_stop(first, "bob") == "running"  # the coordinator stops it
+        assert queue.get(first).state == "running" and queue.get(first).stop_requested_by == "bob"
+        assert queue.request_stop(second, "bob") == "queued"  # never runs
+        assert not queue.started(second, "run-b") and queue.get(second).run_id is None
+        assert queue.next_queued().id == third
+        queue.ended(first, "stopped", "stopped by operator bob")
+        queue.ended(first, "failed", "later")  # an end is recorded once
+        assert queue.get(first).state == "stopped"
+        with pytest.raises(HistoryError, match="it stopped already"):
+            queue.request_stop(first, "bob")
+        assert queue.started(third, "run-c")
+        assert queue.fail_running("the coordinator stopped during it") == [third]
+        assert queue.get(third).state == "failed" and queue.next_queued() is None
+        with pytest.raises(HistoryError, match="no submission 9"):
+            queue.get(9)
+        with pytest.raises(HistoryError, match="at most 256 KB"):
+            queue.submit("alice", "big.toml", "#" * (MAX_CONFIG_BYTES + 1))
+
+
+def test_fedweave_run_says_in_one_line_what_keeps_it_from_the_door(tmp_path):
+    from typer.testing import CliRunner
+
+    from fedweave.run_cli import run_app
+
+    token = tmp_path / "alice.token"
+    token.write_text("fwop_x\n")
+    (tmp_path / "ca.pem").write_text("not a certificate")
+    cases = [
+        (["--operator-token", str(tmp_path / "none.token")], "cannot read the operator token"),
+        (["--operator-token", str(token)], "--ca-cert is required"),
+        (["--operator-token", str(token), "--ca-cert", str(tmp_path / "ca.pem")],
+         "cannot read the CA certificate"),
+        (["--operator-token", str(token), "--insecure"], "cannot reach the operator door"),
+    ]  # fmt: skip
+    port = socket.socket()
+    port.bind(("127.0.0.1", 0))  # bound, never listening: refused
+    address = f"127.0.0.1:{port.getsockname()[1]}"
+    try:
+        for extra, says in cases:
+            result = CliRunner().invoke(run_app, ["list", "--coordinator", address, *extra])
+            assert result.exit_code == 2, result.output
+            assert result.output.startswith("error: ") and says in result.output, result.output
+            assert result.output.count("\n") == 1
+    finally:
+        port.close()
