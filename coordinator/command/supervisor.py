@@ -358,8 +358,13 @@ def _serve_door(door, store, config: RunConfig):
 
     def check_study(text: str, source: str) -> None:
         study, resolved = resolve_study(config, text, source)
-        run_checks.check_run(study)
-        training_setup.check_run_input(store, study, resolved)
+        try:
+            run_checks.check_run(study)
+            training_setup.check_run_input(store, study, resolved)
+        except UserError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a study's task may raise anything
+            raise UserError(f"{source}: {_raised(exc)}") from None
 
     def lines(run_id: str, after: int) -> list[str]:
         _command, values = stored_settings(store.get_run(run_id).config)
@@ -398,6 +403,12 @@ def _follow(client, proc, link_options, flower_run: int, watcher, keys, stop_ask
         time.sleep(POLL_S)
 
 
+def _raised(exc: BaseException) -> str:
+    """An unexpected error of a study's task code, in one line."""
+    lines = str(exc).strip().splitlines()
+    return f"its task raised {type(exc).__name__}" + (f": {lines[0][:200]}" if lines else "")
+
+
 class _StoppedWaiting(Exception):
     """An operator stopped a study while it waited for its sites."""
 
@@ -421,9 +432,10 @@ def _run_submission(submission, config: RunConfig, store, client, proc, link_opt
         plan = training_setup.prepare_run(
             store, checked, site_authentication=sites_must_register(config.connection)
         )
-    except UserError as exc:
-        submissions.ended(submission.id, "failed", str(exc))
-        _echo(f"{who} failed: {exc}")
+    except Exception as exc:  # noqa: BLE001 - a study's task may raise anything; it fails alone
+        line = str(exc) if isinstance(exc, UserError) else _raised(exc)
+        submissions.ended(submission.id, "failed", line)
+        _echo(f"{who} failed: {line}")
         return
     plan = replace(plan, deployment_file=deployment_file)
     if not submissions.started(submission.id, plan.run_id):
@@ -581,8 +593,9 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
 
             left = Submissions(store).fail_running("the coordinator stopped during it")
             if left:
-                _echo(f"submissions {', '.join(map(str, left))} ended: the coordinator "
-                      "stopped during them")  # fmt: skip
+                which = ", ".join(map(str, left))
+                _echo(f"submission{'s' * (len(left) > 1)} {which} failed: the coordinator "
+                      "stopped during it; submit again to rerun")  # fmt: skip
             door_server = _serve_door(door, store, config)
         known: dict[Path, bytes] = {}
         refused = RefusedKeys(refused_notes, connection.tls_dir, _echo)
