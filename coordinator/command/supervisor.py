@@ -460,7 +460,13 @@ def _run_submission(submission, config: RunConfig, store, client, proc, link_opt
             submissions.ended(submission.id, "stopped" if stopped else "failed", str(exc))
             _echo(f"{who} {'' if stopped else 'failed: '}{exc}")
             return
-        flower_run = client.start_run(build_fab(plan.to_run_config()))
+        try:
+            flower_run = client.start_run(build_fab(plan.to_run_config()))
+        except UserError as exc:  # the SuperLink refused this run: it fails alone
+            store.finish_run(plan.run_id, "failed", str(exc))
+            submissions.ended(submission.id, "failed", str(exc))
+            _echo(f"{who} failed: {exc}")
+            return
         _echo(f"run {plan.run_id} started for submission {submission.id} (Flower run {flower_run})")
         sub_status, details, stopped_by = _follow(
             client, proc, link_options, flower_run, _Watcher(store, plan, revoked), keys,
