@@ -32,7 +32,7 @@ def door(tmp_path):
     token = OperatorRegistry(store).add("alice", added_by="root@test")
 
     def app():  # a door of its own: its own count of a source's refused tokens
-        return make_door(store, check, lambda run_id, after: [])
+        return make_door(store, check, lambda run_id, after: ([], after))
 
     client = TestClient(app())
     client.headers["authorization"] = f"Bearer {token}"

@@ -67,11 +67,12 @@ async def _body(request: Request) -> bytes | None:
 def make_door(
     store,  # type: ignore[no-untyped-def]
     check_study: Callable[[str, str], None],
-    round_lines: Callable[[str, int], list[str]],
+    round_lines: Callable[[str, int], tuple[list[str], int]],
 ) -> Starlette:
     """The door's app over the history ``store``. ``check_study(text, source)`` raises a
     ``UserError`` for a study the coordinator would refuse; ``round_lines(run_id, after)``
-    gives a history run's rounds after ``after`` as the console prints them."""
+    gives a history run's rounds after ``after`` as the console prints them, and the last
+    of those rounds (``after`` where there are none), read at once."""
     operators, submissions = OperatorRegistry(store), Submissions(store)
     failed = FailedLogins()
 
@@ -176,14 +177,9 @@ def make_door(
             return _error(404, str(exc))
 
     def _logs(number: int, after: int) -> dict[str, Any]:
-        info = submissions.get(number)
-        lines = round_lines(info.run_id, after) if info.run_id is not None else []
-        last = after
-        if info.run_id is not None:
-            done = [row["round"] for row in store.rounds(info.run_id, after=after)]
-            last = max(done, default=after)
-        return {"state": submissions.get(number).state, "lines": lines, "after": last,
-                "reason": info.reason}  # fmt: skip
+        info = submissions.get(number)  # its state first: an ended run has all its rounds
+        lines, last = round_lines(info.run_id, after) if info.run_id else ([], after)
+        return {"state": info.state, "lines": lines, "after": last, "reason": info.reason}
 
     async def logs(request: Request) -> Response:
         _name, refusal = await caller(request)

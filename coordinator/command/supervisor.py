@@ -366,14 +366,15 @@ def _serve_door(door, store, config: RunConfig):
         except Exception as exc:  # noqa: BLE001 - a study's task may raise anything
             raise UserError(f"{source}: {_raised(exc)}") from None
 
-    def lines(run_id: str, after: int) -> list[str]:
+    def lines(run_id: str, after: int) -> tuple[list[str], int]:
         _command, values = stored_settings(store.get_run(run_id).config)
         study = RunConfig().replace(**values)
         headline, rounds = run_headline(study), study.training.rounds
-        out = []
+        out, last = [], after
         for row in store.rounds(run_id, after=after):
             out += round_lines(row, store.site_results(run_id, row["round"]), rounds, headline, {})
-        return out
+            last = row["round"]
+        return out, last
 
     app = make_door(store, check_study, lines)
     _echo(f"operator door at {exposure.url}: `fedweave run submit` queues studies here")
