@@ -315,7 +315,9 @@ class _RankGroup:
         """The reason of a job one of whose ranks exited: once the others have had
         ``FAILURE_GRACE_SECONDS`` to fail after it, a rank still running is the one they
         gave up waiting for (stopped, or stuck outside training); else a rank killed by a
-        signal (the others only fail for want of it), else the first to say it failed."""
+        signal (the others only fail for want of it), one killed from outside before one
+        that aborted itself (a rank whose peer vanished may abort first), else the first to
+        say it failed."""
         ranks, world = self.ranks, len(self.ranks)
         deadline = time.monotonic() + FAILURE_GRACE_SECONDS
         while time.monotonic() < deadline and any(proc.poll() is None for proc in ranks):
@@ -323,12 +325,13 @@ class _RankGroup:
         said = {rank: self._said(rank) for rank in range(world)}
         failed = [rank for rank, proc in enumerate(ranks) if proc.poll() is not None]
         killed = [rank for rank in failed if (ranks[rank].returncode or 0) < 0]
+        from_outside = [rank for rank in killed if ranks[rank].returncode != -signal.SIGABRT]
         when = {
             rank: said[rank]["at"] if said[rank] is not None
             else self.exits.get(rank, time.monotonic())
             for rank in failed
         }  # fmt: skip
-        first = min(killed or failed, key=lambda rank: when[rank])
+        first = min(from_outside or killed or failed, key=lambda rank: when[rank])
         seconds = max(0.0, when[first] - started)
         alive = [rank for rank, proc in enumerate(ranks) if proc.poll() is None]
         if alive:
