@@ -22,6 +22,7 @@ from typing import Any
 from fedweave.config import SETTINGS, RunConfig
 from fedweave.config.run_config import coerce
 from fedweave.contract import RUN_ID_KEY as RUN_CONFIG_ID_KEY
+from fedweave.contract import RUN_OPERATOR_KEY
 
 DEPLOYMENT_FILE_KEY = "fw-deployment-file"
 """Run config: the path of the coordinator's 0600 deployment file (``write_deployment_file``)."""
@@ -151,11 +152,14 @@ class DeployPlan:
         config: the run's settings; paths are absolute on the coordinator's machine.
         deployment_file: the coordinator's deployment file (``write_deployment_file``);
             ``None`` until the coordinator has written it.
+        operator: who submitted the run (``fedweave run submit``); ``None`` for the
+            coordinator's command-line run. Sites see it (``RUN_OPERATOR_KEY``).
     """
 
     run_id: str
     config: RunConfig
     deployment_file: Path | None = None
+    operator: str | None = None
 
     def to_run_config(self) -> dict[str, Any]:
         """Flower run-config keys: ``fw-run-id`` plus each plan setting with ``-`` for ``_``
@@ -163,6 +167,8 @@ class DeployPlan:
         out: dict[str, Any] = {RUN_CONFIG_ID_KEY: self.run_id}
         if self.deployment_file is not None:
             out[DEPLOYMENT_FILE_KEY] = str(self.deployment_file)
+        if self.operator is not None:
+            out[RUN_OPERATOR_KEY] = self.operator
         for name in PLAN_SETTINGS:
             value = self.config.value(name)
             if value is not None:
@@ -185,4 +191,5 @@ class DeployPlan:
             str(run_config[RUN_CONFIG_ID_KEY]),
             RunConfig().replace(**values),
             Path(str(deployment_file)) if deployment_file else None,
+            str(run_config[RUN_OPERATOR_KEY]) if RUN_OPERATOR_KEY in run_config else None,
         )

@@ -24,9 +24,21 @@ RUN_ID_KEY = "fw-run-id"
 """Run config: the history run the deployed ServerApp records into."""
 RUN_TASK_KEY = "task"
 """Run config: the task every site of the run must hold."""
+RUN_OPERATOR_KEY = "fw-operator"
+"""Run config: the operator who submitted the run (``fedweave run submit``); absent for the
+coordinator's command-line run. A site's policy may name the operators it serves."""
+RUN_SITES_KEY = "fw-sites"
+"""Run config: the site names the run is limited to, comma-separated (a study's
+``[federation] sites``); absent: every connected site."""
 
 NODE_DATA_PATH_KEY = "data-path"
 NODE_TASK_KEY = "task"
+NODE_MORE_TASKS_KEY = "more-tasks"
+"""Node config: the other tasks the site holds, each with its own data file (``fedweave
+client --more-tasks``): ``TASK=ABSOLUTE_PATH`` entries joined by ``,``."""
+NODE_POLICY_KEY = "policy"
+"""Node config: the absolute path of the site's policy file (``fedweave client --policy``),
+read again at each run's first message so the site may change it while it serves."""
 NODE_LABEL_COLUMN_KEY = "label-column"
 NODE_COLUMNS_KEY = "columns"
 """Node config: the absolute path of the site's column map (``fedweave client --columns``:

@@ -83,7 +83,8 @@ def _deploy_and_operate(tmp_path, served, elsewhere) -> None:
             "coordinator", "coordinator", "--address", address, "--task", "digits",
             "--rounds", "1", "--min-clients", str(SITES), "--db", db, "--tls-dir", "tls",
             "--test-data", "split/test.npz", "--local-epochs", "2", "--round-timeout", "120",
-            "--no-secure-agg", "--operator-address", f"0.0.0.0:{DOOR}", host=served,
+            "--no-secure-agg", "--operator-address", f"0.0.0.0:{DOOR}", "--max-studies", "1",
+            host=served,
         )  # fmt: skip
         for i in range(SITES):
             procs.start(

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import NoReturn
 
 import typer
 
@@ -126,10 +128,10 @@ class _Watcher:
     line when a site is late ``--stall-after`` rounds in a row or the round in flight runs
     past its deadlines and ``--stall-grace`` (``fedweave/history/alerts.py``)."""
 
-    def __init__(self, store, plan: DeployPlan, revoked: dict[str, str]) -> None:
+    def __init__(self, store, plan: DeployPlan, revoked: dict[str, str], say=_echo) -> None:
         from fedweave.history.alerts import AlertRules, LateStreaks
 
-        self.store, self.plan, self.revoked = store, plan, revoked
+        self.store, self.plan, self.revoked, self.say = store, plan, revoked, say
         self.rounds = plan.config.training.rounds
         self.headline = run_headline(plan.config)
         self.printed = {r["round"] for r in store.rounds(plan.run_id)}
@@ -146,11 +148,11 @@ class _Watcher:
             self.printed.add(row["round"])
             site_rows = self.store.site_results(self.plan.run_id, row["round"])
             for line in round_lines(row, site_rows, self.rounds, self.headline, self.revoked):
-                _echo(line)
+                self.say(line)
             self.streaks.add_rows(site_rows)
             for late in self.streaks.flagged(self.rules):
                 if len(late.rounds) == self.rules.late_in_a_row and late.rounds[-1] == row["round"]:
-                    _echo(f"warning: {late.line()}")
+                    self.say(f"warning: {late.line()}")
         self._warn_if_overdue()
 
     def _warn_if_overdue(self) -> None:
@@ -163,7 +165,7 @@ class _Watcher:
         )
         if overdue is not None and overdue.round not in self.warned_overdue:
             self.warned_overdue.add(overdue.round)
-            _echo(f"warning: {overdue.line()}")
+            self.say(f"warning: {overdue.line()}")
 
 
 def _sync_site_keys(
@@ -267,9 +269,10 @@ def _metrics_exposure(config: RunConfig):
     return serving, bind(serving, "--metrics-address")
 
 
-def _serve_metrics(metrics, store, plan: DeployPlan, client):
-    """Serve ``/metrics`` of the planned run (sites connected: the SuperLink's own count;
-    alerts by the run's ``--stall-after`` and ``--stall-grace``)."""
+def _serve_metrics(metrics, store, config: RunConfig, run_id: str | None, client):
+    """Serve ``/metrics`` of run ``run_id``, or of every run where None (a coordinator with
+    an operator door: its studies too, and their queue); sites connected: the SuperLink's
+    own count; alerts by ``--stall-after`` and ``--stall-grace``."""
     from fedweave.dashboard.app import make_app
     from fedweave.dashboard.prometheus import HistoryCollector
     from fedweave.dashboard.server import BackgroundServer
@@ -286,21 +289,22 @@ def _serve_metrics(metrics, store, plan: DeployPlan, client):
             pass
         return last[0]
 
-    monitoring = plan.config.monitoring
+    monitoring = config.monitoring
     views = Views(store, AlertRules(monitoring.stall_after, monitoring.stall_grace))
-    collector = HistoryCollector(views, run_id=plan.run_id, connected=connected)
+    collector = HistoryCollector(views, run_id=run_id, connected=connected)
     app = make_app(views, serving.credentials, pages=False, collector=collector,
                    hosts=serving.host_names)  # fmt: skip
-    _echo(f"Prometheus metrics of run {plan.run_id} at {serving.url}/metrics")
+    which = f"run {run_id}" if run_id is not None else "every run"
+    _echo(f"Prometheus metrics of {which} at {serving.url}/metrics")
     return BackgroundServer(app, serving, sock)
 
 
-def _wait_for_sites(client, proc, needed: int, timeout: float | None, keys) -> None:
+def _wait_for_sites(client, proc, needed: int, timeout: float | None, keys, say=_echo) -> None:
     last, deadline = -1, None if timeout is None else time.monotonic() + timeout
     while True:
         online = len(client.online_nodes())
         if online != last:
-            _echo(f"{online}/{needed} sites connected" + ("" if online >= needed else "; waiting"))
+            say(f"{online}/{needed} sites connected" + ("" if online >= needed else "; waiting"))
             last = online
         if online >= needed:
             return
@@ -414,25 +418,36 @@ class _StoppedWaiting(Exception):
     """An operator stopped a study while it waited for its sites."""
 
 
-def _run_submission(submission, config: RunConfig, store, client, proc, link_options, keys,
-                    revoked: dict[str, str], deployment_file: Path) -> None:  # fmt: skip
+class _Closing(BaseException):
+    """The coordinator is stopping: a study's thread ends, its study recorded failed."""
+
+
+def _run_submission(submission, config: RunConfig, store, client, proc, link_options,
+                    revoked: dict[str, str], deployment_file: Path,
+                    closing: threading.Event) -> None:  # fmt: skip
     """Run one queued study to its end as the command line's run ran, recording its
     submission's state; a study refused at its turn (its task gone, sites that do not come)
-    fails alone, the coordinator serves on."""
+    fails alone, the coordinator serves on. Runs in a thread of its own (``_Studies``):
+    ``closing`` set ends it, the study recorded failed for the coordinator's stop."""
     from fedweave.coordinator.command import run_checks, training_setup
     from fedweave.coordinator.command.study import resolve_study
     from fedweave.history.submissions import Submissions
 
     submissions = Submissions(store)
     who = f"submission {submission.id} ({submission.source}, by {submission.operator})"
+
+    def say(line: str) -> None:
+        _echo(f"[submission {submission.id}] {line}")
+
     _echo(f"{who}: its turn")
     try:
         study, resolved = resolve_study(config, submission.config_toml, submission.source)
         run_checks.check_run(study)
         checked = training_setup.check_run_input(store, study, resolved)
         plan = training_setup.prepare_run(
-            store, checked, site_authentication=sites_must_register(config.connection)
-        )
+            store, checked, site_authentication=sites_must_register(config.connection),
+            operator=submission.operator,
+        )  # fmt: skip
     except Exception as exc:  # noqa: BLE001 - a study's task may raise anything; it fails alone
         line = str(exc) if isinstance(exc, UserError) else _raised(exc)
         submissions.ended(submission.id, "failed", line)
@@ -443,16 +458,22 @@ def _run_submission(submission, config: RunConfig, store, client, proc, link_opt
         store.finish_run(plan.run_id, "interrupted", "stopped by an operator before it started")
         return
 
-    def keys_or_stop() -> None:
-        keys()
+    def closing_or_stop() -> None:
+        if closing.is_set():
+            raise _Closing
         stopped_by = submissions.get(submission.id).stop_requested_by
         if stopped_by is not None:
             raise _StoppedWaiting(f"stopped by operator {stopped_by} while it waited for sites")
 
+    def closing_only() -> None:
+        if closing.is_set():
+            raise _Closing
+
     try:
         try:
             _wait_for_sites(client, proc, plan.config.federation.min_clients,
-                            config.deployment.site_timeout or None, keys_or_stop)  # fmt: skip
+                            config.deployment.site_timeout or None, closing_or_stop,
+                            say)  # fmt: skip
         except (UserError, _StoppedWaiting) as exc:
             if proc.poll() is not None:
                 raise
@@ -470,8 +491,8 @@ def _run_submission(submission, config: RunConfig, store, client, proc, link_opt
             return
         _echo(f"run {plan.run_id} started for submission {submission.id} (Flower run {flower_run})")
         sub_status, details, stopped_by = _follow(
-            client, proc, link_options, flower_run, _Watcher(store, plan, revoked), keys,
-            stop_asked=lambda: submissions.get(submission.id).stop_requested_by,
+            client, proc, link_options, flower_run, _Watcher(store, plan, revoked, say),
+            closing_only, stop_asked=lambda: submissions.get(submission.id).stop_requested_by,
         )  # fmt: skip
     except BaseException:
         reason = "the coordinator stopped during it"
@@ -501,6 +522,75 @@ def _run_submission(submission, config: RunConfig, store, client, proc, link_opt
         _echo(f"run {plan.run_id} of submission {submission.id} completed: {rounds} rounds")
 
 
+class _Studies:
+    """The operators' queued studies, run at once up to ``--max-studies``, each in a thread
+    of its own (``_run_submission``); the oldest queued goes first."""
+
+    def __init__(self, run_one, limit: int) -> None:
+        """``run_one(submission, closing)`` runs one study to its end."""
+        from fedweave.history.submissions import Submissions
+
+        self.run_one, self.limit = run_one, limit
+        self.closing = threading.Event()
+        self.running: dict[int, threading.Thread] = {}
+        self._queue: Submissions | None = None
+        self._submissions = Submissions
+
+    def start_due(self, store) -> None:
+        """Start the oldest queued studies while fewer than the limit run."""
+        if self._queue is None:
+            self._queue = self._submissions(store)
+        self.running = {key: t for key, t in self.running.items() if t.is_alive()}
+        while len(self.running) < self.limit:
+            waiting = self._queue.next_queued(skip=frozenset(self.running))
+            if waiting is None:
+                return
+            thread = threading.Thread(target=self._run, args=(waiting,),
+                                      name=f"submission-{waiting.id}", daemon=True)  # fmt: skip
+            self.running[waiting.id] = thread
+            thread.start()
+
+    def _run(self, submission) -> None:
+        try:
+            self.run_one(submission, self.closing)
+        except _Closing:
+            pass
+        except UserError as exc:  # the SuperLink stopped: the main loop says so and exits
+            _echo(f"submission {submission.id} ended: {exc}")
+        except Exception as exc:  # noqa: BLE001 - one study's failure must not end the others
+            _echo(f"submission {submission.id} failed: {_raised(exc)}")
+
+    def close(self, seconds: float = 15.0) -> None:
+        """End every study's thread (each records its study as failed), waiting up to
+        ``seconds`` in all."""
+        self.closing.set()
+        deadline = time.monotonic() + seconds
+        for thread in self.running.values():
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+
+def _serve_studies(config: RunConfig, store, client, proc, link_options, keys,
+                   revoked: dict[str, str], deployment_file: Path) -> NoReturn:  # fmt: skip
+    """Serve the operators' queue until the SuperLink stops (``UserError``) or Ctrl-C: up to
+    ``--max-studies`` at once, each followed in its own thread; the site keys synced here,
+    in this thread only."""
+    studies = _Studies(
+        lambda submission, closing: _run_submission(
+            submission, config, store, client, proc, link_options, revoked, deployment_file,
+            closing,
+        ),
+        config.deployment.max_studies,
+    )
+    try:
+        while proc.poll() is None:
+            keys()
+            studies.start_due(store)
+            time.sleep(POLL_S)
+    finally:
+        studies.close()
+    raise UserError(f"the SuperLink stopped (exit {proc.returncode}); see {link_options.log_path}")
+
+
 def serve(config: RunConfig, resolved: Resolved) -> int:
     """Run the coordinator, or ``fedweave evaluate``'s evaluation-only run
     (``evaluation_setup.py``); returns the exit code (0: run completed)."""
@@ -514,6 +604,7 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
     from fedweave.history.tracking import check_tracker
 
     evaluating = resolved.command == "evaluate"
+    own_run = evaluating or not config.deployment.studies_only
     check_tracker(config.history.track)  # the ServerApp builds the tracker; too late to say
     connection, deployment = config.connection, config.deployment
     host, port = parse_address(deployment.address)
@@ -525,7 +616,7 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
     )
     if problem is not None:
         raise UserError(problem)
-    if not evaluating:
+    if not evaluating and own_run:
         run_checks.check_run(config)
     check_port_free(host, port)
     bulk_address = _bulk_address(deployment.bulk_address, (host, port))
@@ -538,7 +629,7 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
         plan = evaluation_setup.prepare_evaluation(
             store, config, resolved, tls=tls is not None, site_authentication=authenticated
         )
-    else:
+    elif own_run:
         checked = training_setup.check_run_input(store, config, resolved)
     link_options = SuperLinkOptions(
         host, port, deployment.state_dir.resolve(), tls,
@@ -552,7 +643,8 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
     if link_options.node_auth:  # until it exists, a key not registered yet gets "try again"
         link_env[KEYS_SYNCED_FILE_ENV] = str(keys_synced)
     proc = launch_superlink(link_options, child_env(link_env))
-    if not evaluating:
+    plan = None
+    if not evaluating and own_run:
         # the SuperLink boots (~3.5 s) while a default deadline is sized (torch, ~4 s)
         try:
             plan = training_setup.prepare_run(
@@ -564,12 +656,11 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
     again = (
         f"run it again with fedweave evaluate --run {plan.config.evaluation.run}"
         if evaluating
-        else f"continue it with --resume {plan.run_id}"
+        else f"continue it with --resume {plan.run_id}" if plan is not None else ""
     )
-    min_clients = plan.config.federation.min_clients
     previous = signal.signal(signal.SIGTERM, raise_interrupt)
     client = metrics_server = bulk_server = door_server = None
-    finished = False
+    finished = not own_run
     deployment_file: Path | None = None
     revoked: dict[str, str] = {}
     try:
@@ -581,7 +672,8 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
                 shared, bulk_spool=str(bulk_server.spool.root), bulk_port=bulk_server.port
             )
         deployment_file = write_deployment_file(secrets, shared)
-        plan = replace(plan, deployment_file=deployment_file)
+        if plan is not None:
+            plan = replace(plan, deployment_file=deployment_file)
         client = await_superlink(link_options, proc)
         scheme = "https" if tls else "http (insecure)"
         _echo(
@@ -594,7 +686,10 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
                 "beside Flower's messages"
             )
         if metrics is not None:
-            metrics_server = _serve_metrics(metrics, store, plan, client)
+            metrics_server = _serve_metrics(
+                metrics, store, plan.config if plan is not None else config,
+                None if door is not None else plan.run_id, client,
+            )  # fmt: skip
         if door is not None:
             from fedweave.history.submissions import Submissions
 
@@ -614,6 +709,11 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
 
         keys(first=True)
         keys_synced.touch()
+        if plan is None:
+            _echo("serving the operators' studies only (--studies-only); Ctrl-C to stop")
+            _serve_studies(config, store, client, proc, link_options, keys, revoked,
+                           deployment_file)  # fmt: skip
+        min_clients = plan.config.federation.min_clients
         _wait_for_sites(client, proc, min_clients, deployment.site_timeout or None, keys)
         flower_run = client.start_run(build_fab(plan.to_run_config()))
         secure_agg = plan.config.secure_aggregation.secure_agg
@@ -662,22 +762,15 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
         if deployment.once:
             return 0
         _echo("serving: sites stay connected for the next run; Ctrl-C to stop")
-        queue = None
-        if door_server is not None:
-            from fedweave.history.submissions import Submissions
-
-            queue = Submissions(store)
-        while proc.poll() is None:
-            keys()
-            waiting = queue.next_queued() if queue is not None else None
-            if waiting is not None:
-                _run_submission(waiting, config, store, client, proc, link_options, keys,
-                                revoked, deployment_file)  # fmt: skip
-                continue
-            time.sleep(POLL_S * 4)
-        raise UserError(
-            f"the SuperLink stopped (exit {proc.returncode}); see {link_options.log_path}"
-        )
+        if door_server is None:
+            while proc.poll() is None:
+                keys()
+                time.sleep(POLL_S * 4)
+            raise UserError(
+                f"the SuperLink stopped (exit {proc.returncode}); see {link_options.log_path}"
+            )
+        _serve_studies(config, store, client, proc, link_options, keys, revoked,
+                       deployment_file)  # fmt: skip
     except KeyboardInterrupt:
         if not finished:
             store.finish_run(plan.run_id, "interrupted", "coordinator stopped (Ctrl-C/SIGTERM)")

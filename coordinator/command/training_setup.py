@@ -108,10 +108,13 @@ def check_run_input(store, config: RunConfig, resolved: Resolved) -> CheckedRun:
     return CheckedRun(config, stored, run, test_data_of(config))
 
 
-def prepare_run(store, checked: CheckedRun, *, site_authentication: bool) -> DeployPlan:
+def prepare_run(
+    store, checked: CheckedRun, *, site_authentication: bool, operator: str | None = None
+) -> DeployPlan:
     """Create the history run, or resume one (same settings, after its last round); print
-    what protects it; returns the plan the ServerApp will run. A default deadline times the
-    task here (torch: ~4 s), which the coordinator overlaps with its SuperLink's start."""
+    what protects it; returns the plan the ServerApp will run (``operator``: who submitted
+    it, for an operator's study). A default deadline times the task here (torch: ~4 s),
+    which the coordinator overlaps with its SuperLink's start."""
     from fedweave.coordinator.command.run_header import header_line
 
     run, stored = checked.resumed, dict(checked.stored)
@@ -125,8 +128,8 @@ def prepare_run(store, checked: CheckedRun, *, site_authentication: bool) -> Dep
             f"resuming run {run.run_id} after round {run.rounds_completed} of "
             f"{config.training.rounds}"
         )
-        return DeployPlan(run.run_id, config)
+        return DeployPlan(run.run_id, config, operator=operator)
     run_id = uuid.uuid4().hex[:12]
     store.start_run("federated", config.data.task, stored, config.training.seed, run_id=run_id)
     _echo(f"run {run_id} recorded in the history")
-    return DeployPlan(run_id, config)
+    return DeployPlan(run_id, config, operator=operator)

@@ -153,6 +153,16 @@ def _coordinator_tls(o: Options) -> str | None:
     return None
 
 
+@_rule("studies_only", "operator_address", "resume",
+       says="a coordinator with --studies-only has an operator door and nothing to resume")
+def _studies_only(o: Options) -> str | None:
+    if o["studies_only"] and o["operator_address"] is None:
+        return "--studies-only runs operators' studies only: give --operator-address HOST:PORT"
+    if o["studies_only"] and o["resume"] is not None:
+        return "--studies-only runs no run of its own to resume: drop --resume or --studies-only"
+    return None
+
+
 @_rule("insecure", "ca_cert", says="a site has the coordinator's --ca-cert or --insecure, not both")
 def _site_tls(o: Options) -> str | None:
     if o["insecure"] and o["ca_cert"] is not None:

@@ -566,8 +566,19 @@ class DeploymentSection:
     operator_address: str | None = setting(
         None, "Open the operator door at HOST:PORT (HTTPS with the coordinator's certificate): "
         "operators with a token from `fedweave operators add` submit, follow and stop studies "
-        "(`fedweave run`), run one after the other once the command line's run has ended. "
-        "Unset: no door.", identity=False,
+        "(`fedweave run`), run as they come once the command line's run has ended, up to "
+        "--max-studies at once. Unset: no door.", identity=False,
+    )
+    max_studies: int = setting(
+        2, "With --operator-address: the most operators' studies run at once; the next waits "
+        "its turn in the queue. Studies at once share the sites: a site trains one message "
+        "at a time, whichever study sent it.", minimum=1, maximum=16, identity=False,
+        stored=False,
+    )
+    studies_only: bool = setting(
+        False, "With --operator-address: run no study of the command line's own (its --task and "
+        "training options are unused); serve the sites and the operators' studies only.",
+        identity=False, stored=False,
     )
 
 
@@ -751,7 +762,8 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         *_FEDERATION, *_ASYNC,
         *_EVALUATION, *_SECAGG, *_PRIVACY,
         "address", "insecure", "tls_dir", "allow_unregistered_sites", "site_timeout",
-        "max_clock_skew", "state_dir", "once", "bulk_address", "operator_address", "db",
+        "max_clock_skew", "state_dir", "once", "bulk_address", "operator_address", "max_studies",
+        "studies_only", "db",
         "checkpoint_dir", "resume",
         "track", "metrics_address", "auth_file", "stall_after", "stall_grace",
     ),

@@ -105,12 +105,13 @@ class Submissions:
             ).all()
             return [_info(row) for row in reversed(rows)]
 
-    def next_queued(self) -> SubmissionInfo | None:
-        """The oldest queued submission, if any."""
+    def next_queued(self, skip: frozenset[int] = frozenset()) -> SubmissionInfo | None:
+        """The oldest queued submission, if any, but those in ``skip`` (taken already)."""
         with self._store._reading() as session:
-            row = session.scalars(
-                select(Submission).where(Submission.state == "queued").order_by(Submission.id)
-            ).first()
+            query = select(Submission).where(Submission.state == "queued")
+            if skip:
+                query = query.where(Submission.id.not_in(sorted(skip)))
+            row = session.scalars(query.order_by(Submission.id)).first()
             return None if row is None else _info(row)
 
     def queue_position(self, submission: int) -> int:
