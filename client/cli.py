@@ -80,6 +80,22 @@ def personal_state_entry(config) -> dict[str, str]:
     return {NODE_PERSONAL_STATE_KEY: str(Path(folder).resolve())}
 
 
+def site_choice_entries(config) -> dict[str, str]:
+    """The site's other tasks (``--more-tasks``) and its policy file (``--policy``) as
+    node-config entries: the site's ClientApp serves and refuses runs by them."""
+    from fedweave.client.site_checks import more_tasks
+    from fedweave.client.worker_supervisor import more_tasks_entry
+    from fedweave.contract import NODE_MORE_TASKS_KEY, NODE_POLICY_KEY
+
+    entries = {}
+    tasks = more_tasks(config)
+    if tasks:
+        entries[NODE_MORE_TASKS_KEY] = more_tasks_entry(tasks)
+    if config.site.policy is not None:
+        entries[NODE_POLICY_KEY] = str(config.site.policy.resolve())
+    return entries
+
+
 def site_ledger_path(config) -> Path:
     """This site's own sample-DP ledger: ``--privacy-ledger``, else beside its data file (the
     ledger is that data's: what it has spent across every run)."""
@@ -632,7 +648,7 @@ def site_name(given: str | None, site_key: Path | None) -> str:
 
 
 def _client(config: RunConfig, _resolved: Resolved) -> None:
-    from fedweave.client.site_checks import check_site_data, check_site_inputs
+    from fedweave.client.site_checks import check_site_data, check_site_inputs, more_tasks
     from fedweave.errors import UserError
 
     data, connection, site = config.data, config.connection, config.site
@@ -672,7 +688,8 @@ def _client(config: RunConfig, _resolved: Resolved) -> None:
         name=name,
         eval_data=config.evaluation.eval_data,
         eval_fraction=config.evaluation.eval_fraction,
-        floor={**privacy_floor(config), **personal_state_entry(config)},
+        floor={**privacy_floor(config), **personal_state_entry(config),
+               **site_choice_entries(config)},  # fmt: skip
         columns=data.columns,
         base_model=config.site.base_model,
         nproc=config.training.nproc_per_node,
@@ -700,6 +717,7 @@ def _client(config: RunConfig, _resolved: Resolved) -> None:
             data.columns,
             config.training.device,
             config.training.nproc_per_node,
+            more_tasks(config),
         )
     else:
         _echo(
@@ -723,6 +741,11 @@ def _client(config: RunConfig, _resolved: Resolved) -> None:
                 )
             )  # fmt: skip
         )
+    others = more_tasks(config)
+    if others:
+        _echo(f"this site holds tasks {', '.join([data.task, *others])}: it serves a run of any")
+    if site.policy is not None:
+        _echo(f"site policy {site.policy}: runs it does not take are refused, with the reason")
     try:
         code = run_site(
             command, coordinator, site.log_file, connection.connect_timeout,

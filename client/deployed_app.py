@@ -7,6 +7,8 @@ Settings come from Flower, not from Python arguments, because Flower builds this
 - the run config (set by the coordinator): ``task`` (the run's task);
 - the node config (set by ``fedweave client`` on the site): ``data-path`` (the site's own
   file, the only data it trains on), ``task`` (what the operator says this site holds),
+  ``more-tasks`` (its other tasks, each with its own file, its DP ledger and personal
+  layers beside that file), ``policy`` (its policy file, ``client/mods.site_policy_guard``),
   ``label-column`` (CSV), ``device`` (``cpu``/``cuda``; empty: auto), ``eval-data-path``
   (the site's own evaluation file) or ``eval-fraction`` (the share of its data it holds out
   to evaluate the global model on), ``personal-state`` (the folder it keeps a task's local
@@ -25,6 +27,7 @@ from flwr.client import ClientApp
 from flwr.common import Context
 
 from fedweave.client.mods import site_mods
+from fedweave.client.worker import parse_more_tasks
 from fedweave.contract import (
     NODE_BASE_MODEL_KEY,
     NODE_COLUMNS_KEY,
@@ -34,6 +37,7 @@ from fedweave.contract import (
     NODE_EVAL_FRACTION_KEY,
     NODE_LABEL_COLUMN_KEY,
     NODE_MAX_EPSILON_KEY,
+    NODE_MORE_TASKS_KEY,
     NODE_NPROC_KEY,
     NODE_PERSONAL_STATE_KEY,
     NODE_PRIVACY_LEDGER_KEY,
@@ -65,17 +69,22 @@ def site_client(context: Context):
     data_path = _config_str(context.node_config, NODE_DATA_PATH_KEY)
     if run_task is None:
         raise SiteRefusal("the run does not name a task")
-    if site_task is not None and site_task != run_task:
+    more = parse_more_tasks(_config_str(context.node_config, NODE_MORE_TASKS_KEY))
+    primary = site_task is None or site_task == run_task
+    if not primary and run_task not in more:
+        held = ", ".join(f"'{task}'" for task in [site_task, *more])
         raise SiteRefusal(
-            f"site holds task '{site_task}' but the run trains '{run_task}'; "
-            f"restart the site with --task {run_task} and matching data"
+            f"site holds task{'s' * bool(more)} {held} but the run trains '{run_task}'; "
+            f"restart the site with --more-tasks {run_task}=DATA to serve it"
         )
+    if not primary:  # one of --more-tasks: its own file, the task's own columns
+        data_path = more[run_task]
     if data_path is None:
         raise SiteRefusal("the site has no data file (fedweave client --data)")
+    node = context.node_config if primary else {}
     site_data = SiteData(
-        run_task, data_path, _config_str(context.node_config, NODE_LABEL_COLUMN_KEY),
-        _config_str(context.node_config, NODE_COLUMNS_KEY),
-        _config_str(context.node_config, NODE_EVAL_DATA_KEY),
+        run_task, data_path, _config_str(node, NODE_LABEL_COLUMN_KEY),
+        _config_str(node, NODE_COLUMNS_KEY), _config_str(node, NODE_EVAL_DATA_KEY),
         float(_config_str(context.node_config, NODE_EVAL_FRACTION_KEY) or 0.1),
     )  # fmt: skip
     try:
@@ -96,10 +105,12 @@ def site_client(context: Context):
         node_id=context.node_id,
         site_name=_config_str(context.node_config, NODE_SITE_NAME_KEY),
         evaluation=evaluation,
-        ledger_path=_config_str(context.node_config, NODE_PRIVACY_LEDGER_KEY),
+        ledger_path=_config_str(context.node_config, NODE_PRIVACY_LEDGER_KEY) if primary
+        else f"{data_path}.privacy-ledger.json",  # a ledger is its data's
         max_epsilon=_max_epsilon(context),
         base_model=_config_str(context.node_config, NODE_BASE_MODEL_KEY),
-        layers_dir=_config_str(context.node_config, NODE_PERSONAL_STATE_KEY),
+        layers_dir=_config_str(context.node_config, NODE_PERSONAL_STATE_KEY) if primary
+        else f"{data_path}.personal",
         processes=_processes(context, site_data),
     ).to_client()
 

@@ -28,6 +28,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from flwr.app import Context, Message, MessageType
 
@@ -50,11 +51,14 @@ from fedweave.contract import (
     MAX_CLOCK_SKEW_KEY,
     MAX_NORM_KEY,
     NODE_MAX_EPSILON_KEY,
+    NODE_POLICY_KEY,
     NODE_REQUIRE_DP_KEY,
     NODE_REQUIRE_SECURE_AGG_KEY,
     NODE_SITE_NAME_KEY,
     PRIVATE_EVALUATION_KEY,
     PROCESSES_METRIC,
+    RUN_OPERATOR_KEY,
+    RUN_TASK_KEY,
     SECAGG_CLIP_KEY,
     SECAGG_MAX_WEIGHT_KEY,
     SECAGG_VECTOR_ARRAYS_KEY,
@@ -240,14 +244,64 @@ def floor_problem(floor: dict, config: dict, secure: bool) -> str | None:
     return None
 
 
+_POLICIES: dict[str, object] = {}
+"""Policy file path → its ``site_policy.PolicyFile`` (read again when it changes)."""
+_POLICY_REFUSALS_SAID: set[tuple[int, str]] = set()
+"""(Flower run, reason) already said on the site's console: once a run, not once a round."""
+
+
+def _site_policy(context: Context):  # type: ignore[no-untyped-def]
+    """This site's policy (``fedweave client --policy``) as its file says now, or None;
+    ``SiteRefusal`` with its problem where the file no longer reads."""
+    from fedweave.errors import UserError
+    from fedweave.site_policy import PolicyFile
+
+    path = context.node_config.get(NODE_POLICY_KEY)
+    if not path:
+        return None
+    policy_file = _POLICIES.setdefault(str(path), PolicyFile(Path(str(path))))
+    try:
+        return policy_file.current()  # type: ignore[attr-defined]
+    except UserError as exc:
+        raise SiteRefusal(f"{exc}; the site refuses every run until it is fixed") from None
+
+
+def site_policy_guard(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """Refuse every message of a run this site's policy does not take (its task, the operator
+    who submitted it, the hour: ``site_policy.SitePolicy.refusal``), before anything of the
+    message is read; the site's console says so once a run."""
+    policy = _site_policy(context)
+    if policy is None:
+        return call_next(msg, context)
+    operator = context.run_config.get(RUN_OPERATOR_KEY)
+    problem = policy.refusal(
+        str(context.run_config.get(RUN_TASK_KEY, "")), str(operator) if operator else None
+    )
+    if problem is None:
+        return call_next(msg, context)
+    said = (msg.metadata.run_id, problem)
+    if said not in _POLICY_REFUSALS_SAID:
+        _POLICY_REFUSALS_SAID.add(said)
+        who = f"operator {operator}'s study" if operator else "the coordinator's run"
+        SITE_CONSOLE.warning(
+            "refused %s (Flower run %s, task %s): %s", who, msg.metadata.run_id,
+            context.run_config.get(RUN_TASK_KEY, "?"), problem,
+        )  # fmt: skip
+    raise SiteRefusal(problem)
+
+
 def privacy_floor(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
-    """Refuse a training message below this site's privacy floor (``floor_problem``)."""
+    """Refuse a training message below this site's privacy floor (``floor_problem``): its
+    flags' and its policy file's, the stricter of the two."""
     from fedweave.flower_patches.message_records import RECORD_KEY_CONFIGS
 
     config = _fit_config(msg) if msg.metadata.message_type == MessageType.TRAIN else None
     if config is None:
         return call_next(msg, context)
     floor = {k: v for k, v in context.node_config.items() if k in FLOOR_KEYS}
+    policy = _site_policy(context)
+    if policy is not None:
+        floor = policy.floor(floor, FLOOR_KEYS)
     problem = floor_problem(floor, config, RECORD_KEY_CONFIGS in msg.content.config_records)
     if problem is not None:
         log.warning("round refused: %s", problem)
@@ -493,8 +547,9 @@ def site_mods(site_name_of: SiteNameOf = node_site_name) -> list[Mod]:
     site's name (``site_name_of``); tensors the coordinator moves beside its messages
     (``--bulk-address``) are fetched before anything else and the reply's uploaded after
     everything; a model sent at half precision (``--downlink fp16``) is
-    restored to its dtypes before any other mod sees it; late rounds, a wrong clock and a
-    round below the site's privacy floor are refused before anything else; SecAgg+ masks
+    restored to its dtypes before any other mod sees it; late rounds, a wrong clock, a run
+    the site's policy does not take and a round below the site's privacy floor are refused
+    before anything else; SecAgg+ masks
     what the update check has passed, after DP has clipped or noised it; ``--compress``
     compresses the same (never under SecAgg+: the coordinator refuses both)."""
 
@@ -504,6 +559,7 @@ def site_mods(site_name_of: SiteNameOf = node_site_name) -> list[Mod]:
         downlink_restored,
         stale_round_guard,
         clock_guard,
+        site_policy_guard,
         privacy_floor,
         secagg_when_asked,
         site_console_mod,

@@ -21,12 +21,40 @@ from fedweave.config import RunConfig
 from fedweave.errors import UserError
 
 
+def more_tasks(config: RunConfig) -> dict[str, Path]:
+    """``--more-tasks`` as task → its data file; one-line errors for what it cannot say."""
+    given = config.site.more_tasks.strip()
+    tasks: dict[str, Path] = {}
+    for entry in filter(None, (part.strip() for part in given.split(","))):
+        task, equals, path = (part.strip() for part in entry.partition("="))
+        if not equals or not task or not path:
+            raise UserError(
+                f"--more-tasks entry {entry!r} is not TASK=DATA; e.g. --more-tasks "
+                "heart=heart.csv,xray=xrays.npz"
+            )
+        if task == config.data.task or task in tasks:
+            raise UserError(f"--more-tasks names task {task!r} twice (with --task); name it once")
+        if "'" in path or "=" in path:  # the SuperNode's node config quotes the entries
+            raise UserError(f"--more-tasks path {path} contains ' or =; rename or move the file")
+        if not Path(path).is_file():
+            raise UserError(f"--more-tasks {task}={path}: no such file; pass {task}'s data file")
+        tasks[task] = Path(path)
+    return tasks
+
+
 def check_site_inputs(config: RunConfig) -> None:
     """One-line errors for everything checkable before connecting without reading the task
     and the data (``check_site_data``, or the worker, reads those)."""
     data, connection = config.data, config.connection
     if data.data is None:
         raise UserError("--data is required: this site's .npz or .csv file")
+    more_tasks(config)
+    if config.site.policy is not None:
+        from fedweave.site_policy import read_policy
+
+        if "'" in str(config.site.policy):
+            raise UserError(f"--policy path {config.site.policy} contains a single quote")
+        read_policy(config.site.policy)
     parse_host_port(config.site.coordinator or "", "--coordinator", "coord.example.org:9092")
     for flag, path in (
         ("--data", data.data), ("--eval-data", config.evaluation.eval_data),
@@ -62,6 +90,10 @@ def check_site_data(config: RunConfig) -> None:
         if path is not None:
             load_site_data(path, task, config.data.label_column, config.data.columns)
     check_processes(config.training.nproc_per_node, config.training.device, task)
+    for name, path in more_tasks(config).items():
+        other = load_task(name)
+        load_site_data(path, other, None, None)
+        check_processes(config.training.nproc_per_node, config.training.device, other)
 
 
 def _check_ca_cert(ca_cert: Path) -> None:

@@ -76,14 +76,18 @@ def warm_up(
     columns: str | None = None,
     device: str | None = None,
     nproc: int = 1,
+    more_tasks: dict[str, str] | None = None,
 ) -> None:
     """Pay every first-use cost before the first message: the task, this site's data files
     (``data_paths``: its data, then its evaluation data; None entries skipped; ``columns``:
-    their column map's path), torch, and the optimizer path (its first use imports
-    ``torch._dynamo``, ~2 s). Says on stdout whether the task and data read well, and the
-    site can train on ``device`` in ``nproc`` processes (``INPUTS_PREFIX``) first: the
-    site's SuperNode waits for that."""
+    their column map's path), its other tasks and their files (``more_tasks``), torch, and
+    the optimizer path (its first use imports ``torch._dynamo``, ~2 s). Says on stdout
+    whether the task and data read well, and the site can train on ``device`` in ``nproc``
+    processes (``INPUTS_PREFIX``) first: the site's SuperNode waits for that."""
     problem = _inputs_problem(task, data_paths, label_column, columns, device, nproc)
+    for other, path in (more_tasks or {}).items():
+        if problem is None:
+            problem = _inputs_problem(other, (path,), None, None, device, nproc)
     print(INPUTS_PREFIX + (problem or INPUTS_OK), flush=True)
     import torch
 
@@ -127,6 +131,16 @@ def _inputs_problem(
     finally:
         logging.getLogger("fedweave.data").removeHandler(said)
     return None
+
+
+def parse_more_tasks(entry: str | None) -> dict[str, str]:
+    """The site's other tasks (``--more-tasks``, as ``fedweave client`` checked and wrote
+    it: ``TASK=ABSOLUTE_PATH`` joined by ``,``) as task → data path."""
+    tasks: dict[str, str] = {}
+    for part in filter(None, (entry or "").split(",")):
+        task, _, path = part.partition("=")
+        tasks[task] = path
+    return tasks
 
 
 class ForeignRunRefused(SiteRefusal):
@@ -316,6 +330,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--columns", help="column map: the data's headers -> the task's columns")
     parser.add_argument("--eval-data", help="this site's evaluation file, read at start too")
     parser.add_argument("--device", help="where the site trains (checked at start)")
+    parser.add_argument("--more-tasks", help="the site's other tasks: TASK=DATA,...")
     parser.add_argument(
         "--nproc-per-node",
         type=int,
@@ -345,6 +360,7 @@ def main(argv: list[str] | None = None) -> None:
         args.columns,
         args.device,
         args.nproc_per_node,
+        parse_more_tasks(args.more_tasks),
     )
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     log.info("ClientApp worker ready (pid %d)", os.getpid())

@@ -33,10 +33,12 @@ def worker_command(
     columns: Path | None = None,
     device: str | None = None,
     nproc: int = 1,
+    more_tasks: dict[str, Path] | None = None,
 ) -> list[str]:
     """The worker's command line for this site (``eval_data``: its ``--eval-data``, read at
     start with ``data``; ``columns``: its column map, ``--columns``; ``device`` and
-    ``nproc``: where and in how many processes it trains, checked at start)."""
+    ``nproc``: where and in how many processes it trains, checked at start; ``more_tasks``:
+    its other tasks and their data files, read at start too)."""
     cmd = [
         sys.executable, "-m", "fedweave.client.worker",
         "--runtime-api-address", runtime_api_address,
@@ -50,7 +52,14 @@ def worker_command(
         cmd += ["--device", device]
     if nproc != 1:
         cmd += ["--nproc-per-node", str(nproc)]
+    if more_tasks:
+        cmd += ["--more-tasks", more_tasks_entry(more_tasks)]
     return cmd + (["--label-column", label_column] if label_column else [])
+
+
+def more_tasks_entry(more_tasks: dict[str, Path]) -> str:
+    """``--more-tasks`` as the worker and the node config take it: absolute paths."""
+    return ",".join(f"{task}={path.resolve()}" for task, path in more_tasks.items())
 
 
 MAX_RECORD_CHARS = 64 * 1024

@@ -132,7 +132,7 @@ def read_deployment_file(path: Path) -> Deployment:
 PLAN_SETTINGS = (
     "task", "test_data", "label_column", "rounds", "local_epochs", "optimizer", "lr",
     "weight_decay", "clip_grad_norm", "batch_size", "seed", "initial_model", "peft",
-    "lora_rank", "lora_alpha", "lora_targets", "device",
+    "lora_rank", "lora_alpha", "lora_targets", "device", "sites",
     "min_clients", "clients_per_round", "strategy", "proximal_mu", "max_update_norm", "compress",
     "downlink", "round_timeout", "min_replies", "schedule", "buffer", "max_staleness", "server_lr",
     "fraction_evaluate", "evaluate_every", "cross_site", "private_evaluation", "select_metric",

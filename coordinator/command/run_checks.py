@@ -24,9 +24,30 @@ def check_run(config: RunConfig) -> None:
     from fedweave.learning.tasks import load_task
 
     task = load_task(config.data.task)
+    check_named_sites(config)
     check_statistics_privacy(config, task)
     test_data = central_test_data(task, config.data.test_data, config.data.label_column)
     check_scoring(config, test_data)
+
+
+def check_named_sites(config: RunConfig) -> None:
+    """Every site ``--sites`` names has a key registered in ``TLS_DIR/sites/`` (the names the
+    coordinator knows its sites by)."""
+    from fedweave.certs import registered_site_keys
+    from fedweave.config.rules import site_names
+
+    names = site_names(config.federation.sites)
+    tls_dir = config.connection.tls_dir
+    if not names or tls_dir is None:
+        return
+    registered = sorted(path.stem for path in registered_site_keys(tls_dir))
+    unknown = [name for name in names if name not in registered]
+    if unknown:
+        known = ", ".join(registered) or "none yet"
+        raise UserError(
+            f"--sites names {', '.join(unknown)}, not registered here (registered: {known}); "
+            "register a site with `fedweave sites add-key`, or fix the name"
+        )
 
 
 def check_statistics_privacy(config: RunConfig, task: Any) -> None:

@@ -299,10 +299,31 @@ def _serve_metrics(metrics, store, config: RunConfig, run_id: str | None, client
     return BackgroundServer(app, serving, sock)
 
 
-def _wait_for_sites(client, proc, needed: int, timeout: float | None, keys, say=_echo) -> None:
+def _online_count(client, plan: DeployPlan):  # type: ignore[no-untyped-def]
+    """How many of the plan's sites are connected: every online site, or, for a run naming
+    its sites (``--sites``), those online whose key is registered under one of the names."""
+    from fedweave.config.rules import site_names
+    from fedweave.coordinator.plan import registered_site_names
+
+    names = frozenset(site_names(plan.config.federation.sites))
+    if not names:
+        return lambda: len(client.online_nodes())
+    registered = registered_site_names(plan.deployment_file)
+
+    def named_online() -> int:
+        name_of = registered() if registered is not None else {}
+        return sum(name_of.get(str(node.node_id)) in names for node in client.online_nodes())
+
+    return named_online
+
+
+def _wait_for_sites(client, proc, needed: int, timeout: float | None, keys, say=_echo,
+                    online_count=None) -> None:  # fmt: skip
+    """Until ``needed`` sites are connected (``online_count()``, default: every online site)."""
     last, deadline = -1, None if timeout is None else time.monotonic() + timeout
+    count = online_count or (lambda: len(client.online_nodes()))
     while True:
-        online = len(client.online_nodes())
+        online = count()
         if online != last:
             say(f"{online}/{needed} sites connected" + ("" if online >= needed else "; waiting"))
             last = online
@@ -473,7 +494,7 @@ def _run_submission(submission, config: RunConfig, store, client, proc, link_opt
         try:
             _wait_for_sites(client, proc, plan.config.federation.min_clients,
                             config.deployment.site_timeout or None, closing_or_stop,
-                            say)  # fmt: skip
+                            say, _online_count(client, plan))  # fmt: skip
         except (UserError, _StoppedWaiting) as exc:
             if proc.poll() is not None:
                 raise
@@ -714,7 +735,8 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
             _serve_studies(config, store, client, proc, link_options, keys, revoked,
                            deployment_file)  # fmt: skip
         min_clients = plan.config.federation.min_clients
-        _wait_for_sites(client, proc, min_clients, deployment.site_timeout or None, keys)
+        _wait_for_sites(client, proc, min_clients, deployment.site_timeout or None, keys,
+                        online_count=_online_count(client, plan))  # fmt: skip
         flower_run = client.start_run(build_fab(plan.to_run_config()))
         secure_agg = plan.config.secure_aggregation.secure_agg
         started = (

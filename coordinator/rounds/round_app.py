@@ -80,6 +80,21 @@ def initial_weights(config: RunConfig, sha256: str | None = None) -> list[np.nda
     return get_weights(model)
 
 
+def named_sites(config: Any, registered_names: Callable[[], Mapping[str, str]] | None) -> Any:
+    """The run's client manager: ``named_sites.NamedSites`` for a run that names its sites
+    (``--sites``), else ``None`` (Flower's own)."""
+    from fedweave.config.rules import site_names
+
+    names = site_names(config.federation.sites)
+    if not names:
+        return None
+    from fedweave.coordinator.rounds.named_sites import NamedSites
+
+    if registered_names is None:  # a simulation, or a run config written by hand: no keys
+        raise ValueError("--sites needs the coordinator's registered site names")
+    return NamedSites(frozenset(names), registered_names)
+
+
 def make_server_app(
     settings: ServerSettings,
     test_data: Any,
@@ -202,6 +217,7 @@ def make_server_app(
             context=context,
             config=ServerConfig(num_rounds=settings.rounds),
             strategy=strategy,
+            client_manager=named_sites(config, registered_names),
         )
 
         def make_fit_workflow(cohort: int, secagg, held=None, training: bool = False):

@@ -163,6 +163,34 @@ def _studies_only(o: Options) -> str | None:
     return None
 
 
+@_rule("sites", "min_clients", "schedule", "insecure", "allow_unregistered_sites",
+       says="a run naming its sites names them by their keys, waits for no more, in sync rounds")
+def _named_sites(o: Options) -> str | None:
+    names = site_names(o["sites"])
+    if not names:
+        return None
+    if len(set(names)) != len(names):
+        return f"--sites {o['sites']} names a site twice; name each once"
+    if o["insecure"] or o["allow_unregistered_sites"]:
+        return (
+            "--sites names sites by their registered keys, which needs TLS and site keys: drop "
+            "--insecure / --allow-unregistered-sites, or --sites"
+        )
+    if o["min_clients"] > len(names):
+        return (
+            f"--min-clients {o['min_clients']} waits for more sites than --sites names "
+            f"({len(names)}); lower --min-clients to {len(names)} or name more sites"
+        )
+    if o["schedule"] != "sync":
+        return "--sites takes synchronous rounds (--schedule sync); drop one of them"
+    return None
+
+
+def site_names(given: str) -> list[str]:
+    """``--sites`` as a list of names (empty: every site)."""
+    return [name.strip() for name in given.split(",") if name.strip()]
+
+
 @_rule("insecure", "ca_cert", says="a site has the coordinator's --ca-cert or --insecure, not both")
 def _site_tls(o: Options) -> str | None:
     if o["insecure"] and o["ca_cert"] is not None:

@@ -152,6 +152,11 @@ class FederationSection:
     clients_per_round: int | None = setting(
         None, "Sites sampled each round (default: all).", minimum=1
     )
+    sites: str = setting(
+        "", "Deployment: only these sites take part, by the names their site keys are "
+        "registered under (NAME[,NAME...], the key files' names in TLS_DIR/sites/); others "
+        "connected are never sampled. --min-clients counts them. Default: every connected site.",
+    )
     strategy: str = setting(
         "fedavg",
         "Aggregation (Flower's implementations); fedmedian, trimmedavg, krum and multikrum "
@@ -622,6 +627,20 @@ class SiteSection:
         "is read from it (default: DATA.privacy-ledger.json beside its --data file).",
         identity=False,
     )
+    more_tasks: str = setting(
+        "", "Other tasks this site holds beside --task, each with its own data file: "
+        "TASK=DATA[,TASK=DATA...] (e.g. heart=heart.csv,xray=xrays.npz). The site serves a run "
+        "of any task it holds, reading that task's file (a CSV's labels in the task's own "
+        "label column; its DP ledger and personal layers beside it); --label-column, --columns, "
+        "--eval-data, --privacy-ledger and --personal-state are --task's.",
+        identity=False,
+    )
+    policy: Path | None = setting(
+        None, "This site's policy file (TOML): the tasks, operators and UTC hours it takes runs "
+        "of, and a privacy floor; a run it does not take is refused at its first message, with "
+        "the reason, which the coordinator records. Read again whenever it changes. See "
+        "docs/deploy.md, \"What each site takes part in\".", identity=False,
+    )
     personal_state: Path | None = setting(
         None, "Where this site keeps the local layers of a task that declares them "
         "(local_layers: a personal head, never sent), one file a run, across rounds and "
@@ -758,7 +777,7 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
     ),
     "coordinator": (
         "task", "test_data", "label_column", *_TRAINING, "initial_model", *_ADAPTER,
-        "min_clients",
+        "min_clients", "sites",
         *_FEDERATION, *_ASYNC,
         *_EVALUATION, *_SECAGG, *_PRIVACY,
         "address", "insecure", "tls_dir", "allow_unregistered_sites", "site_timeout",
@@ -777,7 +796,7 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         "eval_fraction", "device", "nproc_per_node", "insecure", "ca_cert",
         "site_key", "connect_timeout", "runtime_port", "log_file", "status_address", "verbose",
         "require_secure_agg", "require_dp", "max_epsilon", "privacy_ledger", "base_model",
-        "personal_state",
+        "personal_state", "more_tasks", "policy",
     ),
     "peer": (
         "listen", "advertise", "seeds", "task", "data", "label_column", "test_data", *_TRAINING,
