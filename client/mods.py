@@ -370,7 +370,7 @@ def site_console_mod(msg: Message, context: Context, call_next: ClientAppCallabl
         return _evaluation_line(msg, context, call_next)
     if msg.metadata.message_type != MessageType.TRAIN:
         return call_next(msg, context)
-    round_label = msg.metadata.group_id or "-"
+    round_label = _round_label(msg, context)
     reply = _said_if_it_fails(msg, context, call_next, f"round {round_label}: ")
     if reply.has_error() or not reply.content.array_records:
         return reply  # a SecAgg+ key stage, or an error already reported
@@ -425,9 +425,19 @@ def _sent_bytes(reply: Message) -> str:
     return f"{size / 1024:.1f} KiB" if size < 1 << 20 else f"{size / (1 << 20):.1f} MiB"
 
 
+def _round_label(msg: Message, context: Context) -> str:
+    """A message's round as the site's console names it: ``3``; for an operator's study
+    (several may run at once), ``3 of run 7 (task heart)``, the Flower run and its task."""
+    label = msg.metadata.group_id or "-"
+    if RUN_OPERATOR_KEY not in context.run_config:
+        return label
+    task = context.run_config.get(RUN_TASK_KEY, "?")
+    return f"{label} of run {msg.metadata.run_id} (task {task})"
+
+
 def _evaluation_line(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
     """``round N: evaluated the global model on K examples (loss .., auc ..)``, or why not."""
-    round_label = msg.metadata.group_id or "-"
+    round_label = _round_label(msg, context)
     prefix = f"round {round_label}: evaluation {{status}}: "
     reply = _said_if_it_fails(msg, context, call_next, prefix)
     if reply.has_error():

@@ -205,10 +205,12 @@ def make_app(
             return 0
 
     def runs_page(request: Request) -> Response:
-        return page_response("runs", "runs", {"runs": views.runs()}, api="/api/runs")
+        return page_response(
+            "runs", "runs", {"runs": views.runs(), "studies": views.studies()}, api="/api/runs"
+        )
 
     def runs_api(request: Request) -> Response:
-        return json_response({"runs": views.runs()})
+        return json_response({"runs": views.runs(), "studies": views.studies()})
 
     def run_page(request: Request) -> Response:
         """The shell only (it paints at once, however long the run); the page then asks

@@ -323,14 +323,32 @@ class Views:
         return datetime.now(timezone.utc)
 
     def runs(self) -> list[dict[str, Any]]:
-        """Every run, newest first, with its alert flag when it runs."""
+        """Every run, newest first, with its alert flag when it runs and, for an operator's
+        study, its submission (``study``: its number and operator)."""
         now = self.now()
+        studies = {s["run_id"]: s for s in self.studies() if s["run_id"] is not None}
         found = []
         for run in self.store.list_runs():
             summary = run_summary(run, now)
             summary["alert"] = bool(run.status == "running" and self.alerts(run, now)["any"])
+            study = studies.get(run.run_id)
+            summary["study"] = None if study is None else {
+                "id": study["id"], "operator": study["operator"], "source": study["source"]
+            }  # fmt: skip
             found.append(summary)
         return found
+
+    def studies(self) -> list[dict[str, Any]]:
+        """The operators' studies (``fedweave run submit``), oldest first: queued (with how
+        many are ahead), running (with their run) and ended (with why)."""
+        from fedweave.history.submissions import Submissions
+
+        listed = [s.as_dict() for s in Submissions(self.store).all()]
+        ahead = 0
+        for study in listed:
+            study["ahead"] = ahead if study["state"] == "queued" else None
+            ahead += study["state"] == "queued"
+        return listed
 
     def fold(self, run: RunInfo) -> RunFold:
         with self._lock:

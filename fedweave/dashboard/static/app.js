@@ -172,6 +172,20 @@
       put(holder, d.runs.length ? table(
         ["", "run", "mode", "task", "status", "strategy", "protections", "progress", "started", "ended / last heard"],
         rows, { id: "runs" }) : el("p", { text: "no runs recorded in this history yet" }));
+      const studies = d.studies || [];
+      if (studies.length) {
+        // operators' studies (fedweave run submit): queued ones have no run yet
+        const studyRows = studies.slice().reverse().map((s) => el("tr", { "data-study": String(s.id) },
+          el("td", { text: String(s.id) }),
+          el("td", {}, el("span", { class: `badge s-${s.state}`, text: s.state })),
+          el("td", { text: s.operator }), el("td", { text: s.source }),
+          el("td", {}, s.run_id ? el("a", { href: `/runs/${encodeURIComponent(s.run_id)}`, text: s.run_id }) : el("span", { class: "muted", text: "–" })),
+          el("td", { class: "small", text: s.state === "queued" ? `${s.ahead} ahead` : (s.reason || "") }),
+          el("td", { class: "small", text: when(s.submitted_at) }),
+        ));
+        holder.append(el("h2", { text: "studies submitted by operators" }),
+          table(["#", "state", "operator", "study", "run", "waits / why", "submitted"], studyRows, { id: "studies" }));
+      }
       performance.mark("fedweave-drawn");
     }
     draw(data);
