@@ -127,6 +127,35 @@ def test_the_queue_keeps_each_studys_state_through_stops_and_a_coordinator_resta
             queue.submit("alice", "big.toml", "#" * (MAX_CONFIG_BYTES + 1))
 
 
+def test_studies_at_once_take_the_oldest_queued_not_taken_and_the_dashboard_counts_them(
+    tmp_path,
+):
+    from fedweave.dashboard.prometheus import HistoryCollector, exposition
+    from fedweave.dashboard.views import Views
+    from fedweave.history.alerts import AlertRules
+
+    with open_store(f"sqlite:///{tmp_path / 'history.db'}") as store:
+        queue = Submissions(store)
+        first, second, third = (queue.submit("alice", f"{n}.toml", "") for n in "abc")
+        assert queue.next_queued(skip=frozenset({first})).id == second  # taken, not started
+        assert queue.next_queued(skip=frozenset({first, second})).id == third
+        assert queue.next_queued(skip=frozenset({first, second, third})) is None
+        run_id = store.start_run("federated", "digits", {}, 0)
+        assert queue.started(second, run_id)
+        views = Views(store, AlertRules(3, 60.0))
+        studies = views.studies()
+        assert [(s["id"], s["state"], s["ahead"]) for s in studies] == [
+            (first, "queued", 0), (second, "running", None), (third, "queued", 1)
+        ]  # fmt: skip
+        assert views.runs()[0]["study"] == {"id": second, "operator": "alice", "source": "b.toml"}
+        scraped = exposition(HistoryCollector(views)).decode()
+        assert 'fedweave_studies{state="queued"} 2.0' in scraped
+        assert 'fedweave_studies{state="running"} 1.0' in scraped
+        assert (
+            "fedweave_studies{" not in exposition(HistoryCollector(views, run_id=run_id)).decode()
+        )
+
+
 def test_fedweave_run_says_in_one_line_what_keeps_it_from_the_door(tmp_path):
     from typer.testing import CliRunner
 

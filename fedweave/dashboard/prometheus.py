@@ -4,13 +4,15 @@ Gauges per run (label ``run_id``): rounds completed and planned, the last round'
 site outcomes and metrics, seconds since the last recorded round, the round in flight, sites
 connected, and the stall alerts of ``fedweave/history/alerts.py``. Runs exported: every
 running run and the ``RECENT_RUNS`` newest, so a finished run's last figures stay visible
-without the label set growing with the history.
+without the label set growing with the history; with them, the operators' studies by state
+(``studies``: how many wait in the queue).
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 
@@ -19,6 +21,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from fedweave.dashboard.views import OUTCOMES, Views
+from fedweave.history.models import SUBMISSION_STATES
 
 RECENT_RUNS = 5
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -99,7 +102,8 @@ class HistoryCollector(Collector):
                 flight_age.add_metric([rid], (now - in_flight.started_at).total_seconds())
                 if in_flight.deadline_seconds is not None:
                     deadline.add_metric([rid], in_flight.deadline_seconds)
-            if self.connected is not None and rid == self.run_id:
+            live = rid == self.run_id or (self.run_id is None and run.status == "running")
+            if self.connected is not None and live:
                 connected.add_metric([rid], self.connected())
             elif in_flight is not None:
                 connected.add_metric([rid], in_flight.connected)
@@ -111,8 +115,14 @@ class HistoryCollector(Collector):
                     streak = len(fold.streaks.streak(site))
                     if streak:
                         late.add_metric([rid, _clean(site)], streak)
+        studies = gauge("studies", "Operators' studies (`fedweave run submit`) by state: "
+                        "queued, running, completed, stopped, failed.", ("state",))  # fmt: skip
+        if self.run_id is None:
+            counts = Counter(study["state"] for study in self.views.studies())
+            for state in SUBMISSION_STATES:
+                studies.add_metric([state], counts.get(state, 0))
         yield from (info, completed, planned, seconds, outcomes, metric, age, flight,
-                    flight_age, deadline, connected, stalled, late, alert)  # fmt: skip
+                    flight_age, deadline, connected, stalled, late, alert, studies)  # fmt: skip
 
     def _runs(self):
         if self.run_id is not None:
