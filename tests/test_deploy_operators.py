@@ -9,7 +9,8 @@ Operators made with ``fedweave operators add`` submit, list, follow and stop stu
 ``fedweave run``, each a separate process as an operator would run it: a digits study on
 all four sites and a breast-cancer study naming three of them run at once
 (``--max-studies 2``), a third (carol's, 30 rounds) waits its turn, runs, is refused by
-site3's policy every round and is stopped mid-way. An outsider holding ``ca.pem``, a site's
+site3's policy every round, resumes its run after the coordinator is killed (``kill -9``)
+and started again, and is stopped mid-way. An outsider holding ``ca.pem``, a site's
 key and a removed operator are refused from the operators' host. Everything lands in the
 history, the audit trail, both consoles and the dashboard. Needs root (``ip netns``);
 elsewhere it skips and says why.
@@ -23,7 +24,14 @@ import subprocess
 import urllib.request
 
 from conftest import namespace_hosts
-from test_deploy_support import Processes, fedweave_cmd, free_port, run_fedweave, wait_for
+from test_deploy_support import (
+    Processes,
+    fedweave_cmd,
+    free_port,
+    kill_tree_now,
+    run_fedweave,
+    wait_for,
+)
 
 from fedweave.learning.tasks.breast_cancer import write_hospital_files
 
@@ -93,12 +101,15 @@ def _deploy_and_operate(tmp_path, served, elsewhere) -> None:
         return subprocess.run(elsewhere.command(argv), cwd=tmp_path, capture_output=True,
                               text=True, timeout=120)  # fmt: skip
 
-    try:
-        coordinator = procs.start(
-            "coordinator", "coordinator", "--address", address, "--studies-only",
-            "--db", db, "--tls-dir", "tls", "--operator-address", f"0.0.0.0:{DOOR}",
-            "--max-studies", "2", host=served,
+    def start_coordinator(name: str):
+        return procs.start(
+            name, "coordinator", "--address", address, "--studies-only", "--db", db,
+            "--tls-dir", "tls", "--operator-address", f"0.0.0.0:{DOOR}", "--max-studies", "2",
+            host=served,
         )  # fmt: skip
+
+    try:
+        coordinator = start_coordinator("coordinator")
         for i in range(SITES):
             choice = ("--policy", "policy.toml") if i == 3 else (
                 "--more-tasks", f"breast-cancer=hospital{i}.csv")  # fmt: skip
@@ -109,7 +120,7 @@ def _deploy_and_operate(tmp_path, served, elsewhere) -> None:
             )  # fmt: skip
 
         def console() -> str:
-            return procs.output("coordinator")
+            return procs.output(coordinator.name)
 
         wait_for(lambda: "serving the operators' studies only" in console(), 60,
                  "the door to open", coordinator, console)  # fmt: skip
@@ -139,21 +150,28 @@ def _deploy_and_operate(tmp_path, served, elsewhere) -> None:
                  coordinator, console)  # fmt: skip
         ended_first = [n for n in (1, 2) if f"of submission {n} completed" in console()]
         assert ended_first, console()  # study 3 waited for one of the first two to end
-        wait_for(lambda: "[submission 3] round 1/30" in console(), 180, "a round of study 3",
-                 coordinator, console)  # fmt: skip
+        wait_for(lambda: "of submission 1 completed" in console()
+                 and "of submission 2 completed" in console()
+                 and "[submission 3] round 1/30" in console(), 240,
+                 "studies 1 and 2, and a round of study 3", coordinator, console)  # fmt: skip
         assert f"[submission 3]   site site3 refused: {REFUSAL}" in console(), console()
+        logs = run("logs", "2")
+        assert logs.returncode == 0 and "round 2/2: " in logs.stdout, logs.stdout
+
+        # the coordinator's machine loses it mid-study: started again, the study resumes
+        kill_tree_now(coordinator)
+        coordinator = start_coordinator("coordinator-again")
+        wait_for(lambda: "[submission 3] round 2/30" in console(), 180,
+                 "study 3 to resume", coordinator, console)  # fmt: skip
+        assert "submission 3: the coordinator stopped during it; queued again" in console()
+        assert "resuming its run" in console() and "round 1/30" not in console()
         assert run("stop", "3", token="carol.token").returncode == 0
         wait_for(lambda: "of submission 3 stopped by operator carol" in console(), 60,
                  "study 3 to stop", coordinator, console)  # fmt: skip
-        wait_for(lambda: "of submission 1 completed" in console()
-                 and "of submission 2 completed" in console(), 180, "studies 1 and 2",
-                 coordinator, console)  # fmt: skip
         listed = run("list")
         assert listed.returncode == 0, listed.stderr
         states = [line.split()[1] for line in listed.stdout.splitlines()]
         assert states == ["completed", "completed", "stopped"], listed.stdout
-        logs = run("logs", "2")
-        assert logs.returncode == 0 and "round 2/2: " in logs.stdout, logs.stdout
         assert coordinator.poll() is None  # it serves on
         site3, site0 = procs.output("site3"), procs.output("site0")
         assert "refused operator carol's study (Flower run" in site3, site3[-3000:]
@@ -218,7 +236,7 @@ def _recorded_as_it_happened(db: str, operators_address: str) -> None:
         assert digits.started_at < cancer.ended_at and cancer.started_at < digits.ended_at
         assert long.started_at >= min(digits.ended_at, cancer.ended_at)
         assert long.status == "interrupted" and long.reason == "stopped by operator carol"
-        assert 1 <= len(store.rounds(long.run_id)) < 30
+        assert 2 <= len(store.rounds(long.run_id)) < 30  # one round before the crash, one after
         cancer_sites = {row["site_id"] for row in store.site_results(cancer.run_id)}
         assert cancer_sites == {"site0", "site1", "site2"}  # the sites it named
         refused = [r for r in store.site_results(long.run_id) if r["site_id"] == "site3"]

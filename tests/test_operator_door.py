@@ -119,8 +119,15 @@ def test_the_queue_keeps_each_studys_state_through_stops_and_a_coordinator_resta
         with pytest.raises(HistoryError, match="it stopped already"):
             queue.request_stop(first, "bob")
         assert queue.started(third, "run-c")
-        assert queue.fail_running("the coordinator stopped during it") == [third]
-        assert queue.get(third).state == "failed" and queue.next_queued() is None
+        assert queue.requeue_running("the coordinator stopped during it") == [third]
+        assert queue.get(third).state == "queued" and queue.get(third).run_id == "run-c"
+        assert queue.next_queued().id == third  # it resumes run-c at its turn
+        assert queue.started(third, "run-c")
+        assert queue.requeue(third, "the coordinator stops")
+        assert queue.started(third, "run-c") and queue.request_stop(third, "bob") == "running"
+        assert not queue.requeue(third, "the coordinator stops")  # stopped: not run again
+        assert queue.requeue_running("the coordinator stopped during it") == []
+        assert queue.get(third).state == "stopped" and queue.next_queued() is None
         with pytest.raises(HistoryError, match="no submission 9"):
             queue.get(9)
         with pytest.raises(HistoryError, match="at most 256 KB"):

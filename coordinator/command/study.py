@@ -32,6 +32,9 @@ COMMAND = "coordinator"
 STUDY_SECTIONS = ("data", "training", "federation", "evaluation", "secure_aggregation",
                   "privacy")  # fmt: skip
 """The sections a study sets; the others are the serving coordinator's."""
+NOT_SERVED = ("resume", "studies_only")
+"""Serving settings a study does not take from the coordinator: a study resumes only its own
+run (a coordinator stopped during it), and is the run ``--studies-only`` speaks of."""
 
 
 def resolve_study(coordinator: RunConfig, text: str, source: str) -> tuple[RunConfig, Resolved]:
@@ -53,7 +56,7 @@ def resolve_study(coordinator: RunConfig, text: str, source: str) -> tuple[RunCo
     served = {
         name: coordinator.value(name)
         for name in names
-        if SETTINGS[name].section not in STUDY_SECTIONS and name != "resume"
+        if SETTINGS[name].section not in STUDY_SECTIONS and name not in NOT_SERVED
     }
     config = RunConfig().replace(**served, **values)
     where = {name: f"{source}: [{SETTINGS[name].section}] {name}" for name in values}

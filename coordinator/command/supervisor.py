@@ -460,9 +460,13 @@ def _run_submission(submission, config: RunConfig, store, client, proc, link_opt
     def say(line: str) -> None:
         _echo(f"[submission {submission.id}] {line}")
 
-    _echo(f"{who}: its turn")
+    resuming = submission.run_id  # its run, kept when a coordinator stopped during it
+    _echo(f"{who}: its turn" + (f"; resuming its run {resuming}" if resuming else ""))
     try:
         study, resolved = resolve_study(config, submission.config_toml, submission.source)
+        if resuming is not None:
+            study = study.replace(resume=resuming)
+            resolved = replace(resolved, explicit=resolved.explicit | {"resume"})
         run_checks.check_run(study)
         checked = training_setup.check_run_input(store, study, resolved)
         plan = training_setup.prepare_run(
@@ -515,11 +519,15 @@ def _run_submission(submission, config: RunConfig, store, client, proc, link_opt
             client, proc, link_options, flower_run, _Watcher(store, plan, revoked, say),
             closing_only, stop_asked=lambda: submissions.get(submission.id).stop_requested_by,
         )  # fmt: skip
-    except BaseException:
+    except BaseException as exc:
         reason = "the coordinator stopped during it"
         if store.get_run(plan.run_id).status == "running":
             store.finish_run(plan.run_id, "interrupted", reason)
-        submissions.ended(submission.id, "failed", reason)
+        again = f"{reason}; it resumes its run when the coordinator serves again"
+        if isinstance(exc, (_Closing, UserError)) and submissions.requeue(submission.id, again):
+            _echo(f"{who}: {again}")
+        else:
+            submissions.ended(submission.id, "failed", reason)
         raise
     client.save_logs(
         flower_run, link_options.state_dir / f"serverapp-{plan.run_id}-{flower_run}.log"
@@ -714,11 +722,13 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
         if door is not None:
             from fedweave.history.submissions import Submissions
 
-            left = Submissions(store).fail_running("the coordinator stopped during it")
+            left = Submissions(store).requeue_running(
+                "the coordinator stopped during it; it resumes its run when its turn comes"
+            )
             if left:
                 which = ", ".join(map(str, left))
-                _echo(f"submission{'s' * (len(left) > 1)} {which} failed: the coordinator "
-                      "stopped during it; submit again to rerun")  # fmt: skip
+                _echo(f"submission{'s' * (len(left) > 1)} {which}: the coordinator stopped "
+                      "during it; queued again to resume its run")  # fmt: skip
             door_server = _serve_door(door, store, config)
         known: dict[Path, bytes] = {}
         refused = RefusedKeys(refused_notes, connection.tls_dir, _echo)

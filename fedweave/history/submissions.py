@@ -123,7 +123,8 @@ class Submissions:
             return ids.index(submission) if submission in ids else 0
 
     def started(self, submission: int, run_id: str) -> bool:
-        """Record that its run ``run_id`` started; False where it was stopped meanwhile."""
+        """Record that its run ``run_id`` started (or resumed); False where it was stopped
+        meanwhile."""
 
         def work(session: Session, _attempt: int) -> bool:
             row = self._row(session, submission)
@@ -167,14 +168,37 @@ class Submissions:
 
         return self._store._write(work)
 
-    def fail_running(self, reason: str) -> list[int]:
-        """End every submission left ``running`` (by a coordinator that stopped during it)
-        as failed with ``reason``; their numbers."""
+    def requeue(self, submission: int, reason: str) -> bool:
+        """Put a running submission back in the queue, its run kept (``run_id``): it
+        resumes that run when its turn comes (a coordinator stopped during it). False where
+        it is not running (ended, or an operator stopped it meanwhile)."""
+
+        def work(session: Session, _attempt: int) -> bool:
+            row = self._row(session, submission)
+            if row.state != "running" or row.stop_requested_by is not None:
+                return False
+            row.state, row.reason = "queued", reason
+            return True
+
+        return self._store._write(work, retry_seconds=10.0)
+
+    def requeue_running(self, reason: str) -> list[int]:
+        """Put every submission left ``running`` (by a coordinator that died during it) back
+        in the queue to resume its run, but those an operator asked to stop (ended
+        ``stopped``); their numbers, requeued ones only."""
 
         def work(session: Session, _attempt: int) -> list[int]:
             rows = session.scalars(select(Submission).where(Submission.state == "running")).all()
+            requeued = []
             for row in rows:
-                row.state, row.reason, row.ended_at = "failed", reason, _now()
-            return [int(row.id) for row in rows]
+                if row.stop_requested_by is not None:
+                    row.state, row.ended_at = "stopped", _now()
+                    row.reason = f"stopped by operator {row.stop_requested_by}"
+                elif row.run_id is None:  # never got a run: nothing to resume
+                    row.state, row.reason, row.ended_at = "failed", reason, _now()
+                else:
+                    row.state, row.reason = "queued", reason
+                    requeued.append(int(row.id))
+            return requeued
 
         return self._store._write(work)
