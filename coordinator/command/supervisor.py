@@ -653,6 +653,7 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
     door = None if evaluating else _operator_exposure(config)
     db_url = _absolute_db_url(config.history.db)
     store = open_store(db_url)  # unreachable or wrong DB: one line, before anything starts
+    plan = None  # --studies-only: no run of its own
     if evaluating:
         authenticated = sites_must_register(connection)
         plan = evaluation_setup.prepare_evaluation(
@@ -672,7 +673,6 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
     if link_options.node_auth:  # until it exists, a key not registered yet gets "try again"
         link_env[KEYS_SYNCED_FILE_ENV] = str(keys_synced)
     proc = launch_superlink(link_options, child_env(link_env))
-    plan = None
     if not evaluating and own_run:
         # the SuperLink boots (~3.5 s) while a default deadline is sized (torch, ~4 s)
         try:
