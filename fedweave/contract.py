@@ -27,9 +27,9 @@ RUN_TASK_KEY = "task"
 RUN_OPERATOR_KEY = "fw-operator"
 """Run config: the operator who submitted the run (``fedweave run submit``); absent for the
 coordinator's command-line run. A site's policy may name the operators it serves."""
-RUN_SITES_KEY = "fw-sites"
-"""Run config: the site names the run is limited to, comma-separated (a study's
-``[federation] sites``); absent: every connected site."""
+COMMAND_LINE_OPERATOR = "coordinator"
+"""The operator name a site's policy gives the coordinator's own command-line run (no operator
+submitted it); no operator may be registered under it."""
 
 NODE_DATA_PATH_KEY = "data-path"
 NODE_TASK_KEY = "task"

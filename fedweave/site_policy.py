@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from datetime import datetime, time, timezone
 from pathlib import Path
 
+from fedweave.contract import COMMAND_LINE_OPERATOR
 from fedweave.errors import UserError
 
 if sys.version_info >= (3, 11):
@@ -38,8 +39,6 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-COMMAND_LINE_OPERATOR = "coordinator"
-"""The name a policy gives the coordinator's own command-line run (no operator submitted it)."""
 REQUIRE_DP_ORDER = ("off", "any", "local", "sample")
 """``require_dp`` values, weakest first (``--require-dp``)."""
 MAX_POLICY_BYTES = 64 * 1024

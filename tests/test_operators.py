@@ -51,6 +51,8 @@ def test_a_token_names_its_operator_until_it_is_removed(db_url):
         for bad in ("", "-x", "a b", "x" * 65, "a/b", "a;drop"):
             with pytest.raises(HistoryError, match="cannot name an operator"):
                 operators.add(bad, added_by="root@host")
+        with pytest.raises(HistoryError, match="names the coordinator's own run"):
+            operators.add("coordinator", added_by="root@host")  # a site policy's own name
 
 
 def test_the_audit_trail_keeps_what_was_done_and_refused_in_order(db_url):

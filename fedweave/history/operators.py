@@ -28,6 +28,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from fedweave.contract import COMMAND_LINE_OPERATOR
 from fedweave.history.models import AUDIT_OUTCOMES, AuditEntry, Operator
 from fedweave.history.store import HistoryStore
 from fedweave.history.store_errors import HistoryError
@@ -79,6 +80,10 @@ def check_name(name: str) -> str:
         raise HistoryError(
             f"'{name[:80]}' cannot name an operator: use 1 to 64 letters, digits and . _ @ -, "
             "starting with a letter or digit"
+        )
+    if name == COMMAND_LINE_OPERATOR:
+        raise HistoryError(
+            f"'{name}' names the coordinator's own run in the sites' policies; pick another name"
         )
     return name
 
