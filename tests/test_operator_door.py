@@ -149,6 +149,11 @@ def test_studies_at_once_take_the_oldest_queued_not_taken_and_the_dashboard_coun
         assert queue.next_queued(skip=frozenset({first, second, third})) is None
         run_id = store.start_run("federated", "digits", {}, 0)
         assert queue.started(second, run_id)
+        queue.note(second, "waits for its sites: 1 of 3 connected")  # `fedweave run list` says
+        queue.note(first, "not running: not noted")
+        assert queue.get(second).reason == "waits for its sites: 1 of 3 connected"
+        assert queue.get(first).reason is None
+        queue.note(second, None)
         views = Views(store, AlertRules(3, 60.0))
         studies = views.studies()
         assert [(s["id"], s["state"], s["ahead"]) for s in studies] == [

@@ -318,14 +318,17 @@ def _online_count(client, plan: DeployPlan):  # type: ignore[no-untyped-def]
 
 
 def _wait_for_sites(client, proc, needed: int, timeout: float | None, keys, say=_echo,
-                    online_count=None) -> None:  # fmt: skip
-    """Until ``needed`` sites are connected (``online_count()``, default: every online site)."""
+                    online_count=None, on_change=None) -> None:  # fmt: skip
+    """Until ``needed`` sites are connected (``online_count()``, default: every online site);
+    ``on_change(online, needed)`` hears each new count."""
     last, deadline = -1, None if timeout is None else time.monotonic() + timeout
     count = online_count or (lambda: len(client.online_nodes()))
     while True:
         online = count()
         if online != last:
             say(f"{online}/{needed} sites connected" + ("" if online >= needed else "; waiting"))
+            if on_change is not None:
+                on_change(online, needed)
             last = online
         if online >= needed:
             return
@@ -494,11 +497,16 @@ def _run_submission(submission, config: RunConfig, store, client, proc, link_opt
         if closing.is_set():
             raise _Closing
 
+    def note_wait(online: int, needed: int) -> None:  # why it waits, for `fedweave run list`
+        waits = online < needed
+        submissions.note(submission.id, f"waits for its sites: {online} of {needed} connected"
+                         if waits else None)  # fmt: skip
+
     try:
         try:
             _wait_for_sites(client, proc, plan.config.federation.min_clients,
                             config.deployment.site_timeout or None, closing_or_stop,
-                            say, _online_count(client, plan))  # fmt: skip
+                            say, _online_count(client, plan), note_wait)  # fmt: skip
         except (UserError, _StoppedWaiting) as exc:
             if proc.poll() is not None:
                 raise

@@ -130,10 +130,20 @@ class Submissions:
             row = self._row(session, submission)
             if row.state != "queued":
                 return False
-            row.state, row.run_id = "running", run_id
+            row.state, row.run_id, row.reason = "running", run_id, None
             return True
 
         return self._store._write(work, retry_seconds=10.0)
+
+    def note(self, submission: int, reason: str | None) -> None:
+        """Say why a running submission waits (``None``: it no longer does)."""
+
+        def work(session: Session, _attempt: int) -> None:
+            row = self._row(session, submission)
+            if row.state == "running":
+                row.reason = reason
+
+        self._store._write(work, retry_seconds=10.0)
 
     def ended(self, submission: int, state: str, reason: str | None = None) -> None:
         """Record its end: ``completed``, ``stopped`` or ``failed``, with why."""
