@@ -326,7 +326,9 @@ def _wait_for_sites(client, proc, needed: int, timeout: float | None, keys, say=
     while True:
         online = count()
         if online != last:
-            say(f"{online}/{needed} sites connected" + ("" if online >= needed else "; waiting"))
+            waiting = "" if online >= needed else "; waiting"
+            say(f"{online} sites connected, {needed} needed" if online > needed
+                else f"{online}/{needed} sites connected{waiting}")  # fmt: skip
             if on_change is not None:
                 on_change(online, needed)
             last = online
