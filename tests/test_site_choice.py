@@ -238,3 +238,20 @@ def test_a_run_naming_its_sites_samples_and_evaluates_only_them():
     assert [p.node_id for p in manager.sample(1, criterion=OddOnly())] == [1]
     registered["3"] = "hospital-b"  # names read again: a re-keyed site joins
     assert manager.num_available() == 3
+
+
+def test_a_site_whose_policy_or_tasks_do_not_parse_ends_in_one_line_before_connecting(tmp_path):
+    from test_deploy_support import run_fedweave
+
+    (tmp_path / "policy.toml").write_text("hours = ['9-5']\n")
+    (tmp_path / "digits.npz").write_bytes(b"")
+    base = ("client", "--coordinator", "127.0.0.1:9", "--task", "digits", "--data",
+            "digits.npz", "--insecure")  # fmt: skip
+    for extra, says in (
+        (("--policy", "policy.toml"), "policy.toml: hours entry '9-5' is not HH:MM-HH:MM"),
+        (("--policy", "nothing.toml"), "site policy nothing.toml cannot be read"),
+        (("--more-tasks", "heart"), "--more-tasks entry 'heart' is not TASK=DATA"),
+    ):
+        done = run_fedweave(*base, *extra, cwd=tmp_path, timeout=60)
+        assert done.returncode == 2, done.stderr
+        assert says in done.stderr and done.stderr.strip().count("\n") == 0, done.stderr
