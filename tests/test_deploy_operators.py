@@ -12,7 +12,8 @@ all four sites and a breast-cancer study naming three of them run at once
 site3's policy every round, resumes its run after the coordinator is killed (``kill -9``)
 and started again, and is stopped mid-way. An outsider holding ``ca.pem``, a site's
 key and a removed operator are refused from the operators' host. Everything lands in the
-history, the audit trail, both consoles and the dashboard. Needs root (``ip netns``);
+history, the audit trail, both consoles and the dashboard (each site's current jobs while
+study 3 runs; the runs and the queue after). Needs root (``ip netns``);
 elsewhere it skips and says why.
 """
 
@@ -165,6 +166,10 @@ def _deploy_and_operate(tmp_path, served, elsewhere) -> None:
                  "study 3 to resume", coordinator, console)  # fmt: skip
         assert "submission 3: the coordinator stopped during it; queued again" in console()
         assert "resuming its run" in console() and "round 1/30" not in console()
+        dashboard = _dashboard(procs, db)
+        now = {site["site"]: site["runs"] for site in dashboard("/api/runs")["sites"]}
+        assert [(job["task"], job["status"]) for job in now["site3"]] == [("digits", "refused")]
+        assert [job["status"] for job in now["site0"]] == ["ok"]  # its current job
         assert run("stop", "3", token="carol.token").returncode == 0
         wait_for(lambda: "of submission 3 stopped by operator carol" in console(), 60,
                  "study 3 to stop", coordinator, console)  # fmt: skip
@@ -179,19 +184,14 @@ def _deploy_and_operate(tmp_path, served, elsewhere) -> None:
         assert "(task digits): trained on" in site0
         coordinator.send_signal(signal.SIGTERM)
         coordinator.wait(60)
-        _dashboard_shows_it(tmp_path, db, procs)
+        _dashboard_shows_it(dashboard, db)
     finally:
         procs.close()
     _recorded_as_it_happened(db, elsewhere.address)
 
 
-def _dashboard_shows_it(tmp_path, db: str, procs: Processes) -> None:
-    """The dashboard lists the three runs and the queue, and site3's refusal in study 3."""
-    from fedweave.history import open_store
-    from fedweave.history.submissions import Submissions
-
-    with open_store(db) as store:
-        long_run = Submissions(store).get(3).run_id
+def _dashboard(procs: Processes, db: str):
+    """``fedweave dashboard`` on the history, on loopback here; its JSON reader."""
     port = free_port()
     dashboard = procs.start("dashboard", "dashboard", "--db", db, "--address",
                             f"127.0.0.1:{port}")  # fmt: skip
@@ -207,8 +207,19 @@ def _dashboard_shows_it(tmp_path, db: str, procs: Processes) -> None:
             return False
 
     wait_for(up, 60, "the dashboard", dashboard, lambda: procs.output("dashboard"))
+    return get
+
+
+def _dashboard_shows_it(get, db: str) -> None:
+    """The dashboard lists the three runs and the queue, and site3's refusal in study 3."""
+    from fedweave.history import open_store
+    from fedweave.history.submissions import Submissions
+
+    with open_store(db) as store:
+        long_run = Submissions(store).get(3).run_id
     listed = get("/api/runs")
     assert len(listed["runs"]) == 3 and all(run["study"] for run in listed["runs"])
+    assert listed["sites"] == []  # no run under way: no site's job
     queue = listed["studies"]
     assert [(s["id"], s["state"], s["operator"]) for s in queue] == [
         (1, "completed", "alice"), (2, "completed", "alice"), (3, "stopped", "carol")

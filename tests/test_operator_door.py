@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import socket
+from datetime import datetime, timezone
 
 import pytest
 from starlette.testclient import TestClient
@@ -14,7 +15,7 @@ from starlette.testclient import TestClient
 from fedweave.config import RunConfig
 from fedweave.coordinator.command.operator_door import make_door
 from fedweave.coordinator.command.study import resolve_study
-from fedweave.history import HistoryError, open_store
+from fedweave.history import HistoryError, RoundRecord, SiteResult, open_store
 from fedweave.history.operators import OperatorRegistry
 from fedweave.history.submissions import MAX_CONFIG_BYTES, Submissions
 
@@ -160,9 +161,21 @@ def test_studies_at_once_take_the_oldest_queued_not_taken_and_the_dashboard_coun
             (first, "queued", 0), (second, "running", None), (third, "queued", 1)
         ]  # fmt: skip
         assert views.runs()[0]["study"] == {"id": second, "operator": "alice", "source": "b.toml"}
+        now = datetime.now(timezone.utc)
+        store.record_round(run_id, RoundRecord(1, "coordinator", now, now, 2, 1), [
+            SiteResult("site0", "ok", 10), SiteResult("site3", "refused", reason="policy")
+        ])  # fmt: skip
+        assert views.site_jobs() == [
+            {"site": name, "runs": [{"run_id": run_id, "task": "digits", "round": 1,
+                                     "status": status}]}
+            for name, status in (("site0", "ok"), ("site3", "refused"))
+        ]  # fmt: skip
         scraped = exposition(HistoryCollector(views)).decode()
         assert 'fedweave_studies{state="queued"} 2.0' in scraped
         assert 'fedweave_studies{state="running"} 1.0' in scraped
+        assert 'fedweave_site_runs{site="site3"} 1.0' in scraped
+        store.finish_run(run_id, "completed")
+        assert views.site_jobs() == []  # an ended run is no site's job
         assert (
             "fedweave_studies{" not in exposition(HistoryCollector(views, run_id=run_id)).decode()
         )

@@ -205,12 +205,14 @@ def make_app(
             return 0
 
     def runs_page(request: Request) -> Response:
-        return page_response(
-            "runs", "runs", {"runs": views.runs(), "studies": views.studies()}, api="/api/runs"
-        )
+        return page_response("runs", "runs", runs_view(), api="/api/runs")
 
     def runs_api(request: Request) -> Response:
-        return json_response({"runs": views.runs(), "studies": views.studies()})
+        return json_response(runs_view())
+
+    def runs_view() -> dict[str, Any]:
+        """Every run, the operators' studies and each site's current jobs."""
+        return {"runs": views.runs(), "studies": views.studies(), "sites": views.site_jobs()}
 
     def run_page(request: Request) -> Response:
         """The shell only (it paints at once, however long the run); the page then asks

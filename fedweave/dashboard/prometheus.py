@@ -117,12 +117,17 @@ class HistoryCollector(Collector):
                         late.add_metric([rid, _clean(site)], streak)
         studies = gauge("studies", "Operators' studies (`fedweave run submit`) by state: "
                         "queued, running, completed, stopped, failed.", ("state",))  # fmt: skip
+        site_runs = gauge("site_runs", "Running runs whose latest round asked the site (its "
+                          "current jobs, whatever it answered).", ("site",))  # fmt: skip
         if self.run_id is None:
             counts = Counter(study["state"] for study in self.views.studies())
             for state in SUBMISSION_STATES:
                 studies.add_metric([state], counts.get(state, 0))
+            for site in self.views.site_jobs():
+                site_runs.add_metric([_clean(site["site"])], len(site["runs"]))
         yield from (info, completed, planned, seconds, outcomes, metric, age, flight,
-                    flight_age, deadline, connected, stalled, late, alert, studies)  # fmt: skip
+                    flight_age, deadline, connected, stalled, late, alert, studies,
+                    site_runs)  # fmt: skip
 
     def _runs(self):
         if self.run_id is not None:

@@ -338,6 +338,22 @@ class Views:
             found.append(summary)
         return found
 
+    def site_jobs(self) -> list[dict[str, Any]]:
+        """Each site's current jobs: every running federated run whose latest recorded round
+        asked it, with what it did there (``ok``, or ``refused`` by its policy, ...), by site
+        name, in site order."""
+        jobs: dict[str, list[dict[str, Any]]] = {}
+        for run in self.store.list_runs():
+            if run.status != "running" or run.mode != "federated" or not run.rounds_completed:
+                continue
+            last = run.rounds_completed
+            for site in self.store.site_results(run.run_id, last):
+                jobs.setdefault(str(site["site_id"]), []).append(
+                    {"run_id": run.run_id, "task": run.task, "round": last,
+                     "status": site["status"]}  # fmt: skip
+                )
+        return [{"site": name, "runs": jobs[name]} for name in sorted(jobs)]
+
     def studies(self) -> list[dict[str, Any]]:
         """The operators' studies (``fedweave run submit``), oldest first: queued (with how
         many are ahead), running (with their run) and ended (with why)."""

@@ -186,6 +186,17 @@
         holder.append(el("h2", { text: "studies submitted by operators" }),
           table(["#", "state", "operator", "study", "run", "waits / why", "submitted"], studyRows, { id: "studies" }));
       }
+      const sites = d.sites || [];
+      if (sites.length) {
+        // each site's current jobs: the running runs whose latest round asked it
+        const siteRows = sites.map((s) => el("tr", { "data-site": s.site },
+          el("td", { text: s.site }),
+          el("td", {}, ...s.runs.map((r) => el("span", { class: `badge s-${r.status === "ok" ? "running" : "failed"}`,
+            text: `${r.run_id} (${r.task}, round ${r.round}: ${r.status})` }))),
+        ));
+        holder.append(el("h2", { text: "sites now" }),
+          table(["site", "running runs that asked it last round"], siteRows, { id: "site-jobs" }));
+      }
       performance.mark("fedweave-drawn");
     }
     draw(data);
