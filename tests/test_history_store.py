@@ -130,6 +130,21 @@ def test_unknown_runs_are_user_errors(db_url: str) -> None:
             store.record_round("ghost", _record(1), [])
 
 
+def test_an_end_only_if_running_keeps_an_end_recorded_first(db_url: str) -> None:
+    """The ServerApp calls a run failed only where the coordinator has not ended it first
+    (an operator's stop makes Flower's grid raise in the ServerApp)."""
+    with open_store(db_url) as store:
+        stopped = store.start_run("federated", "digits", {}, 0)
+        store.finish_run(stopped, "interrupted", "stopped by operator carol")
+        store.finish_run(stopped, "failed", "run not running", only_if_running=True)
+        assert (store.get_run(stopped).status, store.get_run(stopped).reason) == (
+            "interrupted", "stopped by operator carol"
+        )  # fmt: skip
+        running = store.start_run("federated", "digits", {}, 0)
+        store.finish_run(running, "failed", "boom", only_if_running=True)
+        assert store.get_run(running).status == "failed"
+
+
 def test_duplicate_round_is_refused_and_writes_nothing(db_url: str) -> None:
     with open_store(db_url) as store:
         run_id = store.start_run("federated", "digits", {}, 1)

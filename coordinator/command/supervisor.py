@@ -545,7 +545,7 @@ def _run_submission(submission, config: RunConfig, store, client, proc, link_opt
     run = store.get_run(plan.run_id)
     if stopped_by is not None:
         reason = f"stopped by operator {stopped_by}"
-        if run.status == "running":
+        if run.status != "completed":  # the ServerApp may have called it failed as it stopped
             store.finish_run(plan.run_id, "interrupted", reason)
         submissions.ended(submission.id, "stopped", reason)
         _echo(f"run {plan.run_id} of submission {submission.id} {reason}")

@@ -56,7 +56,8 @@ def recording_run(plan: DeployPlan) -> Iterator[Recording]:
     """The history this ServerApp records ``plan``'s run into (the process leaves with the
     coordinator's: ``exit_with_coordinator``). The run is marked completed when the body
     ends (with the reason it ``ended_early`` for, if any), failed with the first line of its
-    error when it raises (a stop signal is the CLI's to record, as interrupted); the store
+    error when it raises, unless the coordinator ended it first (a stop signal or an
+    operator's stop is the CLI's to record, as interrupted); the store
     is closed either way. Without a deployment file (a run config written by hand) the
     history is the default one."""
     from fedweave.history import open_store
@@ -73,7 +74,9 @@ def recording_run(plan: DeployPlan) -> Iterator[Recording]:
         store.finish_run(plan.run_id, "completed", early[0] if early else None)
     except Exception as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        store.finish_run(plan.run_id, "failed", reason)
+        # a run the coordinator ended first (an operator's stop, which makes Flower's grid
+        # raise here) keeps the end it recorded
+        store.finish_run(plan.run_id, "failed", reason, only_if_running=True)
         raise
     finally:
         store.close()

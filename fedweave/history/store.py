@@ -250,14 +250,21 @@ class HistoryStore:
             ) from None
 
     def finish_run(
-        self, run_id: str, status: str, reason: str | None = None, retry_seconds: float = 10.0
+        self, run_id: str, status: str, reason: str | None = None, retry_seconds: float = 10.0,
+        only_if_running: bool = False,
     ) -> None:
-        """Set the final status (``FINISHED_STATUSES``) and the end time."""
+        """Set the final status (``FINISHED_STATUSES``) and the end time; with
+        ``only_if_running``, only where nobody has ended the run yet (its row read under a
+        lock, so an end recorded meanwhile is kept)."""
         if status not in FINISHED_STATUSES:
             raise ValueError(f"status must be one of {FINISHED_STATUSES}, not {status!r}")
 
         def work(session: Session, _attempt: int) -> None:
             run = self._run_row(session, run_id)
+            if only_if_running:
+                session.refresh(run, with_for_update=True)
+                if run.status != "running":
+                    return
             run.status, run.reason, run.ended_at = status, reason, _now()
             run.round_in_flight = None
 
