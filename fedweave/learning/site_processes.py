@@ -314,10 +314,10 @@ class _RankGroup:
     def _failure(self, started: float) -> str:
         """The reason of a job one of whose ranks exited: once the others have had
         ``FAILURE_GRACE_SECONDS`` to fail after it, a rank still running is the one they
-        gave up waiting for (stopped, or stuck outside training); else a rank killed by a
-        signal (the others only fail for want of it), one killed from outside before one
-        that aborted itself (a rank whose peer vanished may abort first), else the first to
-        say it failed."""
+        gave up waiting for (stopped, or stuck outside training), unless a rank was killed
+        from outside; else a rank killed by a signal (the others only fail for want of it),
+        one killed from outside before one that aborted itself (a rank whose peer vanished
+        may abort first), else the first to say it failed."""
         ranks, world = self.ranks, len(self.ranks)
         deadline = time.monotonic() + FAILURE_GRACE_SECONDS
         while time.monotonic() < deadline and any(proc.poll() is None for proc in ranks):
@@ -334,7 +334,8 @@ class _RankGroup:
         first = min(from_outside or killed or failed, key=lambda rank: when[rank])
         seconds = max(0.0, when[first] - started)
         alive = [rank for rank, proc in enumerate(ranks) if proc.poll() is None]
-        if alive:
+        if alive and not from_outside:  # a rank killed from outside is the cause, whatever
+            # the others were still waiting on when the grace ran out (a loaded machine)
             steps = {rank: self._last_step(rank, started) for rank in alive}
             stalled = min(alive, key=lambda rank: steps[rank])
             return (
