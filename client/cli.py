@@ -53,6 +53,7 @@ def privacy_floor(config) -> dict[str, str]:
     which ``client/mods.py``'s ``privacy_floor`` and the sample-DP trainer enforce on every
     training round."""
     from fedweave.contract import (
+        NODE_MAX_DELTA_KEY,
         NODE_MAX_EPSILON_KEY,
         NODE_PRIVACY_LEDGER_KEY,
         NODE_REQUIRE_DP_KEY,
@@ -66,6 +67,8 @@ def privacy_floor(config) -> dict[str, str]:
         floor[NODE_REQUIRE_DP_KEY] = config.site.require_dp
     if config.privacy.max_epsilon is not None:
         floor[NODE_MAX_EPSILON_KEY] = repr(float(config.privacy.max_epsilon))
+    if config.site.max_delta is not None:
+        floor[NODE_MAX_DELTA_KEY] = repr(float(config.site.max_delta))
     floor[NODE_PRIVACY_LEDGER_KEY] = str(site_ledger_path(config).resolve())
     return floor
 

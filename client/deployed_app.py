@@ -36,6 +36,7 @@ from fedweave.contract import (
     NODE_EVAL_DATA_KEY,
     NODE_EVAL_FRACTION_KEY,
     NODE_LABEL_COLUMN_KEY,
+    NODE_MAX_DELTA_KEY,
     NODE_MAX_EPSILON_KEY,
     NODE_MORE_TASKS_KEY,
     NODE_NPROC_KEY,
@@ -108,6 +109,7 @@ def site_client(context: Context):
         ledger_path=_config_str(context.node_config, NODE_PRIVACY_LEDGER_KEY) if primary
         else f"{data_path}.privacy-ledger.json",  # a ledger is its data's
         max_epsilon=_max_epsilon(context),
+        max_delta=_max_delta(context),
         base_model=_config_str(context.node_config, NODE_BASE_MODEL_KEY),
         layers_dir=_config_str(context.node_config, NODE_PERSONAL_STATE_KEY) if primary
         else f"{data_path}.personal",
@@ -124,6 +126,12 @@ def _processes(context: Context, data: Any) -> Any:
     from fedweave.learning.site_processes import SiteProcesses
 
     return SiteProcesses(nproc, data, _config_str(context.node_config, NODE_DEVICE_KEY))
+
+
+def _max_delta(context: Context) -> float | None:
+    """The site's ``--max-delta`` cap (its node config), or ``None``: its default."""
+    value = _config_str(context.node_config, NODE_MAX_DELTA_KEY)
+    return float(value) if value is not None else None
 
 
 def _max_epsilon(context: Context) -> float | None:

@@ -37,6 +37,8 @@ from fedweave.client.bulk_mod import bulk_transfers
 from fedweave.client.compression_mod import compression_when_asked
 from fedweave.client.downlink_mod import downlink_restored
 from fedweave.client.held_updates import holding_updates_when_asked
+from fedweave.client.local_dp import LEDGER as LOCAL_LEDGER
+from fedweave.client.local_dp import LocalLedger, local_dp_when_asked, local_noise
 from fedweave.contract import (
     CLIPPED_FRACTION_METRIC,
     COMPRESSION_METRIC,
@@ -50,6 +52,7 @@ from fedweave.contract import (
     LOCAL_DP_KEYS,
     MAX_CLOCK_SKEW_KEY,
     MAX_NORM_KEY,
+    NODE_MAX_DELTA_KEY,
     NODE_MAX_EPSILON_KEY,
     NODE_POLICY_KEY,
     NODE_REQUIRE_DP_KEY,
@@ -59,6 +62,7 @@ from fedweave.contract import (
     PROCESSES_METRIC,
     RUN_OPERATOR_KEY,
     RUN_TASK_KEY,
+    SAMPLE_DP_KEYS,
     SECAGG_CLIP_KEY,
     SECAGG_MAX_WEIGHT_KEY,
     SECAGG_VECTOR_ARRAYS_KEY,
@@ -173,7 +177,9 @@ def clock_guard(msg: Message, context: Context, call_next: ClientAppCallable) ->
     return call_next(msg, context)
 
 
-FLOOR_KEYS = (NODE_REQUIRE_SECURE_AGG_KEY, NODE_REQUIRE_DP_KEY, NODE_MAX_EPSILON_KEY)
+FLOOR_KEYS = (
+    NODE_REQUIRE_SECURE_AGG_KEY, NODE_REQUIRE_DP_KEY, NODE_MAX_EPSILON_KEY, NODE_MAX_DELTA_KEY,
+)  # fmt: skip
 """The node-config entries of a site's privacy floor (``fedweave client``'s ``privacy_floor``)."""
 REQUIRED_DP = {
     "any": ("central", "local", "sample"),
@@ -183,7 +189,18 @@ REQUIRED_DP = {
 """``--require-dp`` → the run mechanisms it accepts (``local``: this site adds the noise)."""
 
 
-def floor_problem(floor: dict, config: dict, secure: bool) -> str | None:
+def _round_delta(config: dict, mode: str) -> float | None:
+    """The delta a DP round's epsilon is stated at, from the mechanism's own settings."""
+    key = {"local": LOCAL_DP_KEYS[3], "sample": SAMPLE_DP_KEYS[2]}.get(mode, DP_DELTA_KEY)
+    try:
+        return float(config[key]) if key in config else None
+    except (TypeError, ValueError):
+        return math.inf
+
+
+def floor_problem(
+    floor: dict, config: dict, secure: bool, run_id: int = 0, ledger: LocalLedger = LOCAL_LEDGER
+) -> str | None:
     """Why this site's privacy ``floor`` (its node config: ``--require-secure-agg``,
     ``--require-dp``, ``--max-epsilon``) refuses a training message with fit ``config``;
     ``secure``: the message carries SecAgg+'s own records (checked on the message itself, not
@@ -192,9 +209,11 @@ def floor_problem(floor: dict, config: dict, secure: bool) -> str | None:
     SecAgg+ covers everything a training message sends (statistics, updates, private
     evaluation); an update held for a later SecAgg+ buffer sends nothing now. The DP floor
     covers model updates and refuses the statistics exchange (not a DP release: a DP run
-    never asks for it); evaluation is not covered. It rests on the coordinator's stated
-    mechanism and ledger: under central DP it adds the
-    noise. Under sample DP the site's own ledger decides ``--max-epsilon`` (``site_app.py``)."""
+    never asks for it); evaluation is not covered. Under local DP the site computes its own
+    noise and epsilon (``client/local_dp.py``; ``run_id``'s releases at this site) and refuses
+    a round that asks for none; under sample DP its own ledger decides ``--max-epsilon``
+    (``site_app.py``); only under central DP, where the coordinator adds the noise, does the
+    floor rest on the coordinator's stated ledger. ``--max-delta`` caps every mode's delta."""
     fix = "restart this site without that floor to take part"
     if str(floor.get(NODE_REQUIRE_SECURE_AGG_KEY, "")).lower() == "true":
         if not secure and not config.get(HOLD_KEY):
@@ -224,10 +243,40 @@ def floor_problem(floor: dict, config: dict, secure: bool) -> str | None:
             f"this site requires differential privacy (--require-dp {required}), but the run "
             f"has --dp {mode}; run the coordinator with --dp {' or '.join(accepted)}, or {fix}"
         )
+    noise, problem = local_noise(config) if mode == "local" else (None, None)
+    if problem is not None:
+        return f"{problem}; this site adds local DP noise only as it computes it"
+    if mode == "local" and noise is None and required in ("any", "local"):
+        return (
+            f"this site requires differential privacy (--require-dp {required}), but the run's "
+            "round asks for local DP without its settings: no noise; run the coordinator "
+            "with --dp local and a --dp-epsilon"
+        )
+    delta_cap = floor.get(NODE_MAX_DELTA_KEY)
+    delta = _round_delta(config, mode)
+    if delta_cap is not None and delta is not None and delta > float(delta_cap):
+        return (
+            f"this site allows at most delta {float(delta_cap):g} (--max-delta), but the run "
+            f"asks for delta {delta:g}; run the coordinator with --dp-delta "
+            f"{float(delta_cap):g} or below, or {fix}"
+        )
     budget = floor.get(NODE_MAX_EPSILON_KEY)
     if budget is None or mode == "sample":  # sample: the site's own ledger (site_app.py)
         return None
     budget = float(budget)
+    if noise is not None:  # local: the site's own account of the noise it adds
+        stated = config.get(DP_EPSILON_AFTER_KEY)
+        after = ledger.epsilon(run_id, noise.delta, noise.multiplier)
+        if after <= budget:
+            return None
+        return (
+            f"this site allows at most epsilon {budget:g} (--max-epsilon), but its own noise "
+            f"(clipping norm {noise.clipping_norm:g}, sensitivity {noise.sensitivity:g}, "
+            f"multiplier {noise.multiplier:.4g}) would take its ledger for this run to "
+            f"{after:.3f} at delta {noise.delta:g} (the coordinator states "
+            + (f"{float(stated):.3f}" if isinstance(stated, (int, float)) else "nothing")
+            + f", sensitivity {noise.stated_sensitivity:g}); {fix}, or give the run less epsilon"
+        )
     if mode not in ("central", "local"):
         return (
             f"this site allows at most epsilon {budget:g} (--max-epsilon), but the run has no "
@@ -302,7 +351,8 @@ def privacy_floor(msg: Message, context: Context, call_next: ClientAppCallable) 
     policy = _site_policy(context)
     if policy is not None:
         floor = policy.floor(floor, FLOOR_KEYS)
-    problem = floor_problem(floor, config, RECORD_KEY_CONFIGS in msg.content.config_records)
+    secure = RECORD_KEY_CONFIGS in msg.content.config_records
+    problem = floor_problem(floor, config, secure, msg.metadata.run_id)
     if problem is not None:
         log.warning("round refused: %s", problem)
         raise SiteRefusal(problem)
@@ -538,18 +588,6 @@ def central_dp_clipping_when_asked(
     if config is not None and KEY_CLIPPING_NORM in config:
         return fixedclipping_mod(msg, context, call_next)
     return call_next(msg, context)
-
-
-def local_dp_when_asked(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
-    """Flower's ``LocalDpMod`` (clip + Gaussian noise at the site) with the parameters the
-    coordinator's ``--dp local`` sends."""
-    from flwr.client.mod import LocalDpMod
-
-    config = _fit_config(msg) if msg.metadata.message_type == MessageType.TRAIN else None
-    if config is None or LOCAL_DP_KEYS[0] not in config:
-        return call_next(msg, context)
-    clipping_norm, sensitivity, epsilon, delta = (float(config[k]) for k in LOCAL_DP_KEYS)
-    return LocalDpMod(clipping_norm, sensitivity, epsilon, delta)(msg, context, call_next)
 
 
 def site_mods(site_name_of: SiteNameOf = node_site_name) -> list[Mod]:

@@ -26,8 +26,10 @@ from fedweave.contract import (
     BATCH_SIZE_KEY,
     CLIP_GRAD_NORM_KEY,
     COMPRESS_KEY,
+    DP_MODE_KEY,
     DROPS_PARTIAL_WORK_KEY,
     JOB_KEY,
+    LOCAL_DP_KEYS,
     LOCAL_EPOCHS_KEY,
     LOCAL_LAYERS_KEY,
     LR_KEY,
@@ -38,6 +40,7 @@ from fedweave.contract import (
     PRIVATE_EVALUATION_KEY,
     PROXIMAL_MU_KEY,
     ROUND_KEY,
+    SAMPLE_DP_EPSILON_METRIC,
     SAMPLE_DP_KEYS,
     SECAGG_CLIP_KEY,
     SECAGG_MAX_WEIGHT_KEY,
@@ -149,6 +152,16 @@ def cached_site_parts(
     return hold_out(data, eval_fraction)
 
 
+REPORTED_UNDER_DP = frozenset({
+    SITE_NAME_METRIC, SIMULATED_SECONDS_METRIC, SAMPLE_DP_EPSILON_METRIC, "dp_delta", "seconds",
+    "nonfinite",
+})  # fmt: skip
+"""What a training reply says beside its update under any ``--dp``: no example count (the
+reply says 1: every site weighs alike) and no training metrics, which no ledger covers and
+which tell neighbouring datasets apart; the site's name, its own epsilon, whether training
+diverged and its seconds (which the coordinator sees anyway, as the reply's time) stay."""
+
+
 def count_as_sent(count: int, config: dict) -> int:
     """The example count a fit reply says: under SecAgg+ at most the run's ``max_weight``
     (Flower's mod scales the vector by count / ``max_weight``, which must not pass 1, and the
@@ -233,6 +246,7 @@ class TaskClient(NumPyClient):
         evaluation: Any | None = None,
         ledger_path: str | None = None,
         max_epsilon: float | None = None,
+        max_delta: float | None = None,
         base_model: str | None = None,
         layers_dir: str | None = None,
         processes: SiteProcesses | None = None,
@@ -244,6 +258,7 @@ class TaskClient(NumPyClient):
         self.layers_loaded = False
         self.ledger_path = ledger_path
         self.max_epsilon = max_epsilon
+        self.max_delta = max_delta
         self.task = task
         self.data = data
         self.evaluation = evaluation
@@ -332,6 +347,7 @@ class TaskClient(NumPyClient):
         if config.get(PRIVATE_EVALUATION_KEY):
             return self._private_evaluation(parameters, config)
         data = self._prepared(config, self.data)
+        self._refuse_delta_over_cap(config, len(data))
         self._load_global(parameters)
         round_seed = (
             int(config.get(SEED_KEY, 0)) * 1_000_003
@@ -376,7 +392,21 @@ class TaskClient(NumPyClient):
         weights = (
             weights_view(self.model) if adopts_weights(self.model) else get_weights(self.model)
         )
+        if str(config.get(DP_MODE_KEY, "none")) != "none":
+            metrics = {k: v for k, v in metrics.items() if k in REPORTED_UNDER_DP}
+            return weights, count_as_sent(1, config), metrics
         return weights, count_as_sent(len(data), config), metrics
+
+    def _refuse_delta_over_cap(self, config: dict, examples: int) -> None:
+        """Refuse a local- or sample-DP round whose delta is above this site's cap
+        (``--max-delta``, else 1 / (10 x its examples)), before anything trains."""
+        from fedweave.privacy.delta import delta_problem
+
+        for key in (LOCAL_DP_KEYS[3], SAMPLE_DP_KEYS[2]):
+            if key in config:
+                problem = delta_problem(float(config[key]), examples, self.max_delta)
+                if problem is not None:
+                    raise SiteRefusal(problem)
 
     def _refuse_what_processes_cannot(self, config: dict) -> None:
         """A site training across processes refuses, before it loads anything for them, the
@@ -413,16 +443,12 @@ class TaskClient(NumPyClient):
         from fedweave.learning.sample_dp import (
             SampleDp,
             SiteLedger,
-            delta_problem,
             round_steps,
             train_with_sample_dp,
         )
         from fedweave.learning.training import objective_of
 
         multiplier, max_grad_norm, delta = (float(config[key]) for key in SAMPLE_DP_KEYS)
-        problem = delta_problem(delta, len(data))
-        if problem is not None:
-            raise SiteRefusal(problem)
         if not self.ledger_path:  # in memory, each round would count from zero
             raise SiteRefusal(
                 "this site keeps no privacy ledger, so it cannot account for --dp sample; "

@@ -69,6 +69,9 @@ NODE_REQUIRE_DP_KEY = "require-dp"
 ``any`` or ``local``; absent: none)."""
 NODE_MAX_EPSILON_KEY = "max-epsilon"
 """Node config: the most epsilon the site lets a run's ledger reach (``--max-epsilon``)."""
+NODE_MAX_DELTA_KEY = "max-delta"
+"""Node config: the most delta the site lets a DP run state its epsilon at (``--max-delta``;
+absent: at most 1 / (10 x its training examples), which the site checks itself)."""
 NODE_PARTITION_KEY = "partition-id"
 """Node config (simulation only): which ``site-<i>.npz`` of the split a simulated site holds."""
 

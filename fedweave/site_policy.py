@@ -14,6 +14,9 @@ allows everything it would limit::
     require_secure_agg = true
     require_dp = "any"
     max_epsilon = 8.0
+    # the most delta a DP run may state its epsilon at (default: 1 / (10 x the site's
+    # training examples), which the site checks itself)
+    max_delta = 1e-5
 
 The site checks it when it starts (a file that does not parse, or a key or value it does not
 know, ends the site with one line naming it) and reads it again whenever it changes, so the
@@ -42,7 +45,9 @@ else:  # pragma: no cover - Python 3.10
 REQUIRE_DP_ORDER = ("off", "any", "local", "sample")
 """``require_dp`` values, weakest first (``--require-dp``)."""
 MAX_POLICY_BYTES = 64 * 1024
-KEYS = ("tasks", "operators", "hours", "require_secure_agg", "require_dp", "max_epsilon")
+KEYS = (
+    "tasks", "operators", "hours", "require_secure_agg", "require_dp", "max_epsilon", "max_delta",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,7 @@ class SitePolicy:
     require_secure_agg: bool = False
     require_dp: str = "off"
     max_epsilon: float | None = None
+    max_delta: float | None = None
 
     def refusal(self, task: str, operator: str | None, now: datetime | None = None) -> str | None:
         """Why this policy refuses a run of ``task`` submitted by ``operator`` (``None``: the
@@ -83,10 +89,13 @@ class SitePolicy:
                 )
         return None
 
-    def floor(self, node_floor: dict[str, str], keys: tuple[str, str, str]) -> dict[str, str]:
+    def floor(
+        self, node_floor: dict[str, str], keys: tuple[str, str, str, str]
+    ) -> dict[str, str]:
         """The site's privacy floor (node-config entries ``keys``: require secure aggregation,
-        require DP, max epsilon) with this policy's added: the stricter of each holds."""
-        secure_key, dp_key, epsilon_key = keys
+        require DP, max epsilon, max delta) with this policy's added: the stricter of each
+        holds."""
+        secure_key, dp_key, epsilon_key, delta_key = keys
         floor = dict(node_floor)
         if self.require_secure_agg:
             floor[secure_key] = "true"
@@ -99,6 +108,10 @@ class SitePolicy:
             old = floor.get(epsilon_key)
             if old is None or self.max_epsilon < float(old):
                 floor[epsilon_key] = repr(self.max_epsilon)
+        if self.max_delta is not None:
+            old = floor.get(delta_key)
+            if old is None or self.max_delta < float(old):
+                floor[delta_key] = repr(self.max_delta)
         return floor
 
 
@@ -159,9 +172,15 @@ def parse_policy(text: str, source: str) -> SitePolicy:
         isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon > 0
     ):
         raise UserError(f"{source}: max_epsilon must be a number above 0")
+    delta = table.get("max_delta")
+    if delta is not None and (
+        isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 < delta < 1
+    ):
+        raise UserError(f"{source}: max_delta must be a number between 0 and 1, e.g. 1e-5")
     return SitePolicy(
         source, tasks, operators, hours, secure, dp,
         float(epsilon) if epsilon is not None else None,
+        float(delta) if delta is not None else None,
     )  # fmt: skip
 
 

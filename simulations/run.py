@@ -11,6 +11,7 @@ from fedweave.config import Resolved, RunConfig
 from fedweave.coordinator.command.run_header import header_line, protections
 from fedweave.coordinator.rounds.history_listener import evaluation_extra
 from fedweave.coordinator.rounds.privacy_ledger import check_resumable
+from fedweave.errors import UserError
 from fedweave.history.metrics import (
     final_metrics,
     final_privacy,
@@ -60,6 +61,20 @@ def _with_protections(config: RunConfig, offset: int, test_data) -> tuple[RunCon
     return settings.resolved(deadline), facts
 
 
+def check_site_ledgers(config: RunConfig, run_id: str, privacy: dict | None) -> None:
+    """Refuse, in one line, to resume a ``--dp sample`` run whose simulated sites' own ledgers
+    are not where the run kept them: its sites would account from zero."""
+    if config.privacy.dp != "sample" or not privacy or not privacy.get("sites"):
+        return
+    folder = config.history.checkpoint_dir / run_id / "site-ledgers"
+    if not any(folder.glob("*.privacy-ledger.json")):
+        raise UserError(
+            f"cannot resume run {run_id}: its sites' privacy ledgers are not in {folder} (the "
+            "run's --checkpoint-dir); without them every site would account its epsilon from "
+            "zero. Restore that folder, or give the --checkpoint-dir the run used"
+        )
+
+
 def run_and_report(config: RunConfig, resolved: Resolved) -> dict:
     """Run a federated simulation (or resume a recorded one) with progress; record each
     round; write the report to ``--out``."""
@@ -85,6 +100,7 @@ def run_and_report(config: RunConfig, resolved: Resolved) -> dict:
         start_weights, offset = resume_point(store, run_id)
         privacy = recorded_privacy(store.rounds(run_id) if offset else [], config.privacy.dp)
         check_resumable(config.privacy, privacy, offset)
+        check_site_ledgers(config, run_id, privacy)
         store.mark_running(run_id)
         console.print(f"resuming run {run_id} after round {offset} of {config.training.rounds}")
     task_name, clients = config.data.task, config.data.clients

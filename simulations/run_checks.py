@@ -85,22 +85,26 @@ def checked_test_data(config: RunConfig, task: Any) -> Any:
             )  # fmt: skip
             sizes = {f"site-{index}": len(part) for index, part in enumerate(parts)}
     check_scoring(config, test)
-    if config.privacy.dp == "sample":
-        check_sample_delta(config.privacy.dp_delta, sizes)
+    if config.privacy.dp in ("local", "sample"):
+        check_site_delta(config.privacy.dp_delta, sizes)
     return test
 
 
-def check_sample_delta(delta: float, sizes: dict[str, int]) -> None:
-    """Refuse a ``--dp sample`` delta at or above 1 / the smallest site's examples (site name
-    → its rows): that site would refuse every round (``sample_dp.delta_problem``; it trains
-    on its rows less its evaluation part, so it may also refuse a delta just below)."""
+def check_site_delta(delta: float, sizes: dict[str, int]) -> None:
+    """Refuse a ``--dp local`` or ``sample`` delta above the smallest site's cap, 1 / (10 x its
+    examples) (site name → its rows): that site would refuse every round
+    (``fedweave/privacy/delta.py``; it trains on its rows less its evaluation part, so it may
+    also refuse a delta just below)."""
+    from fedweave.privacy.delta import default_max_delta
+
     if not sizes:
         return
     name = min(sizes, key=lambda site: sizes[site])
-    if delta >= 1 / max(sizes[name], 1):
+    cap = default_max_delta(sizes[name])
+    if delta > cap:
         raise UserError(
-            f"--dp-delta {delta:g} is at least 1 / the {sizes[name]} examples of {name}, the "
-            f"smallest site, which would refuse every round (a guarantee that may fail for one "
-            f"example in {sizes[name]} protects none); run with --dp-delta below "
-            f"{1 / max(sizes[name], 1):g}"
+            f"--dp-delta {delta:g} is above 1 / (10 x the {sizes[name]} examples of {name}), "
+            f"the smallest site, which would refuse every round (a guarantee that may fail "
+            f"for one example in {sizes[name]} protects none); run with --dp-delta {cap:g} "
+            "or below"
         )

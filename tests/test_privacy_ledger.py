@@ -42,23 +42,21 @@ def _central(**settings) -> RunConfig:
     return RunConfig.of(**{"dp": "central", "noise_multiplier": 1.1, **settings})
 
 
-def test_central_dp_composes_each_released_round_at_the_multiplier_its_mean_had():
-    """Four sites sampled: a round all four made is a release of multiplier 1.1; one only
-    three made (the noise is sized for four) is 1.1 * 3/4; a failed round released nothing
-    and spends nothing, but still says what the run has spent."""
+def test_central_dp_composes_every_released_round_at_the_full_multiplier():
+    """Four sites planned: with a fixed denominator (the sum over 4, whoever replied) a round
+    all four made and one only three made are the same mechanism, a release of multiplier
+    1.1 for sensitivity C/4; a failed round released nothing and spends nothing, but still
+    says what the run has spent."""
     told = _Told()
     ledger = PrivacyLedger([told], _central().privacy, cohort=4)
     for summary in (_round(4), _round(3), _round(1, failed="fewer than --min-replies"),
                     _round(4)):  # fmt: skip
         ledger.on_round(summary)
-    made = [1.1, 1.1 * 3 / 4, 1.1]
-    assert [p["round_noise_multiplier"] for p in told.privacy] == [1.1, 1.1 * 3 / 4, None, 1.1]
+    assert [p["round_noise_multiplier"] for p in told.privacy] == [1.1, 1.1, None, 1.1]
     assert [p["releases"] for p in told.privacy] == [1, 2, 2, 3]
     assert told.privacy[2]["epsilon"] == told.privacy[1]["epsilon"]
-    assert math.isclose(told.privacy[-1]["epsilon"], _epsilon(made), rel_tol=1e-9)
+    assert math.isclose(told.privacy[-1]["epsilon"], _epsilon([1.1] * 3), rel_tol=1e-9)
     assert all(p["delta"] == 1e-5 for p in told.privacy)
-    # a shortfall costs privacy: fewer sites under the same noise spend more than all four
-    assert told.privacy[1]["epsilon"] > _epsilon([1.1, 1.1])
 
 
 def test_a_resumed_ledger_continues_from_the_recorded_round_never_from_zero():
@@ -145,19 +143,20 @@ def test_a_run_without_dp_carries_no_ledger_and_stores_no_dp_settings():
     assert set(local) == {"dp", "clipping_norm", "dp_epsilon", "dp_delta"}
 
 
-def test_the_budget_stops_before_a_round_that_would_cross_it_and_holds_back_a_short_mean():
+def test_the_budget_stops_before_a_round_that_would_cross_it_and_holds_back_a_release():
     """--max-epsilon: a round with every site is not started when it would take the ledger
-    past the budget; a central-DP mean of fewer sites (which spends more) is not released
-    when it would, and no round starts after that."""
+    past the budget; a central-DP release that would cross it is not made, and no round
+    starts after that. With a fixed denominator a short mean spends what a full one does."""
     settings = _central(max_epsilon=_epsilon([1.1, 1.1]) + 0.01).privacy
     ledger = PrivacyLedger([], settings, cohort=4)
     assert ledger.next_round_problem(1) is None
     ledger.on_round(_round(4))
     assert ledger.next_round_problem(2) is None
-    held = ledger.release_problem(2, in_mean=2)
-    assert held.startswith("privacy budget: round 2's aggregate was not released: a mean of 2")
-    assert ledger.release_problem(2, in_mean=4) is None
-    assert ledger.next_round_problem(3) == held  # once held back, the run ends
+    assert ledger.release_problem(2, in_mean=2) is None  # a short mean: the same release
+    ledger.on_round(_round(2))
+    held = ledger.release_problem(3, in_mean=4)
+    assert held.startswith("privacy budget: round 3's aggregate was not released: a mean of 4")
+    assert ledger.next_round_problem(4) == held  # once held back, the run ends
     fresh = PrivacyLedger([], settings, cohort=4)
     fresh.on_round(_round(4))
     fresh.on_round(_round(4))

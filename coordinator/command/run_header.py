@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from fedweave.config import RunConfig
 from fedweave.coordinator.rounds.deadlines import MEASURED_FACTOR
-from fedweave.coordinator.rounds.privacy_ledger import ledger_facts
+from fedweave.coordinator.rounds.privacy_ledger import SITES_REPORT_UNDER_DP, ledger_facts
 
 if TYPE_CHECKING:
     from fedweave.coordinator.rounds.deadlines import RoundDeadline
@@ -77,8 +77,17 @@ def protections(
             dp["ledger"]["statistics"] = (
                 "none gathered from the sites, the features scaled by the task's declared bounds"
             )
+        dp["ledger"]["sites_report"] = SITES_REPORT_UNDER_DP
+        not_covered = []
         if config.evaluation.evaluate_every:
-            dp["ledger"]["not_covered"] = "the sites' evaluation metrics"
+            not_covered.append("the sites' evaluation metrics")
+            if config.evaluation.select_metric:
+                not_covered.append(
+                    f"best-round selection on them (--select-metric "
+                    f"{config.evaluation.select_metric})"
+                )
+        if not_covered:
+            dp["ledger"]["not_covered"] = " and ".join(not_covered)
     federation = config.federation
     return {
         "secure_aggregation": secagg,
@@ -149,9 +158,12 @@ def header_line(facts: dict[str, Any]) -> str:
         amplification = ledger["sampling_amplification"]
         dp_text += (
             f" (epsilon composed over the rounds by {ledger['accountant']} at delta "
-            f"{ledger['delta']:g}, one {ledger['unit']} as the unit, "
+            f"{ledger['delta']:g}, one {ledger['unit']} as the unit, relation "
+            f"{ledger['neighbouring']}, sensitivity {ledger['sensitivity']}, "
             + ("no amplification by sampling claimed" if amplification == "not claimed"
                else f"amplification by {amplification}")
+            + f"; noise {ledger['noise']}"
+            + (f"; sites report {ledger['sites_report']}" if ledger.get("sites_report") else "")
             + (f"; statistics: {ledger['statistics']}" if ledger.get("statistics") else "")
             + (f"; not covered: {ledger['not_covered']}" if ledger.get("not_covered") else "")
             + ")"

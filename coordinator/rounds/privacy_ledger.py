@@ -8,19 +8,20 @@ the accountant composed goes with every recorded round, so a resumed run
 continues the ledger from what was recorded, never from zero (``recorded`` below; its noise
 multipliers and round counts are the whole state: the ledger composes them again).
 
-What each mechanism composes (``privacy.py`` sets the noise):
+What each mechanism composes (``privacy.py`` sets the noise), with its neighbouring relation
+and the sensitivity the noise is sized for:
 
-- ``central``: one Gaussian release per round that aggregated. The coordinator adds noise of
-  std ``noise_multiplier * clipping_norm / cohort`` to a mean of clipped updates that weigh
-  alike, so a round in which ``n`` of the ``cohort`` sites made the mean is a Gaussian
-  mechanism with noise multiplier ``noise_multiplier * n / cohort`` (the full multiplier
-  when every sampled site replied; less when some did not). The unit is one site, the
-  relation add-or-remove-one site, as in Flower's own accounted DP strategies.
-- ``local``: each site's update is clipped and noised by Flower's ``LocalDpMod`` with std
-  ``clipping_norm * sqrt(2 ln(1.25 / delta)) / epsilon`` (the classic Gaussian mechanism's
-  sizing for ``--dp-epsilon``, which holds only for epsilon below 1); the ledger composes a
-  Gaussian release of multiplier ``sqrt(2 ln(1.25 / delta)) / epsilon`` per round in which
-  sites were sampled: an upper bound for every site (one that sat a round out spent less).
+- ``central``: one Gaussian release per round that aggregated, of noise multiplier
+  ``noise_multiplier``. Relation: one site added or removed. The coordinator sums the clipped
+  updates that arrived and divides by the planned cohort ``m`` (a fixed denominator), so one
+  site moves the aggregate by at most ``C / m``, and the noise has std
+  ``noise_multiplier * C / m``: a short round (fewer replies) is the same mechanism, its
+  aggregate only smaller.
+- ``local``: each site clips its update to ``C`` and adds noise of std
+  ``2C * sqrt(2 ln(1.25 / delta)) / epsilon`` itself (``client/local_dp.py``). Relation: any
+  two inputs of one site (replace-one), sensitivity ``2C``; the ledger composes a Gaussian
+  release of multiplier ``sqrt(2 ln(1.25 / delta)) / epsilon`` per round in which sites were
+  sampled: an upper bound for every site (one that sat a round out spent less).
 
 No amplification by sampling is claimed: a round's sites are a fixed-size draw from those
 connected at the time, not the Poisson or fixed-population sampling the bounds assume. Site
@@ -44,7 +45,24 @@ from fedweave.contract import (
 from fedweave.errors import UserError
 from fedweave.privacy_accounting import ACCOUNTANT, accountant, compose, round_multiplier
 
-RELATION = "add-or-remove-one"
+RELATIONS = {
+    "central": "add-or-remove-one site",
+    "local": "replace-one (any two inputs of a site)",
+    "sample": "add-or-remove-one example (at each site)",
+}
+"""``--dp`` mode → the neighbouring relation its epsilon is stated for."""
+SENSITIVITY = {
+    "central": "C/m: clipping norm over the planned cohort (a fixed denominator)",
+    "local": "2C: twice the clipping norm (any two clipped updates)",
+    "sample": "C: each example's clipped gradient, per DP-SGD step",
+}
+"""``--dp`` mode → the L2 sensitivity its noise is sized for."""
+SITES_REPORT_UNDER_DP = (
+    "their noised updates only: no example counts (every site weighs alike) and no training "
+    "metrics"
+)
+"""What a site sends beside its update under any ``--dp`` (``client/site_app.py``)."""
+NOISE_SOURCE = "fresh from a secret key (os.urandom, AES-CTR): a seeded run does not repeat"
 SITE_ACCOUNTANT = "rdp (Opacus's RDPAccountant at each site, on its own ledger)"
 """Sample DP: who accounts (each site, for its own examples, across all its runs)."""
 
@@ -53,10 +71,9 @@ def round_noise_multiplier(settings: PrivacySection, cohort: int, summary: Any) 
     """The noise multiplier of ``summary``'s round's release, or ``None``: the round released
     nothing (no site's update reached the mean: it failed, or none replied)."""
     if settings.dp == "central":
-        made_the_mean = summary.replied
-        if summary.failed is not None or made_the_mean == 0:
+        if summary.failed is not None or summary.replied == 0:
             return None
-        return settings.noise_multiplier * min(made_the_mean, cohort) / cohort
+        return settings.noise_multiplier  # a fixed denominator: short rounds are alike
     if settings.dp == "local":
         return round_multiplier(settings) if summary.sites else None
     return None
@@ -70,14 +87,18 @@ def ledger_facts(settings: PrivacySection) -> dict[str, Any]:
         return {
             "accountant": SITE_ACCOUNTANT,
             "unit": "example",
-            "neighbouring": RELATION,
+            "neighbouring": RELATIONS["sample"],
+            "sensitivity": SENSITIVITY["sample"],
+            "noise": NOISE_SOURCE,
             "sampling_amplification": "Poisson sampling of each batch (Opacus)",
             "delta": settings.dp_delta,
         }
     return {
         "accountant": ACCOUNTANT,
         "unit": "site",
-        "neighbouring": RELATION,
+        "neighbouring": RELATIONS[settings.dp],
+        "sensitivity": SENSITIVITY[settings.dp],
+        "noise": NOISE_SOURCE,
         "sampling_amplification": "not claimed",
         "delta": settings.dp_delta,
     }
@@ -143,7 +164,15 @@ class PrivacyLedger:
             if said is None:
                 continue
             number = isinstance(said, (int, float)) and not isinstance(said, bool)
-            if number and math.isfinite(said) and said >= 0:
+            earlier = self.site_epsilon.get(site.site_id, 0.0)
+            if number and math.isfinite(said) and said < earlier:
+                summary.warnings = [
+                    *summary.warnings,
+                    f"site {site.site_id} reported epsilon {said:.3f}, less than the "
+                    f"{earlier:.3f} it reported before: its own ledger was lost or replaced; "
+                    "its earlier figure stands",
+                ]
+            elif number and math.isfinite(said) and said >= 0:
                 self.site_epsilon[site.site_id] = float(said)
             else:
                 summary.warnings = [
@@ -208,8 +237,7 @@ class PrivacyLedger:
         must not be released under ``--max-epsilon`` (``None``: it may)."""
         if self.max_epsilon is None or self.settings.dp != "central" or in_mean < 1:
             return None
-        multiplier = self.settings.noise_multiplier * min(in_mean, self.cohort) / self.cohort
-        after = self.epsilon_after(multiplier)
+        after = self.epsilon_after(self.settings.noise_multiplier)
         if after <= self.max_epsilon:
             return None
         self._refused = (

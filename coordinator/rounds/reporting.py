@@ -281,6 +281,8 @@ class ReportingStrategy(Strategy):
         self._warnings: list[str] = []
         self._train_metrics: dict[str, Any] = {}
         self._aggregated = False
+        self.in_mean = 0
+        """Updates the last ``aggregate_fit`` averaged (central DP's fixed denominator)."""
 
     def __repr__(self) -> str:
         """Compute a string representation of the strategy."""
@@ -528,9 +530,11 @@ class ReportingStrategy(Strategy):
         the accepted results, in an arrival-independent order, to the wrapped strategy."""
         self._sites, self._warnings = [], []
         self._aggregated = True
+        self.in_mean = 0
         if self.secure_agg:  # metrics are not masked: all sites that replied count
             self._train_metrics = weighted_train_metrics(results)
             accepted = self._check_secure_aggregate(results)
+            self.in_mean = len(results) if accepted else 0
         else:
             checked = self._check_each_update(results)
             accepted, notes = (
@@ -540,6 +544,7 @@ class ReportingStrategy(Strategy):
                 log.warning("round %s: %s", server_round + self.round_offset, note)
             self._warnings.extend(notes)
             self._train_metrics = weighted_train_metrics(accepted)
+            self.in_mean = len(accepted)
             if self.cross_site and server_round == self.last_round:
                 self._local_models = {
                     proxy.node_id: res.parameters for proxy, res in self._in_memory(accepted)

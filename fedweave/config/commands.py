@@ -95,8 +95,26 @@ def resolve(
             explicit.add(name)
     config = RunConfig().replace(**values)
     check_settings(config, command, where)
+    check_given_together(explicit, where)
     config = apply_task_defaults(config, explicit, set(names))
     return config, Resolved(command, frozenset(explicit))
+
+
+GIVEN_APART = (
+    ("target_epsilon", "noise_multiplier", "--target-epsilon sizes the noise multiplier itself"),
+    ("target_epsilon", "dp_epsilon", "--target-epsilon sizes the per-round epsilon itself"),
+)
+"""Pairs of settings a user may not both give, each with why (one would silently win)."""
+
+
+def check_given_together(explicit: set[str], where: dict[str, str]) -> None:
+    """Refuse, in one line, two settings given together where one replaces the other."""
+    for first, second, why in GIVEN_APART:
+        if first in explicit and second in explicit:
+            raise UserError(
+                f"{where.get(first, SETTINGS[first].flag)} with "
+                f"{where.get(second, SETTINGS[second].flag)}: {why}; give one of them"
+            )
 
 
 def check_settings(config: RunConfig, command: str, where: dict[str, str] | None = None) -> None:

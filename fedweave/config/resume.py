@@ -90,4 +90,7 @@ def merge_for_resume(run, given: RunConfig, resolved: Resolved) -> RunConfig:
             f"cannot resume run {run.run_id} with a different config: {'; '.join(conflicts)}; "
             "drop those flags to continue it as it was"
         )
+    recorded_dir = stored.get("checkpoint_dir")
+    if recorded_dir is not None and "checkpoint_dir" not in resolved.explicit:
+        kept["checkpoint_dir"] = recorded_dir  # its checkpoints and the sites' DP ledgers
     return given.replace(**kept)

@@ -385,8 +385,14 @@ def _central_dp_mean(o: Options) -> str | None:
     if o["dp"] == "central" and o["strategy"] in ROBUST_STRATEGIES:
         return (
             f"--strategy {o['strategy']} is not a mean of the clipped updates, which is what "
-            "--dp central's noise and its privacy ledger are sized for; use fedavg, fedprox, "
-            "fedadam or fedyogi with --dp central"
+            "--dp central's noise and its privacy ledger are sized for; use fedavg or fedprox "
+            "with --dp central"
+        )
+    if o["dp"] == "central" and o["strategy"] in ("fedadam", "fedyogi"):
+        return (
+            f"--strategy {o['strategy']} keeps optimizer state from each round's mean before "
+            "the coordinator's noise is added, so the noise would not cover it; use fedavg or "
+            "fedprox with --dp central (or --dp local or sample with an adaptive strategy)"
         )
     return None
 

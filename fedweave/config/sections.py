@@ -616,6 +616,11 @@ class SiteSection:
         "update: local or sample); sample (per-example DP-SGD here).",
         choices=("off", "any", "local", "sample"), identity=False,
     )
+    max_delta: float | None = setting(
+        None, "The most delta this site lets a DP run state its epsilon at; a round asking "
+        "for more is refused (default: 1 / (10 x this site's training examples)).",
+        above=0, maximum=0.5, identity=False,
+    )
     base_model: Path | None = setting(
         None, "--peft lora runs: this site's copy of the run's frozen base model (its "
         "--initial-model, a .safetensors file), checked against the sha256 the run pinned; "
@@ -795,8 +800,8 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         "coordinator", "name", "task", "data", "label_column", "columns", "eval_data",
         "eval_fraction", "device", "nproc_per_node", "insecure", "ca_cert",
         "site_key", "connect_timeout", "runtime_port", "log_file", "status_address", "verbose",
-        "require_secure_agg", "require_dp", "max_epsilon", "privacy_ledger", "base_model",
-        "personal_state", "more_tasks", "policy",
+        "require_secure_agg", "require_dp", "max_epsilon", "max_delta", "privacy_ledger",
+        "base_model", "personal_state", "more_tasks", "policy",
     ),
     "peer": (
         "listen", "advertise", "seeds", "task", "data", "label_column", "test_data", *_TRAINING,
