@@ -704,7 +704,8 @@ def _client(config: RunConfig, _resolved: Resolved) -> None:
         journal = SiteJournal(
             name, coordinator,
             {"require_secure_agg": config.site.require_secure_agg,
-             "require_dp": config.site.require_dp, "max_epsilon": config.privacy.max_epsilon},
+             "require_dp": config.site.require_dp, "max_epsilon": config.privacy.max_epsilon,
+             "max_delta": config.site.max_delta},
         )  # fmt: skip
         serving, status = serve_status(config.monitoring.status_address, journal)
         _echo(f"this site's status at {serving.url}/")
@@ -730,7 +731,7 @@ def _client(config: RunConfig, _resolved: Resolved) -> None:
         )
     if (
         config.site.require_secure_agg or config.site.require_dp != "off"
-        or config.privacy.max_epsilon is not None
+        or config.privacy.max_epsilon is not None or config.site.max_delta is not None
     ):  # fmt: skip
         _echo(
             "privacy floor: this site trains only in runs with "
@@ -738,8 +739,14 @@ def _client(config: RunConfig, _resolved: Resolved) -> None:
                 (["SecAgg+"] if config.site.require_secure_agg else [])
                 + ([f"--dp {config.site.require_dp}"] if config.site.require_dp != "off" else [])
                 + (
-                    [f"a ledger at most epsilon {config.privacy.max_epsilon:g}"]
+                    [f"a ledger at most epsilon {config.privacy.max_epsilon:g} (local and "
+                     "sample DP: by this site's own account of its noise)"]
                     if config.privacy.max_epsilon is not None
+                    else []
+                )
+                + (
+                    [f"delta at most {config.site.max_delta:g}"]
+                    if config.site.max_delta is not None
                     else []
                 )
             )  # fmt: skip

@@ -8,6 +8,7 @@ directory (simulation).
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -156,10 +157,18 @@ REPORTED_UNDER_DP = frozenset({
     SITE_NAME_METRIC, SIMULATED_SECONDS_METRIC, SAMPLE_DP_EPSILON_METRIC, "dp_delta", "seconds",
     "nonfinite",
 })  # fmt: skip
-"""What a training reply says beside its update under any ``--dp``: no example count (the
-reply says 1: every site weighs alike) and no training metrics, which no ledger covers and
-which tell neighbouring datasets apart; the site's name, its own epsilon, whether training
-diverged and its seconds (which the coordinator sees anyway, as the reply's time) stay."""
+"""What a training reply says beside its update under any ``--dp``: no exact example count
+(central and local DP: 1, every site weighs alike; sample DP: rounded up to whole batches,
+``batch_bucket``) and no training metrics, which no ledger covers and which tell
+neighbouring datasets apart; the site's name, its own epsilon, whether training diverged and
+its seconds (which the coordinator sees anyway, as the reply's time) stay."""
+
+
+def batch_bucket(examples: int, batch_size: int) -> int:
+    """A sample-DP site's example count as its reply says it: rounded up to whole batches.
+    Its epsilon, which it reports, already tells its batches an epoch (its Poisson rate is 1
+    / batches), so this count says nothing more about its data than that figure does."""
+    return math.ceil(examples / batch_size) * batch_size
 
 
 def count_as_sent(count: int, config: dict) -> int:
@@ -392,9 +401,11 @@ class TaskClient(NumPyClient):
         weights = (
             weights_view(self.model) if adopts_weights(self.model) else get_weights(self.model)
         )
-        if str(config.get(DP_MODE_KEY, "none")) != "none":
+        mode = str(config.get(DP_MODE_KEY, "none"))
+        if mode != "none":
             metrics = {k: v for k, v in metrics.items() if k in REPORTED_UNDER_DP}
-            return weights, count_as_sent(1, config), metrics
+            count = batch_bucket(len(data), train_config.batch_size) if mode == "sample" else 1
+            return weights, count_as_sent(count, config), metrics
         return weights, count_as_sent(len(data), config), metrics
 
     def _refuse_delta_over_cap(self, config: dict, examples: int) -> None:

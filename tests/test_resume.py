@@ -151,3 +151,69 @@ def test_resume_errors(tmp_path):
     )
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 2 and "cannot resume run" in err and "--rounds 9 (run has 5)" in err
+
+
+@pytest.mark.slow
+def test_a_sample_dp_run_resumed_keeps_every_sites_ledger(tmp_path):
+    """--dp sample killed after round 2 and resumed without naming --checkpoint-dir (from
+    another folder): the run's recorded --checkpoint-dir, where its sites' ledgers are, is
+    used, so every site's epsilon after round 3 is that of three rounds (the uninterrupted
+    run's); with those ledgers gone the resume is refused in one line."""
+    from fedweave.learning.sample_dp import SiteLedger
+
+    db = f"sqlite:///{tmp_path / 'history.db'}"
+    flags = ["--task", "digits", "--clients", "3", "--rounds", "3", "--partition", "iid",
+             "--dp", "sample", "--noise-multiplier", "1.0", "--evaluate-every", "0",
+             "--db", db]  # fmt: skip
+    checkpoints = tmp_path / "ckpt"
+    victim = fedweave(
+        "simulate", *flags, "--checkpoint-dir", str(checkpoints),
+        "--out", str(tmp_path / "first.json"), start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and victim.poll() is None:
+        if (tmp_path / "history.db").exists() and len(recorded_rounds(db)) >= 2:
+            break
+        time.sleep(0.05)
+    os.killpg(victim.pid, signal.SIGKILL)
+    victim.communicate(timeout=30)
+    assert recorded_rounds(db) == [1, 2], "the kill came too late or too early"
+    with open_store(db) as store:
+        run_id = store.list_runs()[0].run_id
+    ledgers = checkpoints / run_id / "site-ledgers"
+    steps_after_two = {p.name: _steps(SiteLedger(p)) for p in ledgers.glob("*.json")}
+    assert len(steps_after_two) == 3
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    ledgers.rename(tmp_path / "moved-away")
+    refused = fedweave("simulate", "--resume", "latest", "--db", db, "--out", "r.json",
+                       cwd=elsewhere)  # fmt: skip
+    _, err = refused.communicate(timeout=120)
+    assert refused.returncode == 2 and "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith(
+        f"error: cannot resume run {run_id}: its sites' privacy ledgers are not in {ledgers}"
+    )
+    (tmp_path / "moved-away").rename(ledgers)
+
+    resumed = fedweave("simulate", "--resume", "latest", "--db", db, "--out", "r.json",
+                       cwd=elsewhere)  # fmt: skip
+    _, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err[-3000:]
+    assert not (elsewhere / "checkpoints").exists()  # nothing written beside the new cwd
+    with open_store(db) as store:
+        rounds = store.rounds(run_id)
+    assert [r["round"] for r in rounds] == [1, 2, 3]
+    sites = rounds[-1]["extra"]["privacy"]["sites"]
+    reported = sorted(sites.values())
+    kept = []
+    for path in ledgers.glob("*.json"):
+        ledger = SiteLedger(path)
+        # three rounds' steps in one ledger: the uninterrupted run's, none counted from zero
+        assert _steps(ledger) * 2 == steps_after_two[path.name] * 3
+        kept.append(ledger.epsilon(1e-5))
+    assert len(sites) == 3 and reported == sorted(kept)
+
+
+def _steps(ledger) -> int:
+    return sum(steps for _, _, steps in ledger.history)

@@ -62,7 +62,7 @@ def test_each_round_of_dp_sgd_is_in_the_sites_own_ledger_as_opacus_accounts_it(t
 
 def test_a_site_refuses_a_delta_too_large_for_it_and_a_round_past_its_own_budget(tmp_path):
     weights = get_weights(DIGITS.build_model())
-    with pytest.raises(SiteRefusal, match="at least 1 / this site's 200 examples"):
+    with pytest.raises(SiteRefusal, match=r"above this site's cap 0\.0005 \(1 / \(10 x its 200"):
         _site(tmp_path).fit(weights, _config(delta=0.01))
     with pytest.raises(SiteRefusal, match=r"would take its own ledger from 0.000 to 3\.051"):
         _site(tmp_path, max_epsilon=3.0).fit(weights, _config())
@@ -78,7 +78,7 @@ def test_sample_dp_on_hospital_tables_under_secagg_records_every_sites_epsilon(t
     db = f"sqlite:///{tmp_path / 'h.db'}"
     result = subprocess.run(
         [sys.executable, "-m", "fedweave.cli", "simulate", "--task", "breast-cancer",
-         "--data-dir", str(tmp_path / "sites"), "--test-data", str(test), "--rounds", "3",
+         "--data-dir", str(tmp_path / "sites"), "--test-data", str(test), "--rounds", "6",
          "--dp", "sample", "--noise-multiplier", "0.8", "--dp-delta", "1e-4",
          "--optimizer", "sgd", "--lr", "0.1", "--local-epochs", "2",
          "--checkpoint-dir", str(tmp_path / "checkpoints"), "--db", db,
@@ -95,11 +95,13 @@ def test_sample_dp_on_hospital_tables_under_secagg_records_every_sites_epsilon(t
     said = {site["site_id"]: site["metrics"]["dp_epsilon"] for site in last_sites}
     assert privacy["sites"] == said and len(said) == 3
     assert privacy["epsilon"] == max(said.values()) and privacy["delta"] == 1e-4
-    assert all(0 < e < 20 for e in said.values())
+    assert all(0 < e < 30 for e in said.values())
     assert [r["extra"]["privacy"]["epsilon"] for r in rounds] == sorted(
         r["extra"]["privacy"]["epsilon"] for r in rounds
     )
-    assert rounds[-1]["eval_accuracy"] > 0.85  # 0.95 here (without DP: 0.99)
+    # the noise is fresh (a secret key), so each run differs: 0.94-0.96 over five runs here
+    # (3 rounds: 0.68-0.87); without DP 0.99
+    assert rounds[-1]["eval_accuracy"] > 0.85
     ledgers = sorted((tmp_path / "checkpoints" / run.run_id / "site-ledgers").iterdir())
     assert len(ledgers) == 3
 

@@ -93,6 +93,7 @@ def test_local_dp_noises_the_updates_and_gathers_no_statistics(hospitals, tmp_pa
         run = store.list_runs()[0]
         round_1, round_2 = store.rounds(run.run_id)
     from fedweave.learning.tasks.breast_cancer import task
+    from fedweave.privacy.statement import statement
 
     assert round_1["extra"]["statistics"] == task.declared_statistics()
     assert "statistics: none gathered from the sites" in result.stderr
@@ -104,7 +105,8 @@ def test_local_dp_noises_the_updates_and_gathers_no_statistics(hospitals, tmp_pa
     assert run.reason.startswith("privacy budget: stopped before round 3, which would take")
     report = json.loads(out.read_text())
     assert report["privacy"] == {"mechanism": "local", "epsilon": spent[1], "delta": 1e-5,
-                                 "rounds": 2}  # fmt: skip
+                                 "rounds": 2, **statement("local")}  # fmt: skip
+    assert report["privacy"]["sensitivity"].startswith("2C")
     assert report["ended_early"] == run.reason
     shown = subprocess.run(
         [*FEDWEAVE, "history", "show", run.run_id, "--db", db, "--format", "json"],
@@ -118,6 +120,9 @@ def test_local_dp_noises_the_updates_and_gathers_no_statistics(hospitals, tmp_pa
     )  # fmt: skip
     assert "differential privacy local: epsilon 17.190 at delta 1e-05 after round 2" in (
         table.stdout
+    )
+    assert "(relation replace-one (any two inputs of a site), sensitivity 2C" in " ".join(
+        table.stdout.split()
     )
 
 
@@ -159,9 +164,10 @@ def test_a_sample_dp_delta_the_smallest_site_would_refuse_is_one_line(hospitals,
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1] == (
-        f"error: --dp-delta 0.02 is at least 1 / the {smallest} examples of hospital-c, the "
-        f"smallest site, which would refuse every round (a guarantee that may fail for one "
-        f"example in {smallest} protects none); run with --dp-delta below {1 / smallest:g}"
+        f"error: --dp-delta 0.02 is above 1 / (10 x the {smallest} examples of hospital-c), "
+        f"the smallest site, which would refuse every round (a guarantee that may fail for one "
+        f"example in {smallest} protects none); run with --dp-delta {1 / (10 * smallest):g} "
+        "or below"
     )
     with open_store(f"sqlite:///{tmp_path / 'h.db'}") as store:
         assert store.list_runs() == []

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from fedweave.config import RunConfig
 from fedweave.coordinator.rounds.deadlines import MEASURED_FACTOR
-from fedweave.coordinator.rounds.privacy_ledger import SITES_REPORT_UNDER_DP, ledger_facts
+from fedweave.coordinator.rounds.privacy_ledger import ledger_facts
+from fedweave.privacy.statement import SITES_REPORT_UNDER_DP
 
 if TYPE_CHECKING:
     from fedweave.coordinator.rounds.deadlines import RoundDeadline

@@ -43,28 +43,13 @@ from fedweave.contract import (
     SAMPLE_DP_EPSILON_METRIC,
 )
 from fedweave.errors import UserError
-from fedweave.privacy_accounting import ACCOUNTANT, accountant, compose, round_multiplier
-
-RELATIONS = {
-    "central": "add-or-remove-one site",
-    "local": "replace-one (any two inputs of a site)",
-    "sample": "add-or-remove-one example (at each site)",
-}
-"""``--dp`` mode → the neighbouring relation its epsilon is stated for."""
-SENSITIVITY = {
-    "central": "C/m: clipping norm over the planned cohort (a fixed denominator)",
-    "local": "2C: twice the clipping norm (any two clipped updates)",
-    "sample": "C: each example's clipped gradient, per DP-SGD step",
-}
-"""``--dp`` mode → the L2 sensitivity its noise is sized for."""
-SITES_REPORT_UNDER_DP = (
-    "their noised updates only: no example counts (every site weighs alike) and no training "
-    "metrics"
+from fedweave.privacy.statement import (
+    ACCOUNTANTS,
+    NOISE_SOURCE,
+    RELATIONS,
+    SENSITIVITY,
 )
-"""What a site sends beside its update under any ``--dp`` (``client/site_app.py``)."""
-NOISE_SOURCE = "fresh from a secret key (os.urandom, AES-CTR): a seeded run does not repeat"
-SITE_ACCOUNTANT = "rdp (Opacus's RDPAccountant at each site, on its own ledger)"
-"""Sample DP: who accounts (each site, for its own examples, across all its runs)."""
+from fedweave.privacy_accounting import accountant, compose, round_multiplier
 
 
 def round_noise_multiplier(settings: PrivacySection, cohort: int, summary: Any) -> float | None:
@@ -85,7 +70,7 @@ def ledger_facts(settings: PrivacySection) -> dict[str, Any]:
         return {}
     if settings.dp == "sample":
         return {
-            "accountant": SITE_ACCOUNTANT,
+            "accountant": ACCOUNTANTS["sample"],
             "unit": "example",
             "neighbouring": RELATIONS["sample"],
             "sensitivity": SENSITIVITY["sample"],
@@ -94,7 +79,7 @@ def ledger_facts(settings: PrivacySection) -> dict[str, Any]:
             "delta": settings.dp_delta,
         }
     return {
-        "accountant": ACCOUNTANT,
+        "accountant": ACCOUNTANTS[settings.dp],
         "unit": "site",
         "neighbouring": RELATIONS[settings.dp],
         "sensitivity": SENSITIVITY[settings.dp],

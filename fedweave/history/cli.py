@@ -399,10 +399,13 @@ def _privacy_line(info: RunInfo, rounds: list[dict[str, Any]]) -> str:
     spent = _privacy_of(rounds[-1]) if rounds else {}
     if not spent:
         return f"differential privacy {mode}: no round spent any yet"
+    from fedweave.privacy.statement import statement
+
+    said = statement(mode)
     return (
         f"differential privacy {mode}: epsilon {spent['epsilon']:.3f} at delta "
-        f"{spent['delta']:g} after round {rounds[-1]['round']} (composed by the run's ledger; "
-        "see its protections for the accountant and unit)"
+        f"{spent['delta']:g} after round {rounds[-1]['round']} (relation {said['relation']}, "
+        f"sensitivity {said['sensitivity']}, accountant {said['accountant']})"
     )
 
 

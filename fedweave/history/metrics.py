@@ -244,18 +244,22 @@ def recorded_privacy(rows: list[dict[str, Any]], dp: str) -> dict[str, Any] | No
 
 def final_privacy(rows: list[dict[str, Any]], dp: str) -> dict[str, Any] | None:
     """What a run's report and exported model say it spent: ``{"mechanism", "epsilon",
-    "delta", "rounds"}`` after its last recorded round; ``None`` without DP (``no
-    differential privacy``)."""
+    "delta", "rounds"}`` after its last recorded round, with what the epsilon is a statement
+    about (``privacy.statement``: relation, sensitivity, accountant, noise); ``None`` without
+    DP (``no differential privacy``)."""
     if dp == "none":
         return None
     privacy = (rows[-1].get("extra") or {}).get("privacy") if rows else None
+    from fedweave.privacy.statement import statement
+
     if not isinstance(privacy, dict):
-        return {"mechanism": dp, "epsilon": 0.0, "delta": None, "rounds": 0}
+        return {"mechanism": dp, "epsilon": 0.0, "delta": None, "rounds": 0, **statement(dp)}
     return {
         "mechanism": dp,
         "epsilon": privacy.get("epsilon"),
         "delta": privacy.get("delta"),
         "rounds": rows[-1]["round"],
+        **statement(dp),
     }
 
 

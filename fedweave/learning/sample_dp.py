@@ -5,6 +5,13 @@ Each example's gradient is clipped to ``max_grad_norm`` and Gaussian noise of st
 ``PrivacyEngine``, Poisson sampling of each batch), so the guarantee covers one example (one
 patient's row) of the site's data, whatever the coordinator does with the update.
 
+The noise and the Poisson batch masks are fresh and secret: both come from
+``fedweave.privacy.noise.SecureRandom`` (a key from the operating system's CSPRNG that only
+this site holds), never from the run's seed, which the coordinator chooses and knows. A
+coordinator that could replay a site's DP-SGD from the seed, on its data with and without one
+example, would tell that example's membership bit for bit. So a seeded ``--dp sample`` run
+does not repeat bit for bit (a seeded run without DP does).
+
 The site keeps its own ledger (``SiteLedger``): Opacus's RDP accountant history, every
 ``(noise multiplier, sample rate, steps)`` this site's data went through, in one JSON file,
 across rounds, runs and restarts: the epsilon it reports with every reply is what its data
@@ -22,14 +29,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
 
 from fedweave.contract import SAMPLE_DP_EPSILON_METRIC
 from fedweave.errors import UserError
 from fedweave.learning.objectives import Objective
 from fedweave.learning.task import ArrayData
 from fedweave.learning.training import TrainConfig, make_optimizer, pick_device
+from fedweave.privacy.noise import SecureRandom
 from fedweave.private_files import write_private_text
 
 DELTA_METRIC = "dp_delta"
@@ -105,17 +114,6 @@ def round_steps(examples: int, config: TrainConfig) -> tuple[float, int]:
     return 1 / per_epoch, steps
 
 
-def delta_problem(delta: float, examples: int) -> str | None:
-    """Why ``delta`` guarantees nothing for a site of ``examples`` (``None``: it does)."""
-    if delta >= 1 / examples:
-        return (
-            f"--dp-delta {delta:g} is at least 1 / this site's {examples} examples: a "
-            f"guarantee that may fail for one example in {examples} protects none; run "
-            f"with --dp-delta below {1 / examples:g}"
-        )
-    return None
-
-
 def _dataset(data: ArrayData | Dataset) -> Dataset:
     if isinstance(data, ArrayData):
         x = torch.as_tensor(data.x, dtype=torch.float32)
@@ -129,6 +127,80 @@ def _batches(loader: DataLoader, device: torch.device, target_dtype) -> Iterator
         if target_dtype is not None and yb.dtype != target_dtype:
             yb = yb.to(target_dtype)
         yield xb, yb
+
+
+class _SecurePoissonBatches(Sampler[list[int]]):
+    """Opacus's Poisson batches (``UniformWithReplacementSampler``: each example in a batch
+    with probability ``sample_rate``, ``steps`` batches an epoch), each batch's mask drawn
+    from ``source`` instead of torch's generator."""
+
+    def __init__(self, source: SecureRandom, num_samples: int, sample_rate: float, steps: int):
+        self.source = source
+        self.num_samples = num_samples
+        self.sample_rate = sample_rate
+        self.steps = steps
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for _ in range(self.steps):
+            mask = self.source.poisson_mask(self.num_samples, self.sample_rate)
+            yield np.flatnonzero(mask).tolist()
+
+
+def _batches_from(source: SecureRandom, opacus_loader: DataLoader) -> DataLoader:
+    """``opacus_loader`` (the Poisson loader ``make_private`` built, whose sample rate and
+    length the accountant counts) with its batches drawn from ``source``: the same dataset,
+    rate and batches an epoch, the same empty-batch collation and workers."""
+    from opacus.utils.uniform_sampler import UniformWithReplacementSampler
+
+    opacus_batches = opacus_loader.batch_sampler
+    if type(opacus_batches) is not UniformWithReplacementSampler:
+        raise RuntimeError(
+            f"Opacus's Poisson loader samples with {type(opacus_batches).__name__}, not the "
+            "UniformWithReplacementSampler whose masks this site draws from its own source"
+        )
+    batches = _SecurePoissonBatches(
+        source, opacus_batches.num_samples, opacus_batches.sample_rate, opacus_batches.steps
+    )
+    return DataLoader(
+        opacus_loader.dataset, batch_sampler=batches, collate_fn=opacus_loader.collate_fn,
+        num_workers=opacus_loader.num_workers, pin_memory=opacus_loader.pin_memory,
+        timeout=opacus_loader.timeout, worker_init_fn=opacus_loader.worker_init_fn,
+        multiprocessing_context=opacus_loader.multiprocessing_context,
+        generator=opacus_loader.generator, prefetch_factor=opacus_loader.prefetch_factor,
+        persistent_workers=opacus_loader.persistent_workers,
+    )  # fmt: skip
+
+
+def _noise_from(source: SecureRandom, optimizer) -> None:
+    """Make Opacus's ``optimizer`` (a ``DPOptimizer``) add its Gaussian noise, std
+    ``noise_multiplier * max_grad_norm`` on each parameter's sum of clipped gradients as its
+    own ``add_noise`` does, drawn from ``source`` instead of torch's generator."""
+    from opacus.optimizers.optimizer import (
+        DPOptimizer,
+        _check_processed_flag,
+        _mark_as_processed,
+    )
+
+    if type(optimizer) is not DPOptimizer:
+        raise RuntimeError(
+            f"Opacus built a {type(optimizer).__name__}, not the DPOptimizer whose noise this "
+            "site draws from its own source"
+        )
+
+    def add_noise() -> None:
+        std = optimizer.noise_multiplier * optimizer.max_grad_norm
+        for p in optimizer.params:
+            summed = p.summed_grad
+            _check_processed_flag(summed)
+            drawn = source.normal(summed.numel(), std)
+            noise = torch.from_numpy(drawn).to(device=summed.device, dtype=summed.dtype)
+            p.grad = (summed + noise.view_as(summed)).view_as(p)
+            _mark_as_processed(summed)
+
+    optimizer.add_noise = add_noise
 
 
 def train_with_sample_dp(
@@ -155,8 +227,8 @@ def train_with_sample_dp(
     torch.default_generator.manual_seed(config.seed)
     model.to(device)
     model.train()
-    # Opacus warns on every call that its noise comes from torch's generator, not a CSPRNG
-    # (its secure_mode needs torchcsprng): docs/privacy.md says so once instead
+    # Opacus warns on every call that its secure_mode (torchcsprng) is off: its generators
+    # draw nothing here, the noise and the batches come from this site's SecureRandom below
     warnings.filterwarnings("ignore", message="Secure RNG turned off", category=UserWarning)
     warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
     engine = PrivacyEngine(accountant="rdp")
@@ -165,11 +237,14 @@ def train_with_sample_dp(
         _dataset(data), batch_size=config.batch_size, shuffle=True,
         generator=torch.Generator().manual_seed(config.seed), num_workers=config.num_workers,
     )  # fmt: skip
-    private, optimizer, private_loader = engine.make_private(
+    private, optimizer, opacus_loader = engine.make_private(
         module=model, optimizer=make_optimizer(model, config), data_loader=loader,
         noise_multiplier=dp.noise_multiplier, max_grad_norm=dp.max_grad_norm,
-        poisson_sampling=True, noise_generator=torch.Generator().manual_seed(config.seed + 1),
+        poisson_sampling=True,
     )  # fmt: skip
+    secret = SecureRandom()  # this round's, this site's alone: no seed reaches it
+    _noise_from(secret, optimizer)
+    private_loader = _batches_from(secret, opacus_loader)
     _, steps_left = round_steps(n, config)
     started = time.perf_counter()
     loss_sum, seen = 0.0, 0
