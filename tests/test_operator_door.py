@@ -6,7 +6,9 @@ door deployed, with ``fedweave run`` against a serving coordinator: test_deploy_
 from __future__ import annotations
 
 import hashlib
+import os
 import socket
+import tempfile
 from datetime import datetime, timezone
 
 import pytest
@@ -207,3 +209,42 @@ def test_fedweave_run_says_in_one_line_what_keeps_it_from_the_door(tmp_path):
             assert result.output.count("\n") == 1
     finally:
         port.close()
+
+
+@pytest.mark.parametrize(
+    "task", ["os:abort", "_thread:interrupt_main", "tempfile:mkdtemp", "os.path", "digits:x"]
+)
+def test_a_study_naming_an_import_path_is_refused_and_nothing_of_it_runs(door, task):
+    """The review's attack: a study whose task is ``module:attr`` was imported and called
+    while the door checked it (``os:abort`` killed the coordinator). A study is data: its
+    task names a built-in task or an installed task package, nothing is imported or called,
+    and the door answers on (this test's process is the door's)."""
+    client, store, _app = door
+    before = set(os.listdir(tempfile.gettempdir()))
+    study = f'[data]\ntask = "{task}"\n[training]\nrounds = 2\n'.encode()
+    refused = client.post("/v1/runs", content=study, headers={"x-fedweave-source": "s.toml"})
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["error"].startswith(
+        "s.toml: [data] task names no task this federation installed; a study names a "
+        "built-in task or an installed task package (")
+    assert set(os.listdir(tempfile.gettempdir())) == before  # mkdtemp was not called
+    assert client.get("/v1/runs").status_code == 200  # the door serves on
+    assert Submissions(store).all() == []
+
+
+@pytest.mark.parametrize(
+    "setting, value, bound",
+    [("[training]\nlocal_epochs", "1000000", "study-max-local-epochs"),
+     ("[training]\nrounds", "100000", "study-max-rounds"),
+     ("[training]\nbatch_size", "100000", "study-max-batch-size"),
+     ("[federation]\nround_timeout", "86400.0", "study-max-round-timeout")],
+)
+def test_a_study_over_the_coordinators_bounds_is_refused_at_submission(door, setting, value,
+                                                                         bound):  # fmt: skip
+    client, store, _app = door
+    study = f'[data]\ntask = "digits"\n{setting} = {value}\n'.encode()
+    refused = client.post("/v1/runs", content=study, headers={"x-fedweave-source": "s.toml"})
+    assert refused.status_code == 422, refused.text
+    said = refused.json()["error"]
+    assert "over this coordinator's bound for studies" in said and f"(--{bound})" in said
+    assert Submissions(store).all() == []

@@ -52,6 +52,9 @@ def resolve_study(coordinator: RunConfig, text: str, source: str) -> tuple[RunCo
                 f"study sets {', '.join(f'[{name}]' for name in STUDY_SECTIONS)})"
             )
     values = settings_from_tables(tables, source, COMMAND)
+    task = values.get("task")
+    if task is not None:
+        _check_task_is_a_name(str(task), source)
     names = COMMAND_SETTINGS[COMMAND]
     served = {
         name: coordinator.value(name)
@@ -63,4 +66,44 @@ def resolve_study(coordinator: RunConfig, text: str, source: str) -> tuple[RunCo
     check_settings(config, COMMAND, where)
     explicit = frozenset(values) | frozenset(served)
     config = apply_task_defaults(config, explicit, set(names))
+    _check_bounds(config, coordinator, source)
     return config, Resolved(COMMAND, explicit)
+
+
+def _check_task_is_a_name(task: str, source: str) -> None:
+    """Refuse a study's task that is not the name of a built-in task or of an installed task
+    package: a study is data, and nothing it says is imported, looked up or called."""
+    from fedweave.learning.task_packages import installed_tasks
+    from fedweave.learning.tasks import BUILTIN_TASKS
+
+    if task in BUILTIN_TASKS or task in installed_tasks():
+        return
+    if task.startswith("synthetic-") and ":" not in task and "." not in task:
+        return
+    known = ", ".join([*sorted(BUILTIN_TASKS), *sorted(installed_tasks())])
+    raise UserError(
+        f"{source}: [data] task names no task this federation installed; a study names a "
+        f"built-in task or an installed task package ({known}), never an import path"
+    )
+
+
+STUDY_BOUNDS = (
+    ("rounds", "study_max_rounds"),
+    ("local_epochs", "study_max_local_epochs"),
+    ("batch_size", "study_max_batch_size"),
+    ("round_timeout", "study_max_round_timeout"),
+    ("num_workers", "study_max_workers"),
+)
+"""A study's setting → the coordinator's setting that bounds it (``--study-max-...``)."""
+
+
+def _check_bounds(config: RunConfig, coordinator: RunConfig, source: str) -> None:
+    """Refuse a study whose settings exceed the coordinator's bounds for studies."""
+    for name, bound in STUDY_BOUNDS:
+        value, most = config.value(name), coordinator.value(bound)
+        if value is not None and value > most:
+            raise UserError(
+                f"{source}: [{SETTINGS[name].section}] {name} = {value:g} is over this "
+                f"coordinator's bound for studies, {most:g} ({SETTINGS[bound].flag}); ask for "
+                "less, or ask the coordinator's administrator"
+            )

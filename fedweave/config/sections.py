@@ -580,6 +580,26 @@ class DeploymentSection:
         "at a time, whichever study sent it.", minimum=1, maximum=16, identity=False,
         stored=False,
     )
+    study_max_rounds: int = setting(
+        500, "With --operator-address: the most --rounds a study may ask for; more is refused "
+        "at submission.", minimum=1, identity=False, stored=False,
+    )
+    study_max_local_epochs: int = setting(
+        20, "With --operator-address: the most local epochs a study may ask of a site a "
+        "round; more is refused at submission.", minimum=1, identity=False, stored=False,
+    )
+    study_max_batch_size: int = setting(
+        4096, "With --operator-address: the largest local batch a study may ask for.",
+        minimum=1, identity=False, stored=False,
+    )
+    study_max_round_timeout: float = setting(
+        3600.0, "With --operator-address: the longest round deadline (seconds) a study may "
+        "set.", above=0, identity=False, stored=False,
+    )
+    study_max_workers: int = setting(
+        4, "With --operator-address: the most data-loading workers a study may ask a site "
+        "for.", minimum=0, identity=False, stored=False,
+    )
     studies_only: bool = setting(
         False, "With --operator-address: run no study of the command line's own (its --task and "
         "training options are unused); serve the sites and the operators' studies only.",
@@ -787,7 +807,8 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         *_EVALUATION, *_SECAGG, *_PRIVACY,
         "address", "insecure", "tls_dir", "allow_unregistered_sites", "site_timeout",
         "max_clock_skew", "state_dir", "once", "bulk_address", "operator_address", "max_studies",
-        "studies_only", "db",
+        "study_max_rounds", "study_max_local_epochs", "study_max_batch_size",
+        "study_max_round_timeout", "study_max_workers", "studies_only", "db",
         "checkpoint_dir", "resume",
         "track", "metrics_address", "auth_file", "stall_after", "stall_grace",
     ),
