@@ -71,7 +71,7 @@ def _prepare(tmp_path, address: str) -> None:
 
 
 def _study(task: str, rounds: int, sites: int, named: str = "") -> str:
-    data = ['test_data = "split/test.npz"'] if task == "digits" else []
+    data = ['test_data = "test.npz"'] if task == "digits" else []  # in --study-files
     lines = ["[data]", f'task = "{task}"', *data, "[training]", f"rounds = {rounds}",
              "local_epochs = 1", "[federation]", f"min_clients = {sites}",
              "round_timeout = 120", *([f'sites = "{named}"'] if named else [])]  # fmt: skip
@@ -106,7 +106,7 @@ def _deploy_and_operate(tmp_path, served, elsewhere) -> None:
         return procs.start(
             name, "coordinator", "--address", address, "--studies-only", "--db", db,
             "--tls-dir", "tls", "--operator-address", f"0.0.0.0:{DOOR}", "--max-studies", "2",
-            host=served,
+            "--study-files", "split", host=served,
         )  # fmt: skip
 
     try:

@@ -17,6 +17,7 @@ from starlette.testclient import TestClient
 from fedweave.config import RunConfig
 from fedweave.coordinator.command.operator_door import make_door
 from fedweave.coordinator.command.study import resolve_study
+from fedweave.errors import UserError
 from fedweave.history import HistoryError, RoundRecord, SiteResult, open_store
 from fedweave.history.operators import OperatorRegistry
 from fedweave.history.submissions import MAX_CONFIG_BYTES, Submissions
@@ -248,3 +249,35 @@ def test_a_study_over_the_coordinators_bounds_is_refused_at_submission(door, set
     said = refused.json()["error"]
     assert "over this coordinator's bound for studies" in said and f"(--{bound})" in said
     assert Submissions(store).all() == []
+
+
+def test_a_study_reads_only_the_files_the_coordinator_gives_studies(tmp_path):
+    """The review's attack: a study's test_data pointing at a CSV private to another user
+    leaked its header, and the errors told whether a path existed. A study names files of
+    --study-files only; anything else is refused in words that are the same whether the
+    file exists or not."""
+    given, private = tmp_path / "given", tmp_path / "private"
+    given.mkdir()
+    private.mkdir()
+    (private / "patients.csv").write_text("patient_id,ssn,diagnosis\n1,123,x\n")
+    (given / "test.csv").write_text("a,b\n")
+    (given / "escape.csv").symlink_to(private / "patients.csv")
+    served = RunConfig().replace(task="digits", address="0.0.0.0:9092", insecure=True,
+                                 study_files=given)  # fmt: skip
+
+    def said(path: str, coordinator: RunConfig = served) -> str:
+        study = f'[data]\ntask = "digits"\ntest_data = "{path}"\n'
+        with pytest.raises(UserError) as refused:
+            resolve_study(coordinator, study, "s.toml")
+        return str(refused.value)
+
+    answers = {said(p) for p in (str(private / "patients.csv"), "../private/patients.csv",
+                                 "escape.csv", str(tmp_path / "no-such.csv"), ".", "/etc")}
+    assert answers == {
+        "s.toml: [data] test_data is not a file this coordinator gives studies "
+        "(--study-files); name one of those files, by its name in that folder"
+    }  # fmt: skip
+    assert "ssn" not in said("escape.csv") and "patients" not in said("escape.csv")
+    assert said("test.csv", RunConfig().replace(task="digits")) in answers  # none given
+    config, _ = resolve_study(served, '[data]\ntask = "digits"\ntest_data = "test.csv"\n', "s")
+    assert config.data.test_data == (given / "test.csv").resolve()

@@ -13,7 +13,9 @@ is submitted, with the same one line.
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 
 from fedweave.config import Resolved, RunConfig
 from fedweave.config.commands import check_settings
@@ -61,6 +63,7 @@ def resolve_study(coordinator: RunConfig, text: str, source: str) -> tuple[RunCo
         for name in names
         if SETTINGS[name].section not in STUDY_SECTIONS and name not in NOT_SERVED
     }
+    values.update(_given_files(values, coordinator.deployment.study_files, source))
     config = RunConfig().replace(**served, **values)
     where = {name: f"{source}: [{SETTINGS[name].section}] {name}" for name in values}
     check_settings(config, COMMAND, where)
@@ -68,6 +71,32 @@ def resolve_study(coordinator: RunConfig, text: str, source: str) -> tuple[RunCo
     config = apply_task_defaults(config, explicit, set(names))
     _check_bounds(config, coordinator, source)
     return config, Resolved(COMMAND, explicit)
+
+
+STUDY_FILES = ("test_data", "initial_model")
+"""The settings by which a study names a file: each must be in ``--study-files``."""
+
+
+def _given_files(values: dict, folder: Path | None, source: str) -> dict[str, Path]:
+    """The files a study names (``STUDY_FILES``), each resolved inside the coordinator's
+    ``--study-files`` folder (links followed); ``UserError`` for any other, in words that say
+    nothing of whether or what it is."""
+    found = {}
+    for name in STUDY_FILES:
+        if values.get(name) is None:
+            continue
+        refused = UserError(
+            f"{source}: [{SETTINGS[name].section}] {name} is not a file this coordinator gives "
+            "studies (--study-files); name one of those files, by its name in that folder"
+        )
+        if folder is None:
+            raise refused
+        root = Path(os.path.realpath(folder))
+        path = Path(os.path.realpath(root / Path(values[name])))
+        if path == root or not path.is_relative_to(root):
+            raise refused
+        found[name] = path
+    return found
 
 
 def _check_task_is_a_name(task: str, source: str) -> None:

@@ -580,6 +580,12 @@ class DeploymentSection:
         "at a time, whichever study sent it.", minimum=1, maximum=16, identity=False,
         stored=False,
     )
+    study_files: Path | None = setting(
+        None, "With --operator-address: the one folder whose files studies may name "
+        "([data] test_data, [training] initial_model; relative to it or inside it, links "
+        "resolved). Unset: a study names no file. Anything else is refused without saying "
+        "whether it exists.", identity=False, stored=False,
+    )
     study_max_rounds: int = setting(
         500, "With --operator-address: the most --rounds a study may ask for; more is refused "
         "at submission.", minimum=1, identity=False, stored=False,
@@ -807,7 +813,7 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         *_EVALUATION, *_SECAGG, *_PRIVACY,
         "address", "insecure", "tls_dir", "allow_unregistered_sites", "site_timeout",
         "max_clock_skew", "state_dir", "once", "bulk_address", "operator_address", "max_studies",
-        "study_max_rounds", "study_max_local_epochs", "study_max_batch_size",
+        "study_files", "study_max_rounds", "study_max_local_epochs", "study_max_batch_size",
         "study_max_round_timeout", "study_max_workers", "studies_only", "db",
         "checkpoint_dir", "resume",
         "track", "metrics_address", "auth_file", "stall_after", "stall_grace",
