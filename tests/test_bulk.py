@@ -632,3 +632,22 @@ def test_masked_vectors_stay_in_their_files_until_the_collect_stage_adds_them_up
         expected = secagg_sum.masked_sum(expected, UpdateInMemory(vectors[12]))
         assert all(np.array_equal(t, e) for t, e in zip(total, expected))
     assert not list((spool.root / "held").iterdir())
+
+
+def test_a_site_fetches_while_a_hundred_connections_trickle_their_hello(served, tls):
+    """The review's attack: 70 connections sending nothing (the TLS hello never comes) held
+    every slot, and 17 of 19 honest fetches failed. A new connection now evicts the oldest
+    still without its headers, so every fetch is served, at once."""
+    server, spool, _ = served
+    blob = encoded({"p": _record(np.ones(10, np.float32))})
+    digest = spool.put_blob(blob)
+    slow = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in range(100)]
+    try:
+        for _ in range(5):
+            token = spool.grant(5, [digest], 0, 60)
+            started = time.monotonic()
+            assert _link(server, token, tls).fetch(digest, len(blob)) == blob
+            assert time.monotonic() - started < 3
+    finally:
+        for sock in slow:
+            sock.close()

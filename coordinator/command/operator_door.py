@@ -5,7 +5,8 @@ Every request needs ``Authorization: Bearer TOKEN``, the coordinator's own machi
 the token is looked up (by its sha256) in the history's operators on every request, so
 ``fedweave operators remove`` takes effect at the next one. Refusals are audited with the
 caller's address (an unknown token by the first 12 hex digits of its sha256) and slow a
-source down after a few (``FailedLogins``, as the dashboard's). A submission is checked as
+source's unknown tokens down after a few (``FailedLogins``, as the dashboard's); a valid
+token is served whatever else came from its address. A submission is checked as
 the coordinator checks its own command line (``study.resolve_study``, the run's input) and
 refused with the same one line; an accepted one is queued in the history
 (``fedweave/history/submissions.py``) and audited, and so is a stop.
@@ -81,15 +82,17 @@ def make_door(
         source = request.client.host if request.client else None
         address = f"{source}:{request.client.port}" if request.client else None
         action = f"{request.method} {request.url.path}"[:64]
-        wait = failed.wait(source, None)
-        if wait > 0:
-            line = f"too many refused tokens from {source}; try again in {wait:.0f} s"
-            return None, _error(429, line, {"retry-after": f"{wait:.0f}"})
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         token = token.strip()
         name = None
         if scheme.lower() == "bearer" and token:
             name = await run_in_threadpool(operators.who, token)
+        # the lockout is for what a caller presents: a valid token passes whatever others
+        # from the same address tried, so no one without a token can lock an operator out
+        wait = failed.wait(source, None) if name is None else 0
+        if wait > 0:
+            line = f"too many refused tokens from {source}; try again in {wait:.0f} s"
+            return None, _error(429, line, {"retry-after": f"{wait:.0f}"})
         if name is None:
             failed.failed(source, None)
             shown = f"unknown token sha256:{token_sha256(token)[:12]}" if token else "no token"
@@ -100,7 +103,6 @@ def make_door(
             line = ("this coordinator does not know that operator token; ask its "
                     "administrator for one (fedweave operators add)")  # fmt: skip
             return None, _error(401, line)
-        failed.succeeded(source, None)
         return name, None
 
     def _submission(request: Request) -> int | None:

@@ -13,8 +13,9 @@ else. A grant of a site whose key the coordinator has since revoked allows nothi
 (``node_allowed``: the coordinator's registered node ids), so revocation takes hold here as it
 does in Flower. Every read has a deadline (``IO_TIMEOUT_S`` per read, the grant's expiry for the
 whole request, ``HELLO_DEADLINE_S`` from a connection's arrival to its headers) and a size limit;
-at most ``MAX_CONNECTIONS`` are served at once, one request each, and a grant fetches a blob at
-most ``MAX_FETCHES`` times.
+at most ``MAX_CONNECTIONS`` are served at once, one request each (a new one evicts the oldest
+still sending its headers, so slow callers cannot keep a site out), and a grant fetches a blob
+at most ``MAX_FETCHES`` times.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import socket
 import ssl
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -42,7 +44,10 @@ included): a peer trickling bytes cannot hold one of the ``MAX_CONNECTIONS`` lon
 MAX_FETCHES = 3
 """Times one grant may fetch one blob (a site fetches it once; a retry or two)."""
 MAX_CONNECTIONS = 64
-"""Connections served at once; one more is closed at once."""
+"""Connections served at once; one more evicts the oldest still without its headers (of the
+address holding most of those), or is closed at once where none is waiting."""
+EVICT_WAIT_S = 1.0
+"""Seconds a new connection waits for the slot an eviction frees."""
 CHUNK = 1 << 20
 SWEEP_EVERY_S = 30.0
 
@@ -69,6 +74,7 @@ class _Handler(BaseHTTPRequestHandler):
         timer = self.server.hellos.pop(self.connection, None)
         if timer is not None:
             timer.cancel()
+        self.server.headers_in(self.connection)
         return parsed
 
     def log_message(self, format: str, *args) -> None:  # type: ignore[no-untyped-def]  # noqa: A002
@@ -267,6 +273,8 @@ class BulkServer(ThreadingHTTPServer):
             self.context.minimum_version = ssl.TLSVersion.TLSv1_2
             self.context.load_cert_chain(str(tls[0]), str(tls[1]))
         self.hellos: dict[object, threading.Timer] = {}
+        self.waiting: OrderedDict[int, tuple[list, str]] = OrderedDict()
+        self._waiting_lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self._stopping = threading.Event()
         super().__init__(address, _Handler)
@@ -277,9 +285,32 @@ class BulkServer(ThreadingHTTPServer):
 
     def process_request(self, request, client_address) -> None:  # type: ignore[no-untyped-def]
         if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)
-            return
+            # full: make room by cutting the oldest connection still without its headers,
+            # of the address that holds most of them (a flood evicts itself first)
+            if not self._evict_one_waiting() or not self._slots.acquire(timeout=EVICT_WAIT_S):
+                self.shutdown_request(request)
+                return
         super().process_request(request, client_address)
+
+    def _evict_one_waiting(self) -> bool:
+        with self._waiting_lock:
+            if not self.waiting:
+                return False
+            counts: dict[str, int] = {}
+            for _, address in self.waiting.values():
+                counts[address] = counts.get(address, 0) + 1
+            crowded = max(counts, key=lambda address: counts[address])
+            key = next(k for k, (_, address) in self.waiting.items() if address == crowded)
+            held, _ = self.waiting.pop(key)
+        _cut(held)
+        return True
+
+    def headers_in(self, connection: object) -> None:
+        """``connection``'s request headers have arrived: it is no longer evictable."""
+        with self._waiting_lock:
+            for key, (held, _) in list(self.waiting.items()):
+                if held[0] is connection:
+                    del self.waiting[key]
 
     def finish_request(self, request, client_address) -> None:  # type: ignore[no-untyped-def]
         request.settimeout(IO_TIMEOUT_S)
@@ -287,6 +318,8 @@ class BulkServer(ThreadingHTTPServer):
         timer = threading.Timer(HELLO_DEADLINE_S, _cut, (held,))
         timer.daemon = True
         timer.start()
+        with self._waiting_lock:
+            self.waiting[id(held)] = (held, str(client_address[0]))
         try:
             if self.context is not None:
                 held[0] = request = self.context.wrap_socket(
@@ -302,6 +335,8 @@ class BulkServer(ThreadingHTTPServer):
         finally:
             timer.cancel()
             self.hellos.pop(request, None)
+            with self._waiting_lock:
+                self.waiting.pop(id(held), None)
 
     def process_request_thread(self, request, client_address) -> None:  # type: ignore[no-untyped-def]
         try:

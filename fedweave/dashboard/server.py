@@ -33,14 +33,17 @@ def bind(exposure: Exposure, flag: str) -> socket.socket:
 def _server(app: ASGIApp, exposure: Exposure):
     import uvicorn
 
+    from fedweave.dashboard.slow_callers import GuardedH11Protocol
+
     config = uvicorn.Config(
         app,
+        http=GuardedH11Protocol,  # a header deadline, a bound on callers still sending them
         log_level="warning",
         access_log=False,
         ssl_certfile=str(exposure.certfile) if exposure.certfile else None,
         ssl_keyfile=str(exposure.keyfile) if exposure.keyfile else None,
         timeout_keep_alive=5,
-        limit_concurrency=64,
+        limit_concurrency=256,  # past their headers: slow ones are cut (slow_callers.py)
         h11_max_incomplete_event_size=16 * 1024,
         lifespan="off",
     )
