@@ -56,22 +56,31 @@ def operators_add(
             "nowhere else and only its sha256 is kept: give the file to the operator.",
         ),
     ] = None,
+    roles: Annotated[
+        str,
+        typer.Option(
+            "--roles",
+            help="What the operator may do at the door, comma-separated: submit, read-own, "
+            "read-all (every operator's studies), stop-own, stop-all, admin (everything).",
+        ),
+    ] = "submit,read-own,stop-own",
 ) -> None:
     """Make an operator and its token, written once to a 0600 file: give it to the operator."""
     from fedweave.history.cli import _open
-    from fedweave.history.operators import OperatorRegistry, check_name
+    from fedweave.history.operators import OperatorRegistry, check_name, check_roles
     from fedweave.history.store import open_store
     from fedweave.private_files import write_private_text
 
     with user_errors_as_one_line():
         check_name(name)
+        roles = check_roles(roles)
         target = token_file or Path(f"{name}.token")
         if target.exists():
             raise UserError(f"{target} exists; move it away or name another file with --token-file")
         if not target.parent.is_dir():
             raise UserError(f"no folder {target.parent} for the token file; create it first")
         with open_store(db) as store:  # created where it is not yet: before the first run
-            token = OperatorRegistry(store).add(name, added_by=_administrator())
+            token = OperatorRegistry(store).add(name, added_by=_administrator(), roles=roles)
         try:
             write_private_text(target, token + "\n")
         except OSError as exc:
@@ -82,7 +91,8 @@ def operators_add(
                 "again: add it with another --token-file"
             ) from None
     typer.echo(
-        f"operator {name} added; its token is in {target} (0600), the only copy: give it to "
+        f"operator {name} added with roles {roles}; its token is in {target} (0600), the only "
+        "copy: give it to "
         f"{name} over a private channel (`fedweave run ... --operator-token {target.name}`)"
     )
 
@@ -102,7 +112,27 @@ def operators_list(db: DbOption) -> None:
     width = max(len(row.name) for row in rows)
     for row in rows:
         state = "active" if row.active else f"removed {_when(row.removed_at)}"
-        typer.echo(f"{row.name:<{width}}  added {_when(row.added_at)} by {row.added_by}  {state}")
+        typer.echo(
+            f"{row.name:<{width}}  added {_when(row.added_at)} by {row.added_by}  {state}  "
+            f"roles {','.join(sorted(row.roles))}"
+        )
+
+
+@operators_app.command("roles")
+def operators_roles(
+    name: Annotated[str, typer.Argument(help="The operator (see `fedweave operators list`).")],
+    roles: Annotated[str, typer.Argument(help="Its roles from now on, comma-separated.")],
+    db: DbOption,
+) -> None:
+    """Give an operator exactly these roles (submit, read-own, read-all, stop-own, stop-all,
+    admin); the door checks them at every request."""
+    from fedweave.history.cli import _open
+    from fedweave.history.operators import OperatorRegistry
+
+    with user_errors_as_one_line():
+        with _open(db) as store:
+            given = OperatorRegistry(store).set_roles(name, roles, changed_by=_administrator())
+    typer.echo(f"operator {name} now has roles {given}")
 
 
 @operators_app.command("remove")

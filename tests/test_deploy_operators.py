@@ -86,8 +86,9 @@ def test_a_standing_federation_runs_operators_studies_at_once_as_its_sites_allow
 
 def _deploy_and_operate(tmp_path, served, elsewhere) -> None:
     db = f"sqlite:///{tmp_path / 'history.db'}"
-    for name in ("alice", "bob", "carol"):
-        done = run_fedweave("operators", "add", name, "--db", db, cwd=tmp_path)
+    for name, roles in (("alice", "submit,read-all,stop-own"), ("bob", "submit"),
+                        ("carol", "submit,read-own,stop-own")):  # fmt: skip
+        done = run_fedweave("operators", "add", name, "--db", db, "--roles", roles, cwd=tmp_path)
         assert done.returncode == 0, done.stderr
     done = run_fedweave("operators", "remove", "bob", "--db", db, cwd=tmp_path)
     assert done.returncode == 0, done.stderr

@@ -281,3 +281,50 @@ def test_a_study_reads_only_the_files_the_coordinator_gives_studies(tmp_path):
     assert said("test.csv", RunConfig().replace(task="digits")) in answers  # none given
     config, _ = resolve_study(served, '[data]\ntask = "digits"\ntest_data = "test.csv"\n', "s")
     assert config.data.test_data == (given / "test.csv").resolve()
+
+
+def test_operators_see_and_stop_what_their_roles_allow(tmp_path):
+    """The review: every operator could read and stop every study. Roles, kept in the
+    history and checked at every request: by default an operator submits, reads and stops
+    its own studies; another's is not there for it (404, as one that does not exist)."""
+    store = open_store(f"sqlite:///{tmp_path / 'history.db'}")
+    registry = OperatorRegistry(store)
+    served = RunConfig().replace(task="digits", address="0.0.0.0:9092", insecure=True)
+    app = make_door(store, lambda text, source: resolve_study(served, text, source),
+                    lambda run_id, after: ([], after))  # fmt: skip
+
+    def client(name: str, roles: str) -> TestClient:
+        door = TestClient(app)
+        door.headers["authorization"] = f"Bearer {registry.add(name, 'root@test', roles)}"
+        return door
+
+    own = "submit,read-own,stop-own"
+    alice, bob = client("alice", own), client("bob", own)
+    reader, admin = client("reader", "read-all"), client("root", "admin")
+    assert alice.post("/v1/runs", content=STUDY).status_code == 201  # submission 1
+    assert bob.post("/v1/runs", content=STUDY).status_code == 201  # submission 2
+    assert [row["id"] for row in bob.get("/v1/runs").json()["submissions"]] == [2]
+    assert [row["id"] for row in reader.get("/v1/runs").json()["submissions"]] == [1, 2]
+    for path in ("/v1/runs/1", "/v1/runs/1/logs"):
+        unseen = bob.get(path)
+        assert unseen.status_code == 404 and unseen.json()["error"] == (
+            "no submission 1; `fedweave run list` shows them")  # fmt: skip
+        assert reader.get(path).status_code == 200
+    refused = bob.post("/v1/runs/1/stop")
+    assert refused.status_code == 409 and "no submission 1" in refused.json()["error"]
+    said = reader.post("/v1/runs/1/stop")
+    assert said.status_code == 409 and "may not stop alice's study (role stop-all)" in said.text
+    no_submit = reader.post("/v1/runs", content=STUDY)
+    assert no_submit.status_code == 403
+    assert "may not submit studies (role submit)" in no_submit.text
+    assert Submissions(store).get(1).state == "queued"  # nobody but its own or an admin stopped it
+    assert admin.post("/v1/runs/1/stop").json() == {"was": "queued"}
+    assert bob.post("/v1/runs/2/stop").json() == {"was": "queued"}
+    audit = [(r.actor, r.action, r.outcome) for r in registry.audit(100)]
+    assert ("bob", "run-stop", "refused") in audit
+    assert ("reader", "POST /v1/runs", "refused") in audit
+    registry.set_roles("bob", "admin", "root@test")
+    assert [row["id"] for row in bob.get("/v1/runs").json()["submissions"]] == [1, 2]
+    with pytest.raises(UserError, match="unknown operator role 'root'; roles are submit"):
+        registry.set_roles("bob", "root", "root@test")
+    store.close()

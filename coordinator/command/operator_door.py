@@ -41,6 +41,13 @@ from fedweave.history.submissions import MAX_CONFIG_BYTES, Submissions
 
 BODY_SECONDS = 30.0
 """The longest a submission's body may take to arrive."""
+ROLE_WORDS = {"submit": "submit studies"}
+"""A role a whole route needs → what it allows, for the refusal."""
+
+
+def _unseen(number: int) -> str:
+    """What an operator is told of a submission it may not read: the same as of none."""
+    return f"no submission {number}; `fedweave run list` shows them"
 
 
 def _error(status: int, line: str, headers: dict[str, str] | None = None) -> Response:
@@ -77,16 +84,20 @@ def make_door(
     operators, submissions = OperatorRegistry(store), Submissions(store)
     failed = FailedLogins()
 
-    async def caller(request: Request) -> tuple[str | None, Response | None]:
-        """The operator the request's token names, or the refusal to send."""
+    async def caller(
+        request: Request, role: str | None = None
+    ) -> tuple[str | None, Response | None]:
+        """The operator the request's token names, or the refusal to send (also where the
+        operator does not hold ``role``)."""
         source = request.client.host if request.client else None
         address = f"{source}:{request.client.port}" if request.client else None
         action = f"{request.method} {request.url.path}"[:64]
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         token = token.strip()
-        name = None
+        holder = None
         if scheme.lower() == "bearer" and token:
-            name = await run_in_threadpool(operators.who, token)
+            holder = await run_in_threadpool(operators.holder, token)
+        name = holder.name if holder is not None else None
         # the lockout is for what a caller presents: a valid token passes whatever others
         # from the same address tried, so no one without a token can lock an operator out
         wait = failed.wait(source, None) if name is None else 0
@@ -103,7 +114,23 @@ def make_door(
             line = ("this coordinator does not know that operator token; ask its "
                     "administrator for one (fedweave operators add)")  # fmt: skip
             return None, _error(401, line)
+        if role is not None and not holder.may(role):
+            await run_in_threadpool(
+                operators.record, name, action, "refused", address=address,
+                detail=f"operator {name} does not hold the role {role}",
+            )  # fmt: skip
+            return None, _error(
+                403, f"operator {name} may not {ROLE_WORDS[role]} (role {role}); ask the "
+                "coordinator's administrator (fedweave operators roles)",
+            )  # fmt: skip
+        request.state.operator = holder
         return name, None
+
+    def _may_see(request: Request, number: int) -> bool:
+        """Whether the request's operator may read submission ``number``: its own, or any
+        with ``read-all``."""
+        holder = request.state.operator
+        return holder.may("read-all") or submissions.get(number).operator == holder.name
 
     def _submission(request: Request) -> int | None:
         try:
@@ -112,7 +139,7 @@ def make_door(
             return None
 
     async def submit(request: Request) -> Response:
-        name, refusal = await caller(request)
+        name, refusal = await caller(request, "submit")
         if refusal is not None:
             return refusal
         address = f"{request.client.host}:{request.client.port}" if request.client else None
@@ -152,6 +179,9 @@ def make_door(
         if refusal is not None:
             return refusal
         rows = await run_in_threadpool(submissions.all)
+        holder = request.state.operator
+        if not holder.may("read-all"):
+            rows = [row for row in rows if row.operator == holder.name]
         return json_response({"submissions": [row.as_dict() for row in rows]})
 
     def _show(number: int) -> dict[str, Any]:
@@ -174,6 +204,8 @@ def make_door(
         if number is None:
             return _error(404, "a submission is a number; `fedweave run list` shows them")
         try:
+            if not await run_in_threadpool(_may_see, request, number):
+                return _error(404, _unseen(number))
             return json_response(await run_in_threadpool(_show, number))
         except UserError as exc:
             return _error(404, str(exc))
@@ -195,6 +227,8 @@ def make_door(
         if number is None:
             return _error(404, "a submission is a number; `fedweave run list` shows them")
         try:
+            if not await run_in_threadpool(_may_see, request, number):
+                return _error(404, _unseen(number))
             return json_response(await run_in_threadpool(_logs, number, after))
         except UserError as exc:
             return _error(404, str(exc))
@@ -208,6 +242,15 @@ def make_door(
         if number is None:
             return _error(404, "a submission is a number; `fedweave run list` shows them")
         try:
+            holder = request.state.operator
+            owner = (await run_in_threadpool(submissions.get, number)).operator
+            needed = "stop-own" if owner == name else "stop-all"
+            if not holder.may(needed):
+                seen = await run_in_threadpool(_may_see, request, number)
+                raise UserError(
+                    f"operator {name} may not stop {owner}'s study (role stop-all)" if seen
+                    else _unseen(number)
+                )
             was = await run_in_threadpool(submissions.request_stop, number, name)
         except UserError as exc:
             await run_in_threadpool(

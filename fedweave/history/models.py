@@ -31,7 +31,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-SCHEMA_REVISION = "0007"
+SCHEMA_REVISION = "0008"
 """The Alembic revision these models describe; equal to the newest migration (tested)."""
 
 RUN_MODES = ("federated", "gossip")
@@ -204,6 +204,12 @@ class Checkpoint(Base):
     round_row: Mapped[Round] = relationship(back_populates="checkpoint")
 
 
+OPERATOR_ROLES = ("submit", "read-own", "read-all", "stop-own", "stop-all", "admin")
+"""What an operator may be allowed at the door (``admin``: everything)."""
+DEFAULT_OPERATOR_ROLES = "submit,read-own,stop-own"
+"""An operator's roles unless its administrator gives others: its own studies only."""
+
+
 class Operator(Base):
     """Someone who may submit, stop and change runs at a serving coordinator (issue 38): a
     name and the sha256 of the token made for it (the token itself is stored nowhere).
@@ -216,6 +222,8 @@ class Operator(Base):
     added_at: Mapped[datetime]
     added_by: Mapped[str] = mapped_column(String(255))
     removed_at: Mapped[datetime | None]
+    roles: Mapped[str] = mapped_column(String(255), server_default=DEFAULT_OPERATOR_ROLES)
+    """What the operator may do at the door, comma-separated (``OPERATOR_ROLES``)."""
 
 
 class AuditEntry(Base):

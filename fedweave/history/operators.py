@@ -29,7 +29,13 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from fedweave.contract import COMMAND_LINE_OPERATOR
-from fedweave.history.models import AUDIT_OUTCOMES, AuditEntry, Operator
+from fedweave.history.models import (
+    AUDIT_OUTCOMES,
+    DEFAULT_OPERATOR_ROLES,
+    OPERATOR_ROLES,
+    AuditEntry,
+    Operator,
+)
 from fedweave.history.store import HistoryStore
 from fedweave.history.store_errors import HistoryError
 
@@ -49,10 +55,29 @@ class OperatorInfo:
     added_at: datetime
     added_by: str
     removed_at: datetime | None
+    roles: frozenset[str] = frozenset(DEFAULT_OPERATOR_ROLES.split(","))
 
     @property
     def active(self) -> bool:
         return self.removed_at is None
+
+    def may(self, role: str) -> bool:
+        """Whether the operator holds ``role`` (``admin`` holds every one)."""
+        return role in self.roles or "admin" in self.roles
+
+
+def check_roles(text: str) -> str:
+    """``text`` (comma-separated roles) as stored: known roles only, sorted; ``UserError``."""
+    from fedweave.errors import UserError
+
+    roles = sorted({part.strip() for part in text.split(",") if part.strip()})
+    unknown = [role for role in roles if role not in OPERATOR_ROLES]
+    if unknown or not roles:
+        raise UserError(
+            (f"unknown operator role {unknown[0]!r}" if unknown else "no operator role given")
+            + f"; roles are {', '.join(OPERATOR_ROLES)} (comma-separated)"
+        )
+    return ",".join(roles)
 
 
 @dataclass(frozen=True)
@@ -88,6 +113,12 @@ def check_name(name: str) -> str:
     return name
 
 
+def _info(row: Operator) -> OperatorInfo:
+    return OperatorInfo(
+        row.name, row.added_at, row.added_by, row.removed_at, frozenset(row.roles.split(","))
+    )
+
+
 def _now() -> datetime:
     return datetime.now(timezone.utc)
 
@@ -119,11 +150,12 @@ class OperatorRegistry:
     def __init__(self, store: HistoryStore) -> None:
         self._store = store
 
-    def add(self, name: str, added_by: str) -> str:
-        """Make operator ``name`` and return its token (shown once: only its digest is
-        kept). ``HistoryError`` where the name is taken, by an operator present or removed
-        (the audit trail keeps naming it)."""
+    def add(self, name: str, added_by: str, roles: str = DEFAULT_OPERATOR_ROLES) -> str:
+        """Make operator ``name`` with ``roles`` (comma-separated, ``OPERATOR_ROLES``) and
+        return its token (shown once: only its digest is kept). ``HistoryError`` where the
+        name is taken, by an operator present or removed (the audit trail keeps naming it)."""
         check_name(name)
+        roles = check_roles(roles)
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
 
         def work(session: Session, _attempt: int) -> None:
@@ -141,9 +173,10 @@ class OperatorRegistry:
                     added_at=_now(),
                     added_by=added_by[:255],
                     removed_at=None,
+                    roles=roles,
                 )
             )
-            session.add(_entry(added_by, "operator-add", "done", name, None, None))
+            session.add(_entry(added_by, "operator-add", "done", name, None, roles))
 
         try:
             self._store._write(work)
@@ -169,15 +202,31 @@ class OperatorRegistry:
 
         self._store._write(work)
 
+    def set_roles(self, name: str, roles: str, changed_by: str) -> str:
+        """Give operator ``name`` exactly ``roles`` (audited); the roles as stored."""
+        roles = check_roles(roles)
+
+        def work(session: Session, _attempt: int) -> None:
+            operator = session.get(Operator, name)
+            if operator is None or operator.removed_at is not None:
+                raise HistoryError(
+                    f"no operator '{name[:80]}' in '{self._store.masked_url}'; "
+                    "`fedweave operators list` shows them"
+                )
+            operator.roles = roles
+            session.add(_entry(changed_by, "operator-roles", "done", name, None, roles))
+
+        self._store._write(work)
+        return roles
+
     def operators(self) -> list[OperatorInfo]:
         """Every operator, present and removed, by name."""
         with self._store._reading() as session:
             rows = session.scalars(select(Operator).order_by(Operator.name)).all()
-            return [OperatorInfo(r.name, r.added_at, r.added_by, r.removed_at) for r in rows]
+            return [_info(r) for r in rows]
 
-    def who(self, token: str) -> str | None:
-        """The name of the operator ``token`` was made for, if it is not removed; None for
-        any other token."""
+    def holder(self, token: str) -> OperatorInfo | None:
+        """The operator ``token`` was made for, if it is not removed; None for any other."""
         if not token.startswith(TOKEN_PREFIX):
             return None
         digest = token_sha256(token)
@@ -187,7 +236,13 @@ class OperatorRegistry:
             ).first()
             if operator is None or operator.removed_at is not None:
                 return None
-            return operator.name
+            return _info(operator)
+
+    def who(self, token: str) -> str | None:
+        """The name of the operator ``token`` was made for, if it is not removed; None for
+        any other token."""
+        holder = self.holder(token)
+        return holder.name if holder is not None else None
 
     def record(
         self,
