@@ -726,7 +726,7 @@ def _client(config: RunConfig, _resolved: Resolved) -> None:
     else:
         _echo(
             "warning: Flower's own executor runs this site's ClientApps (FEDWEAVE_STOCK_FLOWER=1, "
-            "or Flower's per-message functions differ from flwr 1.41.0's): it loads whatever app "
+            "or Flower's per-message functions differ from flwr 1.42.0's): it loads whatever app "
             "a run names, without fedweave's check that only fedweave's own app runs here"
         )
     if (

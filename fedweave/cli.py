@@ -19,10 +19,16 @@ from fedweave.errors import user_errors_as_one_line
 
 
 def version() -> None:
-    """Print the fedweave version."""
+    """Print the fedweave version and the Flower it runs on."""
+    from importlib import metadata
+
     from fedweave import __version__
 
-    typer.echo(__version__)
+    try:
+        flower = metadata.version("flwr")
+    except metadata.PackageNotFoundError:
+        flower = "not installed"
+    typer.echo(f"{__version__} (flwr {flower})")
 
 
 @cache

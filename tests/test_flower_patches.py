@@ -23,7 +23,7 @@ def test_another_flower_warns_once_and_runs_stock_or_refuses(monkeypatch, caplog
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 1 and "stock polls and dispatcher" in warnings[0]
     # SecAgg+ masks must match on every side: no silent fallback to Flower's generator
-    with pytest.raises(UserError, match="SecAgg\\+ needs flwr 1.41.0 \\(installed: 9.9.9\\)"):
+    with pytest.raises(UserError, match="SecAgg\\+ needs flwr 1.42.0 \\(installed: 9.9.9\\)"):
         flower_patches.use_fedweave_secagg()
 
 
@@ -101,7 +101,7 @@ def test_stock_flower_switch_skips_the_speedups_only(monkeypatch):
 
 
 def test_another_flower_refuses_the_correctness_patches_in_one_line(monkeypatch):
-    monkeypatch.setattr(flwr, "__version__", "1.42.0")
+    monkeypatch.setattr(flwr, "__version__", "1.43.0")
     monkeypatch.setattr(flower_patches, "_applied", set())
     for start, why in (
         (flower_patches.bound_supernode_waits, "deaf to every later message"),
@@ -111,10 +111,10 @@ def test_another_flower_refuses_the_correctness_patches_in_one_line(monkeypatch)
             start()
         line = str(refused.value)
         assert "\n" not in line and why in line
-        assert line.startswith("fedweave needs flwr 1.41.0 (installed: 1.42.0): ")
-        assert line.endswith("install flwr==1.41.0")
+        assert line.startswith("fedweave needs flwr 1.42.0 (installed: 1.43.0): ")
+        assert line.endswith("install flwr==1.42.0")
     monkeypatch.setenv(flower_patches.STOCK_FLOWER_ENV, "1")  # no way around it
-    with pytest.raises(UserError, match="needs flwr 1.41.0"):
+    with pytest.raises(UserError, match="needs flwr 1.42.0"):
         flower_patches.bound_supernode_waits()
 
 
@@ -125,7 +125,7 @@ def test_the_patched_supernode_does_not_start_on_another_flower():
 
     done = subprocess.run(
         [sys.executable, "-c",
-         "import sys, flwr; flwr.__version__ = '1.42.0'\n"
+         "import sys, flwr; flwr.__version__ = '1.43.0'\n"
          "from fedweave.flower_patches import launch\n"
          "sys.argv = ['launch', 'flower-supernode', '--help']\n"
          "launch.main()\n"],
@@ -133,9 +133,9 @@ def test_the_patched_supernode_does_not_start_on_another_flower():
     )  # fmt: skip
     assert done.returncode == 1
     assert done.stderr.splitlines() == [
-        "fedweave: fedweave needs flwr 1.41.0 (installed: 1.42.0): its 'supernode_waits' fix "
+        "fedweave: fedweave needs flwr 1.42.0 (installed: 1.43.0): its 'supernode_waits' fix "
         "to Flower is written for that version, and without it a site whose ClientApp ends "
-        "without replying stays deaf to every later message; install flwr==1.41.0"
+        "without replying stays deaf to every later message; install flwr==1.42.0"
     ], done.stderr
 
 
@@ -234,7 +234,7 @@ def test_an_altered_flower_function_is_named_and_its_patch_not_applied():
     assert "speed-up applied: False" in out
     assert "changed here: flwr.superlink.grid.http_grid:HttpGrid.send_and_receive" in out
     assert (
-        "security: Flower's code differs from flwr 1.41.0's "
+        "security: Flower's code differs from flwr 1.42.0's "
         "(flwr.superlink.main:_get_middleware)" in out
     )
 
@@ -257,7 +257,7 @@ def test_an_altered_flower_function_refuses_a_correctness_patch():
         "    print('refused:', exc)\n"
     )
     assert out.startswith(
-        "refused: fedweave needs flwr 1.41.0 as released: Flower's "
+        "refused: fedweave needs flwr 1.42.0 as released: Flower's "
         "flwr.server.superlink.linkstate.in_memory_linkstate:InMemoryLinkState.activate_node "
         "differ here"
     ), out

@@ -157,9 +157,9 @@ def test_the_base_requirements_carry_no_simulation_stack():
     project = tomllib.loads(
         (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
     base = [r.replace(" ", "").lower() for r in project["dependencies"]]
-    assert "flwr==1.41.0" in base
+    assert "flwr==1.42.0" in base
     for heavy in ("ray", "flwr-datasets", "datasets", "pyarrow", "flwr[simulation]"):
         assert not [r for r in base if r.startswith(heavy)], (heavy, base)
     extras = project["optional-dependencies"]
-    assert extras["simulation"] == ["flwr[simulation]==1.41.0", "flwr-datasets>=0.6.1,<0.7"]
+    assert extras["simulation"] == ["flwr[simulation]==1.42.0", "flwr-datasets>=0.6.1,<0.7"]
     assert "simulation" in next(r for r in extras["dev"] if r.startswith("fedweave["))

@@ -33,11 +33,11 @@ def test_the_wheel_provides_only_the_fedweave_import_name(tmp_path):
     requires = [line.split(":", 1)[1].strip().lower() for line in metadata.splitlines()
                 if line.startswith("Requires-Dist:")]  # fmt: skip
     base = [r for r in requires if "extra ==" not in r]
-    assert "flwr==1.41.0" in base
+    assert "flwr==1.42.0" in base
     for heavy in ("ray", "flwr-datasets", "datasets", "pyarrow", "flwr[simulation]"):
         assert not [r for r in base if r.startswith(heavy)], (heavy, base)
     simulation = [r.split(";")[0] for r in requires if "extra == \"simulation\"" in r]
-    assert sorted(simulation) == ["flwr-datasets<0.7,>=0.6.1", "flwr[simulation]==1.41.0"]
+    assert sorted(simulation) == ["flwr-datasets<0.7,>=0.6.1", "flwr[simulation]==1.42.0"]
     for module in ("fedweave/client/site_app.py", "fedweave/coordinator/command/supervisor.py",
                    "fedweave/gossip/peer.py", "fedweave/gossip/PROTOCOL.md",
                    "fedweave/simulations/partition.py", "fedweave/learning/training.py",

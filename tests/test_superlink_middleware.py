@@ -59,8 +59,8 @@ def test_a_sites_request_skips_the_layers_that_would_pass_it_through_with_the_sa
     assert stock["answers"]["/v1/control/get-login-details"][2] == "no-store"
     # stock: every Control-only layer ran for every request, a site's included
     assert "ControlAuthenticationMiddleware /v1/fleet/pull-messages" in stock["dispatched"]
-    assert "RuntimeTracingMiddleware /v1/fleet/push-messages" in stock["dispatched"]
-    # patched: each layer ran only where it acts (no event-log or tracing plugin here)
+    assert "ControlLicenseMiddleware /v1/fleet/push-messages" in stock["dispatched"]
+    # patched: each layer ran only where it acts (no event-log plugin here)
     control = ["ControlAuthenticationMiddleware", "ControlEventLogMiddleware",
                "ControlLicenseMiddleware"]  # fmt: skip
     assert patched["dispatched"] == sorted(

@@ -129,7 +129,7 @@ import sys
 
 from fedweave.errors import UserError
 
-PATCHED_FLOWER_VERSION = "1.41.0"
+PATCHED_FLOWER_VERSION = "1.42.0"
 
 log = logging.getLogger("fedweave.flower_patches")
 _warned: set[str] = set()
@@ -153,7 +153,7 @@ def flower_is_patchable() -> bool:
 
 
 def _changed(patch: str) -> list[str]:
-    """The Flower functions ``patch`` relies on whose source differs from 1.41.0's (checked
+    """The Flower functions ``patch`` relies on whose source differs from 1.42.0's (checked
     before the patch is applied; ``fingerprints``)."""
     from fedweave.flower_patches.fingerprints import mismatches
 
@@ -286,7 +286,7 @@ def internal_use_problem(*names: str) -> str | None:
 def rely_on(name: str) -> None:
     """Called by the module ``name`` of this folder as it is imported, before it imports
     Flower's unexported names: raises ``UserError`` (one line) where they are not flwr
-    1.41.0's as released (checked once a process)."""
+    1.42.0's as released (checked once a process)."""
     problem = internal_use_problem(name)
     if problem is not None:
         raise UserError(problem)

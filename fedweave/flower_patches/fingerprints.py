@@ -5,7 +5,7 @@ The version guard (``PATCHED_FLOWER_VERSION``) catches a different release; a fi
 also catches an edited or vendored copy of the same version, and tells a Flower upgrade which
 functions changed (``tests/test_flower_patches.py`` checks every entry). Each entry is the
 SHA-256 (first 16 hex digits) of ``inspect.getsource`` of one Flower function or method,
-taken from flwr 1.41.0 (a class: its whole body; a property: its getter). A security or
+taken from flwr 1.42.0 (a class: its whole body; a property: its getter). A security or
 correctness patch (``admin_apis``, ``run_bundles``, ``tls_suites``, ``refused_keys``,
 ``secagg_masks``, ``secagg_crypto``, ``supernode_waits``, ``supernode_state``,
 ``node_restarts``, ``secagg_stages``) refuses to run on a mismatch, and so does a use of
@@ -37,7 +37,7 @@ _CORESTATE = "flwr.supercore.corestate.in_memory_corestate"
 
 WRAPPED: dict[str, dict[str, str]] = {
     "admin_apis": {
-        "flwr.superlink.main:_get_middleware": "acdbc2dce1520f8f",
+        "flwr.superlink.main:_get_middleware": "911d5e2a5aaf11ec",  # 1.42: no tracing layer
         "flwr.superlink.main:create_app": "ee966b630c8ba8b5",
     },
     "run_bundles": {
@@ -62,8 +62,6 @@ WRAPPED: dict[str, dict[str, str]] = {
         f"{_CONTROL_MW}:ControlLicenseMiddleware": "0f57194171e921a3",
         f"{_CONTROL_MW}:ControlEventLogMiddleware": "d8db2d506ca7d0c5",
         f"{_CONTROL_MW}:_is_control_path": "bfb5469e9013b256",
-        "flwr.supercore.routers.runtime.tracing:RuntimeTracingMiddleware":
-            "4f574b47f7f33cd8",
         "flwr.superlink.routers.fleet.middlewares:FleetEventLogMiddleware":
             "4466ecde96fb2315",
     },

@@ -1,16 +1,16 @@
 """The SuperLink's HTTP middleware runs only where it acts (applied in the coordinator's
 SuperLink process by ``fedweave.flower_patches.launch``; a speed-up).
 
-Flower 1.41's SuperLink passes every request through nine Starlette middlewares
-(``flwr.superlink.main._get_middleware``), each a ``BaseHTTPMiddleware``: a layer costs a
-task group, a pair of memory streams and a re-wrapped response per request, even when its
-``dispatch`` only calls the next layer. Six of the nine act on Control API requests only, or
-only when an event-log or tracing plugin is configured; a site's Fleet request (a round's
-message is ~16 of them) paid for all nine. Skipping them took a plain 8-round 3-site run's
+Flower's SuperLink passes every request through eight Starlette middlewares
+(``flwr.superlink.main._get_middleware``; nine in 1.41, whose tracing layer 1.42 removed),
+each a ``BaseHTTPMiddleware``: a layer costs a task group, a pair of memory streams and a
+re-wrapped response per request, even when its ``dispatch`` only calls the next layer. Five
+of the eight act on Control API requests only, or only when an event-log plugin is
+configured; a site's Fleet request (a round's message is ~16 of them) paid for all of them. Skipping them took a plain 8-round 3-site run's
 SuperLink from 20.7 to 13.4 CPU seconds and its rounds from 3.18 to 2.54 s (median;
 docs/testing.md).
 
-This patch wraps each of those six in ``UnlessInert``: a request for which the layer's
+This patch wraps each of those five in ``UnlessInert``: a request for which the layer's
 ``dispatch`` would only ``call_next`` and return the response unchanged (``INERT``: the
 condition read from its dispatch, class by class, fingerprinted) goes straight to the next
 layer; every other request goes through the layer as before. The error translator, the
@@ -20,7 +20,6 @@ they serve. Nothing else changes: the same handlers, the same responses, the sam
 
 from __future__ import annotations
 
-import os
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -50,10 +49,6 @@ def _no_fleet_log(scope: Scope) -> bool:
     return app is not None and getattr(app.state, "fleet_event_log_plugin", None) is None
 
 
-def _tracing_off(scope: Scope) -> bool:
-    return os.getenv("FLWR_TRACING_ENABLED") != "1"
-
-
 _CONTROL = "flwr.superlink.routers.control.middlewares"
 
 INERT: dict[str, Callable[[Scope], bool]] = {
@@ -61,7 +56,6 @@ INERT: dict[str, Callable[[Scope], bool]] = {
     f"{_CONTROL}:ControlAuthenticationMiddleware": _not_control,
     f"{_CONTROL}:ControlLicenseMiddleware": _not_control,
     f"{_CONTROL}:ControlEventLogMiddleware": _not_control,
-    "flwr.supercore.routers.runtime.tracing:RuntimeTracingMiddleware": _tracing_off,
     "flwr.superlink.routers.fleet.middlewares:FleetEventLogMiddleware": _no_fleet_log,
 }
 """Flower middleware class (``module:Class``, each fingerprinted) → whether a request (its
