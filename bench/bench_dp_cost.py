@@ -4,9 +4,10 @@ denominator and local DP's sensitivity 2C, at a target epsilon, against the tree
     python bench/bench_dp_cost.py --rounds 20 --epsilons 3,8
     PYTHONPATH=OLD_TREE_LINKS python bench/bench_dp_cost.py ...   # the tree before
 
-Each row is one real ``fedweave simulate`` (SecAgg+ on, the default) of ``--task`` on
-``--clients`` sites (Dirichlet 0.5 split, seed 0), with ``--dp central`` or ``--dp local`` and
-``--target-epsilon E`` over ``--rounds``: the noise the ledger sizes for E. Prints the noise it
+Each row is one real ``fedweave simulate`` (SecAgg+ on, the default) of a task on
+``--clients`` sites (Dirichlet 0.5 split, seed 0; breast-cancer: its three hospital files),
+with ``--dp central`` or ``--dp local`` and ``--target-epsilon E`` over ``--rounds``: the
+noise the ledger sizes for E. Prints the noise it
 chose and the final central accuracy. The tree before #71 is run the same way by pointing
 ``PYTHONPATH`` at a folder whose ``fedweave`` is that tree's (its ``client``,
 ``coordinator``, ``gossip`` and ``simulations`` linked in as the install maps them); under it
@@ -21,6 +22,17 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+
+def _sites(task: str, clients: int, tmp: Path) -> list[str]:
+    """How the run's sites get their data: breast-cancer's three hospital files (the task
+    ships no split of its own), any other task split in ``clients`` (Dirichlet 0.5)."""
+    if task != "breast-cancer":
+        return ["--clients", str(clients), "--partition", "dirichlet", "--alpha", "0.5"]
+    from fedweave.learning.tasks.breast_cancer import write_hospital_files
+
+    _, test = write_hospital_files(tmp / "sites")
+    return ["--data-dir", str(tmp / "sites"), "--test-data", str(test)]
 
 
 def main() -> int:
@@ -39,8 +51,8 @@ def main() -> int:
                     out = Path(tmp) / "report.json"
                     command = [
                         sys.executable, "-m", "fedweave.cli", "simulate", "--task", task,
-                        "--clients", str(args.clients), "--rounds", str(args.rounds),
-                        "--partition", "dirichlet", "--alpha", "0.5", "--seed", "0",
+                        *_sites(task, args.clients, Path(tmp)), "--rounds", str(args.rounds),
+                        "--seed", "0",
                         "--dp", mode, "--target-epsilon", epsilon, "--evaluate-every", "0",
                         "--db", f"sqlite:///{Path(tmp) / 'h.db'}", "--out", str(out),
                         "--checkpoint-dir", str(Path(tmp) / "ck"),
