@@ -6,9 +6,9 @@ Flower's SuperLink passes every request through eight Starlette middlewares
 each a ``BaseHTTPMiddleware``: a layer costs a task group, a pair of memory streams and a
 re-wrapped response per request, even when its ``dispatch`` only calls the next layer. Five
 of the eight act on Control API requests only, or only when an event-log plugin is
-configured; a site's Fleet request (a round's message is ~16 of them) paid for all of them. Skipping them took a plain 8-round 3-site run's
-SuperLink from 20.7 to 13.4 CPU seconds and its rounds from 3.18 to 2.54 s (median;
-docs/testing.md).
+configured; a site's Fleet request (a round's message is ~16 of them) paid for all of them.
+Skipping them (six, on 1.41) took a plain 8-round 3-site run's SuperLink from 20.7 to 13.4
+CPU seconds and its rounds from 3.18 to 2.54 s (median; docs/testing.md).
 
 This patch wraps each of those five in ``UnlessInert``: a request for which the layer's
 ``dispatch`` would only ``call_next`` and return the response unchanged (``INERT``: the
