@@ -318,7 +318,8 @@ def _site_policy(context: Context):  # type: ignore[no-untyped-def]
 def site_policy_guard(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
     """Refuse every message of a run this site's policy does not take (its task, the operator
     who submitted it, the hour: ``site_policy.SitePolicy.refusal``), before anything of the
-    message is read; the site's console says so once a run."""
+    message is read; the site's console says so once a run. A training job asking more of
+    the site's time than its policy allows (``job_refusal``) is refused alone."""
     policy = _site_policy(context)
     if policy is None:
         return call_next(msg, context)
@@ -327,6 +328,11 @@ def site_policy_guard(msg: Message, context: Context, call_next: ClientAppCallab
         str(context.run_config.get(RUN_TASK_KEY, "")), str(operator) if operator else None
     )
     if problem is None:
+        config = _fit_config(msg) if msg.metadata.message_type == MessageType.TRAIN else None
+        job = policy.job_refusal(config) if config is not None else None
+        if job is not None:
+            log.warning("round refused: %s", job)
+            raise SiteRefusal(job)
         return call_next(msg, context)
     said = (msg.metadata.run_id, problem)
     if said not in _POLICY_REFUSALS_SAID:

@@ -20,15 +20,10 @@ from fedweave.errors import user_errors_as_one_line
 
 def version() -> None:
     """Print the fedweave version and the Flower it runs on."""
-    from importlib import metadata
+    from fedweave.dashboard.prometheus import versions
 
-    from fedweave import __version__
-
-    try:
-        flower = metadata.version("flwr")
-    except metadata.PackageNotFoundError:
-        flower = "not installed"
-    typer.echo(f"{__version__} (flwr {flower})")
+    fedweave, flower = versions()
+    typer.echo(f"{fedweave} (flwr {flower})")
 
 
 @cache

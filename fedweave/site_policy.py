@@ -17,6 +17,8 @@ allows everything it would limit::
     # the most delta a DP run may state its epsilon at (default: 1 / (10 x the site's
     # training examples), which the site checks itself)
     max_delta = 1e-5
+    # the most a job may ask of this site's time: local epochs a round
+    max_local_epochs = 5
 
 The site checks it when it starts (a file that does not parse, or a key or value it does not
 know, ends the site with one line naming it) and reads it again whenever it changes, so the
@@ -47,6 +49,7 @@ REQUIRE_DP_ORDER = ("off", "any", "local", "sample")
 MAX_POLICY_BYTES = 64 * 1024
 KEYS = (
     "tasks", "operators", "hours", "require_secure_agg", "require_dp", "max_epsilon", "max_delta",
+    "max_local_epochs",
 )  # fmt: skip
 
 
@@ -62,6 +65,22 @@ class SitePolicy:
     require_dp: str = "off"
     max_epsilon: float | None = None
     max_delta: float | None = None
+    max_local_epochs: int | None = None
+
+    def job_refusal(self, config: dict) -> str | None:
+        """Why this policy refuses a training job whose round config is ``config`` (it asks
+        more of the site's time than the policy allows); ``None``: it takes it."""
+        from fedweave.contract import LOCAL_EPOCHS_KEY
+
+        asked = config.get(LOCAL_EPOCHS_KEY)
+        if self.max_local_epochs is None or asked is None:
+            return None
+        if int(asked) > self.max_local_epochs:
+            return (
+                f"this site's policy ({self.source}) allows at most {self.max_local_epochs} "
+                f"local epochs a round, and the run asks {int(asked)}"
+            )
+        return None
 
     def refusal(self, task: str, operator: str | None, now: datetime | None = None) -> str | None:
         """Why this policy refuses a run of ``task`` submitted by ``operator`` (``None``: the
@@ -177,10 +196,15 @@ def parse_policy(text: str, source: str) -> SitePolicy:
         isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 < delta < 1
     ):
         raise UserError(f"{source}: max_delta must be a number between 0 and 1, e.g. 1e-5")
+    epochs = table.get("max_local_epochs")
+    if epochs is not None and (
+        isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1
+    ):
+        raise UserError(f"{source}: max_local_epochs must be a whole number of at least 1")
     return SitePolicy(
         source, tasks, operators, hours, secure, dp,
         float(epsilon) if epsilon is not None else None,
-        float(delta) if delta is not None else None,
+        float(delta) if delta is not None else None, epochs,
     )  # fmt: skip
 
 

@@ -209,6 +209,12 @@ def test_the_web_app_serves_pages_json_and_metrics_read_only(tmp_path: Path) -> 
     assert value[("fedweave_round_metric", (("metric", "privacy.epsilon"), ("run_id", run_id)))] \
         == 3.0
     assert "privacy.epsilon" in client.get(f"/api/runs/{run_id}").json()["metric_names"]
+    import flwr
+
+    import fedweave
+
+    build = (("flwr", flwr.__version__), ("version", fedweave.__version__))
+    assert value[("fedweave_build_info", build)] == 1  # the Flower it runs on (issue 79)
     store.close()
 
 

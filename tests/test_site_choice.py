@@ -18,6 +18,8 @@ from fedweave.client.mods import FLOOR_KEYS, site_policy_guard
 from fedweave.config import RunConfig
 from fedweave.config.commands import check_settings
 from fedweave.contract import (
+    LOCAL_EPOCHS_KEY,
+    NODE_MAX_DELTA_KEY,
     NODE_MAX_EPSILON_KEY,
     NODE_POLICY_KEY,
     NODE_REQUIRE_DP_KEY,
@@ -62,6 +64,21 @@ def test_a_policy_takes_its_tasks_operators_and_hours_and_says_why_it_refuses():
     assert parse_policy("", "empty.toml").refusal("anything", "anyone", _at(3)) is None
 
 
+def test_a_policy_bounds_what_a_job_asks_of_the_sites_time():
+    """The review: a study asking ``local_epochs = 1000000`` held every site. A site's policy
+    bounds a job's local epochs; a job over it is refused at the site with the reason."""
+    policy = parse_policy("max_local_epochs = 5\nmax_delta = 1e-6\n", "p.toml")
+    assert policy.job_refusal({LOCAL_EPOCHS_KEY: 5}) is None
+    assert policy.job_refusal({LOCAL_EPOCHS_KEY: 1000000}) == (
+        "this site's policy (p.toml) allows at most 5 local epochs a round, and the run asks "
+        "1000000"
+    )
+    assert policy.job_refusal({}) is None  # the site's own default then
+    assert parse_policy("", "p.toml").job_refusal({LOCAL_EPOCHS_KEY: 10**6}) is None
+    floor = policy.floor({NODE_MAX_DELTA_KEY: "1e-05"}, FLOOR_KEYS)
+    assert floor == {NODE_MAX_DELTA_KEY: "1e-06"}  # the policy's is stricter
+
+
 def test_the_policy_floor_adds_to_the_flags_the_stricter_holding():
     policy = parse_policy(POLICY, "p.toml")
     floor = policy.floor({NODE_REQUIRE_DP_KEY: "sample", NODE_MAX_EPSILON_KEY: "8.0"}, FLOOR_KEYS)
@@ -87,6 +104,9 @@ def test_the_policy_floor_adds_to_the_flags_the_stricter_holding():
         ("require_dp = 'strict'", "p.toml: require_dp must be one of off, any, local, sample"),
         ("max_epsilon = 0", "p.toml: max_epsilon must be a number above 0"),
         ("max_epsilon = true", "p.toml: max_epsilon must be a number above 0"),
+        ("max_delta = 1.5", "p.toml: max_delta must be a number between 0 and 1"),
+        ("max_local_epochs = 0", "p.toml: max_local_epochs must be a whole number of at least"),
+        ("max_local_epochs = 2.5", "p.toml: max_local_epochs must be a whole number of at least"),
     ],
 )
 def test_a_policy_that_does_not_parse_is_one_line_naming_it(text: str, says: str):

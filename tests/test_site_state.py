@@ -206,7 +206,7 @@ def test_the_patch_is_a_correctness_patch_applied_in_the_supernode(tmp_path, mon
     from fedweave import flower_patches
 
     assert flower_patches.correctness_problem("supernode_state") is None
-    monkeypatch.setattr(flwr, "__version__", "1.42.0")
+    monkeypatch.setattr(flwr, "__version__", "1.43.0")
     line = flower_patches.correctness_problem("supernode_state")
     assert line is not None and "\n" not in line and "connected, refused" in line
     code = (

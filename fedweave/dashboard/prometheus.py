@@ -5,7 +5,8 @@ site outcomes and metrics, seconds since the last recorded round, the round in f
 connected, and the stall alerts of ``fedweave/history/alerts.py``. Runs exported: every
 running run and the ``RECENT_RUNS`` newest, so a finished run's last figures stay visible
 without the label set growing with the history; with them, the operators' studies by state
-(``studies``: how many wait in the queue).
+(``studies``: how many wait in the queue), and ``build_info`` naming the fedweave and Flower
+versions serving.
 """
 
 from __future__ import annotations
@@ -125,15 +126,31 @@ class HistoryCollector(Collector):
                 studies.add_metric([state], counts.get(state, 0))
             for site in self.views.site_jobs():
                 site_runs.add_metric([_clean(site["site"])], len(site["runs"]))
+        build = gauge("build_info", "The fedweave and Flower versions serving (1).",
+                      ("version", "flwr"))  # fmt: skip
+        build.add_metric(list(versions()), 1)
         yield from (info, completed, planned, seconds, outcomes, metric, age, flight,
                     flight_age, deadline, connected, stalled, late, alert, studies,
-                    site_runs)  # fmt: skip
+                    site_runs, build)  # fmt: skip
 
     def _runs(self):
         if self.run_id is not None:
             return [self.views.store.get_run(self.run_id)]
         runs = self.views.store.list_runs()
         return [run for i, run in enumerate(runs) if run.status == "running" or i < RECENT_RUNS]
+
+
+def versions() -> tuple[str, str]:
+    """(fedweave's version, the installed Flower's)."""
+    from importlib import metadata
+
+    from fedweave import __version__
+
+    try:
+        flower = metadata.version("flwr")
+    except metadata.PackageNotFoundError:
+        flower = "none"
+    return __version__, flower
 
 
 def exposition(collector: HistoryCollector) -> bytes:
