@@ -75,10 +75,14 @@ class SitePolicy:
         asked = config.get(LOCAL_EPOCHS_KEY)
         if self.max_local_epochs is None or asked is None:
             return None
-        if int(asked) > self.max_local_epochs:
+        try:
+            epochs = int(asked)
+        except (TypeError, ValueError):
+            return f"the run's local epochs {str(asked)[:40]!r} are not a whole number"
+        if epochs > self.max_local_epochs:
             return (
                 f"this site's policy ({self.source}) allows at most {self.max_local_epochs} "
-                f"local epochs a round, and the run asks {int(asked)}"
+                f"local epochs a round, and the run asks {epochs}"
             )
         return None
 

@@ -74,6 +74,10 @@ def test_a_policy_bounds_what_a_job_asks_of_the_sites_time():
         "1000000"
     )
     assert policy.job_refusal({}) is None  # the site's own default then
+    # a coordinator rewriting the round's config gets a refusal, not a failed site
+    assert policy.job_refusal({LOCAL_EPOCHS_KEY: "lots"}) == (
+        "the run's local epochs 'lots' are not a whole number"
+    )
     assert parse_policy("", "p.toml").job_refusal({LOCAL_EPOCHS_KEY: 10**6}) is None
     floor = policy.floor({NODE_MAX_DELTA_KEY: "1e-05"}, FLOOR_KEYS)
     assert floor == {NODE_MAX_DELTA_KEY: "1e-06"}  # the policy's is stricter
