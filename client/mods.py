@@ -5,7 +5,11 @@ whose code says what happened (refused, rejected, late, failed: ``fedweave.contr
 reason says why and which names the site, so the coordinator reads it as data bound to this
 site.
 
-``stale_round_guard`` comes next: a message of a round older than the newest this site has
+``version_guard`` comes next: a deployed run whose coordinator runs another fedweave or Flower
+release line than this site (``fedweave.versions``) is refused before anything of it is read,
+with both sides' versions and the fix.
+
+``stale_round_guard`` then: a message of a round older than the newest this site has
 seen (it arrives after its round's deadline, say a site that was stalled) is refused before
 SecAgg+ could mix it into the state of the round in progress.
 
@@ -60,8 +64,10 @@ from fedweave.contract import (
     NODE_SITE_NAME_KEY,
     PRIVATE_EVALUATION_KEY,
     PROCESSES_METRIC,
+    RUN_ID_KEY,
     RUN_OPERATOR_KEY,
     RUN_TASK_KEY,
+    RUN_VERSIONS_KEY,
     SAMPLE_DP_KEYS,
     SECAGG_CLIP_KEY,
     SECAGG_MAX_WEIGHT_KEY,
@@ -115,6 +121,26 @@ def answering_outcomes(site_name_of: SiteNameOf) -> Mod:
 
 STALE_ROUND_RECORD = "fedweave.site"
 NEWEST_ROUND_KEY = "newest-round"
+_VERSION_REFUSALS_SAID: set[tuple[int, str]] = set()
+
+
+def version_guard(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """Refuse every message of a deployed run (one a fedweave coordinator started: it names
+    its history run) whose coordinator this site cannot speak to (``versions.mismatch``); the
+    site's console says so once a run. A simulation's sites share its process: not checked."""
+    from fedweave.versions import mismatch
+
+    if RUN_ID_KEY not in context.run_config:
+        return call_next(msg, context)
+    said = context.run_config.get(RUN_VERSIONS_KEY)
+    problem = mismatch(str(said) if said is not None else None)
+    if problem is None:
+        return call_next(msg, context)
+    if (msg.metadata.run_id, problem) not in _VERSION_REFUSALS_SAID:
+        _VERSION_REFUSALS_SAID.add((msg.metadata.run_id, problem))
+        SITE_CONSOLE.warning("refused the coordinator's run (Flower run %s): %s",
+                             msg.metadata.run_id, problem)  # fmt: skip
+    raise SiteRefusal(problem)
 
 
 def stale_round_guard(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
@@ -598,7 +624,8 @@ def central_dp_clipping_when_asked(
 
 def site_mods(site_name_of: SiteNameOf = node_site_name) -> list[Mod]:
     """Every site mod, outermost first: every outcome becomes a reply with its code and the
-    site's name (``site_name_of``); tensors the coordinator moves beside its messages
+    site's name (``site_name_of``); a deployed run from a coordinator on another release line
+    is refused before anything else; tensors the coordinator moves beside its messages
     (``--bulk-address``) are fetched before anything else and the reply's uploaded after
     everything; a model sent at half precision (``--downlink fp16``) is
     restored to its dtypes before any other mod sees it; late rounds, a wrong clock, a run
@@ -609,6 +636,7 @@ def site_mods(site_name_of: SiteNameOf = node_site_name) -> list[Mod]:
 
     return [
         answering_outcomes(site_name_of),
+        version_guard,
         bulk_transfers,
         downlink_restored,
         stale_round_guard,

@@ -22,7 +22,7 @@ from typing import Any
 from fedweave.config import SETTINGS, RunConfig
 from fedweave.config.run_config import coerce
 from fedweave.contract import RUN_ID_KEY as RUN_CONFIG_ID_KEY
-from fedweave.contract import RUN_OPERATOR_KEY
+from fedweave.contract import RUN_OPERATOR_KEY, RUN_VERSIONS_KEY
 
 DEPLOYMENT_FILE_KEY = "fw-deployment-file"
 """Run config: the path of the coordinator's 0600 deployment file (``write_deployment_file``)."""
@@ -162,9 +162,12 @@ class DeployPlan:
     operator: str | None = None
 
     def to_run_config(self) -> dict[str, Any]:
-        """Flower run-config keys: ``fw-run-id`` plus each plan setting with ``-`` for ``_``
-        (unset optional settings are left out: run configs hold no nulls)."""
-        out: dict[str, Any] = {RUN_CONFIG_ID_KEY: self.run_id}
+        """Flower run-config keys: ``fw-run-id``, the coordinator's versions (``fw-versions``)
+        plus each plan setting with ``-`` for ``_`` (unset optional settings are left out: run
+        configs hold no nulls)."""
+        from fedweave.versions import described
+
+        out: dict[str, Any] = {RUN_CONFIG_ID_KEY: self.run_id, RUN_VERSIONS_KEY: described()}
         if self.deployment_file is not None:
             out[DEPLOYMENT_FILE_KEY] = str(self.deployment_file)
         if self.operator is not None:

@@ -20,9 +20,9 @@ from fedweave.errors import user_errors_as_one_line
 
 def version() -> None:
     """Print the fedweave version and the Flower it runs on."""
-    from fedweave.dashboard.prometheus import versions
+    from fedweave.versions import running
 
-    fedweave, flower = versions()
+    fedweave, flower = running()
     typer.echo(f"{fedweave} (flwr {flower})")
 
 

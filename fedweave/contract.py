@@ -27,6 +27,9 @@ RUN_TASK_KEY = "task"
 RUN_OPERATOR_KEY = "fw-operator"
 """Run config: the operator who submitted the run (``fedweave run submit``); absent for the
 coordinator's command-line run. A site's policy may name the operators it serves."""
+RUN_VERSIONS_KEY = "fw-versions"
+"""Run config: the coordinator's fedweave and Flower versions (``versions.described``), which
+each site compares with its own before it takes the run (``versions.mismatch``)."""
 COMMAND_LINE_OPERATOR = "coordinator"
 """The operator name a site's policy gives the coordinator's own command-line run (no operator
 submitted it); no operator may be registered under it."""

@@ -171,6 +171,12 @@ def test_the_web_app_serves_pages_json_and_metrics_read_only(tmp_path: Path) -> 
     assert home.status_code == 200 and 'data-page="runs"' in home.text
     assert "default-src 'self'" in home.headers["content-security-policy"]
     assert "https://" not in home.text and "http://" not in home.text  # nothing from elsewhere
+    import flwr
+
+    import fedweave
+
+    footer = f'<footer class="muted">fedweave {fedweave.__version__}, flwr {flwr.__version__}<'
+    assert footer in home.text  # every page names the versions serving (issue 79)
     page = client.get(f"/runs/{run_id}")
     assert page.status_code == 200 and "/srv" not in page.text and "sqlite" not in page.text
     # without JavaScript a page says so, and where its JSON is
@@ -209,10 +215,6 @@ def test_the_web_app_serves_pages_json_and_metrics_read_only(tmp_path: Path) -> 
     assert value[("fedweave_round_metric", (("metric", "privacy.epsilon"), ("run_id", run_id)))] \
         == 3.0
     assert "privacy.epsilon" in client.get(f"/api/runs/{run_id}").json()["metric_names"]
-    import flwr
-
-    import fedweave
-
     build = (("flwr", flwr.__version__), ("version", fedweave.__version__))
     assert value[("fedweave_build_info", build)] == 1  # the Flower it runs on (issue 79)
     store.close()

@@ -38,6 +38,7 @@ from fedweave.dashboard.security import (
 )
 from fedweave.dashboard.views import Views
 from fedweave.history.store_errors import HistoryError
+from fedweave.versions import described
 
 POLL_MS = 2000
 """How often an open page asks for news (a run page: its new rounds and round in flight)."""
@@ -78,7 +79,8 @@ def page_response(
     nav: bool = True,
     api: str | None = None,
 ) -> HTMLResponse:
-    """A page shell: its kind, its first data (JSON, never executed) and the app's script;
+    """A page shell: its kind, its first data (JSON, never executed), the app's script and a
+    footer naming the fedweave and Flower versions serving;
     ``nav``: the links to the runs and compare pages (the dashboard's, not a site's);
     ``api``: the JSON path with the same data, which a browser without JavaScript is told."""
     where = (
@@ -102,6 +104,7 @@ role="status"></span></header>
 <main id="main"><h1>{html.escape(title)}</h1><p class="muted" id="loading">loading…</p>
 <noscript><p>This page draws its tables and charts with JavaScript, which is off here.
 {where}</p></noscript></main>
+<footer class="muted">{html.escape(described())}</footer>
 <script id="initial" type="application/json">{payload}</script>
 <script src="/static/vendor/uPlot.iife.min.js"></script>
 <script src="/static/app.js"></script>

@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 
 from fedweave.dashboard.views import OUTCOMES, Views
 from fedweave.history.models import SUBMISSION_STATES
+from fedweave.versions import running
 
 RECENT_RUNS = 5
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -128,7 +129,7 @@ class HistoryCollector(Collector):
                 site_runs.add_metric([_clean(site["site"])], len(site["runs"]))
         build = gauge("build_info", "The fedweave and Flower versions serving (1).",
                       ("version", "flwr"))  # fmt: skip
-        build.add_metric(list(versions()), 1)
+        build.add_metric(list(running()), 1)
         yield from (info, completed, planned, seconds, outcomes, metric, age, flight,
                     flight_age, deadline, connected, stalled, late, alert, studies,
                     site_runs, build)  # fmt: skip
@@ -138,19 +139,6 @@ class HistoryCollector(Collector):
             return [self.views.store.get_run(self.run_id)]
         runs = self.views.store.list_runs()
         return [run for i, run in enumerate(runs) if run.status == "running" or i < RECENT_RUNS]
-
-
-def versions() -> tuple[str, str]:
-    """(fedweave's version, the installed Flower's)."""
-    from importlib import metadata
-
-    from fedweave import __version__
-
-    try:
-        flower = metadata.version("flwr")
-    except metadata.PackageNotFoundError:
-        flower = "none"
-    return __version__, flower
 
 
 def exposition(collector: HistoryCollector) -> bytes:
