@@ -4,6 +4,8 @@
 
     python scripts/test-times.py [JUNIT_XML ...] [--top N]
     python scripts/test-times.py --totals [JUNIT_XML ...]    one line: passed, failed, skipped
+    python scripts/test-times.py --workers [JUNIT_XML ...]   each worker's busy span and
+        the seconds it waited at the end of its phase for the other
     python scripts/test-times.py --save-seconds tests/file_seconds.json [JUNIT_XML ...]
         seconds per file, for the order in which two workers take the files where no JUnit
         XML of an earlier run is at hand (a fresh clone: CI)
@@ -41,16 +43,33 @@ def main(argv: list[str] | None = None) -> int:
                         help="JUnit XML from pytest (default: .test-artefacts/junit.xml and "
                              "junit-alone.xml beside it, where it exists)")  # fmt: skip
     parser.add_argument("--top", type=int, default=40, help="files to list (default 40)")
-    parser.add_argument("--totals", action="store_true",
-                        help="print only the tests passed, failed and skipped, summed")
-    parser.add_argument("--save-seconds", type=Path, metavar="JSON",
-                        help="write each file's seconds (5 s or more) to JSON and print nothing")
+    parser.add_argument(
+        "--totals",
+        action="store_true",
+        help="print only the tests passed, failed and skipped, summed",
+    )
+    parser.add_argument(
+        "--workers",
+        action="store_true",
+        help="print each worker's busy span and idle tail, phase by phase",
+    )
+    parser.add_argument(
+        "--save-seconds",
+        type=Path,
+        metavar="JSON",
+        help="write each file's seconds (5 s or more) to JSON and print nothing",
+    )
     args = parser.parse_args(argv)
     paths = args.junit or [path for path in DEFAULT_PATHS if path.is_file()] or DEFAULT_PATHS[:1]
     for path in paths:
         if not path.is_file():
             print(f"error: no {path}: run scripts/test first (it writes it)", file=sys.stderr)
             return 2
+    if args.workers:
+        for path in paths:
+            print(f"{path}:")
+            print("\n".join(worker_lines(list(ET.parse(path).getroot().iter("testcase")))))
+        return 0
     cases = [case for path in paths for case in ET.parse(path).getroot().iter("testcase")]
     if args.totals:
         print(totals_line(cases))
@@ -74,8 +93,10 @@ def main(argv: list[str] | None = None) -> int:
              "seconds": slow}, indent=1) + "\n")  # fmt: skip
         return 0
     total = sum(seconds.values())
-    print(f"{total:8.0f} s in {sum(tests.values())} tests, {len(seconds)} files; CPU seconds: "
-          + ", ".join(f"{sum(cpu[m].values()):.0f} {label}" for m, label in MEASURES.items()))
+    print(
+        f"{total:8.0f} s in {sum(tests.values())} tests, {len(seconds)} files; CPU seconds: "
+        + ", ".join(f"{sum(cpu[m].values()):.0f} {label}" for m, label in MEASURES.items())
+    )
     print(f"{'seconds':>8}   share  tests  {'cpu':>6} {'machine':>7}  file")
     for name, secs in sorted(seconds.items(), key=lambda item: -item[1])[: args.top]:
         share = secs / total if total else 0.0
@@ -97,6 +118,31 @@ def totals_line(cases: list[ET.Element]) -> str:
         else:
             passed += 1
     return f"totals: {passed} passed, {failed} failed, {skipped} skipped"
+
+
+def worker_lines(cases: list[ET.Element]) -> list[str]:
+    """One line a worker of one phase: its tests, first start to last end, its seconds in
+    tests, and how long before the phase's last test ended it had nothing left (from the
+    ``started`` and ``worker`` properties; ``tests/suite_costs.py``)."""
+    spans: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for case in cases:
+        props = {p.get("name"): p.get("value") for p in case.iter("property")}
+        if "started" in props:
+            start = float(props["started"])
+            spans[props.get("worker") or "main"].append(
+                (start, start + float(case.get("time", 0) or 0))
+            )
+    if not spans:
+        return ["  no start times in this file (written before tests/suite_costs.py kept them)"]
+    first = min(s for runs in spans.values() for s, _ in runs)
+    last = max(e for runs in spans.values() for _, e in runs)
+    lines = [f"  phase: {last - first:.0f} s"]
+    for worker, runs in sorted(spans.items()):
+        end = max(e for _, e in runs)
+        busy = sum(e - s for s, e in runs)
+        lines.append(f"  {worker}: {len(runs)} tests, {busy:.0f} s in tests, done "
+                     f"{end - first:.0f} s in, then idle {last - end:.0f} s")  # fmt: skip
+    return lines
 
 
 DEFAULT_PATHS = [Path(".test-artefacts/junit.xml"), Path(".test-artefacts/junit-alone.xml")]

@@ -9,6 +9,9 @@ the JUnit XML ``scripts/test`` writes, summed per file by ``scripts/test-times.p
   workers.
 - ``machine_cpu_seconds``: CPU the whole machine was busy with meanwhile (``/proc/stat``);
   it counts everything, so it is the test's own only in a one-process run on a quiet machine.
+- ``started`` (the wall clock as the test's setup began, Unix seconds) and ``worker`` (its
+  pytest-xdist worker, ``gw0``; ``main`` without workers): when each worker was busy, and how
+  long one waited at the end for the other (``scripts/test-times.py --workers``).
 
 A test whose CPU is far below its seconds waits (deadlines, sleeps, polls); one whose CPU is
 about its seconds, or above on 2 cores, is bound by the machine.
@@ -18,10 +21,11 @@ from __future__ import annotations
 
 import os
 import resource
+import time
 
 import pytest
 
-_STARTED = pytest.StashKey[tuple[float, float | None]]()
+_STARTED = pytest.StashKey[tuple[float, float | None, float]]()
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -47,7 +51,7 @@ def machine_busy_cpu() -> float | None:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
-    item.stash[_STARTED] = (process_tree_cpu(), machine_busy_cpu())
+    item.stash[_STARTED] = (process_tree_cpu(), machine_busy_cpu(), time.time())
     yield
 
 
@@ -57,7 +61,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> None:
     a test's properties from that report)."""
     if call.when != "teardown" or _STARTED not in item.stash:
         return
-    tree_before, machine_before = item.stash[_STARTED]
+    tree_before, machine_before, started = item.stash[_STARTED]
+    item.user_properties.append(("started", round(started, 2)))
+    item.user_properties.append(("worker", os.environ.get("PYTEST_XDIST_WORKER", "main")))
     item.user_properties.append(("cpu_seconds", round(process_tree_cpu() - tree_before, 2)))
     machine_now = machine_busy_cpu()
     if machine_before is not None and machine_now is not None:
