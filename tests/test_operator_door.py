@@ -30,7 +30,7 @@ def door(tmp_path):
     store = open_store(f"sqlite:///{tmp_path / 'history.db'}")
     served = RunConfig().replace(task="digits", address="0.0.0.0:9092", insecure=True)
 
-    def check(text: str, source: str) -> None:
+    def check(text: str, source: str, _operator) -> None:
         resolve_study(served, text, source)
 
     token = OperatorRegistry(store).add("alice", added_by="root@test")
@@ -290,7 +290,7 @@ def test_operators_see_and_stop_what_their_roles_allow(tmp_path):
     store = open_store(f"sqlite:///{tmp_path / 'history.db'}")
     registry = OperatorRegistry(store)
     served = RunConfig().replace(task="digits", address="0.0.0.0:9092", insecure=True)
-    app = make_door(store, lambda text, source: resolve_study(served, text, source),
+    app = make_door(store, lambda text, source, _who: resolve_study(served, text, source),
                     lambda run_id, after: ([], after))  # fmt: skip
 
     def client(name: str, roles: str) -> TestClient:
@@ -327,4 +327,70 @@ def test_operators_see_and_stop_what_their_roles_allow(tmp_path):
     assert [row["id"] for row in bob.get("/v1/runs").json()["submissions"]] == [1, 2]
     with pytest.raises(UserError, match="unknown operator role 'root'; roles are submit"):
         registry.set_roles("bob", "root", "root@test")
+    store.close()
+
+
+def _recorded_digits_run(store, checkpoints, run_id: str) -> str:
+    """A completed digits run of one round whose checkpoint is the task's fresh model."""
+    import numpy as np
+
+    from fedweave.history import CheckpointRef
+    from fedweave.learning.tasks import load_task
+
+    arrays = [t.detach().numpy() for t in load_task("digits").build_model().state_dict().values()]
+    path = checkpoints / f"{run_id}.npz"
+    np.savez(path, *arrays)
+    data = path.read_bytes()
+    now = datetime.now(timezone.utc)
+    store.start_run("federated", "digits", {}, 0, run_id=run_id)
+    store.record_round(
+        run_id, RoundRecord(1, "coordinator", now, now, 2, 2, 0, {}, 0.5, 0.8),
+        [SiteResult("s1", num_examples=10)],
+        CheckpointRef(1, str(path), hashlib.sha256(data).hexdigest(), len(data)),
+    )  # fmt: skip
+    store.finish_run(run_id, "completed")
+    return run_id
+
+
+def test_a_study_starts_from_a_run_only_its_operator_may_read(tmp_path):
+    """The review: ``initial_model`` accepted another run's exported model. A study names a
+    run's model by its id (``run:RUN_ID``), and only a run its operator submitted, or any
+    with ``read-all``: every other id, a run that does not exist, ``latest`` or a prefix get
+    the same one line. The run's final model is exported into the coordinator's checkpoint
+    folder and given as the study's initial model."""
+    from fedweave.coordinator.command.study_models import run_model_for
+
+    store = open_store(f"sqlite:///{tmp_path / 'history.db'}")
+    registry, submissions = OperatorRegistry(store), Submissions(store)
+    for name, roles in (("alice", "submit,read-own"), ("bob", "submit,read-own"),
+                        ("reader", "submit,read-all")):  # fmt: skip
+        registry.add(name, "root@test", roles)
+    (checkpoints := tmp_path / "ckpt").mkdir()
+    alices = _recorded_digits_run(store, checkpoints, "a1a1a1a1a1a1")
+    submissions.started(submissions.submit("alice", "a.toml", STUDY.decode()), alices)
+    coordinators = _recorded_digits_run(store, checkpoints, "c0c0c0c0c0c0")  # its command line
+    served = RunConfig().replace(task="digits", address="0.0.0.0:9092", insecure=True)
+
+    def study(who: str, run: str):
+        text = f'[data]\ntask = "digits"\n[training]\ninitial_model = "run:{run}"\n'
+        model = run_model_for(store, registry.named(who), checkpoints, "s.toml")
+        return resolve_study(served, text, "s.toml", model)[0]
+
+    config = study("alice", alices)
+    assert config.training.initial_model == checkpoints / "study-models" / alices / "model.safetensors"
+    assert config.training.initial_model.is_file()
+    assert study("reader", coordinators).training.initial_model.is_file()  # read-all
+    for run in (coordinators, "ffffffffffff", "latest", alices[:6], "../../etc"):
+        with pytest.raises(UserError) as refused:
+            study("bob", run)
+        assert str(refused.value) == (
+            "s.toml: [training] initial_model names no run operator bob may read; name one of "
+            "its own runs (fedweave run list) or ask the coordinator's administrator for the "
+            "role read-all"
+        )
+    registry.remove("alice", "root@test")  # checked again at the study's turn
+    with pytest.raises(UserError, match="no run operator that operator may read"):
+        study("alice", alices)
+    with pytest.raises(UserError, match="only a study submitted to a serving coordinator"):
+        resolve_study(served, f'[training]\ninitial_model = "run:{alices}"\n', "c.toml")
     store.close()

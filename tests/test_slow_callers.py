@@ -29,7 +29,7 @@ def door(tmp_path, monkeypatch):
     store = open_store(f"sqlite:///{tmp_path / 'history.db'}")
     token = OperatorRegistry(store).add("alice", added_by="root@test")
     served = RunConfig().replace(task="digits", address="0.0.0.0:9092", insecure=True)
-    app = make_door(store, lambda text, source: resolve_study(served, text, source),
+    app = make_door(store, lambda text, source, _who: resolve_study(served, text, source),
                     lambda run_id, after: ([], after))  # fmt: skip
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

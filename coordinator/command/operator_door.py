@@ -74,11 +74,12 @@ async def _body(request: Request) -> bytes | None:
 
 def make_door(
     store,  # type: ignore[no-untyped-def]
-    check_study: Callable[[str, str], None],
+    check_study: Callable[[str, str, Any], None],
     round_lines: Callable[[str, int], tuple[list[str], int]],
 ) -> Starlette:
-    """The door's app over the history ``store``. ``check_study(text, source)`` raises a
-    ``UserError`` for a study the coordinator would refuse; ``round_lines(run_id, after)``
+    """The door's app over the history ``store``. ``check_study(text, source, operator)``
+    raises a ``UserError`` for a study the coordinator would refuse from that operator (an
+    ``OperatorInfo``); ``round_lines(run_id, after)``
     gives a history run's rounds after ``after`` as the console prints them, and the last
     of those rounds (``after`` where there are none), read at once."""
     operators, submissions = OperatorRegistry(store), Submissions(store)
@@ -163,7 +164,7 @@ def make_door(
         except UnicodeDecodeError:
             return await refuse(422, f"{source} is not UTF-8 text; send the study's TOML file")
         try:
-            await run_in_threadpool(check_study, text, source)
+            await run_in_threadpool(check_study, text, source, request.state.operator)
             number = await run_in_threadpool(submissions.submit, name, source, text)
         except UserError as exc:
             return await refuse(422, str(exc).splitlines()[0] if str(exc) else "refused")

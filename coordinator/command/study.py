@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from fedweave.config import Resolved, RunConfig
@@ -39,10 +40,18 @@ NOT_SERVED = ("resume", "studies_only")
 run (a coordinator stopped during it), and is the run ``--studies-only`` speaks of."""
 
 
-def resolve_study(coordinator: RunConfig, text: str, source: str) -> tuple[RunConfig, Resolved]:
+def resolve_study(
+    coordinator: RunConfig,
+    text: str,
+    source: str,
+    run_model: Callable[[str], Path] | None = None,
+) -> tuple[RunConfig, Resolved]:
     """The run config of the study ``text`` (TOML; ``source`` names it in errors), served as
     ``coordinator`` serves: its own sections from ``coordinator``, the study's from ``text``
-    over the defaults. ``UserError`` with one line for anything a study may not say."""
+    over the defaults. ``UserError`` with one line for anything a study may not say.
+
+    ``run_model(run_id)``: the final model of a history run the submitting operator may read,
+    as a file (``initial_model = "run:RUN_ID"``), or ``UserError``; ``None``: no run's."""
     try:
         tables = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -63,7 +72,7 @@ def resolve_study(coordinator: RunConfig, text: str, source: str) -> tuple[RunCo
         for name in names
         if SETTINGS[name].section not in STUDY_SECTIONS and name not in NOT_SERVED
     }
-    values.update(_given_files(values, coordinator.deployment.study_files, source))
+    values.update(_given_files(values, coordinator.deployment.study_files, source, run_model))
     config = RunConfig().replace(**served, **values)
     where = {name: f"{source}: [{SETTINGS[name].section}] {name}" for name in values}
     check_settings(config, COMMAND, where)
@@ -75,15 +84,29 @@ def resolve_study(coordinator: RunConfig, text: str, source: str) -> tuple[RunCo
 
 STUDY_FILES = ("test_data", "initial_model")
 """The settings by which a study names a file: each must be in ``--study-files``."""
+RUN_MODEL_PREFIX = "run:"
+"""``initial_model = "run:RUN_ID"``: start from that history run's final model."""
 
 
-def _given_files(values: dict, folder: Path | None, source: str) -> dict[str, Path]:
+def _given_files(
+    values: dict, folder: Path | None, source: str, run_model: Callable[[str], Path] | None
+) -> dict[str, Path]:
     """The files a study names (``STUDY_FILES``), each resolved inside the coordinator's
-    ``--study-files`` folder (links followed); ``UserError`` for any other, in words that say
-    nothing of whether or what it is."""
+    ``--study-files`` folder (links followed), or an initial model named by its run
+    (``run_model``); ``UserError`` for any other, in words that say nothing of whether or
+    what it is."""
     found = {}
     for name in STUDY_FILES:
         if values.get(name) is None:
+            continue
+        given = str(values[name])
+        if name == "initial_model" and given.startswith(RUN_MODEL_PREFIX):
+            if run_model is None:
+                raise UserError(
+                    f"{source}: [training] initial_model names a run, which only a study "
+                    "submitted to a serving coordinator may; name a file of --study-files"
+                )
+            found[name] = run_model(given[len(RUN_MODEL_PREFIX) :])
             continue
         refused = UserError(
             f"{source}: [{SETTINGS[name].section}] {name} is not a file this coordinator gives "

@@ -382,12 +382,14 @@ def _serve_door(door, store, config: RunConfig):
     from fedweave.coordinator.command import run_checks, training_setup
     from fedweave.coordinator.command.operator_door import make_door
     from fedweave.coordinator.command.study import resolve_study
+    from fedweave.coordinator.command.study_models import run_model_for
     from fedweave.dashboard.server import BackgroundServer
 
     exposure, sock = door
 
-    def check_study(text: str, source: str) -> None:
-        study, resolved = resolve_study(config, text, source)
+    def check_study(text: str, source: str, operator) -> None:  # noqa: ANN001 - OperatorInfo
+        run_model = run_model_for(store, operator, config.history.checkpoint_dir, source)
+        study, resolved = resolve_study(config, text, source, run_model)
         try:
             run_checks.check_run(study)
             training_setup.check_run_input(store, study, resolved)
@@ -457,6 +459,8 @@ def _run_submission(submission, config: RunConfig, store, client, proc, link_opt
     ``closing`` set ends it, the study recorded failed for the coordinator's stop."""
     from fedweave.coordinator.command import run_checks, training_setup
     from fedweave.coordinator.command.study import resolve_study
+    from fedweave.coordinator.command.study_models import run_model_for
+    from fedweave.history.operators import OperatorRegistry
     from fedweave.history.submissions import Submissions
 
     submissions = Submissions(store)
@@ -468,7 +472,11 @@ def _run_submission(submission, config: RunConfig, store, client, proc, link_opt
     resuming = submission.run_id  # its run, kept when a coordinator stopped during it
     _echo(f"{who}: its turn" + (f"; resuming its run {resuming}" if resuming else ""))
     try:
-        study, resolved = resolve_study(config, submission.config_toml, submission.source)
+        operator = OperatorRegistry(store).named(submission.operator)  # its roles of now
+        run_model = run_model_for(store, operator, config.history.checkpoint_dir, submission.source)
+        study, resolved = resolve_study(
+            config, submission.config_toml, submission.source, run_model
+        )
         if resuming is not None:
             study = study.replace(resume=resuming)
             resolved = replace(resolved, explicit=resolved.explicit | {"resume"})

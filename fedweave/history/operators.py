@@ -225,6 +225,12 @@ class OperatorRegistry:
             rows = session.scalars(select(Operator).order_by(Operator.name)).all()
             return [_info(r) for r in rows]
 
+    def named(self, name: str) -> OperatorInfo | None:
+        """The operator of that name, if it is not removed."""
+        with self._store._reading() as session:
+            row = session.scalars(select(Operator).where(Operator.name == name)).first()
+            return _info(row) if row is not None and row.removed_at is None else None
+
     def holder(self, token: str) -> OperatorInfo | None:
         """The operator ``token`` was made for, if it is not removed; None for any other."""
         if not token.startswith(TOKEN_PREFIX):

@@ -97,6 +97,13 @@ class Submissions:
         with self._store._reading() as session:
             return _info(self._row(session, submission))
 
+    def of_run(self, run_id: str) -> SubmissionInfo | None:
+        """The submission whose history run is ``run_id``; None for a run no operator submitted
+        (the coordinator's command line)."""
+        with self._store._reading() as session:
+            row = session.scalars(select(Submission).where(Submission.run_id == run_id)).first()
+            return _info(row) if row is not None else None
+
     def all(self, limit: int = 200) -> list[SubmissionInfo]:
         """The newest ``limit`` submissions, oldest first."""
         with self._store._reading() as session:
