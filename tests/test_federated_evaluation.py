@@ -101,11 +101,47 @@ def test_the_best_round_follows_the_metric_and_its_direction():
         row(3, central={"loss": 0.1}),
     ]
     assert best_round(rows, "auc") == (1, "federated.auc", 0.8)
-    assert best_round(rows, "loss") == (2, "federated.loss", 0.4)
+    # the coordinator's own score, where the run has one, before any site's word
+    assert best_round(rows, "loss") == (3, "central.loss", 0.1)
+    assert best_round(rows, "federated.loss") == (2, "federated.loss", 0.4)
     assert best_round(rows, "central.loss") == (3, "central.loss", 0.1)
     assert best_round(rows, "auc", "min") == (2, "federated.auc", 0.7)
     assert best_round(rows, "f1") is None
     assert qualified(rows, "loss") == "federated.loss"
+
+
+def test_a_site_claiming_a_tiny_loss_on_a_billion_examples_does_not_pick_the_best_round():
+    """Issue 73's review: one site reporting loss 1e-6 on 10**9 examples in round 1 made
+    round 1 the best by federated.loss (0.63 centrally against 0.92 in round 4), and the
+    export its model. The choice rests on the median of the sites' own figures, said with
+    it; with fewer than three sites answering, the recorded mean."""
+    from types import SimpleNamespace
+
+    from fedweave.history.model_export import chosen_rounds
+
+    honest = {1: 1.2, 2: 0.8, 3: 0.5, 4: 0.3}
+
+    def row(number: int, liar: bool = True) -> dict:
+        sites = [{"site": f"s{i}", "status": "ok", "examples": 50,
+                  "metrics": {"loss": honest[number] + i / 100}} for i in range(3)]  # fmt: skip
+        if liar:
+            sites.append({"site": "insider", "status": "ok", "examples": 10**9,
+                          "metrics": {"loss": 1e-6 if number == 1 else 9.0}})  # fmt: skip
+        mean = 1e-6 if number == 1 and liar else honest[number]  # as the weighted mean said
+        return {"round": number, "actor": "coordinator", "checkpoint_path": f"r{number}.npz",
+                "extra": {"evaluation": {"federated": {"loss": mean}, "sites": sites}}}  # fmt: skip
+
+    info = SimpleNamespace(config={"settings": {"evaluation": {"select_metric": "loss"}}})
+    rows = [row(n) for n in (1, 2, 3, 4)]
+    _, best, chosen = chosen_rounds(info, rows)
+    assert best["round"] == 4, chosen
+    assert chosen["statistic"] == "the median of the sites' own figures"
+    assert chosen["value"] == pytest.approx((0.31 + 0.32) / 2)  # of s1, s2 (9.0 is an outlier)
+    two = [{**r, "extra": {"evaluation": {"federated": {"loss": v},
+            "sites": r["extra"]["evaluation"]["sites"][:2]}}}
+           for r, v in zip(rows, (0.9, 0.2, 0.5, 0.6))]  # fmt: skip
+    _, best, chosen = chosen_rounds(info, two)
+    assert best["round"] == 2 and chosen["statistic"].startswith("the recorded mean")
     assert lower_is_better("federated.rmse") and not lower_is_better("central.accuracy")
 
 

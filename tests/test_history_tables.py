@@ -245,7 +245,8 @@ def test_show_keeps_each_round_and_its_headline_metrics_on_one_line(url, columns
         assert _fed_accuracy(n) in [pytest.approx(v, rel=1e-3) for v in figures], row
         auc = 0.9912345 - n / 1001  # the run's --select-metric keeps its column
         assert auc in [pytest.approx(v, rel=1e-3) for v in figures], row
-    assert "best round 1 by federated.auc" in "\n".join(lines)
+    # chosen on the coordinator's own auc (the run has one), which no site can steer (issue 73)
+    assert "best round 1 by central.auc (auto): 0.9866, the recorded figure" in "\n".join(lines)
 
 
 def test_show_at_80_columns_leaves_out_what_200_columns_shows(url: str) -> None:

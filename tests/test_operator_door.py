@@ -377,7 +377,8 @@ def test_a_study_starts_from_a_run_only_its_operator_may_read(tmp_path):
         return resolve_study(served, text, "s.toml", model)[0]
 
     config = study("alice", alices)
-    assert config.training.initial_model == checkpoints / "study-models" / alices / "model.safetensors"
+    exported = checkpoints / "study-models" / alices / "model.safetensors"
+    assert config.training.initial_model == exported
     assert config.training.initial_model.is_file()
     assert study("reader", coordinators).training.initial_model.is_file()  # read-all
     for run in (coordinators, "ffffffffffff", "latest", alices[:6], "../../etc"):

@@ -593,7 +593,7 @@ def _print_best(console: Any, info: RunInfo, rounds: list[dict[str, Any]]) -> No
         examples = chosen.get("examples")
         console.print(
             f"best round {chosen['round']} by {chosen['qualified']} ({chosen['mode']}): "
-            f"{_num(chosen['value'])}"
+            f"{_num(chosen['value'])}, {chosen['statistic']}"
             + (f", on {examples} evaluation examples" if examples is not None else ""),
             highlight=False,
         )

@@ -18,6 +18,7 @@ when the run has it, else the central one.
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Any
 
 from fedweave.errors import UserError
@@ -129,16 +130,64 @@ def best_round(
     rows: list[dict[str, Any]], metric: str = "loss", mode: str = "auto"
 ) -> tuple[int, str, float] | None:
     """(round, qualified metric, value) of the round whose ``metric`` was best, the first
-    such round on a tie; ``None`` when no round has the metric."""
-    name = qualified(rows, metric)
+    such round on a tie; ``None`` when no round has the metric. The value is the one the
+    choice rests on (``choice_series``): no single site can steer it."""
+    name = choice_metric(rows, metric)
     if name is None:
         return None
-    values = series(rows, name)
+    values, _statistic = choice_series(rows, name)
     if not values:
         return None
     low = lower_is_better(name, mode)
     best = min(values, key=lambda v: v[2]) if low else max(values, key=lambda v: v[2])
     return best[0], name, best[2]
+
+
+MIN_SITES_FOR_MEDIAN = 3
+"""Sites' own figures a round needs for its median to be one no single site sets."""
+
+
+def choice_metric(rows: list[dict[str, Any]], metric: str) -> str | None:
+    """The qualified metric the best round is chosen on: ``metric`` as given when qualified;
+    else the coordinator's own evaluation (``central``) where the run has it, which no site
+    can steer; else as ``qualified`` finds it."""
+    if "." not in metric and f"central.{metric}" in set(metric_names(rows)):
+        return f"central.{metric}"
+    return qualified(rows, metric)
+
+
+def choice_series(
+    rows: list[dict[str, Any]], name: str
+) -> tuple[list[tuple[int, str, float]], str]:
+    """(round, actor, value) the best round is chosen on, and the statistic said of it. A
+    federated metric is each round's median of the answering sites' own figures where at
+    least ``MIN_SITES_FOR_MEDIAN`` sites gave one (a site claiming a tiny loss on 10**9
+    examples moves a weighted mean, not a median), else the recorded mean."""
+    if not name.startswith("federated."):
+        return series(rows, name), "the recorded figure"
+    bare = name.split(".", 1)[1]
+    found, medians = [], 0
+    for number, actor, recorded in series(rows, name):
+        row = next(
+            r for r in rows if int(r["round"]) == number and str(r.get("actor", "")) == actor
+        )
+        own = [
+            float(figure)
+            for site in site_evaluations(row)
+            if site.get("status") == "ok"
+            and isinstance(figure := (site.get("metrics") or {}).get(bare), (int, float))
+            and math.isfinite(figure)
+        ]
+        if len(own) >= MIN_SITES_FOR_MEDIAN:
+            found.append((number, actor, float(statistics.median(own))))
+            medians += 1
+        else:
+            found.append((number, actor, recorded))
+    if medians == len(found):
+        return found, "the median of the sites' own figures"
+    if medians:
+        return found, "the median of the sites' own figures (the mean where fewer answered)"
+    return found, f"the recorded mean (fewer than {MIN_SITES_FOR_MEDIAN} sites answered)"
 
 
 MIN_RANKING_EXAMPLES = 100

@@ -25,7 +25,12 @@ from typing import Any
 
 import numpy as np
 
-from fedweave.history.metrics import best_round, evaluated_examples, ranking_warning
+from fedweave.history.metrics import (
+    best_round,
+    choice_series,
+    evaluated_examples,
+    ranking_warning,
+)
 from fedweave.history.records import RunInfo
 from fedweave.history.store_errors import HistoryError
 from fedweave.learning.exported_model import BEST_PROGRAM_FILE, META_FILE, PROGRAM_FILE
@@ -101,6 +106,7 @@ def chosen_rounds(
     if best is None:
         return final, None, {**chosen, "note": f"no round recorded '{metric}'"}
     number, name, value = best
+    chosen["statistic"] = choice_series(with_model, name)[1]
     best_row = next(row for row in with_model if row["round"] == number)
     examples = evaluated_examples(best_row, name)
     # the same model either way when the best round is the final one
