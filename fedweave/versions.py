@@ -15,6 +15,7 @@ at import).
 
 from __future__ import annotations
 
+import re
 from importlib import metadata
 
 
@@ -35,11 +36,18 @@ def described(versions: tuple[str, str] | None = None) -> str:
     return f"fedweave {fedweave}, flwr {flower}"
 
 
+VERSION = re.compile(r"^[0-9][0-9A-Za-z.+!-]{0,39}$")
+"""What a version looks like (PEP 440's characters, bounded): a coordinator's run config is
+its word, and a refusal repeats only what matches this."""
+
+
 def parse_described(text: str) -> tuple[str, str] | None:
     """The versions ``described`` wrote, or ``None`` for anything else."""
-    parts = dict(part.strip().partition(" ")[::2] for part in str(text).split(","))
+    if len(text) > 200:
+        return None
+    parts = dict(part.strip().partition(" ")[::2] for part in text.split(","))
     fedweave, flower = parts.get("fedweave", ""), parts.get("flwr", "")
-    return (fedweave, flower) if fedweave and flower else None
+    return (fedweave, flower) if VERSION.match(fedweave) and VERSION.match(flower) else None
 
 
 def release_line(version: str) -> tuple[str, ...]:

@@ -30,7 +30,9 @@ def test_a_site_takes_runs_of_its_own_release_lines_only():
         "fedweave 0.1.0, flwr 1.41.0", here
     )  # Flower's own release lines must match too
     assert mismatch(None, here).startswith("the coordinator does not say its versions")
-    for hostile in ["", "fedweave", "flwr 1.42.0", "x" * 10_000]:
+    hostile_versions = f"fedweave {'9' * 5000}, flwr 1.42.0"
+    for hostile in ["", "fedweave", "flwr 1.42.0", "x" * 10_000, hostile_versions,
+                    "fedweave 0.1.0 <script>, flwr 1.42.0"]:  # fmt: skip
         problem = mismatch(hostile, here)
         assert problem.startswith("the coordinator sent versions that are not"), problem
         assert len(problem) < 300  # a hostile coordinator's text is never echoed

@@ -52,10 +52,21 @@ def run_model_for(
             raise unseen
         out = checkpoint_dir.resolve() / FOLDER / run_id
         path = out / "model.safetensors"
-        if not path.is_file():
+        if not path.is_file():  # exported beside, then moved in whole
+            import shutil
+            import tempfile
+
             from fedweave.history.csv_export import export_run
 
-            export_run(store, run_id, out)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            partial = Path(tempfile.mkdtemp(prefix=f".{run_id}-", dir=out.parent))
+            try:
+                export_run(store, run_id, partial)
+                if (partial / path.name).is_file() and not path.is_file():
+                    shutil.rmtree(out, ignore_errors=True)
+                    partial.rename(out)
+            finally:
+                shutil.rmtree(partial, ignore_errors=True)
         if not path.is_file():
             raise UserError(
                 f"{source}: [training] initial_model: run {run_id} has no recorded model to "
