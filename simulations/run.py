@@ -16,6 +16,7 @@ from fedweave.history.metrics import (
     final_metrics,
     final_privacy,
     headline_value,
+    nothing_learned,
     recorded_clock,
     recorded_privacy,
     recorded_statistics,
@@ -184,6 +185,10 @@ def run_and_report(config: RunConfig, resolved: Resolved) -> dict:
         }
         for r in store.rounds(run_id)
     ]
+    problem = nothing_learned(store.rounds(run_id), run_id)
+    if problem is not None:
+        store.finish_run(run_id, "failed", problem)
+        raise UserError(f"run {run_id} failed: {problem}")
     store.finish_run(run_id, "completed", ended[0] if ended else None)
     report = build_report(
         "federated",

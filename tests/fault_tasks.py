@@ -64,6 +64,13 @@ class RaisingDigits(_OneBadSite):
         raise RuntimeError("injected fault: this site crashes while training")
 
 
+class EverySiteRaisingDigits(RaisingDigits):
+    name = "digits-every-site-raising"
+
+    def is_bad(self, data) -> bool:
+        return True
+
+
 class NanDigits(_OneBadSite):
     name = "digits-nan"
 

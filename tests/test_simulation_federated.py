@@ -137,3 +137,37 @@ def test_data_split_writes_site_files(tmp_path):
     assert np.array_equal(
         np.load(out / "site-2.npz")["x"], np.load(tmp_path / "again/site-2.npz")["x"]
     )
+
+
+@pytest.mark.slow
+def test_a_run_none_of_whose_rounds_took_an_update_fails_with_the_reason(tmp_path):
+    """Issue 75: a run whose every round halted ended ``completed`` at chance. Every site
+    of this one crashes while training: the run is recorded ``failed`` with the first round's
+    reason, and the command says so in one line, exit 2."""
+    import os
+    from pathlib import Path
+
+    from fedweave.history import open_store
+    from fedweave.history.metrics import nothing_learned
+
+    db = f"sqlite:///{tmp_path / 'history.db'}"
+    tests = str(Path(__file__).parent)
+    result = subprocess.run(
+        [*FEDWEAVE, "simulate", "--task", "fault_tasks:EverySiteRaisingDigits", "--clients", "3",
+         "--rounds", "2", "--partition", "iid", "--no-secure-agg", "--round-timeout", "60",
+         "--db", db],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(
+            p for p in (tests, os.environ.get("PYTHONPATH")) if p)},
+    )  # fmt: skip
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 2 and len(lines) == 1, result.stderr[-3000:]
+    assert "failed: none of the run's 2 rounds took a site's update (round 1: " in lines[0]
+    assert "Traceback" not in result.stderr
+    with open_store(db) as store:
+        (run,) = store.list_runs()
+        assert run.status == "failed" and run.reason.startswith("none of the run's 2 rounds")
+        assert nothing_learned(store.rounds(run.run_id), run.run_id) == run.reason
+    assert f"`fedweave history show {run.run_id} --sites` gives each site's reason" in lines[0]
+    assert nothing_learned([]) is None
+    assert nothing_learned([{"round": 1, "replied": 1}, {"round": 2, "replied": 0}]) is None

@@ -38,7 +38,8 @@ def run_plan(plan: DeployPlan, grid, context) -> None:
     )
     from fedweave.coordinator.rounds.round_app import initial_weights, make_server_app
     from fedweave.coordinator.rounds.round_settings import ServerSettings, test_data_of
-    from fedweave.history.metrics import recorded_privacy, recorded_statistics
+    from fedweave.errors import UserError
+    from fedweave.history.metrics import nothing_learned, recorded_privacy, recorded_statistics
     from fedweave.history.tracking import make_tracker
 
     if plan.config.evaluation.run:  # `fedweave evaluate`: an evaluation-only run
@@ -86,6 +87,9 @@ def run_plan(plan: DeployPlan, grid, context) -> None:
             del start, weights  # the app holds the start until round 1 is made of it
             app(grid=grid, context=context)
             recorder.flush()
+            problem = nothing_learned(store.rounds(plan.run_id), plan.run_id)
+            if problem is not None:
+                raise UserError(problem)
         finally:
             recorder.close()  # writes what is pending, to the tracker too
             if tracker is not None:

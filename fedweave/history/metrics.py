@@ -82,6 +82,22 @@ def recorded_headline(rows: list[dict[str, Any]]) -> str:
     return next((name for name in HEADLINES if name in names), "loss")
 
 
+def nothing_learned(rows: list[dict[str, Any]], run_id: str = "RUN") -> str | None:
+    """Why a federated run whose rounds took no site's update learned nothing (every round
+    halted, refused or late everywhere): the run ends ``failed`` with this, not ``completed``
+    at its starting model; ``None`` where a round took at least one update."""
+    if not rows or any(int(row.get("replied") or 0) > 0 for row in rows):
+        return None
+    first = rows[0].get("extra") or {}
+    why = first.get("failed") or next(iter(first.get("warnings") or []), None)
+    return (
+        f"none of the run's {len(rows)} rounds took a site's update"
+        + (f" (round {rows[0]['round']}: {str(why)[:200]})" if why else "")
+        + "; the model is still the one it started from: `fedweave history show "
+        f"{run_id} --sites` gives each site's reason"
+    )
+
+
 def final_metrics(rows: list[dict[str, Any]]) -> dict[str, float]:
     """Every metric of the last round's global model (central, else federated), bare names."""
     if not rows:
