@@ -185,7 +185,11 @@ def run_and_report(config: RunConfig, resolved: Resolved) -> dict:
         }
         for r in store.rounds(run_id)
     ]
-    problem = nothing_learned(store.rounds(run_id), run_id)
+    recorded_rounds = store.rounds(run_id)
+    first_sites = (
+        store.site_results(run_id, recorded_rounds[0]["round"]) if recorded_rounds else None
+    )
+    problem = nothing_learned(recorded_rounds, run_id, first_sites)
     if problem is not None:
         store.finish_run(run_id, "failed", problem)
         raise UserError(f"run {run_id} failed: {problem}")

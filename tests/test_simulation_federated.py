@@ -162,12 +162,16 @@ def test_a_run_none_of_whose_rounds_took_an_update_fails_with_the_reason(tmp_pat
     )  # fmt: skip
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert result.returncode == 2 and len(lines) == 1, result.stderr[-3000:]
-    assert "failed: none of the run's 2 rounds took a site's update (round 1: " in lines[0]
+    assert "failed: none of the run's 2 rounds took a site's update (round 1: site s" in lines[0]
+    assert " failed: RuntimeError: injected fault: this site crashes while training" in lines[0]
+    assert lines[0].count("injected fault") == 1  # the same words said once
     assert "Traceback" not in result.stderr
     with open_store(db) as store:
         (run,) = store.list_runs()
         assert run.status == "failed" and run.reason.startswith("none of the run's 2 rounds")
-        assert nothing_learned(store.rounds(run.run_id), run.run_id) == run.reason
+        rows = store.rounds(run.run_id)
+        first = store.site_results(run.run_id, 1)
+        assert nothing_learned(rows, run.run_id, first) == run.reason
     assert f"`fedweave history show {run.run_id} --sites` gives each site's reason" in lines[0]
     assert nothing_learned([]) is None
     assert nothing_learned([{"round": 1, "replied": 1}, {"round": 2, "replied": 0}]) is None

@@ -87,7 +87,9 @@ def run_plan(plan: DeployPlan, grid, context) -> None:
             del start, weights  # the app holds the start until round 1 is made of it
             app(grid=grid, context=context)
             recorder.flush()
-            problem = nothing_learned(store.rounds(plan.run_id), plan.run_id)
+            done = store.rounds(plan.run_id)
+            first = store.site_results(plan.run_id, done[0]["round"]) if done else None
+            problem = nothing_learned(done, plan.run_id, first)
             if problem is not None:
                 raise UserError(problem)
         finally:

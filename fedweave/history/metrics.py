@@ -82,17 +82,26 @@ def recorded_headline(rows: list[dict[str, Any]]) -> str:
     return next((name for name in HEADLINES if name in names), "loss")
 
 
-def nothing_learned(rows: list[dict[str, Any]], run_id: str = "RUN") -> str | None:
+def nothing_learned(
+    rows: list[dict[str, Any]], run_id: str = "RUN", sites: list[dict[str, Any]] | None = None
+) -> str | None:
     """Why a federated run whose rounds took no site's update learned nothing (every round
     halted, refused or late everywhere): the run ends ``failed`` with this, not ``completed``
-    at its starting model; ``None`` where a round took at least one update."""
+    at its starting model; ``None`` where a round took at least one update. ``sites``: the
+    first round's site rows, whose own words are said (up to three distinct ones)."""
     if not rows or any(int(row.get("replied") or 0) > 0 for row in rows):
         return None
+    said: list[str] = []
+    for site in sites or []:
+        reason = site.get("reason")
+        if reason and not any(line.endswith(str(reason)[:120]) for line in said):
+            said.append(f"site {site.get('site_id')} {site.get('status')}: {str(reason)[:120]}")
     first = rows[0].get("extra") or {}
-    why = first.get("failed") or next(iter(first.get("warnings") or []), None)
+    warnings = first.get("warnings") or []
+    why = "; ".join(said[:3]) or first.get("failed") or (warnings[0] if warnings else None)
     return (
         f"none of the run's {len(rows)} rounds took a site's update"
-        + (f" (round {rows[0]['round']}: {str(why)[:200]})" if why else "")
+        + (f" (round {rows[0]['round']}: {str(why)[:400]})" if why else "")
         + "; the model is still the one it started from: `fedweave history show "
         f"{run_id} --sites` gives each site's reason"
     )
