@@ -7,8 +7,8 @@ from __future__ import annotations
 import logging
 
 import pytest
-from flwr.app import Context, Message, Metadata, RecordDict
-from flwr.app.message_type import MessageType
+from flwr.app import Context, Message, RecordDict
+from test_site_choice import _message
 
 from fedweave.client.mods import version_guard
 from fedweave.config import RunConfig
@@ -36,14 +36,6 @@ def test_a_site_takes_runs_of_its_own_release_lines_only():
         problem = mismatch(hostile, here)
         assert problem.startswith("the coordinator sent versions that are not"), problem
         assert len(problem) < 300  # a hostile coordinator's text is never echoed
-
-
-def _message(run_id: int) -> Message:
-    metadata = Metadata(
-        run_id=run_id, message_id="m1", src_node_id=0, dst_node_id=5, reply_to_message_id="",
-        group_id="1", created_at=0.0, ttl=60.0, message_type=MessageType.TRAIN,
-    )  # fmt: skip
-    return Message(content=RecordDict(), metadata=metadata)
 
 
 def test_the_site_refuses_a_run_of_another_release_line_before_anything_else(caplog):
