@@ -270,11 +270,16 @@ def test_the_deployed_coordinator_runs_robust_strategies_and_central_dp(tmp_path
 
     assert sample_run.status == "completed" and "DP sample noise multiplier 1" in sample_out
     sample_sites = recorded(f"sqlite:///{tmp_path / 'sample.db'}")[1]
-    reported = {site["site_id"]: site["metrics"]["dp_epsilon"] for site in sample_sites}
-    assert len(reported) == SITES and all(0 < e < 50 for e in reported.values())
+    # every site that replied reported its own ledger's epsilon; a site late on a loaded
+    # machine (SecAgg+ closes without it) reports nothing, and the round says nothing for it
+    replied = [site for site in sample_sites if site["status"] == "ok"]
+    assert len(replied) >= SITES - 1, (sample_sites, sample_out)
+    assert all(site["status"] in ("late", "lost") for site in sample_sites if site not in replied)
+    reported = {site["site_id"]: site["metrics"]["dp_epsilon"] for site in replied}
+    assert all(0 < e < 50 for e in reported.values())
     assert sample_rounds[0]["extra"]["privacy"]["sites"] == reported
-    for i in range(SITES):
-        ledger = tmp_path / "split" / f"site-{i}.npz.privacy-ledger.json"
-        assert SiteLedger(ledger).epsilon(1e-5) == reported[f"site{i}"]
+    for site_id, epsilon in reported.items():
+        ledger = tmp_path / "split" / f"site-{site_id.removeprefix('site')}.npz.privacy-ledger.json"
+        assert SiteLedger(ledger).epsilon(1e-5) == epsilon
     # the sites' updates were clipped to 1e-4 (under SecAgg+ the sites clip): nothing learned
     assert rounds[-1]["eval_accuracy"] < 0.3

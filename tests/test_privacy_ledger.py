@@ -103,7 +103,7 @@ def test_local_dp_composes_the_noise_localdpmod_adds_and_says_what_one_round_rea
 
 
 def test_sample_dp_takes_the_most_any_site_spent_and_ignores_what_is_not_an_epsilon():
-    """An insider rewriting its ``dp_epsilon`` (NaN, negative, a string, a bool) neither
+    """An insider rewriting its ``dp_epsilon`` (NaN, negative, a string, a bool, left out) neither
     fails the round nor lowers the run's figure: its earlier word stands, the round warns."""
     told = _Told()
     ledger = PrivacyLedger([told], RunConfig.of(dp="sample").privacy, cohort=2)
@@ -114,18 +114,20 @@ def test_sample_dp_takes_the_most_any_site_spent_and_ignores_what_is_not_an_epsi
                 site_id="honest", status="ok", metrics={SAMPLE_DP_EPSILON_METRIC: honest}
             ),
             SimpleNamespace(
-                site_id="insider", status="ok", metrics={SAMPLE_DP_EPSILON_METRIC: insider}
+                site_id="insider", status="ok",
+                metrics={} if insider is None else {SAMPLE_DP_EPSILON_METRIC: insider},
             ),
         ]
         return SimpleNamespace(sites=sites, warnings=[], privacy=None)
 
     ledger.on_round(first := said(1.5, 2.0))
     assert told.privacy[-1]["epsilon"] == 2.0 and first.warnings == []
-    for bad in (float("nan"), float("inf"), -1.0, "0", True):
+    for bad in (float("nan"), float("inf"), -1.0, "0", True, None):
         ledger.on_round(summary := said(2.5, bad))
         assert told.privacy[-1]["sites"] == {"honest": 2.5, "insider": 2.0}
         assert told.privacy[-1]["epsilon"] == 2.5
-        assert len(summary.warnings) == 1 and "site insider reported epsilon" in summary.warnings[0]
+        assert len(summary.warnings) == 1 and "site insider " in summary.warnings[0]
+        assert ("without the epsilon" if bad is None else "reported epsilon") in summary.warnings[0]
     resumed = PrivacyLedger([], RunConfig.of(dp="sample").privacy, 2, told.privacy[-1])
     assert resumed.site_epsilon == {"honest": 2.5, "insider": 2.0}
 

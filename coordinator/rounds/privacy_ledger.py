@@ -142,11 +142,18 @@ class PrivacyLedger:
 
     def _sites_spent(self, summary: Any) -> dict[str, Any]:
         """Sample DP: the epsilon each site reported (its own ledger); the run's is the most
-        any site's data has spent. A figure that is not a finite number >= 0 is not taken
-        (the round says so); the site's earlier one stands."""
+        any site's data has spent. A figure that is missing or not a finite number >= 0 is
+        not taken (the round says so); the site's earlier one stands."""
         for site in summary.sites:
-            said = site.metrics.get(SAMPLE_DP_EPSILON_METRIC) if site.status == "ok" else None
+            if site.status != "ok":
+                continue
+            said = site.metrics.get(SAMPLE_DP_EPSILON_METRIC)
             if said is None:
+                summary.warnings = [
+                    *summary.warnings,
+                    f"site {site.site_id} replied without the epsilon its ledger holds (a "
+                    "sample-DP site reports it with every update); its earlier figure stands",
+                ]
                 continue
             number = isinstance(said, (int, float)) and not isinstance(said, bool)
             earlier = self.site_epsilon.get(site.site_id, 0.0)
