@@ -138,7 +138,8 @@ PLAN_SETTINGS = (
     "fraction_evaluate", "evaluate_every", "cross_site", "private_evaluation", "select_metric",
     "select_mode", "run",
     "secure_agg", "secagg_timeout", "dp", "noise_multiplier", "clipping_norm", "dp_epsilon",
-    "dp_delta", "target_epsilon", "max_epsilon", "checkpoint_dir", "track",
+    "dp_delta", "target_epsilon", "max_epsilon", "checkpoint_dir", "track", "wait_for_sites",
+    "max_clock_skew",
 )  # fmt: skip
 """The settings the ServerApp runs with; the rest (address, TLS, database) stay with the CLI."""
 

@@ -247,7 +247,9 @@ def test_a_run_naming_its_sites_is_refused_a_name_not_registered(tmp_path: Path)
 
 def test_a_run_naming_its_sites_samples_and_evaluates_only_them():
     registered = {"1": "hospital-a", "2": "hospital-b", "3": "clinic"}
-    manager = NamedSites(frozenset({"hospital-a", "hospital-b"}), lambda: registered)
+    manager = NamedSites(
+        frozenset({"hospital-a", "hospital-b"}), lambda: registered, bound_seconds=60.0
+    )
     for node in (1, 2, 3, 4):  # 4: connected, its key not named yet
         assert manager.register(SimpleNamespace(cid=str(node), node_id=node))
     assert manager.num_available() == 2

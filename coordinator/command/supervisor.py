@@ -140,6 +140,7 @@ class _Watcher:
         self.streaks = LateStreaks()
         self.streaks.add_rows(store.site_results(plan.run_id))
         self.warned_overdue: set[int] = set()
+        self.waiting_said: tuple | None = None
 
     def poll(self) -> None:
         for row in self.store.rounds(self.plan.run_id, after=max(self.printed, default=0)):
@@ -153,16 +154,28 @@ class _Watcher:
             for late in self.streaks.flagged(self.rules):
                 if len(late.rounds) == self.rules.late_in_a_row and late.rounds[-1] == row["round"]:
                     self.say(f"warning: {late.line()}")
-        self._warn_if_overdue()
+        run = self.store.get_run(self.plan.run_id)
+        self._say_sites_wait(run)
+        self._warn_if_overdue(run)
 
-    def _warn_if_overdue(self) -> None:
+    def _say_sites_wait(self, run) -> None:
+        """Say a wait for sites when it begins and as its count changes, and its end."""
+        waiting = run.sites_wait if run.status == "running" else None
+        said = None if waiting is None else (waiting.since, waiting.connected, waiting.missing)
+        if said == self.waiting_said:
+            return
+        if waiting is not None:
+            self.say(f"warning: {waiting.line()}")
+        elif run.status == "running":
+            self.say("sites back: the run goes on")
+        self.waiting_said = said
+
+    def _warn_if_overdue(self, run) -> None:
         from datetime import datetime, timezone
 
         from fedweave.history.alerts import overdue_round
 
-        overdue = overdue_round(
-            self.store.get_run(self.plan.run_id), datetime.now(timezone.utc), self.rules
-        )
+        overdue = overdue_round(run, datetime.now(timezone.utc), self.rules)
         if overdue is not None and overdue.round not in self.warned_overdue:
             self.warned_overdue.add(overdue.round)
             self.say(f"warning: {overdue.line()}")
@@ -792,7 +805,8 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
             reason = (details or run.reason or sub_status or "unknown").splitlines()[0]
             if run.status == "running":
                 store.finish_run(plan.run_id, "failed", reason)
-            _echo(f"run {plan.run_id} {sub_status or 'ended'}: {reason}; {again}")
+            ended = "interrupted" if run.status == "interrupted" else sub_status or "ended"
+            _echo(f"run {plan.run_id} {ended}: {reason}; {again}")
             return 1
         if bulk_server is not None:
             _echo(f"transfers beside the messages: {bulk_server.counts.line()}")

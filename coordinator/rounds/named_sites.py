@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from flwr.server import SimpleClientManager
+from fedweave.coordinator.rounds.site_wait import BoundedSites
 
 
 class _NamedOnly:
@@ -28,19 +28,27 @@ class _NamedOnly:
         return self.criterion is None or bool(self.criterion.select(client))
 
 
-class NamedSites(SimpleClientManager):
-    """Flower's client manager, showing only the sites a run names."""
+class NamedSites(BoundedSites):
+    """The run's client manager (``site_wait.BoundedSites``), showing only the sites a run
+    names: its waits count only them."""
 
-    def __init__(self, names: frozenset[str], registered: Callable[[], Mapping[str, str]]) -> None:
+    def __init__(
+        self, names: frozenset[str], registered: Callable[[], Mapping[str, str]], **bounded: Any
+    ) -> None:
         """Args:
         names: the site names the run takes part with.
         registered: node id → the name its site key is registered under (read on each call).
+        bounded: ``BoundedSites``'s bound and note.
         """
-        super().__init__()
-        self.names, self.registered = names, registered
+        super().__init__(registered=registered, **bounded)
+        self.names = names
 
     def _allowed(self, client: Any) -> bool:
         return self.registered().get(str(client.node_id)) in self.names
+
+    def _missing(self) -> tuple[str, ...]:
+        here = {self._name(client) for client in self.all().values()}
+        return tuple(sorted(self.names - here))
 
     def num_available(self) -> int:
         return sum(1 for client in self.clients.values() if self._allowed(client))

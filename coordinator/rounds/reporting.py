@@ -53,6 +53,7 @@ from fedweave.coordinator.rounds.federated_evaluation import (
 )
 from fedweave.coordinator.rounds.privacy_ledger import BudgetSpent
 from fedweave.coordinator.rounds.site_outcomes import SiteReplies, failure_said
+from fedweave.coordinator.rounds.site_wait import ConnectedNow
 from fedweave.coordinator.rounds.site_weights import bounded_results
 from fedweave.coordinator.rounds.spooled_updates import SpooledError, SpooledUpdates
 from fedweave.coordinator.rounds.streamed_mean import mean_tensors
@@ -594,14 +595,17 @@ class ReportingStrategy(Strategy):
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, EvaluateIns]]:
         """In an evaluation round (``evaluate_every``), let the wrapped strategy sample the
-        sites that score the new global model (``fraction_evaluate``), less those recorded
-        late in this round's training; none otherwise."""
+        sites that score the new global model (``fraction_evaluate``) among those connected
+        now, never waiting for more (``site_wait.ConnectedNow``), less those recorded late in
+        this round's training; none otherwise."""
         cross_site = self.cross_site and server_round == self.last_round
         if self._pending is None or not (
             cross_site or is_evaluation_round(server_round, self.evaluate_every, self.last_round)
         ):
             return []
-        instructions = self.strategy.configure_evaluate(server_round, parameters, client_manager)
+        instructions = self.strategy.configure_evaluate(
+            server_round, parameters, ConnectedNow(client_manager)
+        )
         if cross_site and instructions:  # the final model at every connected site
             ins = instructions[0][1]
             instructions = [(proxy, ins) for proxy in client_manager.all().values()]

@@ -49,6 +49,7 @@ from fedweave.coordinator.rounds.site_outcomes import OutcomeGrid, SiteReplies
 from fedweave.coordinator.rounds.spooled_updates import SpooledUpdates
 from fedweave.coordinator.rounds.strategies import make_strategy
 from fedweave.coordinator.rounds.traffic import Traffic
+from fedweave.history.records import SitesWait
 from fedweave.history.round_summary import RoundListener, RoundStartListener
 from fedweave.learning.adapters import run_task
 from fedweave.learning.statistics import declared_statistics, needs_statistics
@@ -80,19 +81,26 @@ def initial_weights(config: RunConfig, sha256: str | None = None) -> list[np.nda
     return get_weights(model)
 
 
-def named_sites(config: Any, registered_names: Callable[[], Mapping[str, str]] | None) -> Any:
+def site_pool(
+    config: Any,
+    registered_names: Callable[[], Mapping[str, str]] | None,
+    sites_wait: Callable[[SitesWait | None], None] | None = None,
+) -> Any:
     """The run's client manager: ``named_sites.NamedSites`` for a run that names its sites
-    (``--sites``), else ``None`` (Flower's own)."""
+    (``--sites``), else ``site_wait.BoundedSites``; either waits for sites at most
+    ``--wait-for-sites`` seconds, telling ``sites_wait`` while it does."""
     from fedweave.config.rules import site_names
+    from fedweave.coordinator.rounds.site_wait import BoundedSites
 
+    bounded = {"bound_seconds": config.deployment.wait_for_sites, "noted": sites_wait}
     names = site_names(config.federation.sites)
     if not names:
-        return None
+        return BoundedSites(registered=registered_names, **bounded)
     from fedweave.coordinator.rounds.named_sites import NamedSites
 
     if registered_names is None:  # a simulation, or a run config written by hand: no keys
         raise ValueError("--sites needs the coordinator's registered site names")
-    return NamedSites(frozenset(names), registered_names)
+    return NamedSites(frozenset(names), registered_names, **bounded)
 
 
 def make_server_app(
@@ -107,6 +115,7 @@ def make_server_app(
     privacy: dict[str, Any] | None = None,
     ended_early: Callable[[str], None] | None = None,
     wire: GridWrapper | None = None,
+    sites_wait: Callable[[SitesWait | None], None] | None = None,
 ) -> ServerApp:
     """A ServerApp that runs ``settings.rounds`` rounds from ``start_weights`` (which it keeps
     only until round 1's model is made of them: the caller lets go of them too); a task that
@@ -123,6 +132,7 @@ def make_server_app(
     run before its last round (the run is then complete: nothing more may be spent).
     ``wire(grid, spooled)`` wraps the SuperLink's grid before anything else does (deployed
     with ``--bulk-address``: ``bulk.BulkGrid``, which moves the tensors beside the messages);
+    ``sites_wait`` is told while a step waits for sites (``site_wait.BoundedSites``);
     ``spooled`` is where plain rounds' updates (and SecAgg+'s masked vectors) wait on disk
     to be added up a part at a time (``spooled_updates.py``), or ``None`` where they cannot
     (central DP clips each plain update in memory)."""
@@ -217,7 +227,7 @@ def make_server_app(
             context=context,
             config=ServerConfig(num_rounds=settings.rounds),
             strategy=strategy,
-            client_manager=named_sites(config, registered_names),
+            client_manager=site_pool(config, registered_names, sites_wait),
         )
 
         def make_fit_workflow(cohort: int, secagg, held=None, training: bool = False):

@@ -38,6 +38,7 @@ def run_plan(plan: DeployPlan, grid, context) -> None:
     )
     from fedweave.coordinator.rounds.round_app import initial_weights, make_server_app
     from fedweave.coordinator.rounds.round_settings import ServerSettings, test_data_of
+    from fedweave.coordinator.rounds.site_wait import SitesMissing
     from fedweave.errors import UserError
     from fedweave.history.metrics import nothing_learned, recorded_privacy, recorded_statistics
     from fedweave.history.tracking import make_tracker
@@ -83,9 +84,15 @@ def run_plan(plan: DeployPlan, grid, context) -> None:
                 privacy=recorded_privacy(recorded, config.privacy.dp),
                 ended_early=recording.ended_early.append,
                 wire=direct_transfers(plan),
+                sites_wait=lambda waiting: store.note_sites_wait(plan.run_id, waiting),
             )  # fmt: skip
             del start, weights  # the app holds the start until round 1 is made of it
-            app(grid=grid, context=context)
+            try:
+                app(grid=grid, context=context)
+            except SitesMissing as missing:
+                recorder.flush()
+                recording.interrupted.append(str(missing))
+                return
             recorder.flush()
             done = store.rounds(plan.run_id)
             first = store.site_results(plan.run_id, done[0]["round"]) if done else None

@@ -45,10 +45,12 @@ def exit_with_coordinator(pid: int, poll_s: float = 0.2) -> None:
 class Recording:
     """What a ServerApp body records into: ``store``, and ``ended_early``, where the body
     says why the run ended before its last round (``--max-epsilon``), the completed run's
-    reason."""
+    reason; ``interrupted``, why it stopped short and may be resumed (``--wait-for-sites``),
+    the interrupted run's reason."""
 
     store: Any
     ended_early: list[str] = field(default_factory=list)
+    interrupted: list[str] = field(default_factory=list)
 
 
 @contextmanager
@@ -70,8 +72,11 @@ def recording_run(plan: DeployPlan) -> Iterator[Recording]:
     recording = Recording(store)
     try:
         yield recording
-        early = recording.ended_early
-        store.finish_run(plan.run_id, "completed", early[0] if early else None)
+        early, interrupted = recording.ended_early, recording.interrupted
+        if interrupted:
+            store.finish_run(plan.run_id, "interrupted", interrupted[0])
+        else:
+            store.finish_run(plan.run_id, "completed", early[0] if early else None)
     except Exception as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         # a run the coordinator ended first (an operator's stop, which makes Flower's grid

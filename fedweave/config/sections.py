@@ -551,6 +551,11 @@ class DeploymentSection:
         0.0, "Give up if --min-clients sites are not connected after this many seconds "
         "(0: wait forever).", minimum=0, identity=False,
     )
+    wait_for_sites: float = setting(
+        900.0, "Once the run has started, seconds a round waits while fewer than "
+        "--min-clients sites are connected (saying so, and which are missing); then the run "
+        "ends interrupted, resumable with --resume.", above=0, identity=False,
+    )
     max_clock_skew: float = setting(
         60.0, "Seconds a site's clock may differ from the coordinator's; a site further off "
         "is refused every round with the difference it measured, recorded failed, and the "
@@ -812,7 +817,8 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         *_FEDERATION, *_ASYNC,
         *_EVALUATION, *_SECAGG, *_PRIVACY,
         "address", "insecure", "tls_dir", "allow_unregistered_sites", "site_timeout",
-        "max_clock_skew", "state_dir", "once", "bulk_address", "operator_address", "max_studies",
+        "wait_for_sites", "max_clock_skew", "state_dir", "once", "bulk_address",
+        "operator_address", "max_studies",
         "study_files", "study_max_rounds", "study_max_local_epochs", "study_max_batch_size",
         "study_max_round_timeout", "study_max_workers", "studies_only", "db",
         "checkpoint_dir", "resume",

@@ -69,12 +69,14 @@ class HistoryCollector(Collector):
         flight_age = gauge("round_in_flight_seconds", "Seconds the round under way has run.")
         deadline = gauge("round_deadline_seconds", "The round under way's training deadline.")
         connected = gauge("sites_connected", "Sites connected to the coordinator.")
+        missing = gauge("sites_missing", "Sites the run waits for (--min-clients less those "
+                        "connected) while it waits for them; 0 when it does not.")  # fmt: skip
         stalled = gauge("run_stalled", "1 when the round under way is past its deadlines and "
                         "the grace.")  # fmt: skip
         late = gauge("site_late_in_a_row", "Rounds in a row a site was recorded late (sites "
                      "with at least one).", ("run_id", "site"))  # fmt: skip
-        alert = gauge("alert", "1 when the run has a stall alert (a stalled round, or a site "
-                      "late --stall-after rounds in a row).")  # fmt: skip
+        alert = gauge("alert", "1 when the run has an alert (a stalled round, a wait for "
+                      "sites, or a site late --stall-after rounds in a row).")  # fmt: skip
         now = datetime.now(timezone.utc)
         for run in self._runs():
             rid = run.run_id
@@ -109,6 +111,8 @@ class HistoryCollector(Collector):
                 connected.add_metric([rid], self.connected())
             elif in_flight is not None:
                 connected.add_metric([rid], in_flight.connected)
+            waiting = run.sites_wait if run.status == "running" else None
+            missing.add_metric([rid], waiting.needed - waiting.connected if waiting else 0)
             alerts = self.views.alerts(run, now)
             stalled.add_metric([rid], 1 if alerts["overdue"] else 0)
             alert.add_metric([rid], 1 if alerts["any"] else 0)
@@ -131,7 +135,7 @@ class HistoryCollector(Collector):
                       ("version", "flwr"))  # fmt: skip
         build.add_metric(list(running()), 1)
         yield from (info, completed, planned, seconds, outcomes, metric, age, flight,
-                    flight_age, deadline, connected, stalled, late, alert, studies,
+                    flight_age, deadline, connected, missing, stalled, late, alert, studies,
                     site_runs, build)  # fmt: skip
 
     def _runs(self):

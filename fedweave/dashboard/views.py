@@ -375,14 +375,21 @@ class Views:
         return fold
 
     def alerts(self, run: RunInfo, now: datetime) -> dict[str, Any]:
-        """The run's overdue round and the sites late in a row (federated runs)."""
+        """The run's overdue round, its wait for sites and the sites late in a row
+        (federated runs)."""
         if run.mode != "federated":
-            return {"any": False, "overdue": None, "late_sites": []}
+            return {"any": False, "overdue": None, "waiting": None, "late_sites": []}
         overdue = overdue_round(run, now, self.rules)
         late = self.fold(run).streaks.flagged(self.rules)
+        waiting = run.sites_wait if run.status == "running" else None
         return {
-            "any": bool(overdue or late),
+            "any": bool(overdue or late or waiting),
             "overdue": None if overdue is None else {**overdue.__dict__, "line": overdue.line()},
+            "waiting": None if waiting is None else {
+                "connected": waiting.connected, "needed": waiting.needed,
+                "missing": list(waiting.missing), "since": _iso(waiting.since),
+                "gives_up_at": _iso(waiting.gives_up_at), "line": waiting.line(),
+            },  # fmt: skip
             "late_sites": [
                 {"site": s.site, "rounds": list(s.rounds), "reason": s.reason, "line": s.line()}
                 for s in late

@@ -14,6 +14,7 @@ from fedweave.history.records import (
     RoundRecord,
     RunInfo,
     SiteResult,
+    SitesWait,
 )
 
 
@@ -68,7 +69,25 @@ def run_info(run: Run, rounds_completed: int, actors: int) -> RunInfo:
         heartbeat_at=run.heartbeat_at,
         actors=actors,
         round_in_flight=round_in_flight(run.round_in_flight),
+        sites_wait=sites_wait((run.round_in_flight or {}).get("waiting")),
     )
+
+
+def sites_wait(value: dict[str, Any] | None) -> SitesWait | None:
+    """The stored wait for sites (``runs.round_in_flight["waiting"]``) as a record (``None``
+    when unset or unreadable)."""
+    if not value:
+        return None
+    try:
+        return SitesWait(
+            since=datetime.fromisoformat(value["since"]),
+            connected=int(value["connected"]),
+            needed=int(value["needed"]),
+            missing=tuple(str(name) for name in value.get("missing", ())),
+            gives_up_at=datetime.fromisoformat(value["gives_up_at"]),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def round_in_flight(value: dict[str, Any] | None) -> RoundInFlight | None:

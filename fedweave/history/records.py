@@ -90,6 +90,35 @@ class RoundInFlight:
     connected: int
 
 
+@dataclass(frozen=True)
+class SitesWait:
+    """The run waiting for sites: fewer are connected than its next step needs
+    (``--min-clients``), noted while it waits and cleared when they are back.
+
+    Attributes:
+        since: when the wait began (UTC).
+        connected: sites connected now.
+        needed: sites the next step needs.
+        missing: names of sites that took part in this run and are not connected now.
+        gives_up_at: when the run ends interrupted unless they join (``--wait-for-sites``).
+    """
+
+    since: datetime
+    connected: int
+    needed: int
+    missing: tuple[str, ...]
+    gives_up_at: datetime
+
+    def line(self) -> str:
+        missing = f" (missing: {', '.join(self.missing)})" if self.missing else ""
+        return (
+            f"waiting for sites: {self.connected} of {self.needed} connected since "
+            f"{self.since:%H:%M:%S} UTC{missing}; the run goes on when they join and ends "
+            f"interrupted (resumable) at {self.gives_up_at:%H:%M:%S} UTC otherwise "
+            "(--wait-for-sites)"
+        )
+
+
 @dataclass
 class CheckpointRef:
     """A model checkpoint written to disk (atomically) before its round is recorded."""
@@ -124,3 +153,5 @@ class RunInfo:
     """Distinct actors that recorded rounds (1 for federated, the peer count for gossip)."""
     round_in_flight: RoundInFlight | None = None
     """The coordinator's round under way (federated runs that are running), if noted."""
+    sites_wait: SitesWait | None = None
+    """The run waiting for sites to connect (federated runs that are running), if it is."""

@@ -46,6 +46,7 @@ from fedweave.history.records import (
     RoundRecord,
     RunInfo,
     SiteResult,
+    SitesWait,
 )
 from fedweave.history.store_errors import DuplicateRoundError, HistoryError, HistoryUnavailableError
 from fedweave.private_files import create_private
@@ -288,6 +289,30 @@ class HistoryStore:
                     "connected": started.connected,
                 }
             )
+
+        self._write(work, retry_seconds)
+
+    def note_sites_wait(
+        self, run_id: str, waiting: SitesWait | None, retry_seconds: float = 2.0
+    ) -> None:
+        """Keep ``waiting`` as the run's wait for sites (beside its round under way), or clear
+        it (``None``); cleared with the round too."""
+
+        def work(session: Session, _attempt: int) -> None:
+            self._touch(session, run_id)
+            run = self._run_row(session, run_id)
+            in_flight = {k: v for k, v in (run.round_in_flight or {}).items() if k != "waiting"}
+            if waiting is not None:
+                in_flight["waiting"] = jsonable(
+                    {
+                        "since": waiting.since,
+                        "connected": waiting.connected,
+                        "needed": waiting.needed,
+                        "missing": list(waiting.missing),
+                        "gives_up_at": waiting.gives_up_at,
+                    }
+                )
+            run.round_in_flight = in_flight or None
 
         self._write(work, retry_seconds)
 

@@ -251,6 +251,7 @@
     function drawAlerts(d) {
       const a = d.alerts || {};
       const lines = [];
+      if (a.waiting) lines.push(a.waiting.line);
       if (a.overdue) lines.push(a.overdue.line);
       for (const s of a.late_sites || []) lines.push(s.line);
       put(alerts, ...lines.map((line) => el("p", { class: "alert", role: "alert", text: line })));
