@@ -389,6 +389,17 @@ def test_a_study_starts_from_a_run_only_its_operator_may_read(tmp_path):
             "its own runs (fedweave run list) or ask the coordinator's administrator for the "
             "role read-all"
         )
+    (checkpoints / "study-models" / "c0c0c0c0c0c0").rename(checkpoints / "kept")
+    (checkpoints / "study-models" / "c0c0c0c0c0c0").write_text("")  # a file in the way
+    with pytest.raises(UserError) as unwritable:
+        study("reader", coordinators)
+    assert str(unwritable.value).startswith(
+        "s.toml: [training] initial_model: run c0c0c0c0c0c0's model could not be written out on "
+        "the coordinator ("
+    )
+    assert str(checkpoints) not in str(unwritable.value)  # the coordinator's paths stay there
+    assert sorted(p.name for p in (checkpoints / "study-models").iterdir()) == [
+        alices, "c0c0c0c0c0c0"]  # no partial export left behind  # fmt: skip
     registry.remove("alice", "root@test")  # checked again at the study's turn
     with pytest.raises(UserError, match="no run operator that operator may read"):
         study("alice", alices)

@@ -58,15 +58,23 @@ def run_model_for(
 
             from fedweave.history.csv_export import export_run
 
-            out.parent.mkdir(parents=True, exist_ok=True)
-            partial = Path(tempfile.mkdtemp(prefix=f".{run_id}-", dir=out.parent))
             try:
-                export_run(store, run_id, partial)
-                if (partial / path.name).is_file() and not path.is_file():
-                    shutil.rmtree(out, ignore_errors=True)
-                    partial.rename(out)
-            finally:
-                shutil.rmtree(partial, ignore_errors=True)
+                out.parent.mkdir(parents=True, exist_ok=True)
+                partial = Path(tempfile.mkdtemp(prefix=f".{run_id}-", dir=out.parent))
+                try:
+                    export_run(store, run_id, partial)
+                    if (partial / path.name).is_file() and not path.is_file():
+                        shutil.rmtree(out, ignore_errors=True)
+                        partial.rename(out)
+                finally:
+                    shutil.rmtree(partial, ignore_errors=True)
+            except OSError as exc:  # a full disk, a folder in the way: the operator's one line
+                raise UserError(
+                    f"{source}: [training] initial_model: run {run_id}'s model could not be "
+                    f"written out on the coordinator ({exc.strerror or type(exc).__name__}); "
+                    "submit it again later, or ask the coordinator's administrator (its "
+                    "--checkpoint-dir)"
+                ) from None
         if not path.is_file():
             raise UserError(
                 f"{source}: [training] initial_model: run {run_id} has no recorded model to "
