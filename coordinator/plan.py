@@ -139,7 +139,7 @@ PLAN_SETTINGS = (
     "select_mode", "run",
     "secure_agg", "secagg_timeout", "dp", "noise_multiplier", "clipping_norm", "dp_epsilon",
     "dp_delta", "target_epsilon", "max_epsilon", "checkpoint_dir", "track", "wait_for_sites",
-    "max_clock_skew",
+    "max_clock_skew", "db_outage",
 )  # fmt: skip
 """The settings the ServerApp runs with; the rest (address, TLS, database) stay with the CLI."""
 

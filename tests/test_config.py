@@ -136,8 +136,8 @@ def test_the_deployed_server_app_gets_every_training_setting():
     assert coordinator <= set(PLAN_SETTINGS)
     # and every privacy setting (a --max-epsilon left with the CLI was never enforced)
     assert {f.name for f in dataclasses.fields(PrivacySection)} <= set(PLAN_SETTINGS)
-    # and the deployment settings a round itself applies (both were left with the CLI)
-    assert {"wait_for_sites", "max_clock_skew"} <= set(PLAN_SETTINGS)
+    # and the deployment settings a round itself applies (two were left with the CLI)
+    assert {"wait_for_sites", "max_clock_skew", "db_outage"} <= set(PLAN_SETTINGS)
 
 
 def test_flags_override_the_file_and_the_file_overrides_defaults(tmp_path):

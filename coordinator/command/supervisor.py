@@ -126,7 +126,9 @@ def round_lines(
 class _Watcher:
     """Prints each newly recorded round (and its failed sites) exactly once, and a warning
     line when a site is late ``--stall-after`` rounds in a row or the round in flight runs
-    past its deadlines and ``--stall-grace`` (``fedweave/history/alerts.py``)."""
+    past its deadlines and ``--stall-grace`` (``fedweave/history/alerts.py``). A history
+    database it cannot reach is said once, and again once it is back (the rounds' own writes
+    retry for ``--db-outage``); it follows on meanwhile."""
 
     def __init__(self, store, plan: DeployPlan, revoked: dict[str, str], say=_echo) -> None:
         from fedweave.history.alerts import AlertRules, LateStreaks
@@ -141,8 +143,28 @@ class _Watcher:
         self.streaks.add_rows(store.site_results(plan.run_id))
         self.warned_overdue: set[int] = set()
         self.waiting_said: tuple | None = None
+        self.unreachable_since: float | None = None
 
     def poll(self) -> None:
+        from fedweave.history.store_errors import HistoryUnavailableError
+
+        try:
+            self._poll()
+        except HistoryUnavailableError as exc:
+            if self.unreachable_since is None:
+                self.unreachable_since = time.monotonic()
+                self.say(
+                    f"warning: {exc}; the run goes on, its rounds recorded once the database is "
+                    f"back (retried for up to {self.plan.config.history.db_outage:g} s, "
+                    "--db-outage)"
+                )
+            return
+        if self.unreachable_since is not None:
+            away = time.monotonic() - self.unreachable_since
+            self.say(f"the history database is back after {away:.0f} s")
+            self.unreachable_since = None
+
+    def _poll(self) -> None:
         for row in self.store.rounds(self.plan.run_id, after=max(self.printed, default=0)):
             if row["round"] in self.printed:
                 continue

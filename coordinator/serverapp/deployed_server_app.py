@@ -73,7 +73,8 @@ def run_plan(plan: DeployPlan, grid, context) -> None:
         # relative to its directory, which Flower's processes inherit
         tracker = make_tracker(config.history.track, plan.run_id, store.get_run(plan.run_id).config)
         recorder = BackgroundRecorder(
-            HistoryRecorder(store, plan.run_id, config.history.checkpoint_dir, tracker=tracker)
+            HistoryRecorder(store, plan.run_id, config.history.checkpoint_dir,
+                            config.history.db_outage, tracker)  # fmt: skip
         )
         try:
             recorded = store.rounds(plan.run_id) if offset else []

@@ -73,10 +73,11 @@ def recording_run(plan: DeployPlan) -> Iterator[Recording]:
     try:
         yield recording
         early, interrupted = recording.ended_early, recording.interrupted
+        outage = plan.config.history.db_outage
         if interrupted:
-            store.finish_run(plan.run_id, "interrupted", interrupted[0])
+            store.finish_run(plan.run_id, "interrupted", interrupted[0], outage)
         else:
-            store.finish_run(plan.run_id, "completed", early[0] if early else None)
+            store.finish_run(plan.run_id, "completed", early[0] if early else None, outage)
     except Exception as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         # a run the coordinator ended first (an operator's stop, which makes Flower's grid

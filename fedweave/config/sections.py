@@ -440,6 +440,11 @@ class HistoryConfigSection:
     checkpoint_dir: Path = setting(
         Path("checkpoints"), "Where each round's global model file is kept.", identity=False
     )
+    db_outage: float = setting(
+        300.0, "Seconds a deployed run rides out an unreachable history database (a restart, "
+        "a failover): rounds go on and wait to be recorded, retried with backoff; longer, "
+        "and the run ends (resumable with --resume).", above=0, identity=False,
+    )
     resume: str | None = setting(
         None,
         "Continue run RUN_ID (or 'latest') after its last recorded round, with its recorded "
@@ -820,7 +825,7 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
         "wait_for_sites", "max_clock_skew", "state_dir", "once", "bulk_address",
         "operator_address", "max_studies",
         "study_files", "study_max_rounds", "study_max_local_epochs", "study_max_batch_size",
-        "study_max_round_timeout", "study_max_workers", "studies_only", "db",
+        "study_max_round_timeout", "study_max_workers", "studies_only", "db", "db_outage",
         "checkpoint_dir", "resume",
         "track", "metrics_address", "auth_file", "stall_after", "stall_grace",
     ),
