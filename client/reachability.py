@@ -18,6 +18,8 @@ from pathlib import Path
 PROBE_TIMEOUT_S = 10.0
 """How long one probe waits for the coordinator's machine to answer."""
 
+X509_V_ERR_CERT_NOT_YET_VALID = 9
+X509_V_ERR_CERT_HAS_EXPIRED = 10
 X509_V_ERR_HOSTNAME_MISMATCH = 62
 X509_V_ERR_IP_ADDRESS_MISMATCH = 64
 
@@ -30,8 +32,10 @@ class Probe:
         kind: ``ok``; ``unresolvable`` (no such host); ``refused`` (the host answers, nothing
             listens on the port); ``silent`` (no answer within the timeout: a firewall, or
             the wrong host); ``untrusted`` (the certificate does not verify with the CA);
-            ``wrong-name`` (a valid certificate, for another host); ``not-tls`` (the port
-            answers, but not with TLS).
+            ``wrong-name`` (a valid certificate, for another host); ``expired`` and
+            ``not-yet-valid`` (a certificate the CA did sign, outside its dates: the
+            coordinator's to renew, or a clock to set); ``not-tls`` (the port answers, but not
+            with TLS).
         detail: OpenSSL's or the resolver's own words for it, when it has some.
     """
 
@@ -66,7 +70,12 @@ def probe(host: str, port: int, ca_cert: Path | None, timeout: float = PROBE_TIM
                 return Probe("ok")
     except ssl.SSLCertVerificationError as exc:
         name_codes = (X509_V_ERR_HOSTNAME_MISMATCH, X509_V_ERR_IP_ADDRESS_MISMATCH)
-        kind = "wrong-name" if exc.verify_code in name_codes else "untrusted"
+        kind = (
+            "wrong-name" if exc.verify_code in name_codes
+            else "expired" if exc.verify_code == X509_V_ERR_CERT_HAS_EXPIRED
+            else "not-yet-valid" if exc.verify_code == X509_V_ERR_CERT_NOT_YET_VALID
+            else "untrusted"
+        )  # fmt: skip
         return Probe(kind, exc.verify_message or "")
     except ssl.SSLError as exc:
         return Probe("not-tls", exc.reason or "")
@@ -93,6 +102,11 @@ def explained(found: Probe, coordinator: str, ca_cert: Path | None) -> str:
         "the firewall between this site and the coordinator",
         "untrusted": f"the coordinator at {coordinator} presents a certificate that --ca-cert "
         f"{ca_cert} does not verify{said}; get the coordinator's ca.pem from its operator",
+        "expired": f"the coordinator at {coordinator} presents a certificate that has expired"
+        f"{said}; this site's --ca-cert is right: the coordinator's operator must renew it "
+        "(`fedweave certs renew`); this site connects once it is",
+        "not-yet-valid": f"the coordinator at {coordinator} presents a certificate that is not "
+        f"valid yet{said}: this site's clock or the coordinator's is wrong; set it right",
         "wrong-name": f"the coordinator's certificate is not for the host in {coordinator}"
         f"{said}; connect by a name it was made for (`fedweave certs init --host NAME`)",
         "not-tls": f"{coordinator} answers, but not with TLS{said}: the coordinator may run "

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
-from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -175,10 +175,26 @@ def init_certificates(
         )
         .sign(ca_key, hashes.SHA384())
     )
+    server_key, server_cert = _server_certificate(ca_key, ca_name, hosts[0], san, days, now)
+    try:
+        _write_private(out / CA_KEY, _pem_key(ca_key))
+        _write_private(files.server_key, _pem_key(server_key))
+        _write_public(files.ca_cert, ca_cert.public_bytes(serialization.Encoding.PEM))
+        _write_public(files.server_cert, server_cert.public_bytes(serialization.Encoding.PEM))
+    except OSError as exc:
+        raise UserError(f"cannot write certificates to {out} ({exc.strerror or exc})") from exc
+    return files
+
+
+def _server_certificate(
+    ca_key: ec.EllipticCurvePrivateKey, ca_name: x509.Name, common_name: str,
+    san: list[x509.GeneralName], days: int, now: dt.datetime,
+) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    """A new server key and its certificate for ``san``, signed by the CA."""
     server_key = ec.generate_private_key(ec.SECP384R1())
     server_cert = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
         .issuer_name(ca_name)
         .public_key(server_key.public_key())
         .serial_number(x509.random_serial_number())
@@ -192,14 +208,157 @@ def init_certificates(
         )
         .sign(ca_key, hashes.SHA384())
     )
+    return server_key, server_cert
+
+
+def renew_server_certificate(
+    directory: Path, hosts: list[str], days: int = DEFAULT_DAYS
+) -> TlsFiles:
+    """A new ``server.pem`` / ``server.key`` in ``directory``, signed by its ``ca.key``: the
+    sites keep their ``ca.pem``. ``hosts`` as for ``init_certificates``."""
+    if not hosts or any(not h.strip() for h in hosts):
+        raise UserError("--host needs the name or IP address sites use to reach the coordinator")
+    if days < 1:
+        raise UserError(f"--days {days} must be at least 1")
+    san = _san_entries([h.strip() for h in hosts])
+    files = TlsFiles.in_dir(directory)
+    ca_key_path = directory / CA_KEY
     try:
-        _write_private(out / CA_KEY, _pem_key(ca_key))
+        ca_cert = x509.load_pem_x509_certificate(files.ca_cert.read_bytes())
+        ca_key = serialization.load_pem_private_key(ca_key_path.read_bytes(), password=None)
+    except OSError as exc:
+        raise UserError(
+            f"cannot read {exc.filename} ({exc.strerror or exc}); renewing needs the CA's "
+            f"{CA_CERT} and {CA_KEY} in {directory}"
+        ) from None
+    except (ValueError, TypeError):
+        raise UserError(
+            f"{files.ca_cert} or {ca_key_path} is not the PEM file `fedweave certs init` wrote"
+        ) from None
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey) or (
+        ca_key.public_key().public_numbers() != ca_cert.public_key().public_numbers()
+    ):
+        raise UserError(
+            f"{ca_key_path} is not the key of {files.ca_cert}; renew with the CA's own key"
+        )
+    now = dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=5)
+    server_key, server_cert = _server_certificate(
+        ca_key, ca_cert.subject, hosts[0].strip(), san, days, now
+    )
+    try:
         _write_private(files.server_key, _pem_key(server_key))
-        _write_public(files.ca_cert, ca_cert.public_bytes(serialization.Encoding.PEM))
         _write_public(files.server_cert, server_cert.public_bytes(serialization.Encoding.PEM))
     except OSError as exc:
-        raise UserError(f"cannot write certificates to {out} ({exc.strerror or exc})") from exc
+        raise UserError(f"cannot write to {directory} ({exc.strerror or exc})") from exc
     return files
+
+
+EXPIRY_WARNING_DAYS = 30
+"""A server certificate this close to its end is warned about (at start and daily)."""
+
+
+@dataclass(frozen=True)
+class ServerCertificate:
+    """What the coordinator serves with, checked: its end and the names it is valid for."""
+
+    not_after: dt.datetime
+    names: tuple[str, ...]
+
+    def days_left(self, now: dt.datetime) -> float:
+        return (self.not_after - now).total_seconds() / 86400
+
+    def expiry_warning(self, files: TlsFiles, now: dt.datetime) -> str | None:
+        """One line when fewer than ``EXPIRY_WARNING_DAYS`` days are left, else None."""
+        left = self.days_left(now)
+        if left >= EXPIRY_WARNING_DAYS:
+            return None
+        return (
+            f"warning: {files.server_cert} expires on {self.not_after:%Y-%m-%d %H:%M} UTC (in "
+            f"{left:.0f} days); renew it with `fedweave certs renew --dir "
+            f"{files.server_cert.parent} --host NAME` and restart the coordinator with --resume"
+        )
+
+
+def check_server_certificate(files: TlsFiles, now: dt.datetime | None = None) -> ServerCertificate:
+    """The coordinator's certificate as sites will check it: refused in one line naming the
+    file and the fix when it has expired, is not valid yet, does not match ``server.key`` or
+    was not signed by ``ca.pem`` (or ``ca.pem`` itself has expired)."""
+    now = now or dt.datetime.now(dt.timezone.utc)
+    renew = f"`fedweave certs renew --dir {files.server_cert.parent} --host NAME`"
+    try:
+        cert = x509.load_pem_x509_certificate(files.server_cert.read_bytes())
+        ca = x509.load_pem_x509_certificate(files.ca_cert.read_bytes())
+    except ValueError:
+        raise UserError(
+            f"{files.server_cert} or {files.ca_cert} is not a PEM certificate; recreate it with "
+            "`fedweave certs init`"
+        ) from None
+    try:
+        key = serialization.load_pem_private_key(files.server_key.read_bytes(), password=None)
+    except (ValueError, TypeError):
+        raise UserError(
+            f"{files.server_key} is not an unencrypted PEM private key; renew it with {renew}"
+        ) from None
+    if ca.not_valid_after_utc < now:
+        raise UserError(
+            f"{files.ca_cert} (the CA sites verify the coordinator with) expired on "
+            f"{ca.not_valid_after_utc:%Y-%m-%d %H:%M} UTC; make a new one with `fedweave certs "
+            "init --force` and give every site the new ca.pem"
+        )
+    try:
+        cert.verify_directly_issued_by(ca)
+    except (ValueError, TypeError, InvalidSignature):
+        raise UserError(
+            f"{files.server_cert} was not signed by {files.ca_cert} (the CA sites verify it "
+            f"with): sites would refuse it; renew it with the CA's key: {renew}"
+        ) from None
+    spki = serialization.PublicFormat.SubjectPublicKeyInfo
+    if key.public_key().public_bytes(serialization.Encoding.DER, spki) != cert.public_key(
+    ).public_bytes(serialization.Encoding.DER, spki):
+        raise UserError(
+            f"{files.server_key} is not the key of {files.server_cert}; renew both with {renew}"
+        )
+    if cert.not_valid_before_utc > now:
+        raise UserError(
+            f"{files.server_cert} is not valid until {cert.not_valid_before_utc:%Y-%m-%d %H:%M} "
+            f"UTC, and this machine's clock says {now:%Y-%m-%d %H:%M} UTC: set the clock right, "
+            f"or renew it with {renew}"
+        )
+    if cert.not_valid_after_utc < now:
+        raise UserError(
+            f"{files.server_cert} expired on {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC: "
+            f"sites refuse it; renew it with {renew} (the sites keep their ca.pem), then start "
+            "the coordinator again (--resume continues a run)"
+        )
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        names = tuple(
+            [*san.get_values_for_type(x509.DNSName),
+             *(str(ip) for ip in san.get_values_for_type(x509.IPAddress))]
+        )  # fmt: skip
+    except x509.ExtensionNotFound:
+        names = ()
+    return ServerCertificate(cert.not_valid_after_utc, names)
+
+
+def certificate_end(path: Path) -> dt.datetime | None:
+    """When the certificate in ``path`` ends (read now: a renewed file counts at once);
+    None when it cannot be read."""
+    try:
+        return x509.load_pem_x509_certificate(path.read_bytes()).not_valid_after_utc
+    except (OSError, ValueError):
+        return None
+
+
+def serves_host(certificate: ServerCertificate, host: str) -> bool:
+    """Whether a site reaching the coordinator as ``host`` accepts ``certificate``'s names
+    (a wildcard listening address says nothing about them: True)."""
+    if host in ("", "0.0.0.0", "::", "[::]"):
+        return True
+    try:
+        return str(ipaddress.ip_address(host.strip("[]"))) in certificate.names
+    except ValueError:
+        return host.rstrip(".").lower() in certificate.names
 
 
 def public_key_path(private_key: Path) -> Path:

@@ -43,6 +43,27 @@ def certs_init(
     )
 
 
+@certs_app.command("renew")
+def certs_renew(
+    directory: Annotated[
+        Path, typer.Option("--dir", help="The directory `certs init` wrote (with ca.key).")
+    ],
+    host: Annotated[
+        list[str],
+        typer.Option("--host", help="Name or IP sites use to reach the coordinator (repeatable)."),
+    ],
+    days: Annotated[int, typer.Option(help="Server certificate validity in days.")] = 825,
+) -> None:
+    """Issue a new server certificate and key with the same CA: sites keep their ca.pem."""
+    from fedweave.certs import renew_server_certificate
+
+    files = renew_server_certificate(directory, host, days=days)
+    typer.echo(
+        f"wrote {files.server_cert} and {files.server_key} (0600), signed by {files.ca_cert} "
+        "(sites keep it); restart the coordinator (--resume continues a run)"
+    )
+
+
 @sites_app.command("new-key")
 def sites_new_key(
     out: Annotated[

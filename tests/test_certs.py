@@ -156,3 +156,109 @@ def test_new_key_names_the_public_key_it_wrote(tmp_path):
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "clinic-3.pub").exists()
     assert "fedweave sites add-key DIR clinic-3.pub" in result.stdout
+
+
+def _expired_server_certificate(directory, days_ago: int = 10) -> None:
+    """Replace ``server.pem`` / ``server.key`` in ``directory`` with a pair the same CA
+    signed, valid for one day ``days_ago`` days ago."""
+    import datetime as dt
+
+    from fedweave.certs import _pem_key, _server_certificate, san_entry
+
+    ca = x509.load_pem_x509_certificate((directory / "ca.pem").read_bytes())
+    ca_key = serialization.load_pem_private_key((directory / "ca.key").read_bytes(), None)
+    then = dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=days_ago)
+    names = [san_entry("localhost"), san_entry("127.0.0.1")]
+    key, cert = _server_certificate(ca_key, ca.subject, "localhost", names, 1, then)
+    (directory / "server.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (directory / "server.key").write_bytes(_pem_key(key))
+
+
+def test_the_coordinators_certificate_is_checked_as_sites_will_check_it(tmp_path):
+    """Issue 80: an expired, a not-yet-valid, a mismatched or a foreign-signed certificate is
+    one line naming the file and the fix, before the coordinator serves; `certs renew` makes
+    a new one with the same CA (sites keep their ca.pem)."""
+    import datetime as dt
+
+    from fedweave.certs import (
+        check_server_certificate,
+        renew_server_certificate,
+        serves_host,
+    )
+
+    files = init_certificates(tmp_path / "tls", ["coord.example.org"], days=20)
+    now = dt.datetime.now(dt.timezone.utc)
+    good = check_server_certificate(files, now)
+    assert set(good.names) == {"coord.example.org", "localhost", "127.0.0.1"}
+    assert serves_host(good, "coord.example.org") and serves_host(good, "0.0.0.0")
+    assert not serves_host(good, "10.0.0.9")
+    warning = good.expiry_warning(files, now)  # 20 days: under the 30 days warned about
+    assert warning is not None and "expires on" in warning and "fedweave certs renew" in warning
+    with pytest.raises(UserError, match=r"server.pem expired on .* renew it with `fedweave "
+                       r"certs renew --dir .* --host NAME` \(the sites keep their ca.pem\)"):
+        check_server_certificate(files, now + dt.timedelta(days=21))
+    with pytest.raises(UserError, match=r"server.pem is not valid until .* set the clock right"):
+        check_server_certificate(files, now - dt.timedelta(days=1))
+    other = init_certificates(tmp_path / "other", ["coord.example.org"])
+    (tmp_path / "tls" / "server.key").write_bytes(other.server_key.read_bytes())
+    with pytest.raises(UserError, match=r"server.key is not the key of .*server.pem"):
+        check_server_certificate(files, now)
+    (tmp_path / "tls" / "server.pem").write_bytes(other.server_cert.read_bytes())
+    with pytest.raises(UserError, match=r"server.pem was not signed by .*ca.pem"):
+        check_server_certificate(files, now)
+    ca_before = files.ca_cert.read_bytes()
+    renew_server_certificate(tmp_path / "tls", ["coord.example.org"])
+    assert files.ca_cert.read_bytes() == ca_before  # the sites' ca.pem still verifies it
+    renewed = check_server_certificate(files, now)
+    assert renewed.expiry_warning(files, now) is None and renewed.days_left(now) > 800
+    assert mode(files.server_key) == 0o600
+    (tmp_path / "tls" / "ca.key").unlink()
+    with pytest.raises(UserError, match=r"cannot read .*ca.key .* renewing needs the CA's"):
+        renew_server_certificate(tmp_path / "tls", ["coord.example.org"])
+
+
+def test_a_site_tells_an_expired_coordinator_certificate_from_a_wrong_ca(tmp_path):
+    """Issue 80: a real TLS handshake against a server with an expired certificate its CA
+    did sign says the coordinator must renew it (this site's ca.pem is right); another CA
+    still says get the coordinator's ca.pem."""
+    import socket
+    import ssl
+    import threading
+
+    from fedweave.client.reachability import explained, probe
+
+    files = init_certificates(tmp_path / "tls", ["localhost"])
+    _expired_server_certificate(tmp_path / "tls")
+    other = init_certificates(tmp_path / "other", ["localhost"])
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(files.server_cert, files.server_key)
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(10)
+    port = server.getsockname()[1]
+
+    def serve(count: int) -> None:
+        for _ in range(count):
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            try:
+                context.wrap_socket(conn, server_side=True).close()
+            except (ssl.SSLError, OSError):
+                pass  # the client refused the certificate: what is tested
+            finally:
+                conn.close()
+
+    thread = threading.Thread(target=serve, args=(2,), daemon=True)
+    thread.start()
+    try:
+        expired = probe("127.0.0.1", port, files.ca_cert, timeout=10)
+        foreign = probe("127.0.0.1", port, other.ca_cert, timeout=10)
+    finally:
+        thread.join(15)
+        server.close()
+    assert expired.kind == "expired" and not expired.fatal
+    said = explained(expired, f"127.0.0.1:{port}", files.ca_cert)
+    assert "has expired" in said and "--ca-cert is right" in said and "renew" in said
+    assert foreign.kind == "untrusted" and "get the coordinator's ca.pem" in explained(
+        foreign, f"127.0.0.1:{port}", other.ca_cert)  # fmt: skip

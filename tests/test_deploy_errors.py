@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import threading
 import time
@@ -93,6 +94,17 @@ def test_coordinator_unreadable_or_missing_certificates(deployment, tmp_path):
     (broken / "server.key").write_text("garbage")
     one_line_error(coordinator(deployment, free_port(), "--tls-dir", str(broken)), "not PEM")
     one_line_error(coordinator(deployment, free_port()), "--tls-dir DIR", "--insecure")
+    # an expired certificate (issue 80): refused at once, naming it and the renewal, where
+    # Flower's SuperLink started with it and the coordinator ended after 60 s of silence
+    from test_certs import _expired_server_certificate
+
+    expired = tmp_path / "expired"
+    shutil.copytree(deployment / "tls", expired)
+    _expired_server_certificate(expired)
+    started = time.monotonic()
+    done = coordinator(deployment, free_port(), "--tls-dir", str(expired))
+    one_line_error(done, f"{expired / 'server.pem'} expired on", "fedweave certs renew --dir")
+    assert time.monotonic() - started < 30
 
 
 def test_coordinator_database_unreachable(deployment):

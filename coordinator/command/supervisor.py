@@ -16,13 +16,20 @@ import signal
 import threading
 import time
 from dataclasses import replace
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import NoReturn
 
 import typer
 
 from fedweave.addresses import parse_host_port
-from fedweave.certs import TlsFiles, registered_site_keys
+from fedweave.certs import (
+    TlsFiles,
+    certificate_end,
+    check_server_certificate,
+    registered_site_keys,
+    serves_host,
+)
 from fedweave.config import Resolved, RunConfig
 from fedweave.config.sections import ConnectionSection
 from fedweave.coordinator.command.refused_key_notices import RefusedKeys
@@ -66,13 +73,26 @@ def _absolute_db_url(url: str | None) -> str:
     return url
 
 
-def _tls(options: ConnectionSection) -> TlsFiles | None:
-    """The TLS files of ``--tls-dir``, read; ``--insecure`` or ``--tls-dir``, one of them, was
+def _tls(options: ConnectionSection, host: str = "") -> TlsFiles | None:
+    """The TLS files of ``--tls-dir``, read and checked as sites will check them
+    (``certs.check_server_certificate``; a certificate near its end, or not for ``host``, the
+    address it listens on, is warned about); ``--insecure`` or ``--tls-dir``, one of them, was
     given (a rule of the options: ``fedweave/config/rules.py``)."""
     if options.insecure or options.tls_dir is None:
         return None  # no TLS, no site authentication: the run header says so
     files = TlsFiles.in_dir(options.tls_dir.resolve())
     files.check_readable()
+    certificate = check_server_certificate(files)
+    warning = certificate.expiry_warning(files, datetime.now(timezone.utc))
+    if warning is not None:
+        _echo(warning)
+    if not serves_host(certificate, host.strip("[]")):
+        _echo(
+            f"warning: {files.server_cert} is not valid for {host} (it names "
+            f"{', '.join(certificate.names) or 'no host'}): sites that reach the coordinator as "
+            f"{host} will refuse it; renew it with `fedweave certs renew --dir "
+            f"{files.server_cert.parent} --host {host}`"
+        )
     if sites_must_register(options) and not registered_site_keys(options.tls_dir):
         _echo(
             f"no site keys in {options.tls_dir}/sites yet: sites are refused until you add "
@@ -80,6 +100,23 @@ def _tls(options: ConnectionSection) -> TlsFiles | None:
             "--allow-unregistered-sites)"
         )
     return files
+
+
+CERTIFICATE_CHECK_S = 86400.0
+"""A serving coordinator checks its certificate again this often (its end draws near)."""
+
+
+def _say_certificate(files: TlsFiles) -> None:
+    """The daily look at the certificate being served: a line when it ends within
+    ``EXPIRY_WARNING_DAYS`` days, or has ended, or no longer checks."""
+    try:
+        certificate = check_server_certificate(files)
+    except UserError as exc:
+        _echo(f"warning: {exc}")
+        return
+    warning = certificate.expiry_warning(files, datetime.now(timezone.utc))
+    if warning is not None:
+        _echo(warning)
 
 
 def sites_must_register(options: ConnectionSection) -> bool:
@@ -193,8 +230,6 @@ class _Watcher:
         self.waiting_said = said
 
     def _warn_if_overdue(self, run) -> None:
-        from datetime import datetime, timezone
-
         from fedweave.history.alerts import overdue_round
 
         overdue = overdue_round(run, datetime.now(timezone.utc), self.rules)
@@ -326,7 +361,12 @@ def _serve_metrics(metrics, store, config: RunConfig, run_id: str | None, client
 
     monitoring = config.monitoring
     views = Views(store, AlertRules(monitoring.stall_after, monitoring.stall_grace))
-    collector = HistoryCollector(views, run_id=run_id, connected=connected)
+    tls = None if config.connection.insecure else config.connection.tls_dir
+    ends = None
+    if tls is not None:
+        server_cert = TlsFiles.in_dir(tls.resolve()).server_cert
+        ends = lambda: certificate_end(server_cert)  # noqa: E731
+    collector = HistoryCollector(views, run_id=run_id, connected=connected, certificate_ends=ends)
     app = make_app(views, serving.credentials, pages=False, collector=collector,
                    hosts=serving.host_names)  # fmt: skip
     which = f"run {run_id}" if run_id is not None else "every run"
@@ -690,7 +730,7 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
     check_tracker(config.history.track)  # the ServerApp builds the tracker; too late to say
     connection, deployment = config.connection, config.deployment
     host, port = parse_address(deployment.address)
-    tls = _tls(connection)
+    tls = _tls(connection, host)
     problem = (
         security_patch_problem()
         or correctness_problem("node_restarts")
@@ -786,10 +826,15 @@ def serve(config: RunConfig, resolved: Resolved) -> int:
         known: dict[Path, bytes] = {}
         refused = RefusedKeys(refused_notes, connection.tls_dir, _echo)
 
+        next_certificate_check = [time.monotonic() + CERTIFICATE_CHECK_S]
+
         def keys(first: bool = False) -> None:
             if _sync_site_keys(client, connection.tls_dir, known, revoked) or first:
                 _write_site_names(client, known, deployment_file.parent)
             refused.poll()
+            if tls is not None and time.monotonic() > next_certificate_check[0]:
+                next_certificate_check[0] = time.monotonic() + CERTIFICATE_CHECK_S
+                _say_certificate(tls)
 
         keys(first=True)
         keys_synced.touch()

@@ -43,12 +43,19 @@ class HistoryCollector(Collector):
             running runs and the newest ones.
         connected: the coordinator's live count of connected sites, when it has one (else
             the count noted when the round in flight started).
+        certificate_ends: when the coordinator's TLS certificate ends (read at each scrape),
+            for ``fedweave_certificate_days_left``; None without TLS.
     """
 
     def __init__(
-        self, views: Views, run_id: str | None = None, connected: Callable[[], int] | None = None
+        self,
+        views: Views,
+        run_id: str | None = None,
+        connected: Callable[[], int] | None = None,
+        certificate_ends: Callable[[], datetime | None] | None = None,
     ) -> None:
         self.views, self.run_id, self.connected = views, run_id, connected
+        self.certificate_ends = certificate_ends
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         def gauge(name: str, doc: str, labels: tuple[str, ...] = ("run_id",)):
@@ -134,6 +141,12 @@ class HistoryCollector(Collector):
         build = gauge("build_info", "The fedweave and Flower versions serving (1).",
                       ("version", "flwr"))  # fmt: skip
         build.add_metric(list(running()), 1)
+        ends = self.certificate_ends() if self.certificate_ends is not None else None
+        if ends is not None:
+            days = gauge("certificate_days_left", "Days until the coordinator's TLS "
+                         "certificate (server.pem) ends; renew it before 0.", ())  # fmt: skip
+            days.add_metric([], (ends - now).total_seconds() / 86400)
+            yield days
         yield from (info, completed, planned, seconds, outcomes, metric, age, flight,
                     flight_age, deadline, connected, missing, stalled, late, alert, studies,
                     site_runs, build)  # fmt: skip
