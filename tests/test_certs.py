@@ -262,3 +262,26 @@ def test_a_site_tells_an_expired_coordinator_certificate_from_a_wrong_ca(tmp_pat
     assert "has expired" in said and "--ca-cert is right" in said and "renew" in said
     assert foreign.kind == "untrusted" and "get the coordinator's ca.pem" in explained(
         foreign, f"127.0.0.1:{port}", other.ca_cert)  # fmt: skip
+
+
+def test_metrics_count_the_days_the_coordinators_certificate_has_left(tmp_path):
+    import datetime as dt
+
+    from fedweave.certs import certificate_end
+    from fedweave.dashboard.prometheus import HistoryCollector
+    from fedweave.dashboard.views import Views
+    from fedweave.history import open_store
+    from fedweave.history.alerts import AlertRules
+
+    files = init_certificates(tmp_path / "tls", ["localhost"], days=12)
+    with open_store(f"sqlite:///{tmp_path / 'h.db'}") as store:
+        collector = HistoryCollector(
+            Views(store, AlertRules()), certificate_ends=lambda: certificate_end(files.server_cert)
+        )
+        days = {s.name: s.value for f in collector.collect() for s in f.samples}
+        assert 11.9 < days["fedweave_certificate_days_left"] <= 12.01
+        without = HistoryCollector(Views(store, AlertRules()))
+        assert "fedweave_certificate_days_left" not in {
+            s.name for f in without.collect() for s in f.samples}  # fmt: skip
+    assert certificate_end(tmp_path / "missing.pem") is None
+    assert certificate_end(files.server_cert) > dt.datetime.now(dt.timezone.utc)
