@@ -6,9 +6,12 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from fedweave.errors import UserError
 from fedweave.history.records import COORDINATOR_ACTOR, CheckpointRef, RoundInFlight, RoundRecord
 from fedweave.history.round_summary import RoundSummary
+from fedweave.history.store_errors import HistoryError
 from fedweave.learning.weights import load_weights_npz, save_weights_npz, weights_sha256
 
 log = logging.getLogger(__name__)
@@ -99,6 +102,28 @@ class HistoryRecorder:
         self.checkpoint_dir = checkpoint_dir
         self.retry_seconds = retry_seconds
         self.tracker = tracker
+        self.checkpoint_bytes = 0  # the last checkpoint's size: what the next one will take
+
+    def space_problem(self) -> str | None:
+        """One line when the checkpoint folder has less room than a round's checkpoint (the
+        last one's size) takes, so the next round is not trained only to be thrown away;
+        ``None`` while there is room, or before any checkpoint."""
+        import shutil
+
+        if not self.checkpoint_bytes:
+            return None
+        try:
+            free = shutil.disk_usage(self.checkpoint_dir).free
+        except OSError:
+            return None
+        if free >= self.checkpoint_bytes + SPACE_MARGIN_BYTES:
+            return None
+        return (
+            f"the next round's checkpoint takes about {self.checkpoint_bytes / 1e6:.1f} MB in "
+            f"{self.checkpoint_dir}, and {free / 1e6:.1f} MB are free there: free space (or "
+            "choose another --checkpoint-dir), then resume the run; the rounds before it are "
+            "recorded"
+        )
 
     def on_round_start(self, started: RoundInFlight) -> None:
         """Note the round under way (for a live view); a database hiccup costs only the note,
@@ -112,7 +137,11 @@ class HistoryRecorder:
 
     def on_round(self, summary: RoundSummary) -> None:
         path = checkpoint_path(self.checkpoint_dir, self.run_id, summary.round)
-        file_sha256, size = save_weights_npz(path, summary.weights)
+        try:
+            file_sha256, size = save_weights_npz(path, summary.weights)
+        except OSError as exc:
+            raise HistoryError(checkpoint_problem(path, summary, exc)) from None
+        self.checkpoint_bytes = size
         record = RoundRecord(
             round=summary.round,
             actor=COORDINATOR_ACTOR,
@@ -147,6 +176,28 @@ class HistoryRecorder:
         self.store.record_round(self.run_id, record, summary.sites, checkpoint, self.retry_seconds)
         if self.tracker is not None:
             self.tracker.log_round(record)
+
+
+SPACE_MARGIN_BYTES = 1_000_000
+"""Room kept beyond a checkpoint's size (the history database's rows, the file system's own)."""
+
+
+def checkpoint_problem(path: Path, summary: RoundSummary, exc: OSError) -> str:
+    """One line for a round's checkpoint that could not be written: the file, why, and the
+    space a round's checkpoint takes beside what is free there."""
+    import shutil
+
+    needs = sum(int(np.asarray(w).nbytes) for w in summary.weights)
+    try:
+        free = f", {shutil.disk_usage(path.parent).free / 1e6:.1f} MB free"
+    except OSError:
+        free = ""
+    return (
+        f"cannot write round {summary.round}'s checkpoint {path} "
+        f"({exc.strerror or type(exc).__name__}): each round's takes about {needs / 1e6:.1f} "
+        f"MB there{free}; free space (or choose another --checkpoint-dir), then resume the "
+        "run; the rounds before it are recorded"
+    )
 
 
 class BackgroundRecorder:
@@ -195,6 +246,11 @@ class BackgroundRecorder:
         self._queue.put(summary)
 
     def on_round_start(self, started: RoundInFlight) -> None:
+        self._raise_if_failed()  # a round whose predecessor was not recorded is not started
+        space = getattr(self.listener, "space_problem", None)
+        problem = space() if callable(space) else None
+        if problem is not None:
+            raise HistoryError(problem)
         if hasattr(self.listener, "on_round_start"):
             self._queue.put(started)
 

@@ -59,6 +59,20 @@ def _now() -> datetime:
     return datetime.now(timezone.utc)
 
 
+SQLITE_FULL = 13
+"""SQLite's result code for a full disk (``sqlite3.Error.sqlite_errorcode``'s primary code)."""
+POSTGRES_DISK_FULL = "53100"
+"""PostgreSQL's SQLSTATE ``disk_full``."""
+
+
+def _disk_full(exc: DBAPIError) -> bool:
+    """Whether the database said its disk is full, by its own error code."""
+    code = getattr(exc.orig, "sqlite_errorcode", None)
+    if isinstance(code, int) and code & 0xFF == SQLITE_FULL:
+        return True
+    return getattr(exc.orig, "sqlstate", None) == POSTGRES_DISK_FULL
+
+
 def _first_line(exc: BaseException) -> str:
     lines = str(getattr(exc, "orig", None) or exc).strip().splitlines()
     return mask_url_password(lines[0]) if lines else type(exc).__name__
@@ -171,6 +185,12 @@ class HistoryStore:
             except IntegrityError:
                 raise
             except DBAPIError as exc:
+                if _disk_full(exc):  # waiting frees no space: the run stops at its first write
+                    raise HistoryError(
+                        f"history database '{self.masked_url}' is full (no space left on its "
+                        "disk; nothing written): free space there or move it, then resume the "
+                        "run"
+                    ) from None
                 transient = exc.connection_invalidated or isinstance(
                     exc, (OperationalError, InterfaceError)
                 )
