@@ -64,6 +64,7 @@ from fedweave.contract import (
     NODE_SITE_NAME_KEY,
     PRIVATE_EVALUATION_KEY,
     PROCESSES_METRIC,
+    ROUND_KEY,
     RUN_ID_KEY,
     RUN_OPERATOR_KEY,
     RUN_TASK_KEY,
@@ -510,11 +511,22 @@ def _sent_bytes(reply: Message) -> str:
 def _round_label(msg: Message, context: Context) -> str:
     """A message's round as the site's console names it: ``3``; for an operator's study
     (several may run at once), ``3 of run 7 (task heart)``, the Flower run and its task."""
-    label = msg.metadata.group_id or "-"
+    label = _round_number(msg)
     if RUN_OPERATOR_KEY not in context.run_config:
         return label
     task = context.run_config.get(RUN_TASK_KEY, "?")
     return f"{label} of run {msg.metadata.run_id} (task {task})"
+
+
+def _round_number(msg: Message) -> str:
+    """The round the coordinator numbers a message (``ROUND_KEY``: a resumed run counts on
+    from its history), else Flower's own count (its ``group_id``), which restarts at 1."""
+    for name in ("fitins.config", "evaluateins.config"):
+        record = msg.content.config_records.get(name)
+        said = record.get(ROUND_KEY) if record is not None else None
+        if isinstance(said, int) and not isinstance(said, bool) and said > 0:
+            return str(said)
+    return msg.metadata.group_id or "-"
 
 
 def _evaluation_line(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:

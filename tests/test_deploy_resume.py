@@ -65,6 +65,10 @@ def test_coordinator_kill_9_mid_run_then_resume(tmp_path):
         assert f"resuming run {run.run_id} after round {len(done_before)}" in out
         assert all(site.poll() is None for site in sites), "a site died across the restart"
         for i in range(SITES):
+            site = procs.output(f"site{i}")
+            # the sites number the resumed rounds as the coordinator does (issue 80)
+            assert f"round {ROUNDS}: trained on" in site, site[-3000:]
+            assert site.count("round 1: trained on") == 1, site[-3000:]
             assert "lost; reconnecting" in procs.output(f"site{i}")
             # seen down, then listening again: rejoined at once, not after a growing wait
             assert "restarted; rejoining now" in procs.output(f"site{i}")
