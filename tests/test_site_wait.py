@@ -5,6 +5,8 @@ real threads registering sites, and the wait as the history, the dashboard's ale
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from datetime import datetime, timedelta, timezone
@@ -111,6 +113,13 @@ def test_the_wait_is_kept_in_the_history_and_shown_as_an_alert_and_a_gauge(db_ur
             if sample.labels.get("run_id") == run_id
         }
         assert gauges["fedweave_sites_missing"] == 1
+        shown = subprocess.run(
+            [sys.executable, "-m", "fedweave.cli", "history", "show", run_id, "--db", db_url],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert shown.returncode == 0, shown.stderr
+        assert "waiting for sites: 2 of 3 connected since" in shown.stdout, shown.stdout
+        assert "(missing: site2)" in shown.stdout
         store.note_sites_wait(run_id, None)  # the sites are back
         run = store.get_run(run_id)
         assert run.sites_wait is None and run.round_in_flight.round == 4

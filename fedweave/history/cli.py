@@ -445,6 +445,8 @@ def _print_run(
         ],
     )
     console.print(f"config {json.dumps(info.config, sort_keys=True)}", soft_wrap=True)
+    if info.status == "running" and info.sites_wait is not None:
+        console.print(info.sites_wait.line(), soft_wrap=True, highlight=False)
     if rounds:
         table, left_out = _fitted_table(console, _round_columns(info, rounds))
         console.print(table)
