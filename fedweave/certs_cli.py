@@ -1,4 +1,4 @@
-"""``fedweave certs init`` and ``fedweave sites new-key|add-key``: TLS and site authentication.
+"""``fedweave certs init|renew`` and ``fedweave sites new-key|add-key``: TLS and site keys.
 
 Mounted in ``fedweave/cli.py`` as ``app.add_typer(certs_app, name="certs")`` and
 ``app.add_typer(sites_app, name="sites")``. Imports only ``cryptography`` (via
@@ -21,16 +21,20 @@ sites_app = typer.Typer(
 )
 
 
+HostOption = Annotated[
+    list[str],
+    typer.Option("--host", help="Name or IP sites use to reach the coordinator (repeatable)."),
+]
+DaysOption = Annotated[int, typer.Option(help="Server certificate validity in days.")]
+
+
 @certs_app.command("init")
 def certs_init(
     out: Annotated[
         Path, typer.Option("--out", help="Directory for ca.pem, ca.key, server.pem, server.key.")
     ],
-    host: Annotated[
-        list[str],
-        typer.Option("--host", help="Name or IP sites use to reach the coordinator (repeatable)."),
-    ],
-    days: Annotated[int, typer.Option(help="Server certificate validity in days.")] = 825,
+    host: HostOption,
+    days: DaysOption = 825,
     force: Annotated[bool, typer.Option("--force", help="Replace existing files.")] = False,
 ) -> None:
     """Make a CA and a server certificate. Give sites ca.pem; keep ca.key offline."""
@@ -48,11 +52,8 @@ def certs_renew(
     directory: Annotated[
         Path, typer.Option("--dir", help="The directory `certs init` wrote (with ca.key).")
     ],
-    host: Annotated[
-        list[str],
-        typer.Option("--host", help="Name or IP sites use to reach the coordinator (repeatable)."),
-    ],
-    days: Annotated[int, typer.Option(help="Server certificate validity in days.")] = 825,
+    host: HostOption,
+    days: DaysOption = 825,
 ) -> None:
     """Issue a new server certificate and key with the same CA: sites keep their ca.pem."""
     from fedweave.certs import renew_server_certificate
