@@ -285,3 +285,33 @@ def test_metrics_count_the_days_the_coordinators_certificate_has_left(tmp_path):
             s.name for f in without.collect() for s in f.samples}  # fmt: skip
     assert certificate_end(tmp_path / "missing.pem") is None
     assert certificate_end(files.server_cert) > dt.datetime.now(dt.timezone.utc)
+
+
+def test_the_dashboard_footer_warns_of_the_certificate_it_serves_nearing_its_end(tmp_path):
+    """Issue 80: `fedweave dashboard --tls-dir` serves the coordinator's server.pem; from 30
+    days before its end every page says so, with the renewal, and /metrics counts the days."""
+    import datetime as dt
+
+    from starlette.testclient import TestClient
+
+    from fedweave.dashboard.app import certificate_notice, make_app
+    from fedweave.dashboard.views import Views
+    from fedweave.history import open_store
+    from fedweave.history.alerts import AlertRules
+
+    near = init_certificates(tmp_path / "near", ["localhost"], days=12)
+    far = init_certificates(tmp_path / "far", ["localhost"])
+    with open_store(f"sqlite:///{tmp_path / 'h.db'}") as store:
+        views = Views(store, AlertRules())
+        page = TestClient(make_app(views, certificate=near.server_cert)).get("/")
+        assert page.status_code == 200
+        assert '<footer class="muted"><p class="alert" role="alert">the certificate server.pem' in (
+            page.text)  # fmt: skip
+        assert "ends on" in page.text and "fedweave certs renew --dir" in page.text
+        scrape = TestClient(make_app(views, certificate=near.server_cert)).get("/metrics").text
+        assert "fedweave_certificate_days_left 11." in scrape
+        quiet = TestClient(make_app(views, certificate=far.server_cert)).get("/")
+        assert 'role="alert">the certificate' not in quiet.text
+    later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=13)
+    assert "ended on" in certificate_notice(near.server_cert, later)
+    assert certificate_notice(None) is None

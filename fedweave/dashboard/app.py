@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 import json
 import math
+from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -78,11 +79,13 @@ def page_response(
     status: int = 200,
     nav: bool = True,
     api: str | None = None,
+    notice: str | None = None,
 ) -> HTMLResponse:
     """A page shell: its kind, its first data (JSON, never executed), the app's script and a
     footer naming the fedweave and Flower versions serving;
     ``nav``: the links to the runs and compare pages (the dashboard's, not a site's);
-    ``api``: the JSON path with the same data, which a browser without JavaScript is told."""
+    ``api``: the JSON path with the same data, which a browser without JavaScript is told;
+    ``notice``: a line the footer leads with (a certificate near its end)."""
     where = (
         f"The same data is JSON at <code>{html.escape(api)}</code>."
         if api
@@ -104,7 +107,7 @@ role="status"></span></header>
 <main id="main"><h1>{html.escape(title)}</h1><p class="muted" id="loading">loading…</p>
 <noscript><p>This page draws its tables and charts with JavaScript, which is off here.
 {where}</p></noscript></main>
-<footer class="muted">{html.escape(described())}</footer>
+<footer class="muted">{_notice_html(notice)}{html.escape(described())}</footer>
 <script id="initial" type="application/json">{payload}</script>
 <script src="/static/vendor/uPlot.iife.min.js"></script>
 <script src="/static/app.js"></script>
@@ -114,8 +117,29 @@ role="status"></span></header>
     )
 
 
-def _not_found(what: str) -> HTMLResponse:
-    return page_response("missing", "not found", {"message": what}, 404)
+def _notice_html(notice: str | None) -> str:
+    if not notice:
+        return ""
+    return f'<p class="alert" role="alert">{html.escape(notice)}</p>'
+
+
+def certificate_notice(certificate: Path | None, now: datetime | None = None) -> str | None:
+    """A line for the footer when the served certificate ends within
+    ``certs.EXPIRY_WARNING_DAYS`` days (or has ended); None otherwise or without TLS."""
+    from fedweave.certs import EXPIRY_WARNING_DAYS, certificate_end
+
+    ends = certificate_end(certificate) if certificate is not None else None
+    if ends is None:
+        return None
+    left = (ends - (now or datetime.now(timezone.utc))).total_seconds() / 86400
+    if left >= EXPIRY_WARNING_DAYS:
+        return None
+    when = f"ended on {ends:%Y-%m-%d}" if left < 0 else (
+        f"ends on {ends:%Y-%m-%d} (in {left:.0f} days)")  # fmt: skip
+    return (
+        f"the certificate {certificate.name} (the coordinator's, from --tls-dir) {when}: renew "
+        f"it with `fedweave certs renew --dir {certificate.parent} --host NAME`"
+    )
 
 
 class Guard:
@@ -195,11 +219,25 @@ def make_app(
     pages: bool = True,
     collector: HistoryCollector | None = None,
     hosts: frozenset[str] | None = None,
+    certificate: Path | None = None,
 ) -> ASGIApp:
     """The dashboard (``pages``) and ``/metrics`` over ``views``; ``collector`` defaults to
     every running and recent run. ``pages=False`` serves ``/metrics`` only (the coordinator's
-    ``--metrics-address``). ``hosts``: the ``Host:`` names it answers (``Guard``)."""
-    collector = collector or HistoryCollector(views)
+    ``--metrics-address``). ``hosts``: the ``Host:`` names it answers (``Guard``).
+    ``certificate``: the ``server.pem`` it serves with, whose end every page's footer warns
+    of from ``certs.EXPIRY_WARNING_DAYS`` days before (``fedweave_certificate_days_left``)."""
+    from fedweave.certs import certificate_end
+
+    collector = collector or HistoryCollector(
+        views,
+        certificate_ends=(lambda: certificate_end(certificate)) if certificate else None,
+    )
+
+    def page(*args: Any, **kwargs: Any) -> HTMLResponse:
+        return page_response(*args, notice=certificate_notice(certificate), **kwargs)
+
+    def not_found(what: str) -> HTMLResponse:
+        return page("missing", "not found", {"message": what}, 404)
 
     def after_of(request: Request) -> int:
         try:
@@ -208,7 +246,7 @@ def make_app(
             return 0
 
     def runs_page(request: Request) -> Response:
-        return page_response("runs", "runs", runs_view(), api="/api/runs")
+        return page("runs", "runs", runs_view(), api="/api/runs")
 
     def runs_api(request: Request) -> Response:
         return json_response(runs_view())
@@ -224,8 +262,8 @@ def make_app(
         try:
             found = views.run_info(run_id)
         except KeyError:
-            return _not_found(f"no run '{run_id}' in this history; the runs list shows them all")
-        return page_response(
+            return not_found(f"no run '{run_id}' in this history; the runs list shows them all")
+        return page(
             "run", f"run {found.run_id}", {"run_id": found.run_id},
             api=f"/api/runs/{found.run_id}",
         )  # fmt: skip
@@ -241,8 +279,8 @@ def make_app(
         try:
             data = views.site(run_id, site)
         except KeyError:
-            return _not_found(f"no site '{site}' in run '{run_id}' of this history")
-        return page_response("site", f"site {site}", data, api=f"/api{request.url.path}")
+            return not_found(f"no site '{site}' in run '{run_id}' of this history")
+        return page("site", f"site {site}", data, api=f"/api{request.url.path}")
 
     def site_api(request: Request) -> Response:
         try:
@@ -263,9 +301,9 @@ def make_app(
     def compare_page(request: Request) -> Response:
         try:
             api = "/api/compare" + (f"?{request.url.query}" if request.url.query else "")
-            return page_response("compare", "compare runs", compare_data(request), api=api)
+            return page("compare", "compare runs", compare_data(request), api=api)
         except KeyError as exc:
-            return _not_found(f"no run '{exc.args[0]}' in this history to compare")
+            return not_found(f"no run '{exc.args[0]}' in this history to compare")
 
     def compare_api(request: Request) -> Response:
         try:
@@ -281,12 +319,12 @@ def make_app(
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         if request.url.path.startswith("/api/") or request.url.path == "/metrics":
             return json_response({"error": reason}, 503)
-        return page_response("missing", "history unavailable", {"message": reason}, 503)
+        return page("missing", "history unavailable", {"message": reason}, 503)
 
     def missing(request: Request, exc: Exception) -> Response:
         if request.url.path.startswith("/api/"):
             return json_response({"error": "not found"}, 404)
-        return _not_found(f"nothing at {request.url.path} here; the runs list is at /")
+        return not_found(f"nothing at {request.url.path} here; the runs list is at /")
 
     routes = [Route("/metrics", metrics, methods=["GET"])]
     if pages:

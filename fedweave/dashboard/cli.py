@@ -77,7 +77,8 @@ def _serve(
             + "); Ctrl-C to stop",
             err=True,
         )
-        app = make_app(views, serving.credentials, hosts=serving.host_names)
+        app = make_app(views, serving.credentials, hosts=serving.host_names,
+                       certificate=serving.certfile)  # fmt: skip
         serve_forever(app, serving, sock)
     finally:
         sock.close()
