@@ -10,7 +10,6 @@ import atexit
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,9 +25,9 @@ def fedweave_cmd(*args: str) -> list[str]:
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    from fedweave.addresses import free_port as drawn
+
+    return drawn()
 
 
 def run_fedweave(

@@ -57,7 +57,7 @@ def test_a_full_checkpoint_disk_stops_the_run_before_a_round_it_cannot_keep(tmp_
                       str(tmp_path / "probe.json"))  # fmt: skip
     assert probe.returncode == 0, probe.stderr
     checkpoint = next((tmp_path / "probe").rglob("round-*.npz")).stat().st_size
-    disk = tiny_disk(SPACE_MARGIN + int(3.5 * checkpoint) + 8192)  # three fit, not a fourth
+    disk = tiny_disk(SPACE_MARGIN + int(3.5 * checkpoint) + 8192)  # three fit, not four
     done = _simulate("--rounds", "8", "--db", db, "--checkpoint-dir", str(disk),
                      "--out", str(tmp_path / "r.json"))  # fmt: skip
     assert done.returncode == 2, done.stdout + done.stderr
@@ -70,10 +70,12 @@ def test_a_full_checkpoint_disk_stops_the_run_before_a_round_it_cannot_keep(tmp_
         run = store.list_runs()[0]
         rounds = [r["round"] for r in store.rounds(run.run_id)]
         assert run.status == "failed" and run.reason.startswith("the next round's checkpoint")
-    assert rounds == [1, 2, 3], rounds  # the rounds that fit, kept; none trained for nothing
-    assert not any("round 4" in line for line in done.stdout.splitlines()), done.stdout
+    # three fit; a round whose predecessor is still being written counts that one too, so
+    # under load the run may stop a round earlier: never later, never after training one
+    assert rounds in ([1, 2], [1, 2, 3]), rounds
+    assert not any(f"round {len(rounds) + 1}" in line for line in done.stdout.splitlines())
     assert sorted(p.name for p in disk.rglob("*.npz")) == [
-        "round-00001.npz", "round-00002.npz", "round-00003.npz"]  # no partial file  # fmt: skip
+        f"round-{n:05d}.npz" for n in rounds]  # every round's checkpoint, no partial file
 
     subprocess.run(["mount", "-o", f"remount,size={SPACE_MARGIN + 12 * checkpoint}", str(disk)],
                    check=True)  # fmt: skip

@@ -104,10 +104,11 @@ class HistoryRecorder:
         self.tracker = tracker
         self.checkpoint_bytes = 0  # the last checkpoint's size: what the next one will take
 
-    def space_problem(self) -> str | None:
-        """One line when the checkpoint folder has less room than a round's checkpoint (the
-        last one's size) takes, so the next round is not trained only to be thrown away;
-        ``None`` while there is room, or before any checkpoint."""
+    def space_problem(self, pending: int = 0) -> str | None:
+        """One line when the checkpoint folder has less room than the next round's
+        checkpoint (the last one's size) takes beside the ``pending`` rounds' still being
+        written, so the next round is not trained only to be thrown away; ``None`` while
+        there is room, or before any checkpoint."""
         import shutil
 
         if not self.checkpoint_bytes:
@@ -116,11 +117,13 @@ class HistoryRecorder:
             free = shutil.disk_usage(self.checkpoint_dir).free
         except OSError:
             return None
-        if free >= self.checkpoint_bytes + SPACE_MARGIN_BYTES:
+        if free >= (pending + 1) * self.checkpoint_bytes + SPACE_MARGIN_BYTES:
             return None
         return (
             f"the next round's checkpoint takes about {self.checkpoint_bytes / 1e6:.1f} MB in "
-            f"{self.checkpoint_dir}, and {free / 1e6:.1f} MB are free there: free space (or "
+            f"{self.checkpoint_dir}"
+            + (f" beside {pending} round(s) still being written" if pending else "")
+            + f", and {free / 1e6:.1f} MB are free there: free space (or "
             "choose another --checkpoint-dir), then resume the run; the rounds before it are "
             "recorded"
         )
@@ -219,6 +222,8 @@ class BackgroundRecorder:
             maxsize=max_pending
         )
         self._error: BaseException | None = None
+        self._rounds_pending = 0  # handed over, not yet written
+        self._pending_lock = threading.Lock()
         self._thread = threading.Thread(target=self._drain, name="history-writer", daemon=True)
         self._thread.start()
 
@@ -233,6 +238,9 @@ class BackgroundRecorder:
             except BaseException as exc:  # noqa: BLE001 - handed to the coordinator's thread
                 self._error = exc
             finally:
+                if isinstance(summary, RoundSummary):
+                    with self._pending_lock:
+                        self._rounds_pending -= 1
                 self._queue.task_done()
             if summary is None:
                 return
@@ -243,12 +251,14 @@ class BackgroundRecorder:
 
     def on_round(self, summary: RoundSummary) -> None:
         self._raise_if_failed()
+        with self._pending_lock:
+            self._rounds_pending += 1
         self._queue.put(summary)
 
     def on_round_start(self, started: RoundInFlight) -> None:
         self._raise_if_failed()  # a round whose predecessor was not recorded is not started
         space = getattr(self.listener, "space_problem", None)
-        problem = space() if callable(space) else None
+        problem = space(self._rounds_pending) if callable(space) else None
         if problem is not None:
             raise HistoryError(problem)
         if hasattr(self.listener, "on_round_start"):
